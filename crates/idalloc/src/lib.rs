@@ -1,0 +1,7 @@
+//! idalloc: small numeric IDs for string keys, the same on every node of a cluster.
+//!
+//! See `DESIGN.md` for the guarantees (G1–G6), the store layout and the protocol.
+
+#![forbid(unsafe_code)]
+
+pub mod store;

@@ -1,0 +1,570 @@
+//! The storage seam: one trait with etcd v3 semantics, and its implementations.
+//!
+//! The allocator never talks to etcd or to a file directly; it builds [`TxnRequest`]s and reads
+//! [`TxnResponse`]s through [`Store`]. Every implementation must behave exactly like etcd 3.4 for the
+//! subset defined here; the conformance suite (`conformance`, feature `testing`) checks that, with a
+//! real etcd as the reference. Where an embedded store and etcd differ, the embedded store is wrong.
+//!
+//! Types mirror etcd's protobuf messages closely (revisions are `i64`, a lease ID of `0` means "no
+//! lease", a range is `key` plus `range_end`) so that the etcd implementation is a thin mapping and so
+//! that readers who know etcd know this module.
+
+use std::fmt;
+use std::time::Duration;
+
+use futures::stream::BoxStream;
+
+pub mod counting;
+pub mod embedded;
+pub mod etcd;
+pub mod fault;
+
+#[cfg(feature = "testing")]
+pub mod conformance;
+
+/// etcd's default limit on the number of operations in one txn (`--max-txn-ops`), counted over the
+/// compares and each branch separately, as etcd does. Every store rejects more with
+/// [`StoreError::InvalidRequest`].
+pub const MAX_TXN_OPS: usize = 128;
+
+/// etcd's default limit on the size of one request (`--max-request-bytes`, 1.5 MiB).
+pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
+
+/// A store revision. Every write (a txn with at least one mutation that succeeded in changing
+/// something, or a lease expiry that deleted keys) bumps the global revision by one.
+pub type Revision = i64;
+
+/// A lease ID. `0` means "no lease".
+pub type LeaseId = i64;
+
+/// A set of keys: one key, a half-open range `[key, range_end)`, or everything from `key` on.
+///
+/// Encoded as etcd does: an empty `range_end` is the single key `key`; `range_end == [0]` means "every
+/// key `>= key`"; otherwise the range is `[key, range_end)`.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct KeyRange {
+    /// First key (inclusive).
+    pub key: Vec<u8>,
+    /// End of the range (exclusive); empty for a single key; `[0]` for "to the end of the keyspace".
+    pub range_end: Vec<u8>,
+}
+
+impl KeyRange {
+    /// The single key `key`.
+    pub fn key(key: impl Into<Vec<u8>>) -> Self {
+        KeyRange { key: key.into(), range_end: Vec::new() }
+    }
+
+    /// Every key that starts with `prefix`.
+    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
+        let key = prefix.into();
+        let range_end = prefix_end(&key);
+        KeyRange { key, range_end }
+    }
+
+    /// The half-open range `[start, end)`.
+    pub fn range(start: impl Into<Vec<u8>>, end: impl Into<Vec<u8>>) -> Self {
+        KeyRange { key: start.into(), range_end: end.into() }
+    }
+
+    /// Every key `>= start`.
+    pub fn from_key(start: impl Into<Vec<u8>>) -> Self {
+        KeyRange { key: start.into(), range_end: vec![0] }
+    }
+
+    /// True if this range names exactly one key.
+    pub fn is_single(&self) -> bool {
+        self.range_end.is_empty()
+    }
+
+    /// True if `k` lies in this range (etcd's rules, including the `[0]` "to the end" marker).
+    pub fn contains(&self, k: &[u8]) -> bool {
+        if self.range_end.is_empty() {
+            k == self.key.as_slice()
+        } else if self.range_end == [0] {
+            k >= self.key.as_slice()
+        } else {
+            k >= self.key.as_slice() && k < self.range_end.as_slice()
+        }
+    }
+}
+
+impl fmt::Debug for KeyRange {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.range_end.is_empty() {
+            write!(f, "{:?}", String::from_utf8_lossy(&self.key))
+        } else {
+            write!(
+                f,
+                "[{:?}, {:?})",
+                String::from_utf8_lossy(&self.key),
+                String::from_utf8_lossy(&self.range_end)
+            )
+        }
+    }
+}
+
+/// The smallest key greater than every key that starts with `prefix` (etcd's `GetPrefixRangeEnd`).
+/// An empty prefix, or one made only of `0xff` bytes, has no such key: the result is `[0]`, etcd's
+/// "to the end of the keyspace".
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
+
+/// One key's record, as etcd returns it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KeyValue {
+    pub key: Vec<u8>,
+    /// Empty when the read asked for keys only, and in delete events.
+    pub value: Vec<u8>,
+    /// Revision of the put that created the key (since its last deletion).
+    pub create_revision: Revision,
+    /// Revision of the last write to the key; for a delete event, the revision of the delete.
+    pub mod_revision: Revision,
+    /// Number of puts since creation (1 after the first put); 0 in delete events.
+    pub version: i64,
+    /// The lease the key is attached to, or 0.
+    pub lease: LeaseId,
+}
+
+impl fmt::Debug for KeyValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyValue")
+            .field("key", &String::from_utf8_lossy(&self.key))
+            .field("value", &String::from_utf8_lossy(&self.value))
+            .field("create_revision", &self.create_revision)
+            .field("mod_revision", &self.mod_revision)
+            .field("version", &self.version)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+/// What a compare looks at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CompareTarget {
+    Value(Vec<u8>),
+    CreateRevision(Revision),
+    ModRevision(Revision),
+    Version(i64),
+    Lease(LeaseId),
+}
+
+/// How a compare compares: `record <op> target`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CompareOp {
+    Equal,
+    NotEqual,
+    Less,
+    Greater,
+}
+
+/// One guard of a txn. On a single key, a missing key compares as a zero record (create, mod
+/// revision, version and lease 0); a value compare against a missing key is false. On a range, the
+/// compare must hold for every key in the range; an empty range compares as one zero record, so
+/// `CreateRevision == 0` on a range means "the range is empty" (etcd 3.4 behaviour).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Compare {
+    pub range: KeyRange,
+    pub op: CompareOp,
+    pub target: CompareTarget,
+}
+
+impl Compare {
+    pub fn new(range: KeyRange, op: CompareOp, target: CompareTarget) -> Self {
+        Compare { range, op, target }
+    }
+
+    /// `key` does not exist (`create_revision == 0`).
+    pub fn absent(key: impl Into<Vec<u8>>) -> Self {
+        Compare::new(KeyRange::key(key), CompareOp::Equal, CompareTarget::CreateRevision(0))
+    }
+
+    /// No key in `range` exists.
+    pub fn range_empty(range: KeyRange) -> Self {
+        Compare::new(range, CompareOp::Equal, CompareTarget::CreateRevision(0))
+    }
+
+    /// `key` exists and holds `value`.
+    pub fn value_is(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        Compare::new(KeyRange::key(key), CompareOp::Equal, CompareTarget::Value(value.into()))
+    }
+
+    /// `key`'s mod revision equals `rev` (`0`: the key does not exist).
+    pub fn mod_revision_is(key: impl Into<Vec<u8>>, rev: Revision) -> Self {
+        Compare::new(KeyRange::key(key), CompareOp::Equal, CompareTarget::ModRevision(rev))
+    }
+}
+
+/// A read of one key or a range.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GetRequest {
+    pub range: KeyRange,
+    /// At most this many keys (0: no limit). `more` in the response says whether there were more.
+    pub limit: i64,
+    /// Read as of this revision (0: the current one). A compacted revision gives
+    /// [`StoreError::Compacted`]; a future one gives [`StoreError::FutureRevision`].
+    pub revision: Revision,
+    /// Omit values.
+    pub keys_only: bool,
+    /// Return only the count, no key-values.
+    pub count_only: bool,
+}
+
+impl Default for KeyRange {
+    fn default() -> Self {
+        KeyRange::key(Vec::new())
+    }
+}
+
+impl GetRequest {
+    pub fn new(range: KeyRange) -> Self {
+        GetRequest { range, ..Default::default() }
+    }
+    pub fn key(key: impl Into<Vec<u8>>) -> Self {
+        GetRequest::new(KeyRange::key(key))
+    }
+    pub fn prefix(prefix: impl Into<Vec<u8>>) -> Self {
+        GetRequest::new(KeyRange::prefix(prefix))
+    }
+    pub fn with_limit(mut self, limit: i64) -> Self {
+        self.limit = limit;
+        self
+    }
+    pub fn at_revision(mut self, revision: Revision) -> Self {
+        self.revision = revision;
+        self
+    }
+    pub fn keys_only(mut self) -> Self {
+        self.keys_only = true;
+        self
+    }
+    pub fn count_only(mut self) -> Self {
+        self.count_only = true;
+        self
+    }
+}
+
+/// A write of one key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PutRequest {
+    pub key: Vec<u8>,
+    pub value: Vec<u8>,
+    /// Attach the key to this lease (0: no lease). A lease that does not exist fails the whole txn
+    /// with [`StoreError::LeaseNotFound`].
+    pub lease: LeaseId,
+}
+
+/// One operation in a txn branch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxnOp {
+    Get(GetRequest),
+    Put(PutRequest),
+    Delete(KeyRange),
+    /// A nested txn: its compares see the state before the outer txn (etcd evaluates every compare
+    /// of a txn tree against the pre-txn state).
+    Txn(TxnRequest),
+}
+
+impl TxnOp {
+    pub fn get(req: GetRequest) -> Self {
+        TxnOp::Get(req)
+    }
+    pub fn get_key(key: impl Into<Vec<u8>>) -> Self {
+        TxnOp::Get(GetRequest::key(key))
+    }
+    pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
+        TxnOp::Put(PutRequest { key: key.into(), value: value.into(), lease: 0 })
+    }
+    pub fn put_on_lease(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: LeaseId) -> Self {
+        TxnOp::Put(PutRequest { key: key.into(), value: value.into(), lease })
+    }
+    pub fn delete(key: impl Into<Vec<u8>>) -> Self {
+        TxnOp::Delete(KeyRange::key(key))
+    }
+    pub fn delete_range(range: KeyRange) -> Self {
+        TxnOp::Delete(range)
+    }
+}
+
+/// `If compares Then success Else failure`, applied atomically at one revision.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TxnRequest {
+    pub compare: Vec<Compare>,
+    pub success: Vec<TxnOp>,
+    pub failure: Vec<TxnOp>,
+}
+
+impl TxnRequest {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn when(mut self, compare: impl IntoIterator<Item = Compare>) -> Self {
+        self.compare.extend(compare);
+        self
+    }
+    pub fn and_then(mut self, ops: impl IntoIterator<Item = TxnOp>) -> Self {
+        self.success.extend(ops);
+        self
+    }
+    pub fn or_else(mut self, ops: impl IntoIterator<Item = TxnOp>) -> Self {
+        self.failure.extend(ops);
+        self
+    }
+}
+
+/// Result of a read.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct GetResponse {
+    /// Matching keys in key order (at most `limit`; none if `count_only`).
+    pub kvs: Vec<KeyValue>,
+    /// Number of keys in the range (ignoring `limit`).
+    pub count: i64,
+    /// True if `limit` cut the result short.
+    pub more: bool,
+    /// The store revision the read was served at (the response header's revision; for a read at a
+    /// past revision, etcd still reports the current revision here).
+    pub revision: Revision,
+}
+
+/// Result of one op in the branch that ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OpResponse {
+    Get(GetResponse),
+    Put,
+    /// How many keys the delete removed.
+    Delete { deleted: i64 },
+    Txn(TxnResponse),
+}
+
+/// Result of a txn.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct TxnResponse {
+    /// True if every compare held and the success branch ran.
+    pub succeeded: bool,
+    /// One response per op of the branch that ran, in order.
+    pub responses: Vec<OpResponse>,
+    /// The store revision after the txn (the header revision).
+    pub revision: Revision,
+}
+
+/// A granted lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lease {
+    pub id: LeaseId,
+    /// TTL in seconds as granted (etcd may raise a small request to its minimum).
+    pub ttl: i64,
+}
+
+/// One change seen by a watch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchEvent {
+    /// The key was created or changed; `kv` is its new record.
+    Put(KeyValue),
+    /// The key was deleted; `kv.key` is the key, `kv.mod_revision` the revision of the delete, the
+    /// other fields are zero/empty (as etcd sends without `prev_kv`).
+    Delete(KeyValue),
+}
+
+impl WatchEvent {
+    pub fn kv(&self) -> &KeyValue {
+        match self {
+            WatchEvent::Put(kv) | WatchEvent::Delete(kv) => kv,
+        }
+    }
+}
+
+/// What a watch stream yields.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WatchMessage {
+    /// Events of one or more revisions, in revision order. Events of one revision are never split
+    /// over two batches.
+    Events(Vec<WatchEvent>),
+    /// The requested start revision is compacted away. The stream ends after this; the caller must
+    /// re-list (at a current revision) and watch again. `compact_revision` is the oldest revision
+    /// still available.
+    Compacted { compact_revision: Revision },
+}
+
+/// A watch: messages until the stream ends. An `Err` item (typically [`StoreError::Unavailable`])
+/// means the stream broke; the caller resumes from the revision after the last event it saw.
+pub type WatchStream = BoxStream<'static, Result<WatchMessage, StoreError>>;
+
+/// Everything a store can fail with. [`StoreError::is_retryable`] tells which failures are worth
+/// another attempt.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store could not be reached or did not answer in time. The request may or may not have
+    /// taken effect (a lost response after commit looks the same): callers must be idempotent or
+    /// re-read before retrying.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The request is malformed or over a limit (too many ops, duplicate key in one txn, too large).
+    /// Retrying the same request cannot help.
+    #[error("invalid store request: {0}")]
+    InvalidRequest(String),
+    /// A read or watch asked for a revision older than the compaction point.
+    #[error("revision {requested} is compacted (oldest available: {compact_revision})")]
+    Compacted { requested: Revision, compact_revision: Revision },
+    /// A read asked for a revision newer than the store's current one.
+    #[error("revision {requested} is in the future (current: {current})")]
+    FutureRevision { requested: Revision, current: Revision },
+    /// A put named a lease that does not exist (never granted, revoked or expired).
+    #[error("lease {0:x} not found")]
+    LeaseNotFound(LeaseId),
+    /// The embedded store's file is in use by another process and did not become free in time.
+    #[error("store file {path} is in use by another process (waited {waited:?})")]
+    Locked { path: String, waited: Duration },
+    /// The embedded store's file is damaged or of a format this version cannot read. Never reset
+    /// silently.
+    #[error("store file {path} cannot be used: {reason}")]
+    Corrupt { path: String, reason: String },
+}
+
+impl StoreError {
+    /// True for failures where the same request may succeed later ([`StoreError::Unavailable`]).
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A key-value store with etcd v3 semantics: the only way the allocator reaches storage.
+///
+/// Implementations: [`embedded::EmbeddedStore`] (memory or a `redb` file, one machine),
+/// [`etcd::EtcdStore`] (a cluster), and the wrappers [`fault::FaultStore`] (seeded fault
+/// injection) and [`counting::CountingStore`] (round trips per request kind). Each method call is
+/// one round trip to the store.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Applies `If compare Then success Else failure` atomically.
+    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse>;
+
+    /// Reads a key or a range (optionally at a past revision, optionally limited: see
+    /// [`list_all`] for a consistent paginated read).
+    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse>;
+
+    /// Grants a lease of `ttl` seconds.
+    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease>;
+
+    /// Renews a lease once. Returns the remaining TTL in seconds, or `None` if the lease no longer
+    /// exists (expired or revoked). Running this in a loop is the caller's job.
+    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>>;
+
+    /// Revokes a lease and deletes its keys. Returns false if the lease did not exist.
+    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool>;
+
+    /// Watches `range` from `start_revision` (0: from now on). Events at revisions
+    /// `>= start_revision` are replayed first, in order, then live events follow.
+    async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream>;
+
+    /// Discards history before `revision`. Reads and watches at older revisions then fail with
+    /// `Compacted`.
+    async fn compact(&self, revision: Revision) -> StoreResult<()>;
+}
+
+#[async_trait::async_trait]
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        (**self).txn(req).await
+    }
+    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
+        (**self).get(req).await
+    }
+    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
+        (**self).lease_grant(ttl).await
+    }
+    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
+        (**self).lease_keep_alive(id).await
+    }
+    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
+        (**self).lease_revoke(id).await
+    }
+    async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
+        (**self).watch(range, start_revision).await
+    }
+    async fn compact(&self, revision: Revision) -> StoreResult<()> {
+        (**self).compact(revision).await
+    }
+}
+
+/// Reads all of `range` as of one revision, `page` keys per request, so that a large range is listed
+/// consistently without one huge response. Returns the key-values and the revision they are valid
+/// at. Later writes are not seen. (One round trip per page.)
+pub async fn list_all<S: Store + ?Sized>(
+    store: &S,
+    range: &KeyRange,
+    page: i64,
+) -> StoreResult<(Vec<KeyValue>, Revision)> {
+    let page = page.max(1);
+    let mut out = Vec::new();
+    let mut req = GetRequest::new(range.clone()).with_limit(page);
+    let mut pinned = 0;
+    loop {
+        let resp = store.get(req.clone()).await?;
+        if pinned == 0 {
+            pinned = resp.revision;
+        }
+        let more = resp.more;
+        let last = resp.kvs.last().map(|kv| kv.key.clone());
+        out.extend(resp.kvs);
+        match (more, last) {
+            (true, Some(mut last)) => {
+                // Next page starts right after the last key seen, at the same revision.
+                last.push(0);
+                req = GetRequest::new(KeyRange { key: last, range_end: range_end_of(range) })
+                    .with_limit(page)
+                    .at_revision(pinned);
+            }
+            _ => return Ok((out, pinned)),
+        }
+    }
+}
+
+/// The exclusive end of a range as a non-empty `range_end` (a single key `k` is `[k, k\0)`).
+fn range_end_of(range: &KeyRange) -> Vec<u8> {
+    if range.range_end.is_empty() {
+        let mut end = range.key.clone();
+        end.push(0);
+        end
+    } else {
+        range.range_end.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_end_increments_last_byte_that_can_be() {
+        assert_eq!(prefix_end(b"a/b"), b"a/c".to_vec());
+        assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
+        assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
+        assert_eq!(prefix_end(b""), vec![0]);
+    }
+
+    #[test]
+    fn range_contains_follows_etcd_rules() {
+        let single = KeyRange::key("k");
+        assert!(single.contains(b"k"));
+        assert!(!single.contains(b"k0"));
+        let prefix = KeyRange::prefix("p/");
+        assert!(prefix.contains(b"p/"));
+        assert!(prefix.contains(b"p/x"));
+        assert!(!prefix.contains(b"p0"));
+        assert!(!prefix.contains(b"p"));
+        let all = KeyRange::from_key("m");
+        assert!(all.contains(b"m"));
+        assert!(all.contains(b"\xff\xff"));
+        assert!(!all.contains(b"l"));
+    }
+}
