@@ -4,4 +4,6 @@
 
 #![forbid(unsafe_code)]
 
+pub mod error;
+pub mod pool;
 pub mod store;
