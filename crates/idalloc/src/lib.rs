@@ -5,5 +5,6 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod layout;
 pub mod pool;
 pub mod store;
