@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod error;
+pub mod idset;
 pub mod layout;
 pub mod pool;
 pub mod store;
