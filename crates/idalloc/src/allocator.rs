@@ -1,0 +1,1186 @@
+//! The async driver: runs the protocol's decisions against a store, and owns everything a process
+//! keeps between calls: local reference counts, the session lease and its keep-alive, one cache per
+//! pool, and the repairs of DESIGN §7.
+//!
+//! Concurrency model: no store-side locks. Inside the process, one async mutex per key makes
+//! concurrent acquires of the same key share one request (the first does the round trip, the others
+//! then find it held and only count) and orders acquire against release of the same key. Background
+//! tasks (keep-alive, per-pool sync, repairs, optional sweeper) hold only weak references, so dropping
+//! every handle without `close()` behaves like a crash: the keep-alive stops and the lease runs out.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::cache::{Event, PoolCache};
+use crate::error::{Error, Result};
+use crate::layout::{IdRecord, Layout};
+use crate::pool::{validate_holder, validate_key, validate_pool_name, PoolSpec};
+use crate::protocol::{
+    self, decide, init_pool_outcome, BindOutcome, BindPlan, Decision, LastRelease, RefTarget,
+    ReleasePlan,
+};
+use crate::store::{
+    GetRequest, KeyRange, LeaseId, Store, StoreError, StoreResult, TxnRequest, TxnResponse,
+};
+
+/// Attempts of one bind loop before giving up with `Unavailable` (each attempt is one round trip and
+/// only repeats because another writer changed the records in between).
+const MAX_BIND_ATTEMPTS: usize = 64;
+
+/// How store requests are retried when the store is unreachable or times out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts per request, including the first (at least 1).
+    pub max_attempts: u32,
+    /// Wait before the second attempt; doubles each time up to `max_backoff`.
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How an [`Allocator`] is set up.
+#[derive(Clone, Debug)]
+pub struct AllocatorOptions {
+    /// Root of every store key (DESIGN §4).
+    pub prefix: String,
+    /// This process's holder name, used for its leased references. Default: the host name plus a
+    /// random suffix, so two processes on one host never share references.
+    pub holder: Option<String>,
+    /// TTL of the session lease; keep-alives go out every third of it.
+    pub session_ttl: Duration,
+    /// Bound on every single store request.
+    pub request_timeout: Duration,
+    pub retry: RetryPolicy,
+    /// Seed for candidate choice; `None` seeds from the OS. A fixed seed makes a run reproducible.
+    pub seed: Option<u64>,
+    /// Keys per page when listing a pool.
+    pub list_page: i64,
+    /// Events buffered per subscriber before it is told it lagged.
+    pub event_buffer: usize,
+    /// Run a sweeper in the background for every pool this allocator opens, at this interval.
+    pub sweep_interval: Option<Duration>,
+}
+
+impl Default for AllocatorOptions {
+    fn default() -> Self {
+        AllocatorOptions {
+            prefix: "idalloc".into(),
+            holder: None,
+            session_ttl: Duration::from_secs(15),
+            request_timeout: Duration::from_secs(5),
+            retry: RetryPolicy::default(),
+            seed: None,
+            list_page: 1000,
+            event_buffer: 4096,
+            sweep_interval: None,
+        }
+    }
+}
+
+/// The result of an acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acquired {
+    pub id: u64,
+    /// True if this call created the binding (the key had no ID before).
+    pub new: bool,
+}
+
+/// The result of a release. Releasing what is not held is not an error: `held` says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    /// The caller held the key (a local count for leased references; the reference record for
+    /// durable ones).
+    pub held: bool,
+    /// This release removed the binding (it was the last reference and the pool has no idle grace).
+    pub reclaimed: bool,
+}
+
+/// A key this process holds through its session.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    id: u64,
+    count: u64,
+}
+
+/// Per-pool state shared by the pool handles, the sync task and the repairs.
+pub(crate) struct PoolState {
+    pub(crate) spec: PoolSpec,
+    cache: Mutex<PoolCache>,
+    held: Mutex<HashMap<String, Held>>,
+    key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    events: broadcast::Sender<Event>,
+    synced: tokio::sync::watch::Sender<bool>,
+    quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
+    pub(crate) force_relist: AtomicBool,
+    pub(crate) relist_requested: Notify,
+    pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these short, non-async critical sections would be a bug in this
+    // crate; the data is still consistent at every await-free step, so keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl PoolState {
+    pub(crate) fn lock_cache(&self) -> MutexGuard<'_, PoolCache> {
+        lock(&self.cache)
+    }
+
+    pub(crate) fn emit(&self, e: Event) {
+        // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
+        let _ = self.events.send(e);
+    }
+
+    pub(crate) fn mark_synced(&self) {
+        self.synced.send_replace(true);
+        self.emit(Event::Synced);
+    }
+
+    fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+        lock(&self.key_locks)
+            .entry(key.to_string())
+            .or_default()
+            .clone()
+    }
+
+    fn drop_key_lock(&self, key: &str, l: Arc<tokio::sync::Mutex<()>>) {
+        let mut locks = lock(&self.key_locks);
+        // Two references: ours and the map's. Nobody else waits, so the entry can go.
+        if Arc::strong_count(&l) == 2 {
+            locks.remove(key);
+        }
+    }
+}
+
+/// What a repair task should do.
+enum Repair {
+    /// Re-reference every held key on the current session lease (after the lease was lost).
+    All,
+    /// Re-create the binding of one held key (its ID record vanished or went to another key).
+    Key(Arc<PoolState>, String),
+}
+
+struct Session {
+    lease: Option<LeaseId>,
+    keepalive_started: bool,
+}
+
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) layout: Layout,
+    pub(crate) opts: AllocatorOptions,
+    holder: String,
+    session: tokio::sync::Mutex<Session>,
+    pools: Mutex<HashMap<String, Arc<PoolState>>>,
+    rng: Mutex<StdRng>,
+    tasks: Mutex<Vec<AbortHandle>>,
+    repairs: mpsc::UnboundedSender<Repair>,
+    closed: AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+    }
+}
+
+/// The entry point: one per process and store. Cheap to clone.
+#[derive(Clone)]
+pub struct Allocator {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator")
+            .field("holder", &self.inner.holder)
+            .field("prefix", &self.inner.opts.prefix)
+            .finish()
+    }
+}
+
+fn default_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "host".to_string());
+    format!("{host}-{:08x}", rand::random::<u32>())
+}
+
+fn ttl_secs(d: Duration) -> i64 {
+    // Lease TTLs are whole seconds; round up so a lease never lives shorter than asked.
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.max(1) as i64
+}
+
+impl Allocator {
+    /// Builds an allocator on `store`. Makes no request yet: the session lease is granted on the
+    /// first leased acquire, so a process that only uses durable references never creates one.
+    pub fn new(store: impl Store, opts: AllocatorOptions) -> Result<Allocator> {
+        Self::from_arc(Arc::new(store), opts)
+    }
+
+    /// Like [`Allocator::new`] for a store that is already shared.
+    pub fn from_arc(store: Arc<dyn Store>, opts: AllocatorOptions) -> Result<Allocator> {
+        let layout = Layout::new(&opts.prefix)?;
+        let holder = match &opts.holder {
+            Some(h) => h.clone(),
+            None => default_holder(),
+        };
+        validate_holder(&holder)?;
+        if opts.session_ttl < Duration::from_secs(1) {
+            return Err(Error::invalid(
+                "session TTL",
+                format!("{:?}", opts.session_ttl),
+                "the session lease TTL is at least 1 s",
+            ));
+        }
+        if opts.retry.max_attempts == 0 {
+            return Err(Error::invalid("retry attempts", "0", "at least 1 attempt"));
+        }
+        let rng = match opts.seed {
+            Some(s) => StdRng::seed_from_u64(s),
+            None => StdRng::seed_from_u64(rand::random()),
+        };
+        let (repairs, repair_rx) = mpsc::unbounded_channel();
+        let inner = Arc::new(Inner {
+            store,
+            layout,
+            opts,
+            holder,
+            session: tokio::sync::Mutex::new(Session {
+                lease: None,
+                keepalive_started: false,
+            }),
+            pools: Mutex::new(HashMap::new()),
+            rng: Mutex::new(rng),
+            tasks: Mutex::new(Vec::new()),
+            repairs,
+            closed: AtomicBool::new(false),
+        });
+        let task = tokio::spawn(repair_loop(Arc::downgrade(&inner), repair_rx));
+        lock(&inner.tasks).push(task.abort_handle());
+        Ok(Allocator { inner })
+    }
+
+    /// This process's holder name (its leased references are `ref/<key>/<holder>`).
+    pub fn holder(&self) -> &str {
+        &self.inner.holder
+    }
+
+    /// The session lease, if one was granted (for tests and diagnostics).
+    pub async fn session_lease(&self) -> Option<LeaseId> {
+        self.inner.session.lock().await.lease
+    }
+
+    /// Creates pool `spec.name()`, or succeeds if an equal spec exists; a different one gives
+    /// `RangeMismatch` naming both (Contiv's `InitPool`). One round trip.
+    pub async fn init_pool(&self, spec: &PoolSpec) -> Result<()> {
+        self.inner.init_pool(spec).await.map(|_| ())
+    }
+
+    /// [`Allocator::init_pool`], then a handle on the pool (no extra round trip for the spec).
+    pub async fn ensure_pool(&self, spec: &PoolSpec) -> Result<Pool> {
+        let spec = self.inner.init_pool(spec).await?;
+        Ok(self.inner.open_state(spec))
+    }
+
+    /// A handle on an existing pool; `PoolNotFound` if there is none. Starts the pool's cache.
+    pub async fn pool(&self, name: &str) -> Result<Pool> {
+        validate_pool_name(name)?;
+        if let Some(p) = lock(&self.inner.pools).get(name) {
+            return Ok(Pool {
+                inner: self.inner.clone(),
+                state: p.clone(),
+            });
+        }
+        let spec = self
+            .inner
+            .read_spec(name)
+            .await?
+            .ok_or_else(|| Error::PoolNotFound {
+                pool: name.to_string(),
+            })?;
+        Ok(self.inner.open_state(spec))
+    }
+
+    /// Every pool's spec, sorted by name.
+    pub async fn list_pools(&self) -> Result<Vec<PoolSpec>> {
+        let inner = &self.inner;
+        let range = KeyRange::prefix(inner.layout.pools_prefix());
+        let (kvs, _) = inner
+            .call(|| crate::store::list_all(&*inner.store, &range, inner.opts.list_page))
+            .await?;
+        let mut out = Vec::with_capacity(kvs.len());
+        for kv in kvs {
+            out.push(
+                PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
+                    reason: format!(
+                        "pool spec {:?} is unreadable: {e}",
+                        String::from_utf8_lossy(&kv.key)
+                    ),
+                })?,
+            );
+        }
+        out.sort_by(|a, b| a.name().cmp(b.name()));
+        Ok(out)
+    }
+
+    /// Ends the session: revokes the lease so every leased reference of this process vanishes at
+    /// once (the sweeper or the last release then reclaims), and stops background work. Durable
+    /// references stay. Dropping the allocator without `close()` behaves like a crash instead.
+    pub async fn close(self) -> Result<()> {
+        let inner = &self.inner;
+        inner.closed.store(true, Ordering::Release);
+        for t in lock(&inner.tasks).drain(..) {
+            t.abort();
+        }
+        let lease = inner.session.lock().await.lease.take();
+        for p in lock(&inner.pools).values() {
+            lock(&p.held).clear();
+        }
+        if let Some(lease) = lease {
+            inner.call(|| inner.store.lease_revoke(lease)).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Inner {
+    /// One store request with the timeout and retry policy. Only `Unavailable` is retried; every
+    /// request the allocator sends is safe to repeat (its compares make a second apply a no-op or
+    /// a fresh decision).
+    pub(crate) async fn call<T, F, Fut>(&self, f: F) -> StoreResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let mut backoff = self.opts.retry.initial_backoff;
+        let mut attempt = 1;
+        loop {
+            let result = match tokio::time::timeout(self.opts.request_timeout, f()).await {
+                Ok(r) => r,
+                Err(_) => Err(StoreError::Unavailable(format!(
+                    "no answer within {:?}",
+                    self.opts.request_timeout
+                ))),
+            };
+            match result {
+                Err(e) if e.is_retryable() && attempt < self.opts.retry.max_attempts => {
+                    warn!(attempt, error = %e, "store request failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.opts.retry.max_backoff);
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        self.call(|| self.store.txn(req.clone())).await
+    }
+
+    async fn read_spec(&self, name: &str) -> Result<Option<PoolSpec>> {
+        let key = self.layout.pool_spec_key(name);
+        let resp = self
+            .call(|| self.store.get(GetRequest::key(key.clone())))
+            .await?;
+        match resp.kvs.first() {
+            None => Ok(None),
+            Some(kv) => Ok(Some(PoolSpec::from_json(&kv.value).map_err(|e| {
+                Error::Unavailable {
+                    reason: format!("pool spec of {name:?} is unreadable: {e}"),
+                }
+            })?)),
+        }
+    }
+
+    async fn init_pool(&self, spec: &PoolSpec) -> Result<PoolSpec> {
+        spec.validate()?;
+        let json = spec.to_json();
+        let resp = self
+            .txn(protocol::init_pool_txn(&self.layout, &spec.name(), json))
+            .await?;
+        match init_pool_outcome(&resp).map_err(protocol_error)? {
+            None => {
+                info!(pool = %spec.name(), spec = %spec, "pool created");
+                Ok(spec.clone())
+            }
+            Some(existing) => {
+                let existing = PoolSpec::from_json(&existing).map_err(|e| Error::Unavailable {
+                    reason: format!("pool spec of {:?} is unreadable: {e}", spec.name()),
+                })?;
+                if existing == *spec {
+                    Ok(existing)
+                } else {
+                    Err(Error::RangeMismatch {
+                        pool: spec.name().to_string(),
+                        existing: Box::new(existing),
+                        requested: Box::new(spec.clone()),
+                    })
+                }
+            }
+        }
+    }
+
+    fn open_state(self: &Arc<Self>, spec: PoolSpec) -> Pool {
+        let mut pools = lock(&self.pools);
+        if let Some(p) = pools.get(spec.name()) {
+            return Pool {
+                inner: self.clone(),
+                state: p.clone(),
+            };
+        }
+        let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
+        let (synced, _) = tokio::sync::watch::channel(false);
+        let state = Arc::new(PoolState {
+            cache: Mutex::new(PoolCache::new(spec.clone())),
+            spec,
+            held: Mutex::new(HashMap::new()),
+            key_locks: Mutex::new(HashMap::new()),
+            events,
+            synced,
+            quarantine: tokio::sync::Mutex::new(None),
+            force_relist: AtomicBool::new(false),
+            relist_requested: Notify::new(),
+            idle_since: Mutex::new(HashMap::new()),
+        });
+        pools.insert(state.spec.name().to_string(), state.clone());
+        drop(pools);
+        let task = tokio::spawn(crate::sync::run(Arc::downgrade(self), state.clone()));
+        lock(&self.tasks).push(task.abort_handle());
+        if let Some(interval) = self.opts.sweep_interval {
+            let task = tokio::spawn(crate::sweeper::run(
+                Arc::downgrade(self),
+                state.clone(),
+                interval,
+            ));
+            lock(&self.tasks).push(task.abort_handle());
+        }
+        Pool {
+            inner: self.clone(),
+            state,
+        }
+    }
+
+    /// The session lease, granted (and its keep-alive started) on first use.
+    async fn session_lease(self: &Arc<Self>) -> Result<LeaseId> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Unavailable {
+                reason: "the allocator is closed".into(),
+            });
+        }
+        let mut s = self.session.lock().await;
+        if let Some(l) = s.lease {
+            return Ok(l);
+        }
+        let ttl = ttl_secs(self.opts.session_ttl);
+        let lease = self.call(|| self.store.lease_grant(ttl)).await?;
+        info!(holder = %self.holder, lease = lease.id, ttl = lease.ttl, "session lease granted");
+        s.lease = Some(lease.id);
+        if !s.keepalive_started {
+            s.keepalive_started = true;
+            let task = tokio::spawn(keepalive_loop(Arc::downgrade(self)));
+            lock(&self.tasks).push(task.abort_handle());
+        }
+        Ok(lease.id)
+    }
+
+    /// Forgets a lost session lease (once, whoever notices first) and schedules the re-referencing
+    /// of every held key on a new one.
+    async fn session_lost(&self, lost: LeaseId) {
+        let mut s = self.session.lock().await;
+        if s.lease == Some(lost) {
+            warn!(holder = %self.holder, lease = lost, "session lease lost; re-referencing held keys on a new lease");
+            s.lease = None;
+            let _ = self.repairs.send(Repair::All);
+        }
+    }
+
+    /// The pool's quarantine lease for tombstones: shared by every release in one time bucket, so
+    /// tombstones cost no extra round trip but the first of each bucket (DESIGN §8).
+    pub(crate) async fn quarantine_lease(&self, pool: &PoolState) -> Result<Option<LeaseId>> {
+        let delay = pool.spec.reuse_delay_duration();
+        if delay.is_zero() {
+            return Ok(None);
+        }
+        let mut q = pool.quarantine.lock().await;
+        let now = Instant::now();
+        if let Some((lease, usable_until)) = *q {
+            if now < usable_until {
+                return Ok(Some(lease));
+            }
+        }
+        // A tombstone written at any time in [now, now + bucket] lives at least `delay`: the lease
+        // expires no earlier than now + delay + bucket (its TTL is counted from after `now`).
+        let bucket = (delay / 8).max(Duration::from_secs(1));
+        let lease = self
+            .call(|| self.store.lease_grant(ttl_secs(delay + bucket)))
+            .await?;
+        *q = Some((lease.id, now + bucket));
+        Ok(Some(lease.id))
+    }
+
+    /// Runs the bind loop for `key` until it is bound (with `holder`'s reference, if given).
+    /// `preferred` is the ID to keep if at all possible (repairs). Returns the ID and whether this
+    /// call created the binding.
+    async fn bind(
+        self: &Arc<Self>,
+        pool: &PoolState,
+        key: &str,
+        holder: Option<&str>,
+        leased: bool,
+        preferred: Option<u64>,
+    ) -> Result<Acquired> {
+        self.wait_synced(pool).await?;
+        let name = &pool.spec.name();
+        let mut key_rec = pool.lock_cache().get(key);
+        let mut observed: HashMap<u64, Option<IdRecord>> = HashMap::new();
+        for attempt in 0..MAX_BIND_ATTEMPTS {
+            let decision = {
+                let cache = pool.lock_cache();
+                decide(
+                    key,
+                    key_rec,
+                    |id| {
+                        observed
+                            .get(&id)
+                            .cloned()
+                            .or_else(|| cache.record(id).map(Some))
+                    },
+                    preferred,
+                )
+            };
+            let (plan, claimed) = match decision {
+                Decision::Send(plan) => (plan, false),
+                Decision::NeedCandidate { expect_key } => {
+                    let id = self.pick_candidate(pool)?;
+                    (
+                        BindPlan {
+                            expect_key,
+                            id,
+                            expect_id: None,
+                        },
+                        true,
+                    )
+                }
+            };
+            let lease = if leased {
+                self.session_lease().await?
+            } else {
+                0
+            };
+            let target = holder.map(|h| RefTarget { holder: h, lease });
+            let req = plan.txn(&self.layout, name, key, target);
+            let resp = match self.txn(req).await {
+                Ok(r) => r,
+                Err(StoreError::LeaseNotFound(l)) if leased => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    self.session_lost(l).await;
+                    continue;
+                }
+                Err(e) => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    return Err(e.into());
+                }
+            };
+            match plan.outcome(&resp).map_err(protocol_error)? {
+                BindOutcome::Bound { id, .. } => {
+                    pool.lock_cache().learn(id, true);
+                    debug!(pool = %name, key, id, attempt, "bound");
+                    return Ok(Acquired {
+                        id,
+                        new: plan.creates_binding(),
+                    });
+                }
+                BindOutcome::Observed(obs) => {
+                    debug!(pool = %name, key, ?obs, attempt, "bind compare failed; deciding again");
+                    pool.lock_cache().learn(obs.id, obs.id_rec.is_some());
+                    observed.insert(obs.id, obs.id_rec);
+                    key_rec = obs.key_rec;
+                }
+            }
+        }
+        warn!(pool = %name, key, "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
+        Err(Error::Unavailable {
+            reason: format!(
+                "key {key:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts"
+            ),
+        })
+    }
+
+    /// Picks a free ID and marks it used locally, so concurrent binds in this process do not race
+    /// for the same candidate.
+    fn pick_candidate(&self, pool: &PoolState) -> Result<u64> {
+        let mut cache = pool.lock_cache();
+        let raw = {
+            let mut rng = lock(&self.rng);
+            cache.free_ids().pick(pool.spec.strategy_kind(), &mut *rng)
+        };
+        match raw {
+            Some(raw) => {
+                cache.free_ids().insert(raw);
+                Ok(pool.spec.apply_prefix(raw))
+            }
+            None => Err(Error::Exhausted {
+                pool: pool.spec.name().to_string(),
+                min: pool.spec.min(),
+                max: pool.spec.max(),
+                capacity: pool.spec.capacity(),
+            }),
+        }
+    }
+
+    async fn wait_synced(&self, pool: &PoolState) -> Result<()> {
+        let mut rx = pool.synced.subscribe();
+        let bound = self.opts.request_timeout * self.opts.retry.max_attempts;
+        let synced = tokio::time::timeout(bound, async { rx.wait_for(|s| *s).await.is_ok() }).await;
+        match synced {
+            Ok(true) => Ok(()),
+            _ => Err(Error::Unavailable {
+                reason: format!(
+                    "pool {:?} could not be listed from the store within {bound:?}",
+                    pool.spec.name()
+                ),
+            }),
+        }
+    }
+
+    /// Sends a release txn for `holder`'s reference, retrying with a new quarantine lease if the
+    /// old one has run out.
+    async fn release_ref(
+        &self,
+        pool: &PoolState,
+        key: &str,
+        id: u64,
+        holder: &str,
+        durable: bool,
+    ) -> Result<Released> {
+        loop {
+            let last = if pool.spec.idle_grace_duration().is_zero() {
+                LastRelease::Reclaim {
+                    tombstone_lease: self.quarantine_lease(pool).await?,
+                }
+            } else {
+                LastRelease::Touch
+            };
+            let plan = ReleasePlan {
+                key,
+                id,
+                holder,
+                last,
+                require_own_ref: durable,
+            };
+            match self.txn(plan.txn(&self.layout, &pool.spec.name())).await {
+                Ok(resp) => {
+                    let out = plan.outcome(&resp).map_err(protocol_error)?;
+                    if out.reclaimed {
+                        debug!(pool = %pool.spec.name(), key, id, "last reference released; binding reclaimed");
+                    }
+                    return Ok(Released {
+                        held: out.had_ref,
+                        reclaimed: out.reclaimed,
+                    });
+                }
+                Err(StoreError::LeaseNotFound(l)) => {
+                    let mut q = pool.quarantine.lock().await;
+                    if matches!(*q, Some((ql, _)) if ql == l) {
+                        *q = None;
+                        continue;
+                    }
+                    return Err(StoreError::LeaseNotFound(l).into());
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Called by the sync task for every cache event: a held key whose ID record vanished or went
+    /// to another key gets repaired (Cilium's master-key protection, DESIGN §7).
+    pub(crate) fn after_cache_event(
+        &self,
+        pool: &Arc<PoolState>,
+        event: &Event,
+        before: Option<(u64, String)>,
+    ) {
+        let affected = match event {
+            Event::Delete { id, key } => Some((*id, key.clone())),
+            Event::Upsert { id, key } => before.filter(|(_, k)| k != key).map(|(_, k)| (*id, k)),
+            _ => None,
+        };
+        if let Some((id, key)) = affected {
+            let held = lock(&pool.held).get(&key).map(|h| h.id);
+            if held == Some(id) {
+                warn!(pool = %pool.spec.name(), key, id, "the ID record of a held key vanished; re-creating it");
+                let _ = self.repairs.send(Repair::Key(pool.clone(), key));
+            }
+        }
+    }
+
+    /// After a re-list: repairs every held key the cache no longer shows with its ID.
+    pub(crate) fn check_held(&self, pool: &Arc<PoolState>) {
+        let held: Vec<(String, u64)> = lock(&pool.held)
+            .iter()
+            .map(|(k, h)| (k.clone(), h.id))
+            .collect();
+        let cache = pool.lock_cache();
+        for (key, id) in held {
+            if cache.get(&key) != Some(id) {
+                let _ = self.repairs.send(Repair::Key(pool.clone(), key));
+            }
+        }
+    }
+
+    /// Re-references (and if needed re-creates) one held key with its ID; emits `Conflict` if the
+    /// ID had to change.
+    async fn repair_key(self: &Arc<Self>, pool: &Arc<PoolState>, key: &str) -> Result<()> {
+        let l = pool.key_lock(key);
+        let result = {
+            let _g = l.lock().await;
+            let old = lock(&pool.held).get(key).map(|h| h.id);
+            match old {
+                None => Ok(()),
+                Some(old) => self.rebind_held(pool, key, old).await,
+            }
+        };
+        pool.drop_key_lock(key, l);
+        result
+    }
+
+    async fn rebind_held(
+        self: &Arc<Self>,
+        pool: &Arc<PoolState>,
+        key: &str,
+        old: u64,
+    ) -> Result<()> {
+        let holder = self.holder.clone();
+        let a = self.bind(pool, key, Some(&holder), true, Some(old)).await?;
+        if let Some(h) = lock(&pool.held).get_mut(key) {
+            h.id = a.id;
+        }
+        if a.id != old {
+            warn!(pool = %pool.spec.name(), key, old_id = old, new_id = a.id, "held key lost its ID to another key; rebound");
+            pool.emit(Event::Conflict {
+                key: key.to_string(),
+                old_id: old,
+                new_id: a.id,
+            });
+        } else {
+            info!(pool = %pool.spec.name(), key, id = old, "held key re-referenced with its ID");
+        }
+        Ok(())
+    }
+}
+
+fn protocol_error(e: protocol::ProtocolError) -> Error {
+    Error::Unavailable {
+        reason: e.to_string(),
+    }
+}
+
+/// Renews the session lease every TTL/3. A lease the store says is gone, or one not renewed for a
+/// whole TTL (the store will have expired it), is replaced and every held key re-referenced.
+async fn keepalive_loop(inner: Weak<Inner>) {
+    let (period, ttl) = match inner.upgrade() {
+        Some(i) => (i.opts.session_ttl / 3, i.opts.session_ttl),
+        None => return,
+    };
+    let mut last_ok = Instant::now();
+    loop {
+        tokio::time::sleep(period).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let Some(lease) = inner.session.lock().await.lease else {
+            last_ok = Instant::now();
+            continue;
+        };
+        let result = tokio::time::timeout(
+            inner.opts.request_timeout,
+            inner.store.lease_keep_alive(lease),
+        )
+        .await;
+        match result {
+            Ok(Ok(Some(_))) => last_ok = Instant::now(),
+            Ok(Ok(None)) => {
+                inner.session_lost(lease).await;
+                last_ok = Instant::now();
+            }
+            Ok(Err(e)) if !e.is_retryable() => {
+                warn!(lease, error = %e, "keep-alive rejected; treating the lease as lost");
+                inner.session_lost(lease).await;
+                last_ok = Instant::now();
+            }
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "timed out".to_string(),
+                };
+                warn!(lease, error = %why, "keep-alive failed");
+                if last_ok.elapsed() >= ttl {
+                    inner.session_lost(lease).await;
+                    last_ok = Instant::now();
+                }
+            }
+        }
+    }
+}
+
+/// Runs repairs one at a time; a repair that fails (store unreachable) is retried with back-off.
+async fn repair_loop(inner: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Repair>) {
+    let mut backoff = Duration::from_millis(100);
+    while let Some(job) = rx.recv().await {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let jobs: Vec<(Arc<PoolState>, String)> = match job {
+            Repair::Key(p, k) => vec![(p, k)],
+            Repair::All => lock(&strong.pools)
+                .values()
+                .flat_map(|p| {
+                    lock(&p.held)
+                        .keys()
+                        .map(|k| (p.clone(), k.clone()))
+                        .collect::<Vec<_>>()
+                })
+                .collect(),
+        };
+        let mut failed = false;
+        for (p, k) in &jobs {
+            if let Err(e) = strong.repair_key(p, k).await {
+                warn!(pool = %p.spec.name(), key = %k, error = %e, "repair failed; will retry");
+                let _ = strong.repairs.send(Repair::Key(p.clone(), k.clone()));
+                failed = true;
+            }
+        }
+        drop(strong);
+        if failed {
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+        } else {
+            backoff = Duration::from_millis(100);
+        }
+    }
+}
+
+/// A handle on one pool of an [`Allocator`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Pool {
+    inner: Arc<Inner>,
+    state: Arc<PoolState>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("spec", &self.state.spec)
+            .finish()
+    }
+}
+
+impl Pool {
+    /// The pool's spec.
+    pub fn spec(&self) -> &PoolSpec {
+        &self.state.spec
+    }
+
+    /// The ID of `key`, with a reference of this process on its session lease (refcounted: each
+    /// acquire needs one release). Round trips: 0 if this process already holds the key, else 1
+    /// when uncontended (DESIGN §5).
+    pub async fn acquire(&self, key: &str) -> Result<Acquired> {
+        validate_key(key)?;
+        if let Some(a) = self.count_up(key) {
+            return Ok(a);
+        }
+        let l = self.state.key_lock(key);
+        let result = {
+            let _g = l.lock().await;
+            match self.count_up(key) {
+                Some(a) => Ok(a),
+                None => {
+                    let holder = self.inner.holder.clone();
+                    let r = self
+                        .inner
+                        .bind(&self.state, key, Some(&holder), true, None)
+                        .await;
+                    if let Ok(a) = &r {
+                        lock(&self.state.held).insert(key.to_string(), Held { id: a.id, count: 1 });
+                    }
+                    r
+                }
+            }
+        };
+        self.state.drop_key_lock(key, l);
+        result
+    }
+
+    fn count_up(&self, key: &str) -> Option<Acquired> {
+        let mut held = lock(&self.state.held);
+        let h = held.get_mut(key)?;
+        h.count += 1;
+        Some(Acquired {
+            id: h.id,
+            new: false,
+        })
+    }
+
+    /// The ID of `key` with a durable reference of `holder`: not on any lease, it stays until
+    /// `release_durable(key, holder)` (Contiv's owner semantics; what the CLI uses). Idempotent per
+    /// holder. One round trip when uncontended.
+    pub async fn acquire_durable(&self, key: &str, holder: &str) -> Result<Acquired> {
+        validate_key(key)?;
+        validate_holder(holder)?;
+        let l = self.state.key_lock(key);
+        let result = {
+            let _g = l.lock().await;
+            self.inner
+                .bind(&self.state, key, Some(holder), false, None)
+                .await
+        };
+        self.state.drop_key_lock(key, l);
+        result
+    }
+
+    /// Drops one local use of `key`. The last local use removes this process's reference (one
+    /// round trip) and, if it was the last reference and the pool has no idle grace, the binding in
+    /// the same txn. Releasing a key this process does not hold is a no-op (`held == false`).
+    pub async fn release(&self, key: &str) -> Result<Released> {
+        validate_key(key)?;
+        let l = self.state.key_lock(key);
+        let result = {
+            let _g = l.lock().await;
+            let last_id = {
+                let mut held = lock(&self.state.held);
+                match held.get_mut(key) {
+                    None => Err(false),
+                    Some(h) if h.count > 1 => {
+                        h.count -= 1;
+                        Err(true)
+                    }
+                    Some(h) => {
+                        let id = h.id;
+                        held.remove(key);
+                        Ok(id)
+                    }
+                }
+            };
+            match last_id {
+                Err(held) => Ok(Released {
+                    held,
+                    reclaimed: false,
+                }),
+                Ok(id) => {
+                    let holder = self.inner.holder.clone();
+                    match self
+                        .inner
+                        .release_ref(&self.state, key, id, &holder, false)
+                        .await
+                    {
+                        Ok(r) => Ok(Released {
+                            held: true,
+                            reclaimed: r.reclaimed,
+                        }),
+                        Err(e) => {
+                            // Nothing changed locally: the caller may retry the release.
+                            lock(&self.state.held).insert(key.to_string(), Held { id, count: 1 });
+                            Err(e)
+                        }
+                    }
+                }
+            }
+        };
+        self.state.drop_key_lock(key, l);
+        result
+    }
+
+    /// Removes `holder`'s durable reference to `key`; reclaims the binding if it was the last
+    /// reference and the pool has no idle grace. A no-op (`held == false`) if `holder` held nothing.
+    pub async fn release_durable(&self, key: &str, holder: &str) -> Result<Released> {
+        validate_key(key)?;
+        validate_holder(holder)?;
+        let l = self.state.key_lock(key);
+        let result = async {
+            let _g = l.lock().await;
+            let id = match self.inner.wait_synced(&self.state).await.ok().and_then(|_| self.get(key)) {
+                Some(id) => Some(id),
+                None => self.get_consistent(key).await?,
+            };
+            match id {
+                Some(id) => self.inner.release_ref(&self.state, key, id, holder, true).await,
+                None => {
+                    // No binding: at most a stray reference is left; remove it.
+                    let own = self.inner.layout.ref_key(&self.state.spec.name(), key, holder);
+                    let resp = self.inner.txn(TxnRequest::new().and_then([crate::store::TxnOp::delete(own)])).await?;
+                    let held = matches!(resp.responses.first(), Some(crate::store::OpResponse::Delete { deleted }) if *deleted > 0);
+                    Ok(Released { held, reclaimed: false })
+                }
+            }
+        }
+        .await;
+        self.state.drop_key_lock(key, l);
+        result
+    }
+
+    /// The ID bound to `key`, from the cache (no round trip; this process's own keys are seen at
+    /// once, other nodes' as soon as the watch delivers them).
+    pub fn get(&self, key: &str) -> Option<u64> {
+        if let Some(h) = lock(&self.state.held).get(key) {
+            return Some(h.id);
+        }
+        self.state.lock_cache().get(key)
+    }
+
+    /// The key bound to `id`, from the cache (no round trip).
+    pub fn key_of(&self, id: u64) -> Option<String> {
+        self.state.lock_cache().key_of(id).map(str::to_string)
+    }
+
+    /// [`Pool::get`] read from the store (one round trip).
+    pub async fn get_consistent(&self, key: &str) -> Result<Option<u64>> {
+        validate_key(key)?;
+        let k = self.inner.layout.key_key(&self.state.spec.name(), key);
+        let resp = self
+            .inner
+            .call(|| self.inner.store.get(GetRequest::key(k.clone())))
+            .await?;
+        match resp.kvs.first() {
+            None => Ok(None),
+            Some(kv) => protocol::parse_id_value(&kv.value)
+                .map(Some)
+                .ok_or_else(|| Error::Unavailable {
+                    reason: format!(
+                        "key record of {key:?} holds {:?}, not an ID",
+                        String::from_utf8_lossy(&kv.value)
+                    ),
+                }),
+        }
+    }
+
+    /// [`Pool::key_of`] read from the store (one round trip).
+    pub async fn key_of_consistent(&self, id: u64) -> Result<Option<String>> {
+        let k = self.inner.layout.id_key(&self.state.spec.name(), id);
+        let resp = self
+            .inner
+            .call(|| self.inner.store.get(GetRequest::key(k.clone())))
+            .await?;
+        Ok(resp
+            .kvs
+            .first()
+            .and_then(|kv| match IdRecord::decode(&kv.value) {
+                Some(IdRecord::Bound(key)) => Some(key),
+                _ => None,
+            }))
+    }
+
+    /// Every binding in the cache, sorted by ID.
+    pub fn snapshot(&self) -> Vec<(u64, String)> {
+        self.state.lock_cache().snapshot()
+    }
+
+    /// Subscribes to the pool's events. A subscriber that falls more than `event_buffer` events
+    /// behind gets [`Event::Lagged`] and should re-read [`Pool::snapshot`]; it never slows
+    /// allocation down.
+    pub fn events(&self) -> Events {
+        Events {
+            rx: self.state.events.subscribe(),
+        }
+    }
+
+    /// Waits until the cache holds the whole pool (the first listing is done).
+    pub async fn wait_synced(&self) -> Result<()> {
+        self.inner.wait_synced(&self.state).await
+    }
+
+    /// Re-lists the pool and re-references every key this process holds (DESIGN §7).
+    pub async fn resync(&self) -> Result<()> {
+        self.state.synced.send_replace(false);
+        self.state.force_relist.store(true, Ordering::Release);
+        self.state.relist_requested.notify_one();
+        self.wait_synced().await?;
+        let keys: Vec<String> = lock(&self.state.held).keys().cloned().collect();
+        for k in keys {
+            self.inner.repair_key(&self.state, &k).await?;
+        }
+        Ok(())
+    }
+
+    /// One sweep of the pool now: reclaims bindings that have had no reference for the pool's idle
+    /// grace (DESIGN §8). Safe to run in many processes at once and alongside acquires.
+    pub async fn sweep(&self) -> Result<crate::sweeper::SweepReport> {
+        crate::sweeper::sweep(&self.inner, &self.state, false).await
+    }
+
+    /// What a sweep would reclaim now, without reclaiming it.
+    pub async fn sweep_dry_run(&self) -> Result<crate::sweeper::SweepReport> {
+        crate::sweeper::sweep(&self.inner, &self.state, true).await
+    }
+
+    /// Keys this process holds through its session, with their IDs and local counts.
+    pub fn held(&self) -> Vec<(String, u64, u64)> {
+        let mut v: Vec<_> = lock(&self.state.held)
+            .iter()
+            .map(|(k, h)| (k.clone(), h.id, h.count))
+            .collect();
+        v.sort();
+        v
+    }
+}
+
+/// A subscription to one pool's events.
+pub struct Events {
+    rx: broadcast::Receiver<Event>,
+}
+
+impl Events {
+    /// The next event; `None` once the allocator is gone.
+    pub async fn recv(&mut self) -> Option<Event> {
+        match self.rx.recv().await {
+            Ok(e) => Some(e),
+            Err(broadcast::error::RecvError::Lagged(n)) => Some(Event::Lagged { missed: n }),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+
+    /// The next event if one is ready.
+    pub fn try_recv(&mut self) -> Option<Event> {
+        match self.rx.try_recv() {
+            Ok(e) => Some(e),
+            Err(broadcast::error::TryRecvError::Lagged(n)) => Some(Event::Lagged { missed: n }),
+            Err(_) => None,
+        }
+    }
+
+    /// As a `Stream`.
+    pub fn into_stream(self) -> futures::stream::BoxStream<'static, Event> {
+        Box::pin(futures::stream::unfold(self, |mut ev| async move {
+            ev.recv().await.map(|e| (e, ev))
+        }))
+    }
+}

@@ -1,0 +1,368 @@
+//! The per-pool view of `id/` records that every node keeps (DESIGN §6), as plain state: the sync
+//! task (`sync.rs`) feeds it store listings and watch events, and it answers `get`/`key_of` and
+//! candidate picks without a round trip.
+//!
+//! Only the store's history (listings and watch events) changes the ID↔key maps, so the events
+//! subscribers see are exactly the store's changes, once each. What a txn response teaches early
+//! (an ID another node just took) only goes into the free-ID set, which is a hint: a wrong hint
+//! costs one more round trip, never correctness, because every bind is guarded by its compares.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::idset::IdSet;
+use crate::layout::IdRecord;
+use crate::pool::PoolSpec;
+use crate::store::{KeyValue, Revision, WatchEvent};
+
+/// What subscribers of a pool see (DESIGN §6).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// `key` is bound to `id` (new, or seen for the first time after a re-list).
+    Upsert { id: u64, key: String },
+    /// The binding of `key` to `id` is gone (reclaimed, tombstoned or deleted).
+    Delete { id: u64, key: String },
+    /// The cache holds the whole pool as of a store revision (after the first listing and after
+    /// every re-list).
+    Synced,
+    /// A key this process held lost its ID (only after store data loss, DESIGN §7): it is now
+    /// bound to `new_id`.
+    Conflict {
+        key: String,
+        old_id: u64,
+        new_id: u64,
+    },
+    /// This subscriber fell behind and `missed` events were dropped for it; re-read
+    /// `Pool::snapshot()` to catch up. Allocation never waits for a slow subscriber.
+    Lagged { missed: u64 },
+}
+
+/// One ID's record as the cache knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Entry {
+    key: Arc<str>,
+    tombstone: bool,
+}
+
+/// The watch-fed view of one pool.
+#[derive(Debug)]
+pub struct PoolCache {
+    spec: PoolSpec,
+    by_id: HashMap<u64, Entry>,
+    by_key: HashMap<Arc<str>, u64>,
+    free: IdSet,
+    revision: Revision,
+}
+
+impl PoolCache {
+    pub fn new(spec: PoolSpec) -> Self {
+        let free = IdSet::new(spec.min(), spec.max(), &spec.reserved());
+        PoolCache {
+            spec,
+            by_id: HashMap::new(),
+            by_key: HashMap::new(),
+            free,
+            revision: 0,
+        }
+    }
+
+    /// The store revision the maps reflect.
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    /// The ID bound to `key`, if any.
+    pub fn get(&self, key: &str) -> Option<u64> {
+        self.by_key.get(key).copied()
+    }
+
+    /// The key bound to `id`, if any (not a tombstone's former key).
+    pub fn key_of(&self, id: u64) -> Option<&str> {
+        self.by_id
+            .get(&id)
+            .filter(|e| !e.tombstone)
+            .map(|e| &*e.key)
+    }
+
+    /// What the cache knows of `id`'s record: `None` if it has none.
+    pub fn record(&self, id: u64) -> Option<IdRecord> {
+        self.by_id.get(&id).map(|e| {
+            if e.tombstone {
+                IdRecord::Tombstone(e.key.to_string())
+            } else {
+                IdRecord::Bound(e.key.to_string())
+            }
+        })
+    }
+
+    /// Every binding, sorted by ID.
+    pub fn snapshot(&self) -> Vec<(u64, String)> {
+        let mut v: Vec<(u64, String)> = self
+            .by_id
+            .iter()
+            .filter(|(_, e)| !e.tombstone)
+            .map(|(id, e)| (*id, e.key.to_string()))
+            .collect();
+        v.sort_unstable_by_key(|(id, _)| *id);
+        v
+    }
+
+    /// Number of bindings (tombstones excluded).
+    pub fn len(&self) -> usize {
+        self.by_key.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_key.is_empty()
+    }
+
+    /// The free-ID set (bound, tombstoned, reserved and locally claimed IDs are used).
+    pub fn free_ids(&mut self) -> &mut IdSet {
+        &mut self.free
+    }
+
+    /// Applies one watch event from the store's history; returns what subscribers should see.
+    pub fn apply(
+        &mut self,
+        ev: &WatchEvent,
+        parse_id: impl Fn(&[u8]) -> Option<u64>,
+    ) -> Option<Event> {
+        let kv = ev.kv();
+        self.revision = self.revision.max(kv.mod_revision);
+        let id = parse_id(&kv.key)?;
+        match ev {
+            WatchEvent::Put(kv) => self.set(id, IdRecord::decode(&kv.value)),
+            WatchEvent::Delete(_) => self.set(id, None),
+        }
+    }
+
+    /// Replaces the whole view with a listing at `revision` (first sync, or re-list after
+    /// compaction) and returns the difference as events, then `Synced`.
+    pub fn replace_all(
+        &mut self,
+        kvs: &[KeyValue],
+        revision: Revision,
+        parse_id: impl Fn(&[u8]) -> Option<u64>,
+    ) -> Vec<Event> {
+        let mut listed: HashMap<u64, Option<IdRecord>> = HashMap::with_capacity(kvs.len());
+        for kv in kvs {
+            if let Some(id) = parse_id(&kv.key) {
+                listed.insert(id, IdRecord::decode(&kv.value));
+            }
+        }
+        let gone: Vec<u64> = self
+            .by_id
+            .keys()
+            .filter(|id| !listed.contains_key(id))
+            .copied()
+            .collect();
+        let mut events = Vec::new();
+        for id in gone {
+            events.extend(self.set(id, None));
+        }
+        let mut ids: Vec<(u64, Option<IdRecord>)> = listed.into_iter().collect();
+        ids.sort_unstable_by_key(|(id, _)| *id);
+        for (id, rec) in ids {
+            events.extend(self.set(id, rec));
+        }
+        self.revision = revision;
+        events.push(Event::Synced);
+        events
+    }
+
+    /// Sets `id`'s record and keeps both maps and the free set in step. `None` deletes it.
+    fn set(&mut self, id: u64, rec: Option<IdRecord>) -> Option<Event> {
+        let old = self.by_id.remove(&id);
+        if let Some(e) = &old {
+            if !e.tombstone && self.by_key.get(&e.key) == Some(&id) {
+                self.by_key.remove(&e.key);
+            }
+        }
+        let raw = self.spec.strip_prefix(id);
+        let new = match rec {
+            None => {
+                if let Some(raw) = raw {
+                    self.free.remove(raw);
+                }
+                None
+            }
+            Some(IdRecord::Bound(k)) | Some(IdRecord::Tombstone(k)) if k.is_empty() => None,
+            Some(rec) => {
+                let (key, tombstone) = match rec {
+                    IdRecord::Bound(k) => (k, false),
+                    IdRecord::Tombstone(k) => (k, true),
+                };
+                let key: Arc<str> = match &old {
+                    Some(e) if *e.key == *key => e.key.clone(),
+                    _ => Arc::from(key),
+                };
+                if !tombstone {
+                    self.by_key.insert(key.clone(), id);
+                }
+                if let Some(raw) = raw {
+                    self.free.insert(raw);
+                }
+                self.by_id.insert(id, Entry { key, tombstone });
+                self.by_id.get(&id)
+            }
+        };
+        let was = old.as_ref().filter(|e| !e.tombstone);
+        let now = new.filter(|e| !e.tombstone);
+        match (was, now) {
+            (Some(w), Some(n)) if w.key == n.key => None,
+            (_, Some(n)) => Some(Event::Upsert {
+                id,
+                key: n.key.to_string(),
+            }),
+            (Some(w), None) => Some(Event::Delete {
+                id,
+                key: w.key.to_string(),
+            }),
+            (None, None) => None,
+        }
+    }
+
+    /// Learns from a txn response that `id` is in use (or free) before the watch says so; only the
+    /// free set changes (see the module docs).
+    pub fn learn(&mut self, id: u64, used: bool) {
+        if let Some(raw) = self.spec.strip_prefix(id) {
+            if used {
+                self.free.insert(raw);
+            } else if !self.by_id.contains_key(&id) {
+                self.free.remove(raw);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> PoolSpec {
+        PoolSpec::new("p", 1, 10)
+    }
+
+    fn parse(k: &[u8]) -> Option<u64> {
+        std::str::from_utf8(k).ok()?.parse().ok()
+    }
+
+    fn put(id: u64, rec: IdRecord, rev: Revision) -> WatchEvent {
+        WatchEvent::Put(KeyValue {
+            key: id.to_string().into_bytes(),
+            value: rec.encode(),
+            create_revision: rev,
+            mod_revision: rev,
+            version: 1,
+            lease: 0,
+        })
+    }
+
+    fn del(id: u64, rev: Revision) -> WatchEvent {
+        WatchEvent::Delete(KeyValue {
+            key: id.to_string().into_bytes(),
+            value: vec![],
+            create_revision: 0,
+            mod_revision: rev,
+            version: 0,
+            lease: 0,
+        })
+    }
+
+    #[test]
+    fn events_follow_bindings_and_tombstones() {
+        let mut c = PoolCache::new(spec());
+        assert_eq!(
+            c.apply(&put(3, IdRecord::Bound("a".into()), 2), parse),
+            Some(Event::Upsert {
+                id: 3,
+                key: "a".into()
+            })
+        );
+        assert_eq!(c.get("a"), Some(3));
+        assert_eq!(c.key_of(3), Some("a"));
+        assert_eq!(c.free_ids().free_count(), 9);
+        // Tombstoning ends the binding for subscribers, but the ID stays unusable.
+        assert_eq!(
+            c.apply(&put(3, IdRecord::Tombstone("a".into()), 3), parse),
+            Some(Event::Delete {
+                id: 3,
+                key: "a".into()
+            })
+        );
+        assert_eq!(c.get("a"), None);
+        assert_eq!(c.key_of(3), None);
+        assert_eq!(c.record(3), Some(IdRecord::Tombstone("a".into())));
+        assert_eq!(c.free_ids().free_count(), 9);
+        // The tombstone's expiry frees the ID without another event.
+        assert_eq!(c.apply(&del(3, 4), parse), None);
+        assert_eq!(c.free_ids().free_count(), 10);
+        assert_eq!(c.revision(), 4);
+    }
+
+    #[test]
+    fn relist_emits_the_difference_then_synced() {
+        let mut c = PoolCache::new(spec());
+        c.apply(&put(1, IdRecord::Bound("a".into()), 2), parse);
+        c.apply(&put(2, IdRecord::Bound("b".into()), 3), parse);
+        let listed = vec![
+            match put(2, IdRecord::Bound("b".into()), 3) {
+                WatchEvent::Put(kv) => kv,
+                _ => unreachable!(),
+            },
+            match put(5, IdRecord::Bound("e".into()), 9) {
+                WatchEvent::Put(kv) => kv,
+                _ => unreachable!(),
+            },
+        ];
+        let events = c.replace_all(&listed, 9, parse);
+        assert_eq!(
+            events,
+            vec![
+                Event::Delete {
+                    id: 1,
+                    key: "a".into()
+                },
+                Event::Upsert {
+                    id: 5,
+                    key: "e".into()
+                },
+                Event::Synced
+            ]
+        );
+        assert_eq!(
+            c.snapshot(),
+            vec![(2, "b".to_string()), (5, "e".to_string())]
+        );
+        assert_eq!(c.revision(), 9);
+    }
+
+    #[test]
+    fn learned_use_only_touches_the_free_set() {
+        let mut c = PoolCache::new(spec());
+        c.learn(4, true);
+        assert_eq!(c.free_ids().free_count(), 9);
+        assert_eq!(c.key_of(4), None);
+        c.learn(4, false);
+        assert_eq!(c.free_ids().free_count(), 10);
+        // An ID the watch knows as bound is not freed by a stale lesson.
+        c.apply(&put(6, IdRecord::Bound("f".into()), 2), parse);
+        c.learn(6, false);
+        assert_eq!(c.free_ids().free_count(), 9);
+    }
+
+    #[test]
+    fn rebinding_an_id_to_another_key_moves_the_key_index() {
+        let mut c = PoolCache::new(spec());
+        c.apply(&put(1, IdRecord::Bound("a".into()), 2), parse);
+        assert_eq!(
+            c.apply(&put(1, IdRecord::Bound("b".into()), 3), parse),
+            Some(Event::Upsert {
+                id: 1,
+                key: "b".into()
+            })
+        );
+        assert_eq!(c.get("a"), None);
+        assert_eq!(c.get("b"), Some(1));
+    }
+}

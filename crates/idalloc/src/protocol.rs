@@ -1,0 +1,844 @@
+//! The allocation protocol as pure functions: what is known → which txn to send → what its response
+//! means. No I/O happens here; `allocator.rs` runs the loop and `sweeper.rs` the reclaim passes.
+//!
+//! Every write the allocator makes is one txn whose compares pin exactly the records it read (or
+//! assumed from its cache). If anyone changed them in between, the compares fail, the else branch
+//! reads the records back, and the next decision is made on fresh facts. That is why no lock is
+//! needed anywhere (DESIGN §5): safety comes from the compares, progress from the else branches.
+//!
+//! The records of one binding (DESIGN §4): `id/<ID> -> key` (or a tombstone), `key/<k> -> ID`, and one
+//! `ref/<k>/<holder> -> ID` per holder. Every txn here keeps `id/` and `key/` in agreement.
+
+use crate::layout::{IdRecord, Layout};
+use crate::store::{
+    prefix_end, Compare, CompareOp, CompareTarget, GetResponse, KeyRange, KeyValue, LeaseId,
+    OpResponse, Revision, TxnOp, TxnRequest, TxnResponse,
+};
+
+/// Operations a sweep packs into one txn at most (each orphan is one nested txn of ≤ 3 compares and
+/// ≤ 2 writes; 40 × 2 writes stays well inside etcd's 128-ops limit, DESIGN §5).
+pub const SWEEP_BATCH: usize = 40;
+
+/// What one binding attempt expects to find and will write.
+///
+/// `expect_key` is the key record's value the txn requires (`None`: the key record must be absent);
+/// `expect_id` is what the record of `id` must hold (`None`: absent). On success the store holds
+/// `id/<id> = key`, `key/<k> = id` and (if a holder is given) the holder's reference.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BindPlan {
+    pub expect_key: Option<u64>,
+    pub id: u64,
+    pub expect_id: Option<IdRecord>,
+}
+
+/// The holder reference a bind writes: `ref/<k>/<holder>`, on `lease` (0: durable).
+#[derive(Clone, Copy, Debug)]
+pub struct RefTarget<'a> {
+    pub holder: &'a str,
+    pub lease: LeaseId,
+}
+
+/// The decision for the next attempt of a bind loop.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision {
+    /// Send this plan.
+    Send(BindPlan),
+    /// The key needs a fresh ID: pick a free candidate `C`, then send
+    /// `BindPlan { expect_key, id: C, expect_id: None }`.
+    NeedCandidate { expect_key: Option<u64> },
+}
+
+/// Decides the next bind attempt for `key`.
+///
+/// - `key_rec`: the key record's value as last observed or, before any observation, as the cache
+///   believes (`None`: absent).
+/// - `id_state(id)`: what is known of an ID's record (observed, else from the cache; `None` if
+///   nothing is known, which for an ID the key record points at is read optimistically as "bound to
+///   this key", the common case).
+/// - `preferred`: the ID this process held for the key before (recovery after lost data, §7).
+pub fn decide(
+    key: &str,
+    key_rec: Option<u64>,
+    id_state: impl Fn(u64) -> Option<Option<IdRecord>>,
+    preferred: Option<u64>,
+) -> Decision {
+    let ours = |rec: &Option<IdRecord>| match rec {
+        None => true,
+        Some(IdRecord::Bound(k)) | Some(IdRecord::Tombstone(k)) => k == key,
+    };
+    match key_rec {
+        Some(x) => {
+            let state = id_state(x).unwrap_or_else(|| Some(IdRecord::Bound(key.to_string())));
+            if ours(&state) {
+                Decision::Send(BindPlan {
+                    expect_key: Some(x),
+                    id: x,
+                    expect_id: state,
+                })
+            } else {
+                // The key record points at an ID that now belongs to another key (only possible
+                // after store data loss): the key moves to a fresh ID.
+                Decision::NeedCandidate {
+                    expect_key: Some(x),
+                }
+            }
+        }
+        None => match preferred {
+            Some(p) => {
+                let state = id_state(p).unwrap_or(None);
+                if ours(&state) {
+                    Decision::Send(BindPlan {
+                        expect_key: None,
+                        id: p,
+                        expect_id: state,
+                    })
+                } else {
+                    Decision::NeedCandidate { expect_key: None }
+                }
+            }
+            None => Decision::NeedCandidate { expect_key: None },
+        },
+    }
+}
+
+use crate::layout::encode_id as id_value;
+pub use crate::layout::parse_id_value;
+
+fn id_compare(layout: &Layout, pool: &str, id: u64, expect: &Option<IdRecord>) -> Compare {
+    let key = layout.id_key(pool, id);
+    match expect {
+        None => Compare::absent(key),
+        Some(rec) => Compare::value_is(key, rec.encode()),
+    }
+}
+
+fn key_compare(layout: &Layout, pool: &str, key: &str, expect: Option<u64>) -> Compare {
+    let k = layout.key_key(pool, key);
+    match expect {
+        None => Compare::absent(k),
+        Some(id) => Compare::value_is(k, id_value(id)),
+    }
+}
+
+impl BindPlan {
+    /// True if a success of this plan creates the key's binding (rather than joining or repairing
+    /// an existing one): what `acquire` reports as `new`.
+    pub fn creates_binding(&self) -> bool {
+        self.expect_key != Some(self.id)
+    }
+
+    /// The txn: `If key record == expect_key ∧ id record == expect_id Then write what is missing
+    /// Else read both back`.
+    pub fn txn(
+        &self,
+        layout: &Layout,
+        pool: &str,
+        key: &str,
+        holder: Option<RefTarget<'_>>,
+    ) -> TxnRequest {
+        let bound = IdRecord::Bound(key.to_string());
+        let mut then = Vec::with_capacity(3);
+        if self.expect_id.as_ref() != Some(&bound) {
+            // A plain put (lease 0) also detaches a tombstone from its quarantine lease.
+            then.push(TxnOp::put(layout.id_key(pool, self.id), bound.encode()));
+        }
+        if self.expect_key != Some(self.id) {
+            then.push(TxnOp::put(layout.key_key(pool, key), id_value(self.id)));
+        }
+        if let Some(h) = holder {
+            then.push(TxnOp::put_on_lease(
+                layout.ref_key(pool, key, h.holder),
+                id_value(self.id),
+                h.lease,
+            ));
+        }
+        TxnRequest::new()
+            .when([
+                key_compare(layout, pool, key, self.expect_key),
+                id_compare(layout, pool, self.id, &self.expect_id),
+            ])
+            .and_then(then)
+            .or_else([
+                TxnOp::get_key(layout.key_key(pool, key)),
+                TxnOp::get_key(layout.id_key(pool, self.id)),
+            ])
+    }
+
+    /// Reads a bind txn's response: bound, or what the records hold now.
+    pub fn outcome(&self, resp: &TxnResponse) -> Result<BindOutcome, ProtocolError> {
+        if resp.succeeded {
+            return Ok(BindOutcome::Bound {
+                id: self.id,
+                revision: resp.revision,
+            });
+        }
+        let key_kv = single(resp, 0)?;
+        let id_kv = single(resp, 1)?;
+        let key_rec = match key_kv {
+            None => None,
+            Some(kv) => {
+                Some(parse_id_value(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
+            }
+        };
+        let id_rec = match id_kv {
+            None => None,
+            Some(kv) => {
+                Some(IdRecord::decode(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
+            }
+        };
+        Ok(BindOutcome::Observed(Observation {
+            key_rec,
+            id: self.id,
+            id_rec,
+            revision: resp.revision,
+        }))
+    }
+}
+
+/// What a bind attempt came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum BindOutcome {
+    /// The binding and reference are in place, as of `revision`.
+    Bound { id: u64, revision: Revision },
+    /// The compares failed; these are the records as of `revision`.
+    Observed(Observation),
+}
+
+/// The records a failed bind read back.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observation {
+    pub key_rec: Option<u64>,
+    pub id: u64,
+    pub id_rec: Option<IdRecord>,
+    pub revision: Revision,
+}
+
+/// A response that does not have the shape the txn asked for, or a record that does not parse: the
+/// store holds something idalloc did not write (or a bug). Never guessed around.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("unexpected store response: {0}")]
+    Shape(String),
+    #[error("record {key:?} holds {value:?}, which idalloc cannot read")]
+    BadRecord { key: String, value: String },
+}
+
+impl ProtocolError {
+    fn bad_record(kv: &KeyValue) -> Self {
+        ProtocolError::BadRecord {
+            key: String::from_utf8_lossy(&kv.key).into_owned(),
+            value: String::from_utf8_lossy(&kv.value).into_owned(),
+        }
+    }
+}
+
+fn get_at(resp: &TxnResponse, i: usize) -> Result<&GetResponse, ProtocolError> {
+    match resp.responses.get(i) {
+        Some(OpResponse::Get(g)) => Ok(g),
+        other => Err(ProtocolError::Shape(format!(
+            "expected a get result at {i}, got {other:?}"
+        ))),
+    }
+}
+
+fn single(resp: &TxnResponse, i: usize) -> Result<Option<&KeyValue>, ProtocolError> {
+    Ok(get_at(resp, i)?.kvs.first())
+}
+
+/// How a release txn should treat the binding when it finds itself the last holder.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastRelease {
+    /// `idle_grace == 0`: delete the binding in the same txn; the ID record is deleted, or replaced
+    /// by a tombstone on this quarantine lease when the pool has a reuse delay.
+    Reclaim { tombstone_lease: Option<LeaseId> },
+    /// `idle_grace > 0`: keep the binding but rewrite the key record, so its mod revision marks the
+    /// moment it became idle; the sweeper's compare on it then sees any later use.
+    Touch,
+}
+
+/// One holder giving up its reference.
+#[derive(Clone, Debug)]
+pub struct ReleasePlan<'a> {
+    pub key: &'a str,
+    pub id: u64,
+    pub holder: &'a str,
+    pub last: LastRelease,
+    /// Take the last-holder branch only if the holder's reference exists. Durable releases set this,
+    /// so a holder that never held the key cannot reclaim a binding others left idle; a process's own
+    /// leased release does not, since a lost lease may have taken its reference already.
+    pub require_own_ref: bool,
+}
+
+impl ReleasePlan<'_> {
+    /// `If key/k == ID ∧ id/ID == k ∧ no other reference [∧ own reference exists] Then delete ref,
+    /// reclaim-or-touch Else delete ref`.
+    pub fn txn(&self, layout: &Layout, pool: &str) -> TxnRequest {
+        let own = layout.ref_key(pool, self.key, self.holder);
+        let refs = layout.ref_prefix(pool, self.key);
+        let mut after_own = own.clone();
+        after_own.push(0);
+        let mut compare = vec![
+            key_compare(layout, pool, self.key, Some(self.id)),
+            Compare::range_empty(KeyRange::range(refs.clone(), own.clone())),
+            Compare::range_empty(KeyRange::range(after_own, prefix_end(&refs))),
+        ];
+        if self.require_own_ref {
+            compare.push(Compare::new(
+                KeyRange::key(own.clone()),
+                CompareOp::Greater,
+                CompareTarget::CreateRevision(0),
+            ));
+        }
+        let mut then = vec![TxnOp::delete(own.clone())];
+        match self.last {
+            LastRelease::Reclaim { tombstone_lease } => {
+                let bound = IdRecord::Bound(self.key.to_string());
+                compare.push(id_compare(layout, pool, self.id, &Some(bound)));
+                then.push(TxnOp::delete(layout.key_key(pool, self.key)));
+                then.push(retire_id(layout, pool, self.id, self.key, tombstone_lease));
+            }
+            LastRelease::Touch => then.push(TxnOp::put(
+                layout.key_key(pool, self.key),
+                id_value(self.id),
+            )),
+        }
+        TxnRequest::new()
+            .when(compare)
+            .and_then(then)
+            .or_else([TxnOp::delete(own)])
+    }
+
+    /// Reads a release txn's response.
+    pub fn outcome(&self, resp: &TxnResponse) -> Result<ReleaseOutcome, ProtocolError> {
+        let had_ref = match resp.responses.first() {
+            Some(OpResponse::Delete { deleted }) => *deleted > 0,
+            other => {
+                return Err(ProtocolError::Shape(format!(
+                    "expected a delete result, got {other:?}"
+                )))
+            }
+        };
+        let reclaimed = resp.succeeded && matches!(self.last, LastRelease::Reclaim { .. });
+        Ok(ReleaseOutcome {
+            had_ref,
+            reclaimed,
+            revision: resp.revision,
+        })
+    }
+}
+
+/// What a release did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ReleaseOutcome {
+    /// The holder's reference existed (and is gone now).
+    pub had_ref: bool,
+    /// The binding was deleted in the same txn.
+    pub reclaimed: bool,
+    pub revision: Revision,
+}
+
+/// Frees an ID record: delete it, or (reuse delay) replace it by a tombstone that still names the key
+/// and disappears with the quarantine lease.
+fn retire_id(
+    layout: &Layout,
+    pool: &str,
+    id: u64,
+    key: &str,
+    tombstone_lease: Option<LeaseId>,
+) -> TxnOp {
+    match tombstone_lease {
+        None => TxnOp::delete(layout.id_key(pool, id)),
+        Some(lease) => TxnOp::put_on_lease(
+            layout.id_key(pool, id),
+            IdRecord::Tombstone(key.to_string()).encode(),
+            lease,
+        ),
+    }
+}
+
+/// One binding the sweeper found without references, as of its snapshot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Orphan {
+    pub key: String,
+    /// The key record's value and mod revision (`None`: no key record, only a stray ID record).
+    pub key_rec: Option<(u64, Revision)>,
+    /// The ID record to retire with it, and its mod revision. Only an ID record that names this key
+    /// is touched.
+    pub id_rec: Option<(u64, Revision)>,
+}
+
+/// A sweep batch: one outer txn holding one nested txn per orphan. etcd evaluates every nested
+/// compare against the state before the txn, so each orphan is reclaimed only if its records are
+/// exactly as the snapshot saw them and it still has no reference; the others are untouched.
+pub fn sweep_txn(
+    layout: &Layout,
+    pool: &str,
+    orphans: &[Orphan],
+    tombstone_lease: Option<LeaseId>,
+) -> TxnRequest {
+    let nested = orphans.iter().map(|o| {
+        let mut compare = vec![Compare::range_empty(KeyRange::prefix(
+            layout.ref_prefix(pool, &o.key),
+        ))];
+        let mut then = Vec::with_capacity(2);
+        match o.key_rec {
+            Some((_, rev)) => {
+                compare.push(Compare::mod_revision_is(layout.key_key(pool, &o.key), rev));
+                then.push(TxnOp::delete(layout.key_key(pool, &o.key)));
+            }
+            None => compare.push(Compare::absent(layout.key_key(pool, &o.key))),
+        }
+        if let Some((id, rev)) = o.id_rec {
+            compare.push(Compare::mod_revision_is(layout.id_key(pool, id), rev));
+            then.push(retire_id(layout, pool, id, &o.key, tombstone_lease));
+        }
+        TxnOp::Txn(TxnRequest::new().when(compare).and_then(then))
+    });
+    TxnRequest::new().and_then(nested)
+}
+
+/// Which orphans of a sweep batch were reclaimed.
+pub fn sweep_outcome(resp: &TxnResponse, batch: usize) -> Result<Vec<bool>, ProtocolError> {
+    if resp.responses.len() != batch {
+        return Err(ProtocolError::Shape(format!(
+            "sweep expected {batch} nested results, got {}",
+            resp.responses.len()
+        )));
+    }
+    resp.responses
+        .iter()
+        .map(|r| match r {
+            OpResponse::Txn(t) => Ok(t.succeeded),
+            other => Err(ProtocolError::Shape(format!(
+                "expected a nested txn result, got {other:?}"
+            ))),
+        })
+        .collect()
+}
+
+/// `init_pool`: `If pools/p absent Then put spec Else get pools/p`.
+pub fn init_pool_txn(layout: &Layout, pool: &str, spec_json: Vec<u8>) -> TxnRequest {
+    let key = layout.pool_spec_key(pool);
+    TxnRequest::new()
+        .when([Compare::absent(key.clone())])
+        .and_then([TxnOp::put(key.clone(), spec_json)])
+        .or_else([TxnOp::get_key(key)])
+}
+
+/// The existing spec's bytes when `init_pool` found the pool already there (`None`: it created it).
+pub fn init_pool_outcome(resp: &TxnResponse) -> Result<Option<Vec<u8>>, ProtocolError> {
+    if resp.succeeded {
+        return Ok(None);
+    }
+    match single(resp, 0)? {
+        Some(kv) => Ok(Some(kv.value.clone())),
+        None => Err(ProtocolError::Shape(
+            "init_pool: compare failed but the spec is missing".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout() -> Layout {
+        Layout::new("t").expect("valid prefix")
+    }
+
+    fn bound(k: &str) -> IdRecord {
+        IdRecord::Bound(k.into())
+    }
+
+    #[test]
+    fn decide_attaches_to_a_binding_the_cache_knows() {
+        let d = decide("k", Some(7), |_| None, None);
+        assert_eq!(
+            d,
+            Decision::Send(BindPlan {
+                expect_key: Some(7),
+                id: 7,
+                expect_id: Some(bound("k"))
+            })
+        );
+    }
+
+    #[test]
+    fn decide_needs_a_candidate_for_a_new_key() {
+        assert_eq!(
+            decide("k", None, |_| None, None),
+            Decision::NeedCandidate { expect_key: None }
+        );
+    }
+
+    #[test]
+    fn decide_repairs_a_missing_id_record_with_the_same_id() {
+        let d = decide("k", Some(7), |_| Some(None), None);
+        assert_eq!(
+            d,
+            Decision::Send(BindPlan {
+                expect_key: Some(7),
+                id: 7,
+                expect_id: None
+            })
+        );
+        let d = decide(
+            "k",
+            Some(7),
+            |_| Some(Some(IdRecord::Tombstone("k".into()))),
+            None,
+        );
+        assert_eq!(
+            d,
+            Decision::Send(BindPlan {
+                expect_key: Some(7),
+                id: 7,
+                expect_id: Some(IdRecord::Tombstone("k".into()))
+            })
+        );
+    }
+
+    #[test]
+    fn decide_moves_a_key_whose_id_went_to_another_key() {
+        let d = decide("k", Some(7), |_| Some(Some(bound("other"))), None);
+        assert_eq!(
+            d,
+            Decision::NeedCandidate {
+                expect_key: Some(7)
+            }
+        );
+        let d = decide("k", None, |_| Some(Some(bound("other"))), Some(7));
+        assert_eq!(d, Decision::NeedCandidate { expect_key: None });
+        let d = decide(
+            "k",
+            None,
+            |_| Some(Some(IdRecord::Tombstone("other".into()))),
+            Some(7),
+        );
+        assert_eq!(d, Decision::NeedCandidate { expect_key: None });
+    }
+
+    #[test]
+    fn decide_recreates_a_lost_binding_with_the_preferred_id() {
+        let d = decide("k", None, |_| None, Some(9));
+        assert_eq!(
+            d,
+            Decision::Send(BindPlan {
+                expect_key: None,
+                id: 9,
+                expect_id: None
+            })
+        );
+        let d = decide(
+            "k",
+            None,
+            |_| Some(Some(IdRecord::Tombstone("k".into()))),
+            Some(9),
+        );
+        assert_eq!(
+            d,
+            Decision::Send(BindPlan {
+                expect_key: None,
+                id: 9,
+                expect_id: Some(IdRecord::Tombstone("k".into()))
+            })
+        );
+    }
+
+    #[test]
+    fn new_key_txn_is_create_only_on_both_records_with_three_puts() {
+        let l = layout();
+        let plan = BindPlan {
+            expect_key: None,
+            id: 5,
+            expect_id: None,
+        };
+        let txn = plan.txn(
+            &l,
+            "p",
+            "k",
+            Some(RefTarget {
+                holder: "h",
+                lease: 42,
+            }),
+        );
+        assert_eq!(
+            txn.compare,
+            vec![
+                Compare::absent(l.key_key("p", "k")),
+                Compare::absent(l.id_key("p", 5))
+            ]
+        );
+        assert_eq!(
+            txn.success,
+            vec![
+                TxnOp::put(l.id_key("p", 5), bound("k").encode()),
+                TxnOp::put(l.key_key("p", "k"), b"5".to_vec()),
+                TxnOp::put_on_lease(l.ref_key("p", "k", "h"), b"5".to_vec(), 42),
+            ]
+        );
+        assert_eq!(
+            txn.failure,
+            vec![
+                TxnOp::get_key(l.key_key("p", "k")),
+                TxnOp::get_key(l.id_key("p", 5))
+            ]
+        );
+        assert!(plan.creates_binding());
+    }
+
+    #[test]
+    fn attach_txn_writes_only_the_reference() {
+        let l = layout();
+        let plan = BindPlan {
+            expect_key: Some(5),
+            id: 5,
+            expect_id: Some(bound("k")),
+        };
+        let txn = plan.txn(
+            &l,
+            "p",
+            "k",
+            Some(RefTarget {
+                holder: "h",
+                lease: 0,
+            }),
+        );
+        assert_eq!(
+            txn.compare,
+            vec![
+                Compare::value_is(l.key_key("p", "k"), b"5".to_vec()),
+                Compare::value_is(l.id_key("p", 5), bound("k").encode())
+            ]
+        );
+        assert_eq!(
+            txn.success,
+            vec![TxnOp::put(l.ref_key("p", "k", "h"), b"5".to_vec())]
+        );
+        assert!(!plan.creates_binding());
+    }
+
+    fn kv(key: Vec<u8>, value: Vec<u8>) -> KeyValue {
+        KeyValue {
+            key,
+            value,
+            create_revision: 3,
+            mod_revision: 3,
+            version: 1,
+            lease: 0,
+        }
+    }
+
+    #[test]
+    fn failed_bind_reports_what_it_read() {
+        let l = layout();
+        let plan = BindPlan {
+            expect_key: None,
+            id: 5,
+            expect_id: None,
+        };
+        let resp = TxnResponse {
+            succeeded: false,
+            responses: vec![
+                OpResponse::Get(GetResponse {
+                    kvs: vec![],
+                    count: 0,
+                    more: false,
+                    revision: 9,
+                }),
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(
+                        l.id_key("p", 5),
+                        IdRecord::Tombstone("x".into()).encode(),
+                    )],
+                    count: 1,
+                    more: false,
+                    revision: 9,
+                }),
+            ],
+            revision: 9,
+        };
+        assert_eq!(
+            plan.outcome(&resp),
+            Ok(BindOutcome::Observed(Observation {
+                key_rec: None,
+                id: 5,
+                id_rec: Some(IdRecord::Tombstone("x".into())),
+                revision: 9
+            }))
+        );
+    }
+
+    #[test]
+    fn unreadable_key_record_is_an_error_not_a_guess() {
+        let l = layout();
+        let plan = BindPlan {
+            expect_key: None,
+            id: 5,
+            expect_id: None,
+        };
+        let resp = TxnResponse {
+            succeeded: false,
+            responses: vec![
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(l.key_key("p", "k"), b"five".to_vec())],
+                    count: 1,
+                    more: false,
+                    revision: 9,
+                }),
+                OpResponse::Get(GetResponse::default()),
+            ],
+            revision: 9,
+        };
+        assert!(matches!(
+            plan.outcome(&resp),
+            Err(ProtocolError::BadRecord { .. })
+        ));
+    }
+
+    #[test]
+    fn release_compares_exclude_only_the_own_reference() {
+        let l = layout();
+        let plan = ReleasePlan {
+            key: "k",
+            id: 5,
+            holder: "h",
+            last: LastRelease::Reclaim {
+                tombstone_lease: None,
+            },
+            require_own_ref: false,
+        };
+        let txn = plan.txn(&l, "p");
+        let own = l.ref_key("p", "k", "h");
+        let refs = l.ref_prefix("p", "k");
+        let before = &txn.compare[1].range;
+        let after = &txn.compare[2].range;
+        assert!(before.contains(&refs) && !before.contains(&own));
+        let mut other = refs.clone();
+        other.extend_from_slice(b"zzz");
+        assert!(after.contains(&other) && !after.contains(&own));
+        let mut own_child = own.clone();
+        own_child.extend_from_slice(b"x");
+        assert!(
+            after.contains(&own_child),
+            "a holder whose name extends ours is another holder"
+        );
+        assert_eq!(
+            txn.success,
+            vec![
+                TxnOp::delete(own.clone()),
+                TxnOp::delete(l.key_key("p", "k")),
+                TxnOp::delete(l.id_key("p", 5))
+            ]
+        );
+        assert_eq!(txn.failure, vec![TxnOp::delete(own)]);
+    }
+
+    #[test]
+    fn release_with_reuse_delay_writes_a_tombstone_on_the_quarantine_lease() {
+        let l = layout();
+        let plan = ReleasePlan {
+            key: "k",
+            id: 5,
+            holder: "h",
+            last: LastRelease::Reclaim {
+                tombstone_lease: Some(77),
+            },
+            require_own_ref: true,
+        };
+        let txn = plan.txn(&l, "p");
+        assert!(txn.success.contains(&TxnOp::put_on_lease(
+            l.id_key("p", 5),
+            IdRecord::Tombstone("k".into()).encode(),
+            77
+        )));
+        assert!(txn.compare.contains(&Compare::new(
+            KeyRange::key(l.ref_key("p", "k", "h")),
+            CompareOp::Greater,
+            CompareTarget::CreateRevision(0)
+        )));
+    }
+
+    #[test]
+    fn release_outcome_tells_held_and_reclaimed() {
+        let plan = ReleasePlan {
+            key: "k",
+            id: 5,
+            holder: "h",
+            last: LastRelease::Touch,
+            require_own_ref: false,
+        };
+        let resp = TxnResponse {
+            succeeded: true,
+            responses: vec![OpResponse::Delete { deleted: 1 }, OpResponse::Put],
+            revision: 4,
+        };
+        assert_eq!(
+            plan.outcome(&resp),
+            Ok(ReleaseOutcome {
+                had_ref: true,
+                reclaimed: false,
+                revision: 4
+            })
+        );
+        let plan = ReleasePlan {
+            last: LastRelease::Reclaim {
+                tombstone_lease: None,
+            },
+            ..plan
+        };
+        let resp = TxnResponse {
+            succeeded: false,
+            responses: vec![OpResponse::Delete { deleted: 0 }],
+            revision: 4,
+        };
+        assert_eq!(
+            plan.outcome(&resp),
+            Ok(ReleaseOutcome {
+                had_ref: false,
+                reclaimed: false,
+                revision: 4
+            })
+        );
+    }
+
+    #[test]
+    fn sweep_batch_is_one_txn_of_independent_nested_txns() {
+        let l = layout();
+        let orphans = vec![
+            Orphan {
+                key: "a".into(),
+                key_rec: Some((1, 10)),
+                id_rec: Some((1, 10)),
+            },
+            Orphan {
+                key: "b".into(),
+                key_rec: None,
+                id_rec: Some((2, 11)),
+            },
+        ];
+        let txn = sweep_txn(&l, "p", &orphans, None);
+        assert!(txn.compare.is_empty());
+        assert_eq!(txn.success.len(), 2);
+        match &txn.success[1] {
+            TxnOp::Txn(t) => {
+                assert!(t.compare.contains(&Compare::absent(l.key_key("p", "b"))));
+                assert_eq!(t.success, vec![TxnOp::delete(l.id_key("p", 2))]);
+            }
+            other => panic!("expected nested txn, got {other:?}"),
+        }
+        let resp = TxnResponse {
+            succeeded: true,
+            responses: vec![
+                OpResponse::Txn(TxnResponse {
+                    succeeded: true,
+                    ..Default::default()
+                }),
+                OpResponse::Txn(TxnResponse::default()),
+            ],
+            revision: 12,
+        };
+        assert_eq!(sweep_outcome(&resp, 2), Ok(vec![true, false]));
+        assert!(sweep_outcome(&resp, 3).is_err());
+    }
+}

@@ -1,0 +1,160 @@
+//! Reclaim of bindings nobody references any more (DESIGN §8): the garbage collector behind G4.
+//!
+//! A sweep reads the pool's whole data range (`id/`, `key/`, `ref/`) at one revision, finds keys
+//! without references, and reclaims them in batches, each orphan guarded by compares on exactly the
+//! records the snapshot saw. An acquire that slips in between changes a record or adds a reference,
+//! so its orphan's compare fails and the binding stays: sweepers in many processes and acquires race
+//! safely, whoever commits first wins.
+//!
+//! Idle grace: a key becomes a candidate only after it has been seen unreferenced, with the same key
+//! record, for `idle_grace` (by this process's clock). A release that leaves a key idle rewrites its
+//! key record, so the clock restarts whenever the key was used in between.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::allocator::{Inner, PoolState};
+use crate::error::{Error, Result};
+use crate::layout::IdRecord;
+use crate::protocol::{parse_id_value, sweep_outcome, sweep_txn, Orphan, SWEEP_BATCH};
+use crate::store::{list_all, KeyRange, Revision};
+
+/// What a sweep found and did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    /// Bindings reclaimed (or, in a dry run, that would be), as `(id, key)`.
+    pub reclaimed: Vec<(u64, String)>,
+    /// Unreferenced bindings still inside their idle grace.
+    pub idle: usize,
+    /// Bindings looked at.
+    pub bindings: usize,
+    /// The revision the sweep's snapshot was taken at.
+    pub revision: Revision,
+}
+
+pub(crate) async fn sweep(
+    inner: &Arc<Inner>,
+    pool: &PoolState,
+    dry_run: bool,
+) -> Result<SweepReport> {
+    let name = &pool.spec.name();
+    let range = KeyRange::prefix(inner.layout.pool_data_prefix(name));
+    let (kvs, revision) = inner
+        .call(|| list_all(&*inner.store, &range, inner.opts.list_page))
+        .await?;
+
+    let mut ids: HashMap<u64, (IdRecord, Revision)> = HashMap::new();
+    let mut keys: HashMap<String, (u64, Revision)> = HashMap::new();
+    let mut referenced: HashSet<String> = HashSet::new();
+    for kv in &kvs {
+        if let Some(id) = inner.layout.parse_id_key(name, &kv.key) {
+            if let Some(rec) = IdRecord::decode(&kv.value) {
+                ids.insert(id, (rec, kv.mod_revision));
+            }
+        } else if let Some(key) = inner.layout.parse_key_key(name, &kv.key) {
+            if let Some(id) = parse_id_value(&kv.value) {
+                keys.insert(key, (id, kv.mod_revision));
+            }
+        } else if let Some((key, _holder)) = inner.layout.parse_ref_key(name, &kv.key) {
+            referenced.insert(key);
+        }
+    }
+
+    let now = Instant::now();
+    let grace = pool.spec.idle_grace_duration();
+    let mut report = SweepReport {
+        bindings: keys.len(),
+        revision,
+        ..Default::default()
+    };
+    let mut orphans = Vec::new();
+    let mut still_idle = HashSet::new();
+    {
+        let mut idle_since = pool.idle_since.lock().unwrap_or_else(|p| p.into_inner());
+        for (key, (id, key_rev)) in &keys {
+            if referenced.contains(key) {
+                continue;
+            }
+            let mark = (key.clone(), *key_rev);
+            let since = *idle_since.entry(mark.clone()).or_insert(now);
+            if grace.is_zero() || now.duration_since(since) >= grace {
+                // Only an ID record that names this key goes with it.
+                let id_rec = match ids.get(id) {
+                    Some((IdRecord::Bound(k), rev)) if k == key => Some((*id, *rev)),
+                    _ => None,
+                };
+                orphans.push(Orphan {
+                    key: key.clone(),
+                    key_rec: Some((*id, *key_rev)),
+                    id_rec,
+                });
+            } else {
+                report.idle += 1;
+            }
+            still_idle.insert(mark);
+        }
+        idle_since.retain(|m, _| still_idle.contains(m));
+    }
+    // ID records with no key record and no reference are left over from lost data: free them.
+    for (id, (rec, rev)) in &ids {
+        if let IdRecord::Bound(k) = rec {
+            if !keys.contains_key(k) && !referenced.contains(k) {
+                orphans.push(Orphan {
+                    key: k.clone(),
+                    key_rec: None,
+                    id_rec: Some((*id, *rev)),
+                });
+            }
+        }
+    }
+    orphans.sort_by(|a, b| a.key.cmp(&b.key));
+
+    if dry_run {
+        report.reclaimed = orphans
+            .iter()
+            .map(|o| (orphan_id(o), o.key.clone()))
+            .collect();
+        return Ok(report);
+    }
+    for batch in orphans.chunks(SWEEP_BATCH) {
+        let tombstone_lease = inner.quarantine_lease(pool).await?;
+        let txn = sweep_txn(&inner.layout, name, batch, tombstone_lease);
+        let resp = inner.call(|| inner.store.txn(txn.clone())).await?;
+        let done = sweep_outcome(&resp, batch.len()).map_err(|e| Error::Unavailable {
+            reason: e.to_string(),
+        })?;
+        for (o, ok) in batch.iter().zip(done) {
+            if ok {
+                report.reclaimed.push((orphan_id(o), o.key.clone()));
+            }
+        }
+    }
+    if !report.reclaimed.is_empty() {
+        debug!(pool = %name, reclaimed = report.reclaimed.len(), "sweep reclaimed idle bindings");
+    }
+    Ok(report)
+}
+
+fn orphan_id(o: &Orphan) -> u64 {
+    o.key_rec
+        .map(|(id, _)| id)
+        .or(o.id_rec.map(|(id, _)| id))
+        .unwrap_or_default()
+}
+
+/// The background sweeper: one sweep per `interval` until the allocator is gone.
+pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>, interval: Duration) {
+    loop {
+        tokio::time::sleep(interval).await;
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        if let Err(e) = sweep(&strong, &pool, false).await {
+            warn!(pool = %pool.spec.name(), error = %e, "background sweep failed");
+        }
+    }
+}
