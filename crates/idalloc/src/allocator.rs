@@ -30,7 +30,8 @@ use crate::protocol::{
     ReleasePlan,
 };
 use crate::store::{
-    GetRequest, KeyRange, LeaseId, Store, StoreError, StoreResult, TxnRequest, TxnResponse,
+    Compare, GetRequest, KeyRange, LeaseId, OpResponse, Store, StoreError, StoreResult, TxnOp,
+    TxnRequest, TxnResponse,
 };
 
 /// Attempts of one bind loop before giving up with `Unavailable` (each attempt is one round trip and
@@ -112,6 +113,15 @@ pub struct Released {
     pub held: bool,
     /// This release removed the binding (it was the last reference and the pool has no idle grace).
     pub reclaimed: bool,
+}
+
+/// One binding as [`Pool::list`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    pub id: u64,
+    pub key: String,
+    /// Holders with a reference (leased or durable), sorted.
+    pub holders: Vec<String>,
 }
 
 /// A key this process holds through its session.
@@ -326,6 +336,40 @@ impl Allocator {
                 pool: name.to_string(),
             })?;
         Ok(self.inner.open_state(spec))
+    }
+
+    /// Deletes a pool's spec. Refuses (`InvalidInput`) while the pool has any record (binding,
+    /// reference or tombstone) unless `force`, which deletes the spec and every record in one txn.
+    /// Returns false if there was no such pool. One round trip.
+    pub async fn delete_pool(&self, name: &str, force: bool) -> Result<bool> {
+        validate_pool_name(name)?;
+        let inner = &self.inner;
+        let spec_key = inner.layout.pool_spec_key(name);
+        let data = KeyRange::prefix(inner.layout.pool_data_prefix(name));
+        let mut txn = TxnRequest::new().and_then([TxnOp::delete(spec_key.clone())]);
+        if force {
+            txn = txn.and_then([TxnOp::delete_range(data)]);
+        } else {
+            txn = txn
+                .when([Compare::range_empty(data.clone())])
+                .or_else([TxnOp::get(GetRequest::new(data).count_only())]);
+        }
+        let resp = inner.txn(txn).await?;
+        if !resp.succeeded {
+            let records = match resp.responses.first() {
+                Some(OpResponse::Get(g)) => g.count,
+                _ => 0,
+            };
+            return Err(Error::invalid(
+                "pool to delete",
+                name,
+                format!("the pool still has {records} records (bindings, references, tombstones); release them or delete with force"),
+            ));
+        }
+        if let Some(p) = lock(&inner.pools).remove(name) {
+            p.relist_requested.notify_one();
+        }
+        Ok(matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0))
     }
 
     /// Every pool's spec, sorted by name.
@@ -1037,8 +1081,8 @@ impl Pool {
                 None => {
                     // No binding: at most a stray reference is left; remove it.
                     let own = self.inner.layout.ref_key(&self.state.spec.name(), key, holder);
-                    let resp = self.inner.txn(TxnRequest::new().and_then([crate::store::TxnOp::delete(own)])).await?;
-                    let held = matches!(resp.responses.first(), Some(crate::store::OpResponse::Delete { deleted }) if *deleted > 0);
+                    let resp = self.inner.txn(TxnRequest::new().and_then([TxnOp::delete(own)])).await?;
+                    let held = matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0);
                     Ok(Released { held, reclaimed: false })
                 }
             }
@@ -1097,6 +1141,41 @@ impl Pool {
                 Some(IdRecord::Bound(key)) => Some(key),
                 _ => None,
             }))
+    }
+
+    /// Every binding with its holders, read from the store at one revision (one round trip per
+    /// page), sorted by ID. Tombstones are not bindings and are left out.
+    pub async fn list(&self) -> Result<Vec<Binding>> {
+        let inner = &self.inner;
+        let name = self.state.spec.name();
+        let range = KeyRange::prefix(inner.layout.pool_data_prefix(name));
+        let (kvs, _) = inner
+            .call(|| crate::store::list_all(&*inner.store, &range, inner.opts.list_page))
+            .await?;
+        let mut holders: HashMap<String, Vec<String>> = HashMap::new();
+        let mut bound = Vec::new();
+        for kv in &kvs {
+            if let Some(id) = inner.layout.parse_id_key(name, &kv.key) {
+                if let Some(IdRecord::Bound(key)) = IdRecord::decode(&kv.value) {
+                    bound.push((id, key));
+                }
+            } else if let Some((key, holder)) = inner.layout.parse_ref_key(name, &kv.key) {
+                holders.entry(key).or_default().push(holder);
+            }
+        }
+        bound.sort();
+        Ok(bound
+            .into_iter()
+            .map(|(id, key)| {
+                let mut h = holders.remove(&key).unwrap_or_default();
+                h.sort();
+                Binding {
+                    id,
+                    key,
+                    holders: h,
+                }
+            })
+            .collect())
     }
 
     /// Every binding in the cache, sorted by ID.

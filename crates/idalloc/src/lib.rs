@@ -65,7 +65,9 @@ pub mod store;
 pub mod sweeper;
 mod sync;
 
-pub use allocator::{Acquired, Allocator, AllocatorOptions, Events, Pool, Released, RetryPolicy};
+pub use allocator::{
+    Acquired, Allocator, AllocatorOptions, Binding, Events, Pool, Released, RetryPolicy,
+};
 pub use cache::Event;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
