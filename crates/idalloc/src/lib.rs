@@ -5,3 +5,6 @@
 #![forbid(unsafe_code)]
 
 pub mod store;
+
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -283,7 +283,11 @@ impl TxnOp {
     pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
         TxnOp::Put(PutRequest { key: key.into(), value: value.into(), lease: 0 })
     }
-    pub fn put_on_lease(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>, lease: LeaseId) -> Self {
+    pub fn put_on_lease(
+        key: impl Into<Vec<u8>>,
+        value: impl Into<Vec<u8>>,
+        lease: LeaseId,
+    ) -> Self {
         TxnOp::Put(PutRequest { key: key.into(), value: value.into(), lease })
     }
     pub fn delete(key: impl Into<Vec<u8>>) -> Self {
@@ -340,7 +344,9 @@ pub enum OpResponse {
     Get(GetResponse),
     Put,
     /// How many keys the delete removed.
-    Delete { deleted: i64 },
+    Delete {
+        deleted: i64,
+    },
     Txn(TxnResponse),
 }
 
