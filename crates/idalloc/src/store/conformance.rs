@@ -9,7 +9,7 @@
 //! `factory(Need) -> impl Future<Output = Option<TestStore>>` (`None` skips the test, e.g. when no
 //! etcd is available).
 //!
-//! ```ignore
+//! ```text
 //! idalloc::conformance_tests!(etcd, idalloc::store::conformance::etcd_factory, paused_time = false);
 //! idalloc::conformance_tests!(memory, |_need| async {
 //!     Some(TestStore::new(Arc::new(EmbeddedStore::memory()), b"t/".to_vec()))
