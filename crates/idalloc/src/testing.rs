@@ -254,6 +254,11 @@ impl EtcdServer {
         self.cluster.members[0].client_url()
     }
 
+    /// Kills the etcd process (by PID) now, e.g. to test how clients see a dead store.
+    pub fn kill(&mut self) {
+        self.cluster.members[0].kill();
+    }
+
     /// Connects an [`EtcdStore`] with test-friendly timeouts.
     pub async fn store(&self) -> Result<EtcdStore, String> {
         connect_test_store(&self.endpoint()).await
