@@ -20,9 +20,7 @@ async fn round_trip_budgets_are_exact() {
     let b = allocator(counted.clone(), "b");
 
     counted.reset();
-    a.init_pool(&PoolSpec::new("p", 1, 1000))
-        .await
-        .expect("init");
+    a.init_pool(&PoolSpec::new("p", 1, 1000)).await.expect("init");
     assert_eq!(counted.counts().total(), 1, "init_pool: 1 round trip");
 
     let pa = a.pool("p").await.expect("pool a");
@@ -36,30 +34,18 @@ async fn round_trip_budgets_are_exact() {
     counted.reset();
     let x = pa.acquire("x").await.expect("acquire new");
     assert!(x.new);
-    assert_eq!(
-        counted.counts().total(),
-        1,
-        "acquire of a new key: 1 round trip"
-    );
+    assert_eq!(counted.counts().total(), 1, "acquire of a new key: 1 round trip");
 
     counted.reset();
     assert_eq!(pa.acquire("x").await.expect("re-acquire").id, x.id);
-    assert_eq!(
-        counted.counts().total(),
-        0,
-        "re-acquire by the same process: 0 round trips"
-    );
+    assert_eq!(counted.counts().total(), 0, "re-acquire by the same process: 0 round trips");
 
     wait_until(|| pb.get("x") == Some(x.id)).await;
     counted.reset();
     let bx = pb.acquire("x").await.expect("acquire bound elsewhere");
     assert_eq!(bx.id, x.id);
     assert!(!bx.new);
-    assert_eq!(
-        counted.counts().total(),
-        1,
-        "acquire of a key bound elsewhere: 1 round trip"
-    );
+    assert_eq!(counted.counts().total(), 1, "acquire of a key bound elsewhere: 1 round trip");
 
     counted.reset();
     assert_eq!(pa.get("x"), Some(x.id));
@@ -76,20 +62,12 @@ async fn round_trip_budgets_are_exact() {
     );
     let r = pa.release("x").await.expect("last local release");
     assert!(r.held && !r.reclaimed, "b still holds x");
-    assert_eq!(
-        counted.counts().total(),
-        1,
-        "last local release: 1 round trip"
-    );
+    assert_eq!(counted.counts().total(), 1, "last local release: 1 round trip");
 
     counted.reset();
     let r = pb.release("x").await.expect("last release");
     assert!(r.held && r.reclaimed);
-    assert_eq!(
-        counted.counts().total(),
-        1,
-        "last release reclaims in the same round trip"
-    );
+    assert_eq!(counted.counts().total(), 1, "last release reclaims in the same round trip");
     assert_eq!(raw_binding(&*counted, "p", "x").await, None);
 }
 
@@ -97,27 +75,15 @@ async fn round_trip_budgets_are_exact() {
 async fn concurrent_acquires_of_one_key_share_one_request() {
     let counted = Arc::new(CountingStore::new(EmbeddedStore::memory()));
     let a = allocator(counted.clone(), "a");
-    let p = a
-        .ensure_pool(&PoolSpec::new("p", 1, 100))
-        .await
-        .expect("pool");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
     p.wait_synced().await.expect("sync");
     p.acquire("warm").await.expect("warm");
     counted.reset();
     let results = futures::future::join_all((0..20).map(|_| p.acquire("shared"))).await;
-    let ids: HashSet<u64> = results
-        .into_iter()
-        .map(|r| r.expect("acquire").id)
-        .collect();
+    let ids: HashSet<u64> = results.into_iter().map(|r| r.expect("acquire").id).collect();
     assert_eq!(ids.len(), 1);
     assert_eq!(counted.counts().txn, 1, "20 concurrent acquires, one txn");
-    assert_eq!(
-        p.held()
-            .into_iter()
-            .find(|(k, _, _)| k == "shared")
-            .map(|(_, _, c)| c),
-        Some(20)
-    );
+    assert_eq!(p.held().into_iter().find(|(k, _, _)| k == "shared").map(|(_, _, c)| c), Some(20));
 }
 
 #[tokio::test(start_paused = true)]
@@ -126,21 +92,14 @@ async fn cilium_pool_of_n_takes_exactly_n_keys_then_exhausted() {
     let a = allocator(store.clone(), "a");
     let b = allocator(store.clone(), "b");
     let n = 50u64;
-    let spec = PoolSpec::new("p", 1, n)
-        .prefix(0x1_0000)
-        .strategy(Strategy::Random);
+    let spec = PoolSpec::new("p", 1, n).prefix(0x1_0000).strategy(Strategy::Random);
     let pa = a.ensure_pool(&spec).await.expect("pool");
     let mut ids = HashMap::new();
     for i in 0..n {
         let key = format!("k{i}");
         let got = pa.acquire(&key).await.expect("acquire");
         assert!(got.new, "{key} is new");
-        assert_eq!(
-            got.id & 0xffff_0000,
-            0x1_0000,
-            "prefix bits in {:#x}",
-            got.id
-        );
+        assert_eq!(got.id & 0xffff_0000, 0x1_0000, "prefix bits in {:#x}", got.id);
         let raw = got.id & 0xffff;
         assert!((1..=n).contains(&raw), "raw id {raw} in range");
         ids.insert(key, got.id);
@@ -179,18 +138,12 @@ async fn cilium_pool_of_n_takes_exactly_n_keys_then_exhausted() {
 async fn contiv_init_pool_get_or_allocate_release() {
     let store = Arc::new(EmbeddedStore::memory());
     let a = allocator(store.clone(), "a");
-    let spec = PoolSpec::new("vrf", 1, 20)
-        .reserve(5..=7)
-        .reserve(10..=10)
-        .strategy(Strategy::Lowest);
+    let spec =
+        PoolSpec::new("vrf", 1, 20).reserve(5..=7).reserve(10..=10).strategy(Strategy::Lowest);
     a.init_pool(&spec).await.expect("init");
     a.init_pool(&spec).await.expect("equal spec again is fine");
     match a.init_pool(&PoolSpec::new("vrf", 1, 21)).await {
-        Err(Error::RangeMismatch {
-            pool,
-            existing,
-            requested,
-        }) => {
+        Err(Error::RangeMismatch { pool, existing, requested }) => {
             assert_eq!(pool, "vrf");
             assert_eq!(*existing, spec);
             assert_eq!(requested.max(), 21);
@@ -198,8 +151,7 @@ async fn contiv_init_pool_get_or_allocate_release() {
         other => panic!("expected RangeMismatch, got {other:?}"),
     }
     assert!(matches!(
-        a.init_pool(&PoolSpec::new("vrf", 1, 20).reserve(5..=7))
-            .await,
+        a.init_pool(&PoolSpec::new("vrf", 1, 20).reserve(5..=7)).await,
         Err(Error::RangeMismatch { .. })
     ));
     assert!(matches!(a.pool("nope").await, Err(Error::PoolNotFound { pool }) if pool == "nope"));
@@ -207,45 +159,23 @@ async fn contiv_init_pool_get_or_allocate_release() {
     let p = a.pool("vrf").await.expect("pool");
     let mut got = Vec::new();
     for i in 0..16 {
-        let id = p
-            .acquire_durable(&format!("t{i}"), "contiv")
-            .await
-            .expect("get or allocate")
-            .id;
+        let id = p.acquire_durable(&format!("t{i}"), "contiv").await.expect("get or allocate").id;
         // Stable per label.
-        assert_eq!(
-            p.acquire_durable(&format!("t{i}"), "contiv")
-                .await
-                .expect("again")
-                .id,
-            id
-        );
+        assert_eq!(p.acquire_durable(&format!("t{i}"), "contiv").await.expect("again").id, id);
         got.push(id);
     }
     let reserved = [5, 6, 7, 10];
-    assert!(
-        got.iter().all(|id| !reserved.contains(id)),
-        "reserved IDs handed out: {got:?}"
-    );
+    assert!(got.iter().all(|id| !reserved.contains(id)), "reserved IDs handed out: {got:?}");
     assert_eq!(
         got,
         vec![1, 2, 3, 4, 8, 9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
         "lowest strategy"
     );
-    assert!(matches!(
-        p.acquire_durable("t16", "contiv").await,
-        Err(Error::Exhausted { .. })
-    ));
+    assert!(matches!(p.acquire_durable("t16", "contiv").await, Err(Error::Exhausted { .. })));
 
-    let r = p
-        .release_durable("unknown-label", "contiv")
-        .await
-        .expect("no-op");
+    let r = p.release_durable("unknown-label", "contiv").await.expect("no-op");
     assert!(!r.held);
-    let r = p
-        .release_durable("t3", "someone-else")
-        .await
-        .expect("no-op");
+    let r = p.release_durable("t3", "someone-else").await.expect("no-op");
     assert!(!r.held && !r.reclaimed);
     assert_eq!(raw_binding(&*store, "vrf", "t3").await, Some(got[3]));
     let r = p.release_durable("t3", "contiv").await.expect("release");
@@ -258,10 +188,7 @@ async fn contiv_init_pool_get_or_allocate_release() {
 async fn bad_input_is_invalid_input_naming_value_and_rule() {
     let store = Arc::new(EmbeddedStore::memory());
     let a = allocator(store.clone(), "a");
-    let p = a
-        .ensure_pool(&PoolSpec::new("p", 1, 10))
-        .await
-        .expect("pool");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.expect("pool");
     let long = "x".repeat(4097);
     for (key, needle) in [("", "empty"), (long.as_str(), "4097")] {
         match p.acquire(key).await {
@@ -270,10 +197,9 @@ async fn bad_input_is_invalid_input_naming_value_and_rule() {
                 assert!(msg.contains("4096"), "rule in {msg}");
                 assert!(msg.contains(needle) || key.is_empty(), "value in {msg}");
             }
-            other => panic!(
-                "expected InvalidInput for {:?}, got {other:?}",
-                &key[..key.len().min(8)]
-            ),
+            other => {
+                panic!("expected InvalidInput for {:?}, got {other:?}", &key[..key.len().min(8)])
+            }
         }
     }
     for (spec, needle) in [
@@ -292,13 +218,8 @@ async fn bad_input_is_invalid_input_naming_value_and_rule() {
         }
     }
     // Nothing half-written: none of the rejected pools exists.
-    let names: Vec<String> = a
-        .list_pools()
-        .await
-        .expect("list")
-        .iter()
-        .map(|s| s.name().to_string())
-        .collect();
+    let names: Vec<String> =
+        a.list_pools().await.expect("list").iter().map(|s| s.name().to_string()).collect();
     assert_eq!(names, vec!["p".to_string()]);
 }
 
@@ -307,22 +228,9 @@ async fn awkward_keys_round_trip_exactly() {
     let store = Arc::new(EmbeddedStore::memory());
     let a = allocator(store.clone(), "a");
     let b = allocator(store.clone(), "b");
-    let p = a
-        .ensure_pool(&PoolSpec::new("p", 1, 100))
-        .await
-        .expect("pool");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
     let pb = b.pool("p").await.expect("pool b");
-    let keys = [
-        "a/b",
-        "a",
-        "a%2Fb",
-        "with space",
-        "ünïcödé ☃",
-        "ctl\u{1}\u{7f}\n",
-        "%",
-        "/",
-        "a/",
-    ];
+    let keys = ["a/b", "a", "a%2Fb", "with space", "ünïcödé ☃", "ctl\u{1}\u{7f}\n", "%", "/", "a/"];
     let mut ids = BTreeMap::new();
     for k in keys {
         ids.insert(k, p.acquire(k).await.expect("acquire").id);
@@ -333,10 +241,7 @@ async fn awkward_keys_round_trip_exactly() {
     for k in keys {
         wait_until(|| pb.key_of(ids[k]).as_deref() == Some(k)).await;
         assert_eq!(pb.get(k), Some(ids[k]));
-        assert_eq!(
-            pb.key_of_consistent(ids[k]).await.expect("read").as_deref(),
-            Some(k)
-        );
+        assert_eq!(pb.key_of_consistent(ids[k]).await.expect("read").as_deref(), Some(k));
     }
     // Releasing "a" must not be blocked by a reference of "a/b" (prefixes never overlap).
     let r = p.release("a").await.expect("release a");
@@ -389,18 +294,8 @@ async fn many_allocators_overlapping_keys_agree() {
     for a in allocs {
         a.close().await.expect("close");
     }
-    let report = setup
-        .pool("p")
-        .await
-        .expect("pool")
-        .sweep()
-        .await
-        .expect("sweep");
-    assert_eq!(
-        report.reclaimed.len(),
-        all.len(),
-        "closing revokes every leased reference"
-    );
+    let report = setup.pool("p").await.expect("pool").sweep().await.expect("sweep");
+    assert_eq!(report.reclaimed.len(), all.len(), "closing revokes every leased reference");
     assert_only_specs_left(&*store).await;
 }
 
@@ -409,14 +304,8 @@ async fn crash_then_ttl_then_sweep_then_reuse_delay() {
     let store = Arc::new(EmbeddedStore::memory());
     let spec = PoolSpec::new("p", 1, 1).reuse_delay(Duration::from_secs(60));
     let crashing = allocator(store.clone(), "crashing");
-    let id = crashing
-        .ensure_pool(&spec)
-        .await
-        .expect("pool")
-        .acquire("k")
-        .await
-        .expect("acquire")
-        .id;
+    let id =
+        crashing.ensure_pool(&spec).await.expect("pool").acquire("k").await.expect("acquire").id;
     drop(crashing); // no close(): behaves like a crash
 
     let survivor = allocator(store.clone(), "survivor");
@@ -427,10 +316,7 @@ async fn crash_then_ttl_then_sweep_then_reuse_delay() {
     let report = p.sweep().await.expect("sweep");
     assert_eq!(report.reclaimed, vec![(id, "k".to_string())]);
     // The only ID is in quarantine: another key cannot have it yet.
-    assert!(matches!(
-        p.acquire("other").await,
-        Err(Error::Exhausted { .. })
-    ));
+    assert!(matches!(p.acquire("other").await, Err(Error::Exhausted { .. })));
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert!(
         matches!(p.acquire("other").await, Err(Error::Exhausted { .. })),
@@ -463,10 +349,7 @@ async fn idle_grace_keeps_the_id_for_a_returning_key_then_sweeps() {
     assert!(report.reclaimed.is_empty());
     assert_eq!(report.idle, 1);
     tokio::time::sleep(Duration::from_secs(10)).await;
-    assert_eq!(
-        p.sweep().await.expect("sweep").reclaimed,
-        vec![(id, "k".to_string())]
-    );
+    assert_eq!(p.sweep().await.expect("sweep").reclaimed, vec![(id, "k".to_string())]);
     assert_only_specs_left(&*store).await;
 }
 
@@ -474,20 +357,14 @@ async fn idle_grace_keeps_the_id_for_a_returning_key_then_sweeps() {
 async fn lost_session_lease_is_replaced_and_keys_keep_their_ids() {
     let store = Arc::new(EmbeddedStore::memory());
     let a = allocator(store.clone(), "a");
-    let p = a
-        .ensure_pool(&PoolSpec::new("p", 1, 1000))
-        .await
-        .expect("pool");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
     let ids: Vec<u64> = futures::future::join_all((0..10).map(|i| {
         let p = p.clone();
         async move { p.acquire(&format!("k{i}")).await.expect("acquire").id }
     }))
     .await;
     let lease = a.session_lease().await.expect("session");
-    assert!(store
-        .lease_revoke(lease)
-        .await
-        .expect("revoke behind its back"));
+    assert!(store.lease_revoke(lease).await.expect("revoke behind its back"));
     // The keep-alive notices within TTL/3, grants a new lease and re-references every key.
     tokio::time::sleep(SESSION_TTL).await;
     for (i, id) in ids.iter().enumerate() {
@@ -504,10 +381,7 @@ async fn lost_records_are_recreated_and_a_taken_id_is_a_conflict() {
     let store = Arc::new(EmbeddedStore::memory());
     let a = allocator(store.clone(), "a");
     let intruder = allocator(store.clone(), "intruder");
-    let p = a
-        .ensure_pool(&PoolSpec::new("p", 1, 100))
-        .await
-        .expect("pool");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
     let mut events = p.events();
     let x = p.acquire("x").await.expect("x").id;
     let y = p.acquire("y").await.expect("y").id;
@@ -522,10 +396,7 @@ async fn lost_records_are_recreated_and_a_taken_id_is_a_conflict() {
     store
         .txn(TxnRequest::new().and_then([
             TxnOp::delete(l.key_key("p", "y")),
-            TxnOp::put(
-                l.id_key("p", y),
-                idalloc::layout::IdRecord::Bound("z".into()).encode(),
-            ),
+            TxnOp::put(l.id_key("p", y), idalloc::layout::IdRecord::Bound("z".into()).encode()),
             TxnOp::put(l.key_key("p", "z"), y.to_string()),
             TxnOp::put(l.ref_key("p", "z", "intruder"), y.to_string()),
         ]))
@@ -533,11 +404,7 @@ async fn lost_records_are_recreated_and_a_taken_id_is_a_conflict() {
         .expect("raw write");
     let conflict = loop {
         match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
-            Ok(Some(Event::Conflict {
-                key,
-                old_id,
-                new_id,
-            })) => break (key, old_id, new_id),
+            Ok(Some(Event::Conflict { key, old_id, new_id })) => break (key, old_id, new_id),
             Ok(Some(_)) => continue,
             other => panic!("expected a Conflict event, got {other:?}"),
         }
@@ -557,10 +424,7 @@ async fn compaction_while_behind_relists_and_cache_equals_store() {
     let store = Arc::new(EmbeddedStore::memory());
     let a = allocator(store.clone(), "a");
     let b = allocator(store.clone(), "b");
-    let pa = a
-        .ensure_pool(&PoolSpec::new("p", 1, 1000))
-        .await
-        .expect("pool");
+    let pa = a.ensure_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
     let pb = b.pool("p").await.expect("pool b");
     pb.wait_synced().await.expect("sync");
     // Let b's watch fall behind: partition its view by making many changes and compacting before
@@ -571,11 +435,7 @@ async fn compaction_while_behind_relists_and_cache_equals_store() {
     for i in 0..25 {
         pa.release(&format!("k{i}")).await.expect("release");
     }
-    let rev = store
-        .get(idalloc::store::GetRequest::key("anything"))
-        .await
-        .expect("rev")
-        .revision;
+    let rev = store.get(idalloc::store::GetRequest::key("anything")).await.expect("rev").revision;
     store.compact(rev).await.expect("compact");
     pb.resync().await.expect("resync");
     wait_until(|| pb.snapshot() == pa.snapshot()).await;
@@ -587,10 +447,7 @@ async fn compaction_while_behind_relists_and_cache_equals_store() {
 async fn events_report_upserts_deletes_and_lag() {
     let store = Arc::new(EmbeddedStore::memory());
     let a = allocator(store.clone(), "a");
-    let p = a
-        .ensure_pool(&PoolSpec::new("p", 1, 100))
-        .await
-        .expect("pool");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
     p.wait_synced().await.expect("sync");
     let mut events = p.events();
     let id = p.acquire("k").await.expect("acquire").id;
@@ -604,16 +461,7 @@ async fn events_report_upserts_deletes_and_lag() {
     }
     assert_eq!(
         seen,
-        vec![
-            Event::Upsert {
-                id,
-                key: "k".into()
-            },
-            Event::Delete {
-                id,
-                key: "k".into()
-            }
-        ]
+        vec![Event::Upsert { id, key: "k".into() }, Event::Delete { id, key: "k".into() }]
     );
     // A subscriber that does not read is told it lagged; allocation went on regardless.
     let small = allocator_with(store.clone(), "small", |o| o.event_buffer = 4);
@@ -637,16 +485,13 @@ async fn sweepers_in_many_processes_and_acquires_race_safely() {
     let setup = allocator(store.clone(), "setup");
     let ps = setup.ensure_pool(&spec).await.expect("pool");
     for i in 0..100 {
-        ps.acquire_durable(&format!("k{i}"), "old-owner")
-            .await
-            .expect("seed");
+        ps.acquire_durable(&format!("k{i}"), "old-owner").await.expect("seed");
     }
     // Drop the durable references behind the allocator's back: 100 orphans.
     store
         .txn(
-            TxnRequest::new().and_then([TxnOp::delete_range(KeyRange::prefix(
-                layout().refs_prefix("p"),
-            ))]),
+            TxnRequest::new()
+                .and_then([TxnOp::delete_range(KeyRange::prefix(layout().refs_prefix("p")))]),
         )
         .await
         .expect("raw delete refs");
@@ -672,31 +517,20 @@ async fn sweepers_in_many_processes_and_acquires_race_safely() {
     for t in tasks {
         let (a, held) = t.await.expect("task");
         for (k, id) in &held {
-            assert_eq!(
-                raw_binding(&*store, "p", k).await,
-                Some(*id),
-                "{k} survived the sweepers"
-            );
+            assert_eq!(raw_binding(&*store, "p", k).await, Some(*id), "{k} survived the sweepers");
         }
         keep.push(a);
     }
     check_g1(&*store, "p").await;
     let _ = ps.sweep().await.expect("final sweep");
-    assert_eq!(
-        raw_bindings(&*store, "p").await.len(),
-        20,
-        "only the 20 held keys remain"
-    );
+    assert_eq!(raw_bindings(&*store, "p").await.len(), 20, "only the 20 held keys remain");
 }
 
 #[tokio::test(start_paused = true)]
 async fn huge_range_works() {
     let store = Arc::new(EmbeddedStore::memory());
     let a = allocator(store.clone(), "a");
-    let p = a
-        .ensure_pool(&PoolSpec::new("p", 1, (1 << 32) - 1))
-        .await
-        .expect("pool");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, (1 << 32) - 1)).await.expect("pool");
     let mut ids = HashSet::new();
     for i in 0..100 {
         let id = p.acquire(&format!("k{i}")).await.expect("acquire").id;

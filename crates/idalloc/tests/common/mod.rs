@@ -18,9 +18,9 @@ pub fn layout() -> Layout {
 }
 
 fn seed_of(holder: &str) -> u64 {
-    holder.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-    })
+    holder
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 pub fn allocator_with<S: Store>(
@@ -72,34 +72,19 @@ where
 /// record it points at names the key back.
 pub async fn raw_binding<S: Store + ?Sized>(store: &S, pool: &str, key: &str) -> Option<u64> {
     let l = layout();
-    let resp = store
-        .get(GetRequest::key(l.key_key(pool, key)))
-        .await
-        .expect("read key record");
+    let resp = store.get(GetRequest::key(l.key_key(pool, key))).await.expect("read key record");
     let kv = resp.kvs.first()?;
-    let id: u64 = std::str::from_utf8(&kv.value)
-        .expect("utf8")
-        .parse()
-        .expect("decimal id");
-    let idr = store
-        .get(GetRequest::key(l.id_key(pool, id)))
-        .await
-        .expect("read id record");
+    let id: u64 = std::str::from_utf8(&kv.value).expect("utf8").parse().expect("decimal id");
+    let idr = store.get(GetRequest::key(l.id_key(pool, id))).await.expect("read id record");
     let rec = idr.kvs.first().and_then(|kv| IdRecord::decode(&kv.value));
-    assert_eq!(
-        rec,
-        Some(IdRecord::Bound(key.to_string())),
-        "id record of {id} names {key}"
-    );
+    assert_eq!(rec, Some(IdRecord::Bound(key.to_string())), "id record of {id} names {key}");
     Some(id)
 }
 
 /// Every bound ID record of `pool`, sorted by ID.
 pub async fn raw_bindings<S: Store + ?Sized>(store: &S, pool: &str) -> Vec<(u64, String)> {
     let l = layout();
-    let (kvs, _) = list_all(store, &KeyRange::prefix(l.id_prefix(pool)), 500)
-        .await
-        .expect("list");
+    let (kvs, _) = list_all(store, &KeyRange::prefix(l.id_prefix(pool)), 500).await.expect("list");
     let mut out: Vec<(u64, String)> = kvs
         .iter()
         .filter_map(|kv| match IdRecord::decode(&kv.value) {
@@ -114,9 +99,8 @@ pub async fn raw_bindings<S: Store + ?Sized>(store: &S, pool: &str) -> Vec<(u64,
 /// G1 on the raw store: ID records and key records form a bijection between bound IDs and keys.
 pub async fn check_g1<S: Store + ?Sized>(store: &S, pool: &str) {
     let l = layout();
-    let (kvs, rev) = list_all(store, &KeyRange::prefix(l.pool_data_prefix(pool)), 500)
-        .await
-        .expect("list");
+    let (kvs, rev) =
+        list_all(store, &KeyRange::prefix(l.pool_data_prefix(pool)), 500).await.expect("list");
     let mut id_to_key: HashMap<u64, String> = HashMap::new();
     let mut key_to_id: HashMap<String, u64> = HashMap::new();
     for kv in &kvs {
@@ -125,14 +109,8 @@ pub async fn check_g1<S: Store + ?Sized>(store: &S, pool: &str) {
                 id_to_key.insert(id, k);
             }
         } else if let Some(k) = l.parse_key_key(pool, &kv.key) {
-            let id: u64 = std::str::from_utf8(&kv.value)
-                .expect("utf8")
-                .parse()
-                .expect("decimal");
-            assert!(
-                key_to_id.insert(k.clone(), id).is_none(),
-                "G1 at {rev}: key {k:?} twice"
-            );
+            let id: u64 = std::str::from_utf8(&kv.value).expect("utf8").parse().expect("decimal");
+            assert!(key_to_id.insert(k.clone(), id).is_none(), "G1 at {rev}: key {k:?} twice");
         }
     }
     for (k, id) in &key_to_id {
@@ -153,18 +131,15 @@ pub async fn check_g1<S: Store + ?Sized>(store: &S, pool: &str) {
 }
 
 pub async fn count_refs<S: Store + ?Sized>(store: &S, pool: &str) -> usize {
-    let (kvs, _) = list_all(store, &KeyRange::prefix(layout().refs_prefix(pool)), 500)
-        .await
-        .expect("list");
+    let (kvs, _) =
+        list_all(store, &KeyRange::prefix(layout().refs_prefix(pool)), 500).await.expect("list");
     kvs.len()
 }
 
 /// G4: nothing but pool specs under the prefix.
 pub async fn assert_only_specs_left<S: Store + ?Sized>(store: &S) {
     let l = layout();
-    let (kvs, _) = list_all(store, &KeyRange::prefix("idalloc/"), 500)
-        .await
-        .expect("list");
+    let (kvs, _) = list_all(store, &KeyRange::prefix("idalloc/"), 500).await.expect("list");
     let pools = l.pools_prefix();
     let extra: Vec<String> = kvs
         .iter()
@@ -178,10 +153,10 @@ pub async fn assert_only_specs_left<S: Store + ?Sized>(store: &S) {
 pub async fn raw_delete_binding<S: Store + ?Sized>(store: &S, pool: &str, key: &str, id: u64) {
     let l = layout();
     store
-        .txn(TxnRequest::new().and_then([
-            TxnOp::delete(l.key_key(pool, key)),
-            TxnOp::delete(l.id_key(pool, id)),
-        ]))
+        .txn(
+            TxnRequest::new()
+                .and_then([TxnOp::delete(l.key_key(pool, key)), TxnOp::delete(l.id_key(pool, id))]),
+        )
         .await
         .expect("raw delete");
 }
