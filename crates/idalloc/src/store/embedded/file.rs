@@ -384,6 +384,24 @@ pub(crate) fn put_raw_entry(path: &Path, main: i64, bytes: &[u8]) -> Result<(), 
     Ok(())
 }
 
+/// Test hook: moves a stored lease deadline, as if time had passed while the file was closed.
+#[cfg(test)]
+pub(crate) fn set_lease_deadline(
+    path: &Path,
+    id: LeaseId,
+    deadline_ms: i64,
+) -> Result<(), redb::Error> {
+    let db = Database::create(path)?;
+    let wtx = db.begin_write()?;
+    {
+        let mut t = wtx.open_table(LEASES)?;
+        let ttl = t.get(id)?.map(|v| v.value().0).unwrap_or(1);
+        t.insert(id, (ttl, deadline_ms))?;
+    }
+    wtx.commit()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
