@@ -15,12 +15,19 @@ use crate::store::{
 /// Round trips per request kind, as counted by a [`CountingStore`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RoundTrips {
+    /// [`Store::txn`] calls.
     pub txn: u64,
+    /// [`Store::get`] calls (one per page of a paginated read).
     pub get: u64,
+    /// [`Store::lease_grant`] calls.
     pub lease_grant: u64,
+    /// [`Store::lease_keep_alive`] calls.
     pub lease_keep_alive: u64,
+    /// [`Store::lease_revoke`] calls.
     pub lease_revoke: u64,
+    /// [`Store::watch`] calls (streams opened, not messages received).
     pub watch: u64,
+    /// [`Store::compact`] calls.
     pub compact: u64,
 }
 

@@ -1,8 +1,8 @@
 //! The embedded store: etcd 3.4 semantics in-process, in memory or on a `redb` file.
 //!
 //! This is the store for one machine and the engine of the deterministic simulation. The
-//! semantics live in [`mvcc`] (a pure state machine, unit-tested without files or runtimes); the
-//! file in [`file`] is a durable mirror of it; this module wires them to the [`Store`] trait,
+//! semantics live in `mvcc.rs` (a pure state machine, unit-tested without files or runtimes); the
+//! file in `file.rs` is a durable mirror of it; this module wires them to the [`Store`] trait,
 //! to watchers and to tokio's clock.
 //!
 //! # Choices

@@ -506,3 +506,44 @@ async fn failed_compare_txn_keeps_revision_across_reopen() {
     assert_eq!(value(&s, "a").await, Some(b"1".to_vec()));
     assert_eq!(s.get(GetRequest::key("a")).await.unwrap().revision, 2);
 }
+
+#[tokio::test]
+async fn auto_compaction_bounds_the_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let small = EmbeddedOptions {
+        auto_compact_keep: 16,
+        ..opts()
+    };
+    {
+        let s = EmbeddedStore::open(&path, small.clone()).await.unwrap();
+        for i in 0..200 {
+            s.txn(put("k", &i.to_string())).await.unwrap();
+        }
+    }
+    let s = EmbeddedStore::open(&path, small).await.unwrap();
+    let (compact, held) = {
+        let core = s.inner.lock();
+        (core.mvcc.compact_revision(), core.mvcc.history_len())
+    };
+    assert!(
+        (201 - 16 - 2..=201 - 16).contains(&compact),
+        "compaction point {compact} restored"
+    );
+    assert!(
+        held <= 16 + 2 + 1,
+        "the file held only recent history: {held} changes"
+    );
+    assert!(matches!(
+        s.get(GetRequest::key("k").at_revision(compact - 1)).await,
+        Err(StoreError::Compacted { .. })
+    ));
+    assert_eq!(
+        s.get(GetRequest::key("k").at_revision(201 - 16))
+            .await
+            .unwrap()
+            .kvs[0]
+            .value,
+        b"183"
+    );
+}
