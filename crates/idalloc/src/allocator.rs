@@ -572,6 +572,9 @@ impl Inner {
         self.wait_synced(pool).await?;
         let name = &pool.spec.name();
         let mut key_rec = pool.lock_cache().get(key);
+        // Whether `key_rec` comes from the store (a failed attempt's read-back or a direct read)
+        // rather than from the cache, which may not have seen the key's binding yet.
+        let mut key_rec_read = false;
         let mut observed: HashMap<u64, Option<IdRecord>> = HashMap::new();
         for attempt in 0..MAX_BIND_ATTEMPTS {
             let decision = {
@@ -585,10 +588,20 @@ impl Inner {
             };
             let (plan, claimed) = match decision {
                 Decision::Send(plan) => (plan, false),
-                Decision::NeedCandidate { expect_key } => {
-                    let id = self.pick_candidate(pool)?;
-                    (BindPlan { expect_key, id, expect_id: None }, true)
-                }
+                Decision::NeedCandidate { expect_key } => match self.pick_candidate(pool) {
+                    Ok(id) => (BindPlan { expect_key, id, expect_id: None }, true),
+                    Err(exhausted) if key_rec_read => return Err(exhausted),
+                    Err(exhausted) => {
+                        // A full pool is only final once the store confirms the key has no
+                        // binding yet (the cache may lag behind another node's bind of it).
+                        key_rec = self.read_key_record(pool, key).await?;
+                        key_rec_read = true;
+                        if key_rec.is_none() && preferred.is_none() {
+                            return Err(exhausted);
+                        }
+                        continue;
+                    }
+                },
             };
             let lease = if leased { self.session_lease().await? } else { 0 };
             let target = holder.map(|h| RefTarget { holder: h, lease });
@@ -620,6 +633,7 @@ impl Inner {
                     pool.lock_cache().learn(obs.id, obs.id_rec.is_some());
                     observed.insert(obs.id, obs.id_rec);
                     key_rec = obs.key_rec;
+                    key_rec_read = true;
                 }
             }
         }
@@ -629,6 +643,22 @@ impl Inner {
                 "key {key:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts"
             ),
         })
+    }
+
+    async fn read_key_record(&self, pool: &PoolState, key: &str) -> Result<Option<u64>> {
+        let k = self.layout.key_key(pool.spec.name(), key);
+        let resp = self.call(|| self.store.get(GetRequest::key(k.clone()))).await?;
+        match resp.kvs.first() {
+            None => Ok(None),
+            Some(kv) => {
+                protocol::parse_id_value(&kv.value).map(Some).ok_or_else(|| Error::Unavailable {
+                    reason: format!(
+                        "key record of {key:?} holds {:?}, not an ID",
+                        String::from_utf8_lossy(&kv.value)
+                    ),
+                })
+            }
+        }
     }
 
     /// Picks a free ID and marks it used locally, so concurrent binds in this process do not race
@@ -1014,19 +1044,7 @@ impl Pool {
     /// [`Pool::get`] read from the store (one round trip).
     pub async fn get_consistent(&self, key: &str) -> Result<Option<u64>> {
         validate_key(key)?;
-        let k = self.inner.layout.key_key(&self.state.spec.name(), key);
-        let resp = self.inner.call(|| self.inner.store.get(GetRequest::key(k.clone()))).await?;
-        match resp.kvs.first() {
-            None => Ok(None),
-            Some(kv) => {
-                protocol::parse_id_value(&kv.value).map(Some).ok_or_else(|| Error::Unavailable {
-                    reason: format!(
-                        "key record of {key:?} holds {:?}, not an ID",
-                        String::from_utf8_lossy(&kv.value)
-                    ),
-                })
-            }
-        }
+        self.inner.read_key_record(&self.state, key).await
     }
 
     /// [`Pool::key_of`] read from the store (one round trip).

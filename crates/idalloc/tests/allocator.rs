@@ -10,8 +10,9 @@ use std::time::Duration;
 use common::*;
 use idalloc::store::counting::CountingStore;
 use idalloc::store::embedded::EmbeddedStore;
-use idalloc::store::{KeyRange, Store, TxnOp, TxnRequest};
-use idalloc::{Allocator, Error, Event, PoolSpec, Strategy};
+use idalloc::store::fault::{FaultConfig, FaultStore};
+use idalloc::store::{GetRequest, KeyRange, Store, TxnOp, TxnRequest};
+use idalloc::{Error, Event, PoolSpec, Strategy};
 
 #[tokio::test(start_paused = true)]
 async fn round_trip_budgets_are_exact() {
@@ -422,25 +423,52 @@ async fn lost_records_are_recreated_and_a_taken_id_is_a_conflict() {
 #[tokio::test(start_paused = true)]
 async fn compaction_while_behind_relists_and_cache_equals_store() {
     let store = Arc::new(EmbeddedStore::memory());
+    // b reaches the store through a fault wrapper, so its watch can be cut off.
+    let faulty =
+        Arc::new(FaultStore::new(store.clone(), 7, FaultConfig::default()).expect("fault store"));
     let a = allocator(store.clone(), "a");
-    let b = allocator(store.clone(), "b");
+    let b = allocator(faulty.clone(), "b");
     let pa = a.ensure_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
+    pa.acquire("before").await.expect("acquire");
     let pb = b.pool("p").await.expect("pool b");
     pb.wait_synced().await.expect("sync");
-    // Let b's watch fall behind: partition its view by making many changes and compacting before
-    // it can read them. With paused time and one runtime, b's watch task only runs when we yield.
+    wait_until(|| pb.get("before").is_some()).await;
+    let mut events = pb.events();
+
+    // b is cut off: its watch breaks and cannot resume. Meanwhile the pool changes and the store
+    // compacts past everything b has seen.
+    faulty.partition(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
     for i in 0..50 {
         pa.acquire(&format!("k{i}")).await.expect("acquire");
     }
     for i in 0..25 {
         pa.release(&format!("k{i}")).await.expect("release");
     }
-    let rev = store.get(idalloc::store::GetRequest::key("anything")).await.expect("rev").revision;
+    pa.release("before").await.expect("release");
+    let rev = store.get(GetRequest::key("anything")).await.expect("rev").revision;
     store.compact(rev).await.expect("compact");
-    pb.resync().await.expect("resync");
-    wait_until(|| pb.snapshot() == pa.snapshot()).await;
+    assert_eq!(pb.snapshot(), vec![(pb.get("before").expect("stale view"), "before".to_string())]);
+
+    // Healed: b resumes from its old revision, is told it is compacted, re-lists, and reports the
+    // difference as events.
+    faulty.partition(false);
+    wait_until(|| pb.snapshot().len() == 25).await;
     assert_eq!(pb.snapshot(), raw_bindings(&*store, "p").await);
-    assert_eq!(pb.snapshot().len(), 25);
+    assert_eq!(pb.snapshot(), pa.snapshot());
+    let mut upserts = 0;
+    let mut deletes = 0;
+    while let Some(e) = events.try_recv() {
+        match e {
+            Event::Upsert { .. } => upserts += 1,
+            Event::Delete { key, .. } => {
+                assert_eq!(key, "before");
+                deletes += 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!((upserts, deletes), (25, 1), "the re-list reports exactly the difference");
 }
 
 #[tokio::test(start_paused = true)]

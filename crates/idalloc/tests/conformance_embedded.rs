@@ -1,17 +1,12 @@
 //! The store conformance suite against the embedded store, in memory and on a file.
-//!
-//! DISABLED until the embedded store is merged (it is written on another branch). To enable:
-//! delete the `#[cfg(any())]` line below, adjust the two constructor calls to the real
-//! `EmbeddedStore` API (`memory()` / `open(path)`, sync or async, `Result` or not), and run
-//! `cargo test -p idalloc --test conformance_embedded`. Every case runs on tokio's paused clock,
-//! so the lease-expiry cases are instant and deterministic.
+//! Every case runs on tokio's paused clock, so the lease-expiry cases are instant and
+//! deterministic. etcd is the reference (`conformance_etcd.rs` runs the same cases there).
 
-#[cfg(any())] // <- delete this line to enable
 mod embedded {
     use std::sync::Arc;
 
     use idalloc::store::conformance::{Need, TestStore};
-    use idalloc::store::embedded::EmbeddedStore;
+    use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 
     /// A fresh in-memory store per case (so `Need::Exclusive` is always met).
     async fn memory_factory(_need: Need) -> Option<TestStore> {
@@ -21,7 +16,9 @@ mod embedded {
     /// A fresh store file in a temp dir per case; the dir lives as long as the store.
     async fn file_factory(_need: Need) -> Option<TestStore> {
         let dir = tempfile::tempdir().expect("temp dir");
-        let store = EmbeddedStore::open(dir.path().join("store.redb")).expect("open store file");
+        let store = EmbeddedStore::open(dir.path().join("store.redb"), EmbeddedOptions::default())
+            .await
+            .expect("open store file");
         Some(TestStore::new(Arc::new(store), b"/t/".to_vec()).with_guard(dir))
     }
 

@@ -347,6 +347,7 @@ pub enum OpResponse {
     Delete {
         deleted: i64,
     },
+    /// A nested txn's result; its `revision` is the outer txn's.
     Txn(TxnResponse),
 }
 

@@ -364,7 +364,7 @@ impl Mvcc {
         if w.sub > 0 {
             self.rev = w.new_rev;
         }
-        resp.revision = self.rev;
+        set_revision(&mut resp, self.rev);
         Ok(resp)
     }
 
@@ -467,7 +467,6 @@ impl Mvcc {
                 }
                 TxnOp::Delete(range) => OpResponse::Delete { deleted: self.delete(range, w) },
                 TxnOp::Txn(t) => match children.next() {
-                    // etcd leaves a nested txn's header empty: its revision reads 0.
                     Some(child) => OpResponse::Txn(self.apply_txn(t, child, w)),
                     None => OpResponse::Txn(TxnResponse::default()),
                 },
@@ -958,7 +957,7 @@ mod tests {
         match &r.responses[1] {
             OpResponse::Txn(t) => {
                 assert!(t.succeeded);
-                assert_eq!(t.revision, 0, "etcd leaves nested headers empty");
+                assert_eq!(t.revision, r.revision, "a nested txn reports the outer revision");
             }
             other => panic!("expected nested txn response, got {other:?}"),
         }
@@ -1206,5 +1205,16 @@ mod tests {
             matches!(&batches[1].1[0], WatchEvent::Delete(kv) if kv.mod_revision == 3 && kv.version == 0)
         );
         assert!(m.take_delta().is_empty());
+    }
+}
+
+/// Sets a txn response's revision and, as the trait documents, every nested txn response's too
+/// (etcd leaves nested headers empty; the etcd store fills them the same way).
+fn set_revision(resp: &mut TxnResponse, rev: Revision) {
+    resp.revision = rev;
+    for r in &mut resp.responses {
+        if let OpResponse::Txn(t) = r {
+            set_revision(t, rev);
+        }
     }
 }
