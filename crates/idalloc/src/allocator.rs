@@ -450,7 +450,7 @@ impl Inner {
     async fn init_pool(&self, spec: &PoolSpec) -> Result<PoolSpec> {
         spec.validate()?;
         let json = spec.to_json();
-        let resp = self.txn(protocol::init_pool_txn(&self.layout, &spec.name(), json)).await?;
+        let resp = self.txn(protocol::init_pool_txn(&self.layout, spec.name(), json)).await?;
         match init_pool_outcome(&resp).map_err(protocol_error)? {
             None => {
                 info!(pool = %spec.name(), spec = %spec, "pool created");
@@ -570,7 +570,7 @@ impl Inner {
         preferred: Option<u64>,
     ) -> Result<Acquired> {
         self.wait_synced(pool).await?;
-        let name = &pool.spec.name();
+        let name = pool.spec.name();
         let mut key_rec = pool.lock_cache().get(key);
         // Whether `key_rec` comes from the store (a failed attempt's read-back or a direct read)
         // rather than from the cache, which may not have seen the key's binding yet.
@@ -715,7 +715,7 @@ impl Inner {
                 LastRelease::Touch
             };
             let plan = ReleasePlan { key, id, holder, last, require_own_ref: durable };
-            match self.txn(plan.txn(&self.layout, &pool.spec.name())).await {
+            match self.txn(plan.txn(&self.layout, pool.spec.name())).await {
                 Ok(resp) => {
                     let out = plan.outcome(&resp).map_err(protocol_error)?;
                     if out.reclaimed {
@@ -1015,7 +1015,7 @@ impl Pool {
                 Some(id) => self.inner.release_ref(&self.state, key, id, holder, true).await,
                 None => {
                     // No binding: at most a stray reference is left; remove it.
-                    let own = self.inner.layout.ref_key(&self.state.spec.name(), key, holder);
+                    let own = self.inner.layout.ref_key(self.state.spec.name(), key, holder);
                     let resp = self.inner.txn(TxnRequest::new().and_then([TxnOp::delete(own)])).await?;
                     let held = matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0);
                     Ok(Released { held, reclaimed: false })
@@ -1049,7 +1049,7 @@ impl Pool {
 
     /// [`Pool::key_of`] read from the store (one round trip).
     pub async fn key_of_consistent(&self, id: u64) -> Result<Option<String>> {
-        let k = self.inner.layout.id_key(&self.state.spec.name(), id);
+        let k = self.inner.layout.id_key(self.state.spec.name(), id);
         let resp = self.inner.call(|| self.inner.store.get(GetRequest::key(k.clone()))).await?;
         Ok(resp.kvs.first().and_then(|kv| match IdRecord::decode(&kv.value) {
             Some(IdRecord::Bound(key)) => Some(key),

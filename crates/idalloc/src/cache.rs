@@ -52,7 +52,7 @@ pub struct PoolCache {
 
 impl PoolCache {
     pub fn new(spec: PoolSpec) -> Self {
-        let free = IdSet::new(spec.min(), spec.max(), &spec.reserved());
+        let free = IdSet::new(spec.min(), spec.max(), spec.reserved());
         PoolCache { spec, by_id: HashMap::new(), by_key: HashMap::new(), free, revision: 0 }
     }
 

@@ -41,7 +41,7 @@ pub(crate) async fn sweep(
     pool: &PoolState,
     dry_run: bool,
 ) -> Result<SweepReport> {
-    let name = &pool.spec.name();
+    let name = pool.spec.name();
     let range = KeyRange::prefix(inner.layout.pool_data_prefix(name));
     let (kvs, revision) =
         inner.call(|| list_all(&*inner.store, &range, inner.opts.list_page)).await?;

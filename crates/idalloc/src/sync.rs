@@ -26,7 +26,7 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
         };
         let store = strong.store.clone();
         let page = strong.opts.list_page;
-        let id_prefix = strong.layout.id_prefix(&pool.spec.name());
+        let id_prefix = strong.layout.id_prefix(pool.spec.name());
         drop(strong);
 
         let forced = pool.force_relist.swap(false, std::sync::atomic::Ordering::AcqRel);
@@ -39,7 +39,7 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
                     let events = {
                         let mut cache = pool.lock_cache();
                         cache.replace_all(&kvs, rev, |k| {
-                            strong.layout.parse_id_key(&pool.spec.name(), k)
+                            strong.layout.parse_id_key(pool.spec.name(), k)
                         })
                     };
                     for e in events {
@@ -107,9 +107,9 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
 fn apply_event(inner: &Arc<Inner>, pool: &Arc<PoolState>, ev: &WatchEvent) {
     let (event, before) = {
         let mut cache = pool.lock_cache();
-        let id = inner.layout.parse_id_key(&pool.spec.name(), &ev.kv().key);
+        let id = inner.layout.parse_id_key(pool.spec.name(), &ev.kv().key);
         let before = id.and_then(|id| cache.key_of(id).map(|k| (id, k.to_string())));
-        let event = cache.apply(ev, |k| inner.layout.parse_id_key(&pool.spec.name(), k));
+        let event = cache.apply(ev, |k| inner.layout.parse_id_key(pool.spec.name(), k));
         (event, before)
     };
     if let Some(e) = event {

@@ -816,6 +816,17 @@ fn txn_size(req: &TxnRequest) -> usize {
     compares + ops
 }
 
+/// Sets a txn response's revision and, as the trait documents, every nested txn response's too
+/// (etcd leaves nested headers empty; the etcd store fills them the same way).
+fn set_revision(resp: &mut TxnResponse, rev: Revision) {
+    resp.revision = rev;
+    for r in &mut resp.responses {
+        if let OpResponse::Txn(t) = r {
+            set_revision(t, rev);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1205,16 +1216,5 @@ mod tests {
             matches!(&batches[1].1[0], WatchEvent::Delete(kv) if kv.mod_revision == 3 && kv.version == 0)
         );
         assert!(m.take_delta().is_empty());
-    }
-}
-
-/// Sets a txn response's revision and, as the trait documents, every nested txn response's too
-/// (etcd leaves nested headers empty; the etcd store fills them the same way).
-fn set_revision(resp: &mut TxnResponse, rev: Revision) {
-    resp.revision = rev;
-    for r in &mut resp.responses {
-        if let OpResponse::Txn(t) = r {
-            set_revision(t, rev);
-        }
     }
 }
