@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use tokio::sync::{broadcast, mpsc, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -24,14 +24,14 @@ use tracing::{debug, info, warn};
 use crate::cache::{Event, PoolCache};
 use crate::error::{Error, Result};
 use crate::layout::{IdRecord, Layout};
-use crate::pool::{validate_holder, validate_key, validate_pool_name, PoolSpec};
+use crate::pool::{validate_holder, validate_key, validate_pool_name, PoolSpec, Strategy};
 use crate::protocol::{
     self, decide, init_pool_outcome, BindOutcome, BindPlan, Decision, LastRelease, RefTarget,
     ReleasePlan,
 };
 use crate::store::{
-    Compare, GetRequest, KeyRange, LeaseId, OpResponse, Store, StoreError, StoreResult, TxnOp,
-    TxnRequest, TxnResponse,
+    Compare, GetRequest, KeyRange, LeaseId, OpResponse, Revision, Store, StoreError, StoreResult,
+    TxnOp, TxnRequest, TxnResponse,
 };
 
 /// Attempts of one bind loop before giving up with `Unavailable` (each attempt is one round trip and
@@ -139,6 +139,8 @@ pub(crate) struct PoolState {
     key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     events: broadcast::Sender<Event>,
     synced: tokio::sync::watch::Sender<bool>,
+    /// The store revision the cache has applied (watch events and listings).
+    applied: tokio::sync::watch::Sender<Revision>,
     quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
     pub(crate) force_relist: AtomicBool,
     pub(crate) relist_requested: Notify,
@@ -159,6 +161,17 @@ impl PoolState {
     pub(crate) fn emit(&self, e: Event) {
         // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
         let _ = self.events.send(e);
+    }
+
+    /// Publishes how far the cache has caught up with the store.
+    pub(crate) fn note_applied(&self, revision: Revision) {
+        self.applied.send_if_modified(|r| {
+            let newer = revision > *r;
+            if newer {
+                *r = revision;
+            }
+            newer
+        });
     }
 
     pub(crate) fn mark_synced(&self) {
@@ -480,6 +493,7 @@ impl Inner {
         }
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (synced, _) = tokio::sync::watch::channel(false);
+        let (applied, _) = tokio::sync::watch::channel(0);
         let state = Arc::new(PoolState {
             cache: Mutex::new(PoolCache::new(spec.clone())),
             spec,
@@ -487,6 +501,7 @@ impl Inner {
             key_locks: Mutex::new(HashMap::new()),
             events,
             synced,
+            applied,
             quarantine: tokio::sync::Mutex::new(None),
             force_relist: AtomicBool::new(false),
             relist_requested: Notify::new(),
@@ -576,6 +591,8 @@ impl Inner {
         // rather than from the cache, which may not have seen the key's binding yet.
         let mut key_rec_read = false;
         let mut observed: HashMap<u64, Option<IdRecord>> = HashMap::new();
+        // Candidates that turned out taken: spreads `lowest` picks after collisions.
+        let mut lost = 0u32;
         for attempt in 0..MAX_BIND_ATTEMPTS {
             let decision = {
                 let cache = pool.lock_cache();
@@ -588,7 +605,7 @@ impl Inner {
             };
             let (plan, claimed) = match decision {
                 Decision::Send(plan) => (plan, false),
-                Decision::NeedCandidate { expect_key } => match self.pick_candidate(pool) {
+                Decision::NeedCandidate { expect_key } => match self.pick_candidate(pool, lost) {
                     Ok(id) => (BindPlan { expect_key, id, expect_id: None }, true),
                     Err(exhausted) if key_rec_read => return Err(exhausted),
                     Err(exhausted) => {
@@ -631,6 +648,13 @@ impl Inner {
                 BindOutcome::Observed(obs) => {
                     debug!(pool = %name, key, ?obs, attempt, "bind compare failed; deciding again");
                     pool.lock_cache().learn(obs.id, obs.id_rec.is_some());
+                    if claimed && obs.id_rec.is_some() {
+                        lost += 1;
+                    }
+                    // Let the cache catch up with what the failed attempt saw before choosing
+                    // again: a collision usually means others are binding too, and the watch
+                    // teaches all their IDs at once where the read-back teaches one.
+                    self.wait_applied(pool, obs.records_revision).await;
                     observed.insert(obs.id, obs.id_rec);
                     key_rec = obs.key_rec;
                     key_rec_read = true;
@@ -661,13 +685,38 @@ impl Inner {
         }
     }
 
+    /// Waits (briefly, bounded) until the pool's cache has applied `revision`.
+    async fn wait_applied(&self, pool: &PoolState, revision: Revision) {
+        if revision == 0 {
+            return;
+        }
+        let mut rx = pool.applied.subscribe();
+        let bound = self.opts.request_timeout.min(Duration::from_millis(500));
+        let _ =
+            tokio::time::timeout(bound, async { rx.wait_for(|r| *r >= revision).await.is_ok() })
+                .await;
+    }
+
     /// Picks a free ID and marks it used locally, so concurrent binds in this process do not race
-    /// for the same candidate.
-    fn pick_candidate(&self, pool: &PoolState) -> Result<u64> {
+    /// for the same candidate. After `lost` collisions, `lowest` picks among the lowest
+    /// `2^lost` (at most 64) free IDs instead of always the lowest, so nodes that keep choosing the
+    /// same ID spread out.
+    fn pick_candidate(&self, pool: &PoolState, lost: u32) -> Result<u64> {
         let mut cache = pool.lock_cache();
         let raw = {
             let mut rng = lock(&self.rng);
-            cache.free_ids().pick(pool.spec.strategy_kind(), &mut *rng)
+            let free = cache.free_ids();
+            match pool.spec.strategy_kind() {
+                Strategy::Lowest if lost > 0 => {
+                    let spread = (1u64 << lost.min(6)).min(free.free_count());
+                    if spread == 0 {
+                        None
+                    } else {
+                        free.nth_free(rng.random_range(0..spread))
+                    }
+                }
+                strategy => free.pick(strategy, &mut *rng),
+            }
         };
         match raw {
             Some(raw) => {

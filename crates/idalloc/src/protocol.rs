@@ -173,11 +173,13 @@ impl BindPlan {
                 Some(IdRecord::decode(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
             }
         };
+        let records_revision = id_kv.map_or(0, |kv| kv.mod_revision);
         Ok(BindOutcome::Observed(Observation {
             key_rec,
             id: self.id,
             id_rec,
             revision: resp.revision,
+            records_revision,
         }))
     }
 }
@@ -198,6 +200,9 @@ pub struct Observation {
     pub id: u64,
     pub id_rec: Option<IdRecord>,
     pub revision: Revision,
+    /// The ID record's mod revision (0 if absent): once the cache (which watches ID records) has
+    /// applied this revision, it knows at least what this attempt learned about IDs.
+    pub records_revision: Revision,
 }
 
 /// A response that does not have the shape the txn asked for, or a record that does not parse: the
@@ -547,7 +552,8 @@ mod tests {
                 key_rec: None,
                 id: 5,
                 id_rec: Some(IdRecord::Tombstone("x".into())),
-                revision: 9
+                revision: 9,
+                records_revision: 3,
             }))
         );
     }

@@ -45,6 +45,7 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
                     for e in events {
                         pool.emit(e);
                     }
+                    pool.note_applied(rev);
                     pool.mark_synced();
                     // A re-list may reveal that a held key's binding changed while we were away.
                     strong.check_held(&pool);
@@ -88,6 +89,8 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
                     for ev in &events {
                         apply_event(&strong, &pool, ev);
                     }
+                    let applied = pool.lock_cache().revision();
+                    pool.note_applied(applied);
                 }
                 Some(Ok(WatchMessage::Compacted { compact_revision })) => {
                     debug!(pool = %pool.spec.name(), compact_revision, "watch compacted; re-listing");

@@ -71,7 +71,15 @@ where
 /// The key record of `key` in `pool`, read straight from the store, after checking that the ID
 /// record it points at names the key back.
 pub async fn raw_binding<S: Store + ?Sized>(store: &S, pool: &str, key: &str) -> Option<u64> {
-    let l = layout();
+    raw_binding_in(store, &layout(), pool, key).await
+}
+
+pub async fn raw_binding_in<S: Store + ?Sized>(
+    store: &S,
+    l: &Layout,
+    pool: &str,
+    key: &str,
+) -> Option<u64> {
     let resp = store.get(GetRequest::key(l.key_key(pool, key))).await.expect("read key record");
     let kv = resp.kvs.first()?;
     let id: u64 = std::str::from_utf8(&kv.value).expect("utf8").parse().expect("decimal id");
@@ -83,7 +91,14 @@ pub async fn raw_binding<S: Store + ?Sized>(store: &S, pool: &str, key: &str) ->
 
 /// Every bound ID record of `pool`, sorted by ID.
 pub async fn raw_bindings<S: Store + ?Sized>(store: &S, pool: &str) -> Vec<(u64, String)> {
-    let l = layout();
+    raw_bindings_in(store, &layout(), pool).await
+}
+
+pub async fn raw_bindings_in<S: Store + ?Sized>(
+    store: &S,
+    l: &Layout,
+    pool: &str,
+) -> Vec<(u64, String)> {
     let (kvs, _) = list_all(store, &KeyRange::prefix(l.id_prefix(pool)), 500).await.expect("list");
     let mut out: Vec<(u64, String)> = kvs
         .iter()
@@ -98,7 +113,10 @@ pub async fn raw_bindings<S: Store + ?Sized>(store: &S, pool: &str) -> Vec<(u64,
 
 /// G1 on the raw store: ID records and key records form a bijection between bound IDs and keys.
 pub async fn check_g1<S: Store + ?Sized>(store: &S, pool: &str) {
-    let l = layout();
+    check_g1_in(store, &layout(), pool).await
+}
+
+pub async fn check_g1_in<S: Store + ?Sized>(store: &S, l: &Layout, pool: &str) {
     let (kvs, rev) =
         list_all(store, &KeyRange::prefix(l.pool_data_prefix(pool)), 500).await.expect("list");
     let mut id_to_key: HashMap<u64, String> = HashMap::new();
@@ -131,15 +149,23 @@ pub async fn check_g1<S: Store + ?Sized>(store: &S, pool: &str) {
 }
 
 pub async fn count_refs<S: Store + ?Sized>(store: &S, pool: &str) -> usize {
+    count_refs_in(store, &layout(), pool).await
+}
+
+pub async fn count_refs_in<S: Store + ?Sized>(store: &S, l: &Layout, pool: &str) -> usize {
     let (kvs, _) =
-        list_all(store, &KeyRange::prefix(layout().refs_prefix(pool)), 500).await.expect("list");
+        list_all(store, &KeyRange::prefix(l.refs_prefix(pool)), 500).await.expect("list");
     kvs.len()
 }
 
 /// G4: nothing but pool specs under the prefix.
 pub async fn assert_only_specs_left<S: Store + ?Sized>(store: &S) {
-    let l = layout();
-    let (kvs, _) = list_all(store, &KeyRange::prefix("idalloc/"), 500).await.expect("list");
+    assert_only_specs_left_in(store, &layout()).await
+}
+
+pub async fn assert_only_specs_left_in<S: Store + ?Sized>(store: &S, l: &Layout) {
+    let (kvs, _) =
+        list_all(store, &KeyRange::prefix(format!("{}/", l.prefix())), 500).await.expect("list");
     let pools = l.pools_prefix();
     let extra: Vec<String> = kvs
         .iter()
@@ -151,7 +177,16 @@ pub async fn assert_only_specs_left<S: Store + ?Sized>(store: &S) {
 
 /// Deletes a binding's key and ID records behind the allocators' backs (store data loss).
 pub async fn raw_delete_binding<S: Store + ?Sized>(store: &S, pool: &str, key: &str, id: u64) {
-    let l = layout();
+    raw_delete_binding_in(store, &layout(), pool, key, id).await
+}
+
+pub async fn raw_delete_binding_in<S: Store + ?Sized>(
+    store: &S,
+    l: &Layout,
+    pool: &str,
+    key: &str,
+    id: u64,
+) {
     store
         .txn(
             TxnRequest::new()

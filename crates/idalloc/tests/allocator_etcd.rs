@@ -1,0 +1,231 @@
+//! The allocator's core behaviour on a real etcd (started by `scripts/test.sh`, or privately when
+//! run alone). Each test uses its own key prefix, so they share one etcd. Real time: TTLs are short.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use idalloc::layout::{IdRecord, Layout};
+use idalloc::store::counting::CountingStore;
+use idalloc::store::etcd::EtcdStore;
+use idalloc::store::{Store, TxnOp, TxnRequest};
+use idalloc::testing::{connect_test_store, test_etcd_endpoint, unique_prefix, TestEtcd};
+use idalloc::{Allocator, AllocatorOptions, Error, Event, PoolSpec, Strategy};
+
+const TTL: Duration = Duration::from_secs(3);
+
+struct Env {
+    _etcd: TestEtcd,
+    store: Arc<EtcdStore>,
+    layout: Layout,
+}
+
+/// The test's etcd and prefix, or `None` if the test is skipped (no etcd outside CI).
+async fn env() -> Option<Env> {
+    let etcd = test_etcd_endpoint().await?;
+    let store = Arc::new(connect_test_store(&etcd.endpoint()).await.expect("connect"));
+    let prefix = String::from_utf8(unique_prefix()).expect("utf8");
+    let layout = Layout::new(prefix.trim_end_matches('/')).expect("prefix");
+    Some(Env { _etcd: etcd, store, layout })
+}
+
+fn alloc<S: Store>(store: Arc<S>, l: &Layout, holder: &str) -> Allocator {
+    let opts = AllocatorOptions {
+        prefix: l.prefix().to_string(),
+        holder: Some(holder.to_string()),
+        session_ttl: TTL,
+        ..AllocatorOptions::default()
+    };
+    Allocator::from_arc(store, opts).expect("allocator")
+}
+
+#[tokio::test]
+async fn etcd_round_trip_budgets_are_exact() {
+    let Some(env) = env().await else { return };
+    let counted = Arc::new(CountingStore::new(env.store.clone()));
+    let a = alloc(counted.clone(), &env.layout, "a");
+    let b = alloc(counted.clone(), &env.layout, "b");
+    counted.reset();
+    a.init_pool(&PoolSpec::new("p", 1, 1000)).await.expect("init");
+    assert_eq!(counted.counts().total(), 1, "init_pool");
+    let pa = a.pool("p").await.expect("pool");
+    let pb = b.pool("p").await.expect("pool");
+    pa.acquire("warm-a").await.expect("warm");
+    pb.acquire("warm-b").await.expect("warm");
+
+    counted.reset();
+    let x = pa.acquire("x").await.expect("new key");
+    assert!(x.new);
+    assert_eq!(counted.counts().total(), 1, "new key");
+    counted.reset();
+    pa.acquire("x").await.expect("again");
+    assert_eq!(counted.counts().total(), 0, "re-acquire");
+    wait_until(|| pb.get("x") == Some(x.id)).await;
+    counted.reset();
+    let bx = pb.acquire("x").await.expect("bound elsewhere");
+    assert_eq!((bx.id, bx.new), (x.id, false));
+    assert_eq!(counted.counts().total(), 1, "key bound elsewhere");
+    counted.reset();
+    assert_eq!(pa.key_of(x.id).as_deref(), Some("x"));
+    assert_eq!(counted.counts().total(), 0, "key_of");
+    pa.release("x").await.expect("release");
+    counted.reset();
+    pa.release("x").await.expect("release");
+    assert_eq!(counted.counts().total(), 1, "last local release");
+    counted.reset();
+    let r = pb.release("x").await.expect("release");
+    assert!(r.reclaimed);
+    assert_eq!(counted.counts().total(), 1, "last release reclaims in one round trip");
+    assert_eq!(raw_binding_in(&*env.store, &env.layout, "p", "x").await, None);
+}
+
+#[tokio::test]
+async fn etcd_cilium_and_contiv_behaviour() {
+    let Some(env) = env().await else { return };
+    let (store, l) = (env.store.clone(), &env.layout);
+    let a = alloc(store.clone(), l, "a");
+    let b = alloc(store.clone(), l, "b");
+    let n = 20;
+    let spec = PoolSpec::new("p", 1, n).prefix(0x100).reserve(3..=4);
+    a.init_pool(&spec).await.expect("init");
+    a.init_pool(&spec).await.expect("equal again");
+    assert!(matches!(
+        a.init_pool(&PoolSpec::new("p", 1, n)).await,
+        Err(Error::RangeMismatch { .. })
+    ));
+    let pa = a.pool("p").await.expect("pool");
+    let mut ids = HashMap::new();
+    for i in 0..n - 2 {
+        let got = pa.acquire(&format!("k{i}")).await.expect("acquire");
+        assert!(got.new);
+        assert_eq!(got.id & 0x100, 0x100, "prefix in {:#x}", got.id);
+        assert!(![3, 4].contains(&(got.id & 0xff)), "reserved {}", got.id);
+        ids.insert(format!("k{i}"), got.id);
+    }
+    assert_eq!(ids.values().collect::<HashSet<_>>().len(), ids.len());
+    assert!(matches!(pa.acquire("extra").await, Err(Error::Exhausted { .. })));
+    let pb = b.pool("p").await.expect("pool");
+    for (k, id) in &ids {
+        let got = pb.acquire_durable(k, "b-owner").await.expect("b acquires");
+        assert_eq!((got.id, got.new), (*id, false));
+    }
+    assert!(!pa.release("k0").await.expect("release").reclaimed);
+    let r = pb.release_durable("k0", "b-owner").await.expect("release");
+    assert!(r.held && r.reclaimed);
+    assert!(!pb.release_durable("k0", "b-owner").await.expect("again").held);
+    check_g1_in(&*store, l, "p").await;
+}
+
+#[tokio::test]
+async fn etcd_many_allocators_overlapping_keys_agree() {
+    let Some(env) = env().await else { return };
+    let l = env.layout.clone();
+    let setup = alloc(env.store.clone(), &l, "setup");
+    setup.init_pool(&PoolSpec::new("p", 1, 1000).strategy(Strategy::Lowest)).await.expect("init");
+    let mut tasks = Vec::new();
+    for n in 0..8u64 {
+        let (store, l) = (env.store.clone(), l.clone());
+        tasks.push(tokio::spawn(async move {
+            let a = alloc(store, &l, &format!("node{n}"));
+            let p = a.pool("p").await.expect("pool");
+            let mut got = HashMap::new();
+            for i in 0..100u64 {
+                let key = format!("k{}", (i * 7 + n * 13) % 150);
+                let id = p.acquire(&key).await.expect("acquire").id;
+                if let Some(prev) = got.insert(key.clone(), id) {
+                    assert_eq!(prev, id, "G2 for {key}");
+                }
+            }
+            (a, got)
+        }));
+    }
+    let mut all = HashMap::new();
+    let mut keep = Vec::new();
+    for t in tasks {
+        let (a, got) = t.await.expect("task");
+        for (k, id) in got {
+            assert_eq!(*all.entry(k.clone()).or_insert(id), id, "nodes disagree on {k}");
+        }
+        keep.push(a);
+    }
+    assert_eq!(all.values().collect::<HashSet<_>>().len(), all.len(), "G1");
+    check_g1_in(&*env.store, &l, "p").await;
+    for a in keep {
+        a.close().await.expect("close");
+    }
+    let swept = setup.pool("p").await.expect("pool").sweep().await.expect("sweep");
+    assert_eq!(swept.reclaimed.len(), all.len());
+    assert_only_specs_left_in(&*env.store, &l).await;
+}
+
+#[tokio::test]
+async fn etcd_lost_lease_lost_data_and_conflict() {
+    let Some(env) = env().await else { return };
+    let (store, l) = (env.store.clone(), &env.layout);
+    let a = alloc(store.clone(), l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
+    let mut events = p.events();
+    let x = p.acquire("x").await.expect("x").id;
+    let y = p.acquire("y").await.expect("y").id;
+
+    // The session lease vanishes: a new one is granted and both keys are re-referenced.
+    let lease = a.session_lease().await.expect("lease");
+    assert!(store.lease_revoke(lease).await.expect("revoke"));
+    wait_until_async(|| async {
+        a.session_lease().await.is_some_and(|n| n != lease)
+            && count_refs_in(&*store, l, "p").await == 2
+    })
+    .await;
+    assert_eq!(raw_binding_in(&*store, l, "p", "x").await, Some(x));
+
+    // x's records are deleted: re-created with the same ID.
+    raw_delete_binding_in(&*store, l, "p", "x", x).await;
+    wait_until_async(|| async { raw_binding_in(&*store, l, "p", "x").await == Some(x) }).await;
+
+    // y's ID goes to another key in the same txn that deletes y's records: Conflict, new ID.
+    store
+        .txn(TxnRequest::new().and_then([
+            TxnOp::delete(l.key_key("p", "y")),
+            TxnOp::put(l.id_key("p", y), IdRecord::Bound("z".into()).encode()),
+            TxnOp::put(l.key_key("p", "z"), y.to_string()),
+            TxnOp::put(l.ref_key("p", "z", "intruder"), y.to_string()),
+        ]))
+        .await
+        .expect("raw write");
+    let (key, old, new) = loop {
+        match tokio::time::timeout(Duration::from_secs(30), events.recv()).await {
+            Ok(Some(Event::Conflict { key, old_id, new_id })) => break (key, old_id, new_id),
+            Ok(Some(_)) => {}
+            other => panic!("expected Conflict, got {other:?}"),
+        }
+    };
+    assert_eq!((key.as_str(), old), ("y", y));
+    assert_ne!(new, y);
+    assert_eq!(raw_binding_in(&*store, l, "p", "y").await, Some(new));
+    check_g1_in(&*store, l, "p").await;
+}
+
+#[tokio::test]
+async fn etcd_crashed_process_is_reclaimed_after_its_ttl() {
+    let Some(env) = env().await else { return };
+    let (store, l) = (env.store.clone(), &env.layout);
+    let crashing = alloc(store.clone(), l, "crashing");
+    let id = crashing
+        .ensure_pool(&PoolSpec::new("p", 1, 10))
+        .await
+        .expect("pool")
+        .acquire("k")
+        .await
+        .expect("k")
+        .id;
+    drop(crashing);
+    let survivor = alloc(store.clone(), l, "survivor");
+    let p = survivor.pool("p").await.expect("pool");
+    assert!(p.sweep().await.expect("sweep").reclaimed.is_empty(), "lease still alive");
+    wait_until_async(|| async { count_refs_in(&*store, l, "p").await == 0 }).await;
+    assert_eq!(p.sweep().await.expect("sweep").reclaimed, vec![(id, "k".to_string())]);
+    assert_only_specs_left_in(&*store, l).await;
+}
