@@ -1,0 +1,241 @@
+//! Protocol comparison harness (issue 6): idalloc against the etcd ceiling and replicas of
+//! Cilium v1.6's and Contiv's allocator protocols, on the same etcd, in one run, plus in-process
+//! micro-benchmarks and scale figures. `main.rs` runs it and writes `docs/benchmarks.md` and
+//! `docs/benchmarks.svg`; `tests/quick.rs` runs the quick mode so the harness never rots.
+//!
+//! Every store scenario starts its own single-member etcd on 127.0.0.1 (fresh data dir per
+//! contender and scenario, so no contender inherits another's database), and every node counts
+//! its requests with [`idalloc::store::counting::CountingStore`].
+
+pub mod cilium;
+pub mod contender;
+pub mod contiv;
+pub mod micro;
+pub mod report;
+pub mod scenarios;
+pub mod stats;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use contender::Kind;
+use micro::Micro;
+use stats::Run;
+
+/// How big and how long each scenario is.
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub quick: bool,
+    /// Length of each time-based run.
+    pub run: Duration,
+    pub concurrency: Vec<usize>,
+    /// Keys bound by node A and acquired by node B; keys released.
+    pub bound_keys: usize,
+    pub release_keys: usize,
+    /// Tasks for the bound-elsewhere and release scenarios.
+    pub list_tasks: usize,
+    pub existing: Vec<usize>,
+    pub overlap_nodes: usize,
+    pub overlap_keys: usize,
+    pub micro_bindings: usize,
+    pub micro_iters: u64,
+    pub sync_bindings: usize,
+    pub cli_keys: usize,
+    /// The `idalloc` CLI binary, if it exists.
+    pub cli: Option<PathBuf>,
+}
+
+impl Config {
+    /// The documented run (well under 15 minutes on a busy 2-core machine).
+    pub fn full() -> Self {
+        Config {
+            quick: false,
+            run: Duration::from_secs(5),
+            concurrency: vec![1, 8, 64],
+            bound_keys: 2000,
+            release_keys: 2000,
+            list_tasks: 8,
+            existing: vec![1000, 10_000, 20_000],
+            overlap_nodes: 16,
+            overlap_keys: 200,
+            micro_bindings: 1_000_000,
+            micro_iters: 2_000_000,
+            sync_bindings: 100_000,
+            cli_keys: 100_000,
+            cli: None,
+        }
+    }
+
+    /// Seconds, for CI: every scenario and contender, tiny sizes.
+    pub fn quick() -> Self {
+        Config {
+            quick: true,
+            run: Duration::from_millis(300),
+            concurrency: vec![1, 8, 64],
+            bound_keys: 40,
+            release_keys: 40,
+            list_tasks: 8,
+            existing: vec![200, 1000],
+            overlap_nodes: 16,
+            overlap_keys: 8,
+            micro_bindings: 10_000,
+            micro_iters: 20_000,
+            sync_bindings: 1000,
+            cli_keys: 200,
+            cli: None,
+        }
+    }
+}
+
+/// A scenario's result for one contender; `Err` says why it could not run.
+pub type Outcome<T> = Result<T, String>;
+
+/// Everything one run measured.
+#[derive(Debug)]
+pub struct Report {
+    pub quick: bool,
+    pub date: String,
+    pub cores: usize,
+    pub cpu: String,
+    pub etcd: String,
+    pub load_before: String,
+    pub load_after: String,
+    pub wall_secs: f64,
+    /// (concurrency, contender, run).
+    pub new_keys: Vec<(usize, Kind, Outcome<Run>)>,
+    pub bound: Vec<(Kind, Outcome<Run>)>,
+    pub release: Vec<(Kind, Outcome<Run>)>,
+    /// (bindings already in the pool, contender, run).
+    pub existing: Vec<(usize, Kind, Outcome<Run>)>,
+    /// (contender, run, consistent).
+    pub overlap: Vec<(Kind, Outcome<(Run, bool)>)>,
+    pub micro: Micro,
+    /// (bindings, seconds, requests).
+    pub sync: Outcome<(usize, f64, u64)>,
+    /// (label, concurrency, run).
+    pub embedded: Vec<(String, usize, Outcome<Run>)>,
+    /// (store label, keys, seconds), or why not run.
+    pub cli: Vec<(String, usize, Outcome<f64>)>,
+    pub config: Option<Config>,
+}
+
+fn log(msg: &str) {
+    eprintln!("[bench] {msg}");
+}
+
+/// Runs every scenario of `cfg`; failures of one contender are recorded, not fatal.
+pub async fn run(cfg: &Config) -> Report {
+    let t0 = Instant::now();
+    let mut r = Report {
+        quick: cfg.quick,
+        date: stats::utc_now(),
+        cores: stats::cores(),
+        cpu: stats::cpu_model(),
+        etcd: stats::etcd_version(),
+        load_before: stats::load_average(),
+        load_after: String::new(),
+        wall_secs: 0.0,
+        new_keys: Vec::new(),
+        bound: Vec::new(),
+        release: Vec::new(),
+        existing: Vec::new(),
+        overlap: Vec::new(),
+        micro: Micro::default(),
+        sync: Err("not run".into()),
+        embedded: Vec::new(),
+        cli: Vec::new(),
+        config: Some(cfg.clone()),
+    };
+
+    for &c in &cfg.concurrency {
+        for kind in Kind::ALL {
+            log(&format!("new keys, concurrency {c}: {}", kind.name()));
+            r.new_keys.push((c, kind, scenarios::new_keys(kind, c, cfg.run).await));
+        }
+    }
+    for kind in Kind::ALL {
+        log(&format!("bound elsewhere: {}", kind.name()));
+        r.bound.push((kind, scenarios::bound_elsewhere(kind, cfg.bound_keys, cfg.list_tasks).await));
+        log(&format!("release: {}", kind.name()));
+        r.release.push((kind, scenarios::release(kind, cfg.release_keys, cfg.list_tasks).await));
+    }
+    for &n in &cfg.existing {
+        for kind in [Kind::Idalloc, Kind::Contiv] {
+            log(&format!("{n} existing bindings: {}", kind.name()));
+            r.existing.push((n, kind, scenarios::with_existing(kind, n, cfg.run).await));
+        }
+    }
+    for kind in [Kind::Idalloc, Kind::Cilium, Kind::Contiv] {
+        log(&format!("{} nodes, overlapping keys: {}", cfg.overlap_nodes, kind.name()));
+        r.overlap
+            .push((kind, scenarios::overlap(kind, cfg.overlap_nodes, cfg.overlap_keys).await));
+    }
+
+    log("initial sync");
+    r.sync = scenarios::initial_sync(cfg.sync_bindings)
+        .await
+        .map(|(s, req)| (cfg.sync_bindings, s, req));
+
+    log("embedded stores");
+    match tempfile::tempdir() {
+        Ok(dir) => {
+            for c in [1, 64] {
+                r.embedded.push((
+                    "file (redb, fsync per commit)".into(),
+                    c,
+                    scenarios::embedded(Some(dir.path()), c, cfg.run).await,
+                ));
+            }
+            r.embedded.push((
+                "memory".into(),
+                64,
+                scenarios::embedded(None, 64, cfg.run).await,
+            ));
+            log("CLI");
+            r.cli = cli(cfg, dir.path()).await;
+        }
+        Err(e) => r.embedded.push(("file".into(), 1, Err(format!("no temp dir: {e}")))),
+    }
+
+    log("micro-benchmarks");
+    let (n, iters) = (cfg.micro_bindings, cfg.micro_iters);
+    r.micro = tokio::task::spawn_blocking(move || {
+        let mut m = Micro::default();
+        micro::cache(n, iters, &mut m);
+        micro::picks(iters, &mut m);
+        micro::escaping(iters, &mut m);
+        m
+    })
+    .await
+    .unwrap_or_default();
+
+    r.load_after = stats::load_average();
+    r.wall_secs = t0.elapsed().as_secs_f64();
+    r
+}
+
+async fn cli(cfg: &Config, dir: &std::path::Path) -> Vec<(String, usize, Outcome<f64>)> {
+    let n = cfg.cli_keys;
+    let Some(bin) = cfg.cli.clone().filter(|b| b.is_file()) else {
+        let why = "not run: the `idalloc` CLI binary was not found (the CLI branch had not landed \
+                   in main when this report was made)"
+            .to_string();
+        return vec![("file".into(), n, Err(why.clone())), ("etcd".into(), n, Err(why))];
+    };
+    let file = format!("file:{}", dir.join("cli.redb").display());
+    let mut out = vec![(
+        "file".to_string(),
+        n,
+        scenarios::cli_acquire(&bin, &file, dir, n).await,
+    )];
+    let etcd = match idalloc::testing::EtcdServer::start().await {
+        Ok(e) => e,
+        Err(e) => {
+            out.push(("etcd".into(), n, Err(e)));
+            return out;
+        }
+    };
+    let url = etcd.endpoint().replacen("http://", "etcd://", 1);
+    out.push(("etcd".into(), n, scenarios::cli_acquire(&bin, &url, dir, n).await));
+    out
+}

@@ -1,0 +1,129 @@
+//! In-process micro-benchmarks: cache lookups and memory per cached binding, free-ID picks, key
+//! escaping. Plain loops timed with `Instant` over many iterations (run them in release).
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use idalloc::cache::PoolCache;
+use idalloc::idset::IdSet;
+use idalloc::layout::{dec, enc, Layout};
+use idalloc::store::{KeyValue, WatchEvent};
+use idalloc::{PoolSpec, Strategy};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::stats::resident_bytes;
+
+/// Results of the micro-benchmarks.
+#[derive(Clone, Debug, Default)]
+pub struct Micro {
+    pub bindings: usize,
+    pub get_ns: f64,
+    pub key_of_ns: f64,
+    /// Resident bytes per cached binding, and the average key length included in it.
+    pub bytes_per_binding: Option<f64>,
+    pub avg_key_len: f64,
+    /// (range label, fullness label, runs in the set, ns per random pick, ns per lowest pick).
+    pub picks: Vec<(String, String, usize, f64, f64)>,
+    pub enc_ns: f64,
+    pub dec_ns: f64,
+    pub escape_key_len: usize,
+}
+
+fn ns_per(iters: u64, f: impl FnMut(u64)) -> f64 {
+    let mut f = f;
+    let t0 = Instant::now();
+    for i in 0..iters {
+        f(i);
+    }
+    t0.elapsed().as_nanos() as f64 / iters as f64
+}
+
+/// A cheap index sequence over `n` that visits memory at random (a multiplicative hash).
+fn scatter(i: u64, n: usize) -> usize {
+    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) as usize % n
+}
+
+/// Builds a cache of `n` bindings the way the sync task does (one watch event each), measures the
+/// resident memory it adds, then times `get` and `key_of` on random entries.
+pub fn cache(n: usize, iters: u64, out: &mut Micro) {
+    let spec = PoolSpec::new("bench", 1, (1 << 24) - 1);
+    let layout = Layout::new("idalloc").expect("constant prefix is valid");
+    let keys: Vec<String> = (0..n)
+        .map(|i| format!("k8s:app=web-{i:07};io.kubernetes.pod.namespace=default"))
+        .collect();
+    let ids: Vec<u64> = (0..n as u64).map(|i| 1 + i * 16 % ((1 << 24) - 2)).collect();
+    let before = resident_bytes();
+    let mut c = PoolCache::new(spec);
+    let parse = |k: &[u8]| layout.parse_id_key("bench", k);
+    for (i, k) in keys.iter().enumerate() {
+        let ev = WatchEvent::Put(KeyValue {
+            key: layout.id_key("bench", ids[i]),
+            value: k.as_bytes().to_vec(),
+            create_revision: i as i64 + 2,
+            mod_revision: i as i64 + 2,
+            version: 1,
+            lease: 0,
+        });
+        c.apply(&ev, parse);
+    }
+    let after = resident_bytes();
+    out.bindings = c.len();
+    out.avg_key_len = keys.iter().map(String::len).sum::<usize>() as f64 / n.max(1) as f64;
+    out.bytes_per_binding = match (before, after) {
+        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / n.max(1) as f64),
+        _ => None,
+    };
+    out.get_ns = ns_per(iters, |i| {
+        black_box(c.get(black_box(&keys[scatter(i, n)])));
+    });
+    out.key_of_ns = ns_per(iters, |i| {
+        black_box(c.key_of(black_box(ids[scatter(i, n)])));
+    });
+    drop(c);
+}
+
+/// A set over `[1, max]` that is `fullness` (0..1) used, laid out as up to 100,000 runs of used
+/// IDs spread evenly over the range (reserved ranges behave exactly as bindings in the set).
+fn set_with(max: u64, fullness: f64) -> IdSet {
+    if fullness <= 0.0 {
+        return IdSet::new(1, max, &[]);
+    }
+    let free = ((max as f64) * (1.0 - fullness)).round().max(1.0) as u64;
+    let runs = free.clamp(1, 100_000);
+    let seg = max / runs;
+    let used_per = seg - (free / runs).max(1);
+    let reserved: Vec<(u64, u64)> =
+        (0..runs).map(|r| (1 + r * seg, r * seg + used_per)).collect();
+    IdSet::new(1, max, &reserved)
+}
+
+/// Random and lowest picks on 2^24 and 2^32 ranges at 0 %, 50 % and 99.99 % full.
+pub fn picks(iters: u64, out: &mut Micro) {
+    for (label, max) in [("2^24", (1u64 << 24) - 1), ("2^32", (1u64 << 32) - 1)] {
+        for (flabel, f) in [("0%", 0.0), ("50%", 0.5), ("99.99%", 0.9999)] {
+            let set = set_with(max, f);
+            let mut rng = StdRng::seed_from_u64(7);
+            let random = ns_per(iters, |_| {
+                black_box(set.pick(Strategy::Random, &mut rng));
+            });
+            let lowest = ns_per(iters, |_| {
+                black_box(set.pick(Strategy::Lowest, &mut rng));
+            });
+            out.picks.push((label.into(), flabel.into(), set.run_count(), random, lowest));
+        }
+    }
+}
+
+/// `enc` and `dec` of a 64-byte key with characters that need escaping.
+pub fn escaping(iters: u64, out: &mut Micro) {
+    let key = "k8s:app=web/v1;io.kubernetes.pod.namespace=default;cost=100%off".to_string();
+    out.escape_key_len = key.len();
+    let e = enc(&key);
+    out.enc_ns = ns_per(iters, |_| {
+        black_box(enc(black_box(&key)));
+    });
+    out.dec_ns = ns_per(iters, |_| {
+        black_box(dec(black_box(&e)));
+    });
+}
