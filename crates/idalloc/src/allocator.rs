@@ -167,10 +167,7 @@ impl PoolState {
     }
 
     fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
-        lock(&self.key_locks)
-            .entry(key.to_string())
-            .or_default()
-            .clone()
+        lock(&self.key_locks).entry(key.to_string()).or_default().clone()
     }
 
     fn drop_key_lock(&self, key: &str, l: Arc<tokio::sync::Mutex<()>>) {
@@ -282,10 +279,7 @@ impl Allocator {
             layout,
             opts,
             holder,
-            session: tokio::sync::Mutex::new(Session {
-                lease: None,
-                keepalive_started: false,
-            }),
+            session: tokio::sync::Mutex::new(Session { lease: None, keepalive_started: false }),
             pools: Mutex::new(HashMap::new()),
             rng: Mutex::new(rng),
             tasks: Mutex::new(Vec::new()),
@@ -323,18 +317,13 @@ impl Allocator {
     pub async fn pool(&self, name: &str) -> Result<Pool> {
         validate_pool_name(name)?;
         if let Some(p) = lock(&self.inner.pools).get(name) {
-            return Ok(Pool {
-                inner: self.inner.clone(),
-                state: p.clone(),
-            });
+            return Ok(Pool { inner: self.inner.clone(), state: p.clone() });
         }
         let spec = self
             .inner
             .read_spec(name)
             .await?
-            .ok_or_else(|| Error::PoolNotFound {
-                pool: name.to_string(),
-            })?;
+            .ok_or_else(|| Error::PoolNotFound { pool: name.to_string() })?;
         Ok(self.inner.open_state(spec))
     }
 
@@ -381,14 +370,12 @@ impl Allocator {
             .await?;
         let mut out = Vec::with_capacity(kvs.len());
         for kv in kvs {
-            out.push(
-                PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
-                    reason: format!(
-                        "pool spec {:?} is unreadable: {e}",
-                        String::from_utf8_lossy(&kv.key)
-                    ),
-                })?,
-            );
+            out.push(PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
+                reason: format!(
+                    "pool spec {:?} is unreadable: {e}",
+                    String::from_utf8_lossy(&kv.key)
+                ),
+            })?);
         }
         out.sort_by(|a, b| a.name().cmp(b.name()));
         Ok(out)
@@ -451,15 +438,11 @@ impl Inner {
 
     async fn read_spec(&self, name: &str) -> Result<Option<PoolSpec>> {
         let key = self.layout.pool_spec_key(name);
-        let resp = self
-            .call(|| self.store.get(GetRequest::key(key.clone())))
-            .await?;
+        let resp = self.call(|| self.store.get(GetRequest::key(key.clone()))).await?;
         match resp.kvs.first() {
             None => Ok(None),
             Some(kv) => Ok(Some(PoolSpec::from_json(&kv.value).map_err(|e| {
-                Error::Unavailable {
-                    reason: format!("pool spec of {name:?} is unreadable: {e}"),
-                }
+                Error::Unavailable { reason: format!("pool spec of {name:?} is unreadable: {e}") }
             })?)),
         }
     }
@@ -467,9 +450,7 @@ impl Inner {
     async fn init_pool(&self, spec: &PoolSpec) -> Result<PoolSpec> {
         spec.validate()?;
         let json = spec.to_json();
-        let resp = self
-            .txn(protocol::init_pool_txn(&self.layout, &spec.name(), json))
-            .await?;
+        let resp = self.txn(protocol::init_pool_txn(&self.layout, &spec.name(), json)).await?;
         match init_pool_outcome(&resp).map_err(protocol_error)? {
             None => {
                 info!(pool = %spec.name(), spec = %spec, "pool created");
@@ -495,10 +476,7 @@ impl Inner {
     fn open_state(self: &Arc<Self>, spec: PoolSpec) -> Pool {
         let mut pools = lock(&self.pools);
         if let Some(p) = pools.get(spec.name()) {
-            return Pool {
-                inner: self.clone(),
-                state: p.clone(),
-            };
+            return Pool { inner: self.clone(), state: p.clone() };
         }
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (synced, _) = tokio::sync::watch::channel(false);
@@ -519,25 +497,17 @@ impl Inner {
         let task = tokio::spawn(crate::sync::run(Arc::downgrade(self), state.clone()));
         lock(&self.tasks).push(task.abort_handle());
         if let Some(interval) = self.opts.sweep_interval {
-            let task = tokio::spawn(crate::sweeper::run(
-                Arc::downgrade(self),
-                state.clone(),
-                interval,
-            ));
+            let task =
+                tokio::spawn(crate::sweeper::run(Arc::downgrade(self), state.clone(), interval));
             lock(&self.tasks).push(task.abort_handle());
         }
-        Pool {
-            inner: self.clone(),
-            state,
-        }
+        Pool { inner: self.clone(), state }
     }
 
     /// The session lease, granted (and its keep-alive started) on first use.
     async fn session_lease(self: &Arc<Self>) -> Result<LeaseId> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Unavailable {
-                reason: "the allocator is closed".into(),
-            });
+            return Err(Error::Unavailable { reason: "the allocator is closed".into() });
         }
         let mut s = self.session.lock().await;
         if let Some(l) = s.lease {
@@ -583,9 +553,7 @@ impl Inner {
         // A tombstone written at any time in [now, now + bucket] lives at least `delay`: the lease
         // expires no earlier than now + delay + bucket (its TTL is counted from after `now`).
         let bucket = (delay / 8).max(Duration::from_secs(1));
-        let lease = self
-            .call(|| self.store.lease_grant(ttl_secs(delay + bucket)))
-            .await?;
+        let lease = self.call(|| self.store.lease_grant(ttl_secs(delay + bucket))).await?;
         *q = Some((lease.id, now + bucket));
         Ok(Some(lease.id))
     }
@@ -604,6 +572,9 @@ impl Inner {
         self.wait_synced(pool).await?;
         let name = &pool.spec.name();
         let mut key_rec = pool.lock_cache().get(key);
+        // Whether `key_rec` comes from the store (a failed attempt's read-back or a direct read)
+        // rather than from the cache, which may not have seen the key's binding yet.
+        let mut key_rec_read = false;
         let mut observed: HashMap<u64, Option<IdRecord>> = HashMap::new();
         for attempt in 0..MAX_BIND_ATTEMPTS {
             let decision = {
@@ -611,34 +582,28 @@ impl Inner {
                 decide(
                     key,
                     key_rec,
-                    |id| {
-                        observed
-                            .get(&id)
-                            .cloned()
-                            .or_else(|| cache.record(id).map(Some))
-                    },
+                    |id| observed.get(&id).cloned().or_else(|| cache.record(id).map(Some)),
                     preferred,
                 )
             };
             let (plan, claimed) = match decision {
                 Decision::Send(plan) => (plan, false),
-                Decision::NeedCandidate { expect_key } => {
-                    let id = self.pick_candidate(pool)?;
-                    (
-                        BindPlan {
-                            expect_key,
-                            id,
-                            expect_id: None,
-                        },
-                        true,
-                    )
-                }
+                Decision::NeedCandidate { expect_key } => match self.pick_candidate(pool) {
+                    Ok(id) => (BindPlan { expect_key, id, expect_id: None }, true),
+                    Err(exhausted) if key_rec_read => return Err(exhausted),
+                    Err(exhausted) => {
+                        // A full pool is only final once the store confirms the key has no
+                        // binding yet (the cache may lag behind another node's bind of it).
+                        key_rec = self.read_key_record(pool, key).await?;
+                        key_rec_read = true;
+                        if key_rec.is_none() && preferred.is_none() {
+                            return Err(exhausted);
+                        }
+                        continue;
+                    }
+                },
             };
-            let lease = if leased {
-                self.session_lease().await?
-            } else {
-                0
-            };
+            let lease = if leased { self.session_lease().await? } else { 0 };
             let target = holder.map(|h| RefTarget { holder: h, lease });
             let req = plan.txn(&self.layout, name, key, target);
             let resp = match self.txn(req).await {
@@ -661,16 +626,14 @@ impl Inner {
                 BindOutcome::Bound { id, .. } => {
                     pool.lock_cache().learn(id, true);
                     debug!(pool = %name, key, id, attempt, "bound");
-                    return Ok(Acquired {
-                        id,
-                        new: plan.creates_binding(),
-                    });
+                    return Ok(Acquired { id, new: plan.creates_binding() });
                 }
                 BindOutcome::Observed(obs) => {
                     debug!(pool = %name, key, ?obs, attempt, "bind compare failed; deciding again");
                     pool.lock_cache().learn(obs.id, obs.id_rec.is_some());
                     observed.insert(obs.id, obs.id_rec);
                     key_rec = obs.key_rec;
+                    key_rec_read = true;
                 }
             }
         }
@@ -680,6 +643,22 @@ impl Inner {
                 "key {key:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts"
             ),
         })
+    }
+
+    async fn read_key_record(&self, pool: &PoolState, key: &str) -> Result<Option<u64>> {
+        let k = self.layout.key_key(pool.spec.name(), key);
+        let resp = self.call(|| self.store.get(GetRequest::key(k.clone()))).await?;
+        match resp.kvs.first() {
+            None => Ok(None),
+            Some(kv) => {
+                protocol::parse_id_value(&kv.value).map(Some).ok_or_else(|| Error::Unavailable {
+                    reason: format!(
+                        "key record of {key:?} holds {:?}, not an ID",
+                        String::from_utf8_lossy(&kv.value)
+                    ),
+                })
+            }
+        }
     }
 
     /// Picks a free ID and marks it used locally, so concurrent binds in this process do not race
@@ -731,29 +710,18 @@ impl Inner {
     ) -> Result<Released> {
         loop {
             let last = if pool.spec.idle_grace_duration().is_zero() {
-                LastRelease::Reclaim {
-                    tombstone_lease: self.quarantine_lease(pool).await?,
-                }
+                LastRelease::Reclaim { tombstone_lease: self.quarantine_lease(pool).await? }
             } else {
                 LastRelease::Touch
             };
-            let plan = ReleasePlan {
-                key,
-                id,
-                holder,
-                last,
-                require_own_ref: durable,
-            };
+            let plan = ReleasePlan { key, id, holder, last, require_own_ref: durable };
             match self.txn(plan.txn(&self.layout, &pool.spec.name())).await {
                 Ok(resp) => {
                     let out = plan.outcome(&resp).map_err(protocol_error)?;
                     if out.reclaimed {
                         debug!(pool = %pool.spec.name(), key, id, "last reference released; binding reclaimed");
                     }
-                    return Ok(Released {
-                        held: out.had_ref,
-                        reclaimed: out.reclaimed,
-                    });
+                    return Ok(Released { held: out.had_ref, reclaimed: out.reclaimed });
                 }
                 Err(StoreError::LeaseNotFound(l)) => {
                     let mut q = pool.quarantine.lock().await;
@@ -792,10 +760,8 @@ impl Inner {
 
     /// After a re-list: repairs every held key the cache no longer shows with its ID.
     pub(crate) fn check_held(&self, pool: &Arc<PoolState>) {
-        let held: Vec<(String, u64)> = lock(&pool.held)
-            .iter()
-            .map(|(k, h)| (k.clone(), h.id))
-            .collect();
+        let held: Vec<(String, u64)> =
+            lock(&pool.held).iter().map(|(k, h)| (k.clone(), h.id)).collect();
         let cache = pool.lock_cache();
         for (key, id) in held {
             if cache.get(&key) != Some(id) {
@@ -833,11 +799,7 @@ impl Inner {
         }
         if a.id != old {
             warn!(pool = %pool.spec.name(), key, old_id = old, new_id = a.id, "held key lost its ID to another key; rebound");
-            pool.emit(Event::Conflict {
-                key: key.to_string(),
-                old_id: old,
-                new_id: a.id,
-            });
+            pool.emit(Event::Conflict { key: key.to_string(), old_id: old, new_id: a.id });
         } else {
             info!(pool = %pool.spec.name(), key, id = old, "held key re-referenced with its ID");
         }
@@ -846,9 +808,7 @@ impl Inner {
 }
 
 fn protocol_error(e: protocol::ProtocolError) -> Error {
-    Error::Unavailable {
-        reason: e.to_string(),
-    }
+    Error::Unavailable { reason: e.to_string() }
 }
 
 /// Renews the session lease every TTL/3. A lease the store says is gone, or one not renewed for a
@@ -866,11 +826,9 @@ async fn keepalive_loop(inner: Weak<Inner>) {
             last_ok = Instant::now();
             continue;
         };
-        let result = tokio::time::timeout(
-            inner.opts.request_timeout,
-            inner.store.lease_keep_alive(lease),
-        )
-        .await;
+        let result =
+            tokio::time::timeout(inner.opts.request_timeout, inner.store.lease_keep_alive(lease))
+                .await;
         match result {
             Ok(Ok(Some(_))) => last_ok = Instant::now(),
             Ok(Ok(None)) => {
@@ -909,10 +867,7 @@ async fn repair_loop(inner: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Repair>
             Repair::All => lock(&strong.pools)
                 .values()
                 .flat_map(|p| {
-                    lock(&p.held)
-                        .keys()
-                        .map(|k| (p.clone(), k.clone()))
-                        .collect::<Vec<_>>()
+                    lock(&p.held).keys().map(|k| (p.clone(), k.clone())).collect::<Vec<_>>()
                 })
                 .collect(),
         };
@@ -943,9 +898,7 @@ pub struct Pool {
 
 impl std::fmt::Debug for Pool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Pool")
-            .field("spec", &self.state.spec)
-            .finish()
+        f.debug_struct("Pool").field("spec", &self.state.spec).finish()
     }
 }
 
@@ -970,10 +923,7 @@ impl Pool {
                 Some(a) => Ok(a),
                 None => {
                     let holder = self.inner.holder.clone();
-                    let r = self
-                        .inner
-                        .bind(&self.state, key, Some(&holder), true, None)
-                        .await;
+                    let r = self.inner.bind(&self.state, key, Some(&holder), true, None).await;
                     if let Ok(a) = &r {
                         lock(&self.state.held).insert(key.to_string(), Held { id: a.id, count: 1 });
                     }
@@ -989,10 +939,7 @@ impl Pool {
         let mut held = lock(&self.state.held);
         let h = held.get_mut(key)?;
         h.count += 1;
-        Some(Acquired {
-            id: h.id,
-            new: false,
-        })
+        Some(Acquired { id: h.id, new: false })
     }
 
     /// The ID of `key` with a durable reference of `holder`: not on any lease, it stays until
@@ -1004,9 +951,7 @@ impl Pool {
         let l = self.state.key_lock(key);
         let result = {
             let _g = l.lock().await;
-            self.inner
-                .bind(&self.state, key, Some(holder), false, None)
-                .await
+            self.inner.bind(&self.state, key, Some(holder), false, None).await
         };
         self.state.drop_key_lock(key, l);
         result
@@ -1036,21 +981,11 @@ impl Pool {
                 }
             };
             match last_id {
-                Err(held) => Ok(Released {
-                    held,
-                    reclaimed: false,
-                }),
+                Err(held) => Ok(Released { held, reclaimed: false }),
                 Ok(id) => {
                     let holder = self.inner.holder.clone();
-                    match self
-                        .inner
-                        .release_ref(&self.state, key, id, &holder, false)
-                        .await
-                    {
-                        Ok(r) => Ok(Released {
-                            held: true,
-                            reclaimed: r.reclaimed,
-                        }),
+                    match self.inner.release_ref(&self.state, key, id, &holder, false).await {
+                        Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
                         Err(e) => {
                             // Nothing changed locally: the caller may retry the release.
                             lock(&self.state.held).insert(key.to_string(), Held { id, count: 1 });
@@ -1109,38 +1044,17 @@ impl Pool {
     /// [`Pool::get`] read from the store (one round trip).
     pub async fn get_consistent(&self, key: &str) -> Result<Option<u64>> {
         validate_key(key)?;
-        let k = self.inner.layout.key_key(&self.state.spec.name(), key);
-        let resp = self
-            .inner
-            .call(|| self.inner.store.get(GetRequest::key(k.clone())))
-            .await?;
-        match resp.kvs.first() {
-            None => Ok(None),
-            Some(kv) => protocol::parse_id_value(&kv.value)
-                .map(Some)
-                .ok_or_else(|| Error::Unavailable {
-                    reason: format!(
-                        "key record of {key:?} holds {:?}, not an ID",
-                        String::from_utf8_lossy(&kv.value)
-                    ),
-                }),
-        }
+        self.inner.read_key_record(&self.state, key).await
     }
 
     /// [`Pool::key_of`] read from the store (one round trip).
     pub async fn key_of_consistent(&self, id: u64) -> Result<Option<String>> {
         let k = self.inner.layout.id_key(&self.state.spec.name(), id);
-        let resp = self
-            .inner
-            .call(|| self.inner.store.get(GetRequest::key(k.clone())))
-            .await?;
-        Ok(resp
-            .kvs
-            .first()
-            .and_then(|kv| match IdRecord::decode(&kv.value) {
-                Some(IdRecord::Bound(key)) => Some(key),
-                _ => None,
-            }))
+        let resp = self.inner.call(|| self.inner.store.get(GetRequest::key(k.clone()))).await?;
+        Ok(resp.kvs.first().and_then(|kv| match IdRecord::decode(&kv.value) {
+            Some(IdRecord::Bound(key)) => Some(key),
+            _ => None,
+        }))
     }
 
     /// Every binding with its holders, read from the store at one revision (one round trip per
@@ -1169,11 +1083,7 @@ impl Pool {
             .map(|(id, key)| {
                 let mut h = holders.remove(&key).unwrap_or_default();
                 h.sort();
-                Binding {
-                    id,
-                    key,
-                    holders: h,
-                }
+                Binding { id, key, holders: h }
             })
             .collect())
     }
@@ -1187,9 +1097,7 @@ impl Pool {
     /// behind gets [`Event::Lagged`] and should re-read [`Pool::snapshot`]; it never slows
     /// allocation down.
     pub fn events(&self) -> Events {
-        Events {
-            rx: self.state.events.subscribe(),
-        }
+        Events { rx: self.state.events.subscribe() }
     }
 
     /// Waits until the cache holds the whole pool (the first listing is done).
@@ -1223,10 +1131,8 @@ impl Pool {
 
     /// Keys this process holds through its session, with their IDs and local counts.
     pub fn held(&self) -> Vec<(String, u64, u64)> {
-        let mut v: Vec<_> = lock(&self.state.held)
-            .iter()
-            .map(|(k, h)| (k.clone(), h.id, h.count))
-            .collect();
+        let mut v: Vec<_> =
+            lock(&self.state.held).iter().map(|(k, h)| (k.clone(), h.id, h.count)).collect();
         v.sort();
         v
     }
@@ -1258,8 +1164,9 @@ impl Events {
 
     /// As a `Stream`.
     pub fn into_stream(self) -> futures::stream::BoxStream<'static, Event> {
-        Box::pin(futures::stream::unfold(self, |mut ev| async move {
-            ev.recv().await.map(|e| (e, ev))
-        }))
+        Box::pin(futures::stream::unfold(
+            self,
+            |mut ev| async move { ev.recv().await.map(|e| (e, ev)) },
+        ))
     }
 }

@@ -27,11 +27,7 @@ pub enum Event {
     Synced,
     /// A key this process held lost its ID (only after store data loss, DESIGN §7): it is now
     /// bound to `new_id`.
-    Conflict {
-        key: String,
-        old_id: u64,
-        new_id: u64,
-    },
+    Conflict { key: String, old_id: u64, new_id: u64 },
     /// This subscriber fell behind and `missed` events were dropped for it; re-read
     /// `Pool::snapshot()` to catch up. Allocation never waits for a slow subscriber.
     Lagged { missed: u64 },
@@ -57,13 +53,7 @@ pub struct PoolCache {
 impl PoolCache {
     pub fn new(spec: PoolSpec) -> Self {
         let free = IdSet::new(spec.min(), spec.max(), &spec.reserved());
-        PoolCache {
-            spec,
-            by_id: HashMap::new(),
-            by_key: HashMap::new(),
-            free,
-            revision: 0,
-        }
+        PoolCache { spec, by_id: HashMap::new(), by_key: HashMap::new(), free, revision: 0 }
     }
 
     /// The store revision the maps reflect.
@@ -78,10 +68,7 @@ impl PoolCache {
 
     /// The key bound to `id`, if any (not a tombstone's former key).
     pub fn key_of(&self, id: u64) -> Option<&str> {
-        self.by_id
-            .get(&id)
-            .filter(|e| !e.tombstone)
-            .map(|e| &*e.key)
+        self.by_id.get(&id).filter(|e| !e.tombstone).map(|e| &*e.key)
     }
 
     /// What the cache knows of `id`'s record: `None` if it has none.
@@ -150,12 +137,8 @@ impl PoolCache {
                 listed.insert(id, IdRecord::decode(&kv.value));
             }
         }
-        let gone: Vec<u64> = self
-            .by_id
-            .keys()
-            .filter(|id| !listed.contains_key(id))
-            .copied()
-            .collect();
+        let gone: Vec<u64> =
+            self.by_id.keys().filter(|id| !listed.contains_key(id)).copied().collect();
         let mut events = Vec::new();
         for id in gone {
             events.extend(self.set(id, None));
@@ -210,14 +193,8 @@ impl PoolCache {
         let now = new.filter(|e| !e.tombstone);
         match (was, now) {
             (Some(w), Some(n)) if w.key == n.key => None,
-            (_, Some(n)) => Some(Event::Upsert {
-                id,
-                key: n.key.to_string(),
-            }),
-            (Some(w), None) => Some(Event::Delete {
-                id,
-                key: w.key.to_string(),
-            }),
+            (_, Some(n)) => Some(Event::Upsert { id, key: n.key.to_string() }),
+            (Some(w), None) => Some(Event::Delete { id, key: w.key.to_string() }),
             (None, None) => None,
         }
     }
@@ -274,10 +251,7 @@ mod tests {
         let mut c = PoolCache::new(spec());
         assert_eq!(
             c.apply(&put(3, IdRecord::Bound("a".into()), 2), parse),
-            Some(Event::Upsert {
-                id: 3,
-                key: "a".into()
-            })
+            Some(Event::Upsert { id: 3, key: "a".into() })
         );
         assert_eq!(c.get("a"), Some(3));
         assert_eq!(c.key_of(3), Some("a"));
@@ -285,10 +259,7 @@ mod tests {
         // Tombstoning ends the binding for subscribers, but the ID stays unusable.
         assert_eq!(
             c.apply(&put(3, IdRecord::Tombstone("a".into()), 3), parse),
-            Some(Event::Delete {
-                id: 3,
-                key: "a".into()
-            })
+            Some(Event::Delete { id: 3, key: "a".into() })
         );
         assert_eq!(c.get("a"), None);
         assert_eq!(c.key_of(3), None);
@@ -319,21 +290,12 @@ mod tests {
         assert_eq!(
             events,
             vec![
-                Event::Delete {
-                    id: 1,
-                    key: "a".into()
-                },
-                Event::Upsert {
-                    id: 5,
-                    key: "e".into()
-                },
+                Event::Delete { id: 1, key: "a".into() },
+                Event::Upsert { id: 5, key: "e".into() },
                 Event::Synced
             ]
         );
-        assert_eq!(
-            c.snapshot(),
-            vec![(2, "b".to_string()), (5, "e".to_string())]
-        );
+        assert_eq!(c.snapshot(), vec![(2, "b".to_string()), (5, "e".to_string())]);
         assert_eq!(c.revision(), 9);
     }
 
@@ -357,10 +319,7 @@ mod tests {
         c.apply(&put(1, IdRecord::Bound("a".into()), 2), parse);
         assert_eq!(
             c.apply(&put(1, IdRecord::Bound("b".into()), 3), parse),
-            Some(Event::Upsert {
-                id: 1,
-                key: "b".into()
-            })
+            Some(Event::Upsert { id: 1, key: "b".into() })
         );
         assert_eq!(c.get("a"), None);
         assert_eq!(c.get("b"), Some(1));

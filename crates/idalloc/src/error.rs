@@ -94,20 +94,12 @@ impl Error {
     /// Builds [`Error::InvalidInput`] for a string value, quoting and truncating it with
     /// [`show_value`].
     pub fn invalid_str(what: impl Into<String>, value: &str, rule: impl Into<String>) -> Self {
-        Error::InvalidInput {
-            what: what.into(),
-            value: show_value(value),
-            rule: rule.into(),
-        }
+        Error::InvalidInput { what: what.into(), value: show_value(value), rule: rule.into() }
     }
 
     /// Builds [`Error::InvalidInput`] for a value already rendered for humans (a number, a range).
     pub fn invalid(what: impl Into<String>, value: impl ToString, rule: impl Into<String>) -> Self {
-        Error::InvalidInput {
-            what: what.into(),
-            value: value.to_string(),
-            rule: rule.into(),
-        }
+        Error::InvalidInput { what: what.into(), value: value.to_string(), rule: rule.into() }
     }
 }
 
@@ -137,13 +129,9 @@ pub fn show_value(value: &str) -> String {
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         if e.is_retryable() {
-            Error::Unavailable {
-                reason: e.to_string(),
-            }
+            Error::Unavailable { reason: e.to_string() }
         } else {
-            Error::Unavailable {
-                reason: format!("(not retryable) {e}"),
-            }
+            Error::Unavailable { reason: format!("(not retryable) {e}") }
         }
     }
 }
@@ -164,22 +152,13 @@ mod tests {
     fn long_values_are_cut_on_a_char_boundary_with_their_length() {
         let long = "k".repeat(4097);
         let shown = show_value(&long);
-        assert_eq!(
-            shown,
-            format!("\"{}\"… (4097 bytes)", "k".repeat(SHOWN_VALUE_BYTES))
-        );
+        assert_eq!(shown, format!("\"{}\"… (4097 bytes)", "k".repeat(SHOWN_VALUE_BYTES)));
 
         // 'é' is 2 bytes: 79 ASCII bytes then 'é' straddles the 80-byte limit.
         let tricky = format!("{}é{}", "a".repeat(79), "b".repeat(100));
         let shown = show_value(&tricky);
-        assert!(
-            shown.starts_with(&format!("\"{}\"…", "a".repeat(79))),
-            "{shown}"
-        );
-        assert!(
-            shown.ends_with(&format!("({} bytes)", tricky.len())),
-            "{shown}"
-        );
+        assert!(shown.starts_with(&format!("\"{}\"…", "a".repeat(79))), "{shown}");
+        assert!(shown.ends_with(&format!("({} bytes)", tricky.len())), "{shown}");
     }
 
     #[test]
@@ -199,35 +178,21 @@ mod tests {
 
     #[test]
     fn other_messages_name_their_values() {
-        let e = Error::Exhausted {
-            pool: "p".into(),
-            min: 1,
-            max: 10,
-            capacity: 8,
-        };
+        let e = Error::Exhausted { pool: "p".into(), min: 1, max: 10, capacity: 8 };
         assert_eq!(
             e.to_string(),
             "pool \"p\" is exhausted: all 8 allocatable IDs in [1, 10] are bound or waiting out their reuse delay"
         );
         let e = Error::PoolNotFound { pool: "net".into() };
         assert!(e.to_string().contains("\"net\""));
-        let e = Error::Conflict {
-            pool: "p".into(),
-            key: "a/b".into(),
-            old_id: 5,
-            new_id: 9,
-        };
+        let e = Error::Conflict { pool: "p".into(), key: "a/b".into(), old_id: 5, new_id: 9 };
         assert_eq!(
             e.to_string(),
             "key \"a/b\" in pool \"p\" lost ID 5 to another key and is now bound to ID 9"
         );
         let existing = Box::new(PoolSpec::new("p", 1, 10));
         let requested = Box::new(PoolSpec::new("p", 1, 20));
-        let e = Error::RangeMismatch {
-            pool: "p".into(),
-            existing,
-            requested,
-        };
+        let e = Error::RangeMismatch { pool: "p".into(), existing, requested };
         let msg = e.to_string();
         assert!(msg.contains("[1, 10]") && msg.contains("[1, 20]"), "{msg}");
     }
@@ -237,22 +202,14 @@ mod tests {
         let e: Error = StoreError::Unavailable("connection refused".into()).into();
         assert_eq!(
             e,
-            Error::Unavailable {
-                reason: "store unavailable: connection refused".into()
-            }
+            Error::Unavailable { reason: "store unavailable: connection refused".into() }
         );
-        let e: Error = StoreError::Corrupt {
-            path: "/x.redb".into(),
-            reason: "bad magic".into(),
-        }
-        .into();
+        let e: Error =
+            StoreError::Corrupt { path: "/x.redb".into(), reason: "bad magic".into() }.into();
         match e {
             Error::Unavailable { reason } => {
                 assert!(reason.starts_with("(not retryable)"), "{reason}");
-                assert!(
-                    reason.contains("/x.redb") && reason.contains("bad magic"),
-                    "{reason}"
-                );
+                assert!(reason.contains("/x.redb") && reason.contains("bad magic"), "{reason}");
             }
             other => panic!("expected Unavailable, got {other:?}"),
         }

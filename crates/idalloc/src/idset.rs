@@ -451,10 +451,7 @@ mod tests {
                 }
                 let n = &s.nodes[t];
                 assert!(n.start >= lo && n.start <= hi, "BST order");
-                assert!(
-                    n.start <= n.end && n.start >= s.min && n.end <= s.max,
-                    "run in range"
-                );
+                assert!(n.start <= n.end && n.start >= s.min && n.end <= s.max, "run in range");
                 assert!(n.prio <= prio_bound, "heap order");
                 let (ls, lh) = walk(s, n.left, lo, n.start.saturating_sub(1), n.prio);
                 let (rs, rh) = walk(s, n.right, n.start + 1, hi, n.prio);
@@ -482,9 +479,7 @@ mod tests {
 
     impl Model {
         fn free(&self) -> Vec<u64> {
-            (self.min..=self.max)
-                .filter(|i| !self.used.contains(i))
-                .collect()
+            (self.min..=self.max).filter(|i| !self.used.contains(i)).collect()
         }
     }
 
@@ -499,12 +494,7 @@ mod tests {
             reserved.push((lo, hi));
         }
         let mut set = IdSet::new(min, max, &reserved);
-        let mut model = Model {
-            min,
-            max,
-            used: BTreeSet::new(),
-            reserved: BTreeSet::new(),
-        };
+        let mut model = Model { min, max, used: BTreeSet::new(), reserved: BTreeSet::new() };
         for &(lo, hi) in &reserved {
             for i in lo.max(min)..=hi.min(max) {
                 model.used.insert(i);
@@ -517,19 +507,11 @@ mod tests {
             match rng.random_range(0..10) {
                 0..=4 => {
                     let expect = id >= min && id <= max && model.used.insert(id);
-                    assert_eq!(
-                        set.insert(id),
-                        expect,
-                        "seed {seed} step {step} insert {id}"
-                    );
+                    assert_eq!(set.insert(id), expect, "seed {seed} step {step} insert {id}");
                 }
                 5..=8 => {
                     let expect = !model.reserved.contains(&id) && model.used.remove(&id);
-                    assert_eq!(
-                        set.remove(id),
-                        expect,
-                        "seed {seed} step {step} remove {id}"
-                    );
+                    assert_eq!(set.remove(id), expect, "seed {seed} step {step} remove {id}");
                 }
                 _ => {
                     // Empty a random stretch, to exercise splits and merges of long runs.
@@ -541,26 +523,15 @@ mod tests {
             }
             set.check();
             let free = model.free();
-            assert_eq!(
-                set.free_count(),
-                free.len() as u64,
-                "seed {seed} step {step}"
-            );
+            assert_eq!(set.free_count(), free.len() as u64, "seed {seed} step {step}");
             assert_eq!(set.used_count(), model.used.len() as u64);
             assert_eq!(set.lowest(), free.first().copied());
             for (r, f) in free.iter().enumerate() {
-                assert_eq!(
-                    set.nth_free(r as u64),
-                    Some(*f),
-                    "seed {seed} step {step} r {r}"
-                );
+                assert_eq!(set.nth_free(r as u64), Some(*f), "seed {seed} step {step} r {r}");
             }
             assert_eq!(set.nth_free(free.len() as u64), None);
             for i in min.saturating_sub(2)..=max.saturating_add(2) {
-                assert_eq!(
-                    set.contains(i),
-                    model.used.contains(&i) && i >= min && i <= max
-                );
+                assert_eq!(set.contains(i), model.used.contains(&i) && i >= min && i <= max);
             }
             match set.random(&mut rng) {
                 Some(c) => assert!(free.contains(&c)),
@@ -593,11 +564,7 @@ mod tests {
             let c = set.random(&mut rng).unwrap();
             *counts.entry(c).or_insert(0u64) += 1;
         }
-        assert_eq!(
-            counts.len(),
-            free.len(),
-            "every free ID is picked, nothing else"
-        );
+        assert_eq!(counts.len(), free.len(), "every free ID is picked, nothing else");
         let expected = per_bucket as f64;
         let chi2: f64 = free
             .iter()
@@ -610,10 +577,7 @@ mod tests {
         // Mean df, standard deviation sqrt(2 df): 5 sigma. Deterministic with the fixed seed.
         assert!(chi2 < df + 5.0 * (2.0 * df).sqrt(), "chi2 {chi2} df {df}");
         // A biased picker (e.g. choosing a gap then an ID in it) would also show here:
-        assert!(
-            chi2 > df - 5.0 * (2.0 * df).sqrt(),
-            "suspiciously even: chi2 {chi2} df {df}"
-        );
+        assert!(chi2 > df - 5.0 * (2.0 * df).sqrt(), "suspiciously even: chi2 {chi2} df {df}");
     }
 
     /// Random free IDs of `[1, max]`, sorted.
@@ -699,11 +663,7 @@ mod tests {
                 set.used_runs(),
                 vec![(1, 1001), (5000, 5000), (max / 2, max / 2), (max - 1, max)]
             );
-            assert!(
-                set.nodes.len() <= 5,
-                "memory grows with runs: {}",
-                set.nodes.len()
-            );
+            assert!(set.nodes.len() <= 5, "memory grows with runs: {}", set.nodes.len());
             assert_eq!(set.lowest(), Some(1002));
             assert_eq!(set.nth_free(set.free_count() - 1), Some(max - 2));
             let mut rng = StdRng::seed_from_u64(max);
@@ -771,10 +731,7 @@ mod tests {
         assert!(!empty.insert(5));
         assert_eq!(empty.lowest(), None);
         let zero = IdSet::new(0, 3, &[]);
-        assert_eq!(
-            (zero.min(), zero.free_count(), zero.lowest()),
-            (1, 3, Some(1))
-        );
+        assert_eq!((zero.min(), zero.free_count(), zero.lowest()), (1, 3, Some(1)));
         let mut one = IdSet::new(u64::MAX, u64::MAX, &[]);
         assert_eq!(one.lowest(), Some(u64::MAX));
         assert!(one.insert(u64::MAX) && !one.insert(u64::MAX));
@@ -793,9 +750,7 @@ mod tests {
         }
         let picks = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
-            (0..50)
-                .map(|_| set.random(&mut rng).unwrap())
-                .collect::<Vec<_>>()
+            (0..50).map(|_| set.random(&mut rng).unwrap()).collect::<Vec<_>>()
         };
         assert_eq!(picks(9), picks(9));
         assert_ne!(picks(9), picks(10));

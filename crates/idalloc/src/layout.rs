@@ -38,9 +38,7 @@ pub struct Layout {
 impl Default for Layout {
     /// The layout under [`DEFAULT_PREFIX`].
     fn default() -> Self {
-        Layout {
-            prefix: DEFAULT_PREFIX.to_string(),
-        }
+        Layout { prefix: DEFAULT_PREFIX.to_string() }
     }
 }
 
@@ -268,11 +266,7 @@ impl IdRecord {
             return None;
         }
         let key = key.to_string();
-        Some(if tomb {
-            IdRecord::Tombstone(key)
-        } else {
-            IdRecord::Bound(key)
-        })
+        Some(if tomb { IdRecord::Tombstone(key) } else { IdRecord::Bound(key) })
     }
 }
 
@@ -338,10 +332,7 @@ mod tests {
         assert_eq!(l.id_prefix("p"), b"idalloc/data/p/id/");
         assert_eq!(l.key_key("p", "a/b%c d"), b"idalloc/data/p/key/a%2Fb%25c d");
         assert_eq!(l.key_prefix("p"), b"idalloc/data/p/key/");
-        assert_eq!(
-            l.ref_key("p", "a/b", "node-1/7"),
-            b"idalloc/data/p/ref/a%2Fb/node-1%2F7"
-        );
+        assert_eq!(l.ref_key("p", "a/b", "node-1/7"), b"idalloc/data/p/ref/a%2Fb/node-1%2F7");
         assert_eq!(l.ref_prefix("p", "a/b"), b"idalloc/data/p/ref/a%2Fb/");
         assert_eq!(l.refs_prefix("p"), b"idalloc/data/p/ref/");
         let l = Layout::new("/registry/ids").unwrap();
@@ -376,15 +367,7 @@ mod tests {
         Layout::new("a/b").unwrap();
         Layout::new("é").unwrap();
         Layout::new("x".repeat(MAX_PREFIX_BYTES)).unwrap();
-        for bad in [
-            "",
-            "a/",
-            "/",
-            "a\nb",
-            "a\0",
-            "\u{7f}",
-            &"x".repeat(MAX_PREFIX_BYTES + 1),
-        ] {
+        for bad in ["", "a/", "/", "a\nb", "a\0", "\u{7f}", &"x".repeat(MAX_PREFIX_BYTES + 1)] {
             match Layout::new(bad).unwrap_err() {
                 Error::InvalidInput { what, rule, .. } => {
                     assert_eq!(what, "store prefix");
@@ -410,9 +393,7 @@ mod tests {
     fn dec_is_strict() {
         assert_eq!(dec("a%2Fb").as_deref(), Some("a/b"));
         assert_eq!(dec("%00%7F%25").as_deref(), Some("\0\u{7f}%"));
-        for bad in [
-            "a/b", "%2f", "%", "%2", "%G0", "%41", "a\nb", "\u{7f}", "%20", "%C3%A9",
-        ] {
+        for bad in ["a/b", "%2f", "%", "%2", "%G0", "%41", "a\nb", "\u{7f}", "%20", "%C3%A9"] {
             assert_eq!(dec(bad), None, "{bad:?}");
         }
     }
@@ -440,18 +421,13 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let mut accepted = 0;
         for _ in 0..50_000 {
-            let s = random_string(&mut rng, 8)
-                .replace("é", "%2F")
-                .replace('b', "%25");
+            let s = random_string(&mut rng, 8).replace("é", "%2F").replace('b', "%25");
             if let Some(d) = dec(&s) {
                 accepted += 1;
                 assert_eq!(enc(&d), s);
             }
         }
-        assert!(
-            accepted > 1000,
-            "the test should exercise accepted strings too: {accepted}"
-        );
+        assert!(accepted > 1000, "the test should exercise accepted strings too: {accepted}");
     }
 
     #[test]
@@ -467,17 +443,12 @@ mod tests {
             if holder.is_empty() {
                 holder.push('h');
             }
-            assert_eq!(
-                l.parse_key_key("p", &l.key_key("p", &key)).as_deref(),
-                Some(key.as_str())
-            );
+            assert_eq!(l.parse_key_key("p", &l.key_key("p", &key)).as_deref(), Some(key.as_str()));
             assert_eq!(
                 l.parse_ref_key("p", &l.ref_key("p", &key, &holder)),
                 Some((key.clone(), holder.clone()))
             );
-            assert!(l
-                .ref_key("p", &key, &holder)
-                .starts_with(&l.ref_prefix("p", &key)));
+            assert!(l.ref_key("p", &key, &holder).starts_with(&l.ref_prefix("p", &key)));
             assert_eq!(l.parse_key_key("q", &l.key_key("p", &key)), None);
             assert_eq!(l.parse_ref_key("p", &l.key_key("p", &key)), None);
         }
@@ -530,10 +501,7 @@ mod tests {
         let l = l();
         assert_eq!(l.parse_id_key("p", b"idalloc/data/p/id/42"), Some(42));
         assert_eq!(l.parse_id_key("p", b"idalloc/data/p/id/0"), Some(0));
-        assert_eq!(
-            l.parse_id_key("p", b"idalloc/data/p/id/18446744073709551615"),
-            Some(u64::MAX)
-        );
+        assert_eq!(l.parse_id_key("p", b"idalloc/data/p/id/18446744073709551615"), Some(u64::MAX));
         for bad in [
             &b"idalloc/data/p/id/"[..],
             b"idalloc/data/p/id/007",
@@ -547,12 +515,7 @@ mod tests {
             b"idalloc/data/p/key/1",
             b"other/data/p/id/1",
         ] {
-            assert_eq!(
-                l.parse_id_key("p", bad),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
+            assert_eq!(l.parse_id_key("p", bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
         for id in [1, 9, 10, 99, 100, u64::MAX - 1] {
             assert_eq!(l.parse_id_key("p", &l.id_key("p", id)), Some(id));
@@ -564,54 +527,17 @@ mod tests {
     #[test]
     fn parse_key_and_ref_edge_cases() {
         let l = l();
+        assert_eq!(l.parse_key_key("p", b"idalloc/data/p/key/"), None, "empty key");
+        assert_eq!(l.parse_key_key("p", b"idalloc/data/p/key/a/b"), None, "raw slash");
+        assert_eq!(l.parse_key_key("p", b"idalloc/data/p/key/a%2fb"), None, "lowercase escape");
+        assert_eq!(l.parse_key_key("p", b"idalloc/data/p/key/\xff"), None, "not UTF-8");
+        assert_eq!(l.parse_key_key("p", b"idalloc/data/p/key/a%2Fb").as_deref(), Some("a/b"));
+        assert_eq!(l.parse_ref_key("p", b"idalloc/data/p/ref/k"), None, "no holder");
+        assert_eq!(l.parse_ref_key("p", b"idalloc/data/p/ref/k/"), None, "empty holder");
+        assert_eq!(l.parse_ref_key("p", b"idalloc/data/p/ref//h"), None, "empty key");
+        assert_eq!(l.parse_ref_key("p", b"idalloc/data/p/ref/k/h/x"), None, "raw slash in holder");
         assert_eq!(
-            l.parse_key_key("p", b"idalloc/data/p/key/"),
-            None,
-            "empty key"
-        );
-        assert_eq!(
-            l.parse_key_key("p", b"idalloc/data/p/key/a/b"),
-            None,
-            "raw slash"
-        );
-        assert_eq!(
-            l.parse_key_key("p", b"idalloc/data/p/key/a%2fb"),
-            None,
-            "lowercase escape"
-        );
-        assert_eq!(
-            l.parse_key_key("p", b"idalloc/data/p/key/\xff"),
-            None,
-            "not UTF-8"
-        );
-        assert_eq!(
-            l.parse_key_key("p", b"idalloc/data/p/key/a%2Fb").as_deref(),
-            Some("a/b")
-        );
-        assert_eq!(
-            l.parse_ref_key("p", b"idalloc/data/p/ref/k"),
-            None,
-            "no holder"
-        );
-        assert_eq!(
-            l.parse_ref_key("p", b"idalloc/data/p/ref/k/"),
-            None,
-            "empty holder"
-        );
-        assert_eq!(
-            l.parse_ref_key("p", b"idalloc/data/p/ref//h"),
-            None,
-            "empty key"
-        );
-        assert_eq!(
-            l.parse_ref_key("p", b"idalloc/data/p/ref/k/h/x"),
-            None,
-            "raw slash in holder"
-        );
-        assert_eq!(
-            l.parse_ref_key("p", b"idalloc/data/p/ref/k/h")
-                .map(|(k, h)| k + "|" + &h)
-                .as_deref(),
+            l.parse_ref_key("p", b"idalloc/data/p/ref/k/h").map(|(k, h)| k + "|" + &h).as_deref(),
             Some("k|h")
         );
     }
@@ -619,10 +545,7 @@ mod tests {
     #[test]
     fn parse_pool_spec_keys() {
         let l = l();
-        assert_eq!(
-            l.parse_pool_spec_key(&l.pool_spec_key("net-1")).as_deref(),
-            Some("net-1")
-        );
+        assert_eq!(l.parse_pool_spec_key(&l.pool_spec_key("net-1")).as_deref(), Some("net-1"));
         assert_eq!(l.parse_pool_spec_key(b"idalloc/pools/"), None);
         assert_eq!(l.parse_pool_spec_key(b"idalloc/pools/Bad"), None);
         assert_eq!(l.parse_pool_spec_key(b"idalloc/data/p/id/1"), None);
@@ -631,10 +554,7 @@ mod tests {
     #[test]
     fn id_records() {
         for key in ["k", "a/b", "é😀", "\0", &"x".repeat(4096)] {
-            for rec in [
-                IdRecord::Bound(key.to_string()),
-                IdRecord::Tombstone(key.to_string()),
-            ] {
+            for rec in [IdRecord::Bound(key.to_string()), IdRecord::Tombstone(key.to_string())] {
                 assert_eq!(IdRecord::decode(&rec.encode()), Some(rec.clone()));
                 assert_eq!(rec.key(), key);
             }
@@ -642,11 +562,7 @@ mod tests {
         assert_eq!(IdRecord::Bound("k".into()).encode(), b"k");
         assert_eq!(IdRecord::Tombstone("k".into()).encode(), b"\xffk");
         assert_eq!(IdRecord::decode(b""), None);
-        assert_eq!(
-            IdRecord::decode(b"\xff"),
-            None,
-            "a tombstone must name its key"
-        );
+        assert_eq!(IdRecord::decode(b"\xff"), None, "a tombstone must name its key");
         assert_eq!(IdRecord::decode(b"a\xffb"), None, "not UTF-8");
         assert_eq!(IdRecord::decode(b"\xff\xff"), None);
         assert_eq!(IdRecord::decode(b"\xc3"), None, "truncated UTF-8");
@@ -671,23 +587,10 @@ mod tests {
             assert_eq!(parse_id_value(&encode_id(id)), Some(id));
         }
         assert_eq!(encode_id(1234), b"1234");
-        for bad in [
-            &b""[..],
-            b"01",
-            b"00",
-            b"1 ",
-            b"-1",
-            b"+1",
-            b"0x10",
-            b"18446744073709551616",
-            b"1e3",
-        ] {
-            assert_eq!(
-                parse_id_value(bad),
-                None,
-                "{:?}",
-                String::from_utf8_lossy(bad)
-            );
+        for bad in
+            [&b""[..], b"01", b"00", b"1 ", b"-1", b"+1", b"0x10", b"18446744073709551616", b"1e3"]
+        {
+            assert_eq!(parse_id_value(bad), None, "{:?}", String::from_utf8_lossy(bad));
         }
     }
 }

@@ -72,3 +72,6 @@ pub use cache::Event;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use sweeper::SweepReport;
+
+#[cfg(feature = "testing")]
+pub mod testing;

@@ -121,9 +121,7 @@ impl TryFrom<SpecJson> for PoolSpec {
     type Error = String;
     fn try_from(j: SpecJson) -> std::result::Result<Self, String> {
         if let Some(&(lo, hi)) = j.reserved.iter().find(|(lo, hi)| lo > hi) {
-            return Err(format!(
-                "reserved range [{lo}, {hi}] is empty (start > end)"
-            ));
+            return Err(format!("reserved range [{lo}, {hi}] is empty (start > end)"));
         }
         Ok(PoolSpec {
             name: j.name,
@@ -193,8 +191,7 @@ impl PoolSpec {
     /// Reserves every range of `ranges` (inclusive pairs, as returned by [`parse_id_list`]); pairs
     /// with start > end are ignored like empty ranges in [`PoolSpec::reserve`].
     pub fn reserve_all(mut self, ranges: &[(u64, u64)]) -> Self {
-        self.reserved
-            .extend(ranges.iter().copied().filter(|(lo, hi)| lo <= hi));
+        self.reserved.extend(ranges.iter().copied().filter(|(lo, hi)| lo <= hi));
         self.reserved = normalize_ranges(std::mem::take(&mut self.reserved));
         self
     }
@@ -300,28 +297,20 @@ impl PoolSpec {
                 "start must not exceed end",
             ));
         }
-        if let Some(&(lo, hi)) = self
-            .reserved
-            .iter()
-            .find(|&&(lo, hi)| lo < self.min || hi > self.max)
+        if let Some(&(lo, hi)) =
+            self.reserved.iter().find(|&&(lo, hi)| lo < self.min || hi > self.max)
         {
             return Err(Error::invalid(
                 "reserved range",
                 fmt_range(lo, hi),
-                format!(
-                    "reserved IDs must lie in the pool range [{}, {}]",
-                    self.min, self.max
-                ),
+                format!("reserved IDs must lie in the pool range [{}, {}]", self.min, self.max),
             ));
         }
         if self.capacity() == 0 {
             return Err(Error::invalid(
                 "reserved ID list",
                 fmt_ranges(&self.reserved),
-                format!(
-                    "at least one ID of [{}, {}] must stay allocatable",
-                    self.min, self.max
-                ),
+                format!("at least one ID of [{}, {}] must stay allocatable", self.min, self.max),
             ));
         }
         let id_bits = bits_covering(self.max);
@@ -335,10 +324,7 @@ impl PoolSpec {
                 ),
             ));
         }
-        for (what, d) in [
-            ("idle_grace", self.idle_grace),
-            ("reuse_delay", self.reuse_delay),
-        ] {
+        for (what, d) in [("idle_grace", self.idle_grace), ("reuse_delay", self.reuse_delay)] {
             if d > MAX_DELAY {
                 return Err(Error::invalid(
                     what,
@@ -417,11 +403,7 @@ fn fmt_range(lo: u64, hi: u64) -> String {
 /// spec with thousands of ranges still prints as one readable line.
 fn fmt_ranges(ranges: &[(u64, u64)]) -> String {
     const SHOWN: usize = 10;
-    let mut s: Vec<String> = ranges
-        .iter()
-        .take(SHOWN)
-        .map(|&(lo, hi)| fmt_range(lo, hi))
-        .collect();
+    let mut s: Vec<String> = ranges.iter().take(SHOWN).map(|&(lo, hi)| fmt_range(lo, hi)).collect();
     if ranges.len() > SHOWN {
         s.push(format!("… ({} ranges)", ranges.len()));
     }
@@ -432,13 +414,7 @@ fn fmt_ranges(ranges: &[(u64, u64)]) -> String {
 /// `pool "p": IDs [1, 65535], reserved 5,10-20, prefix 0x10000, strategy random, idle_grace 0ms, reuse_delay 30000ms`.
 impl fmt::Display for PoolSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "pool {}: IDs [{}, {}]",
-            show_value(&self.name),
-            self.min,
-            self.max
-        )?;
+        write!(f, "pool {}: IDs [{}, {}]", show_value(&self.name), self.min, self.max)?;
         if self.reserved.is_empty() {
             write!(f, ", reserved none")?;
         } else {
@@ -501,11 +477,7 @@ pub fn validate_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > MAX_KEY_BYTES {
         return Err(Error::invalid(
             "key",
-            if key.is_empty() {
-                "\"\" (0 bytes)".to_string()
-            } else {
-                show_len(key)
-            },
+            if key.is_empty() { "\"\" (0 bytes)".to_string() } else { show_len(key) },
             KEY_RULE,
         ));
     }
@@ -522,15 +494,8 @@ pub fn validate_key_bytes(key: &[u8]) -> Result<&str> {
         }
         Err(e) => Err(Error::invalid(
             "key",
-            format!(
-                "{} ({} bytes)",
-                show_value(&String::from_utf8_lossy(key)),
-                key.len()
-            ),
-            format!(
-                "{KEY_RULE}; invalid UTF-8 at byte offset {}",
-                e.valid_up_to()
-            ),
+            format!("{} ({} bytes)", show_value(&String::from_utf8_lossy(key)), key.len()),
+            format!("{KEY_RULE}; invalid UTF-8 at byte offset {}", e.valid_up_to()),
         )),
     }
 }
@@ -612,9 +577,8 @@ mod tests {
         assert_eq!(s.reserved(), &[(5, 5), (10, 30)]);
         let s = PoolSpec::new("p", 1, 100).reserve_all(&[(7, 8), (1, 2), (3, 6), (9, 1)]);
         assert_eq!(s.reserved(), &[(1, 8)]);
-        let s = PoolSpec::new("p", 1, u64::MAX)
-            .reserve(u64::MAX - 1..=u64::MAX)
-            .reserve(5..=u64::MAX);
+        let s =
+            PoolSpec::new("p", 1, u64::MAX).reserve(u64::MAX - 1..=u64::MAX).reserve(5..=u64::MAX);
         assert_eq!(s.reserved(), &[(5, u64::MAX)]);
     }
 
@@ -630,10 +594,7 @@ mod tests {
             .validate()
             .unwrap();
         PoolSpec::new("big", 1, u64::MAX).validate().unwrap();
-        PoolSpec::new("p", 1, (1 << 32) - 1)
-            .prefix(0xff << 32)
-            .validate()
-            .unwrap();
+        PoolSpec::new("p", 1, (1 << 32) - 1).prefix(0xff << 32).validate().unwrap();
     }
 
     #[test]
@@ -641,28 +602,14 @@ mod tests {
         for ok in ["a", "0", "a.b_c-d", &"x".repeat(63), "9abc"] {
             validate_pool_name(ok).unwrap();
         }
-        for bad in [
-            "",
-            "A",
-            "-a",
-            ".a",
-            "_a",
-            "a/b",
-            "a b",
-            "é",
-            &"x".repeat(64),
-            "a\n",
-        ] {
+        for bad in ["", "A", "-a", ".a", "_a", "a/b", "a b", "é", &"x".repeat(64), "a\n"] {
             let (what, value, rule) = rule_of(validate_pool_name(bad).unwrap_err());
             assert_eq!(what, "pool name");
             assert!(value.starts_with('"'), "{value}");
             assert!(rule.contains("[a-z0-9][a-z0-9._-]{0,62}"));
         }
         let e = PoolSpec::new("Bad", 1, 2).validate().unwrap_err();
-        assert_eq!(
-            e.to_string().split(':').next().unwrap(),
-            "invalid pool name \"Bad\""
-        );
+        assert_eq!(e.to_string().split(':').next().unwrap(), "invalid pool name \"Bad\"");
     }
 
     #[test]
@@ -672,40 +619,24 @@ mod tests {
         assert!(rule.contains("no ID"));
         let (what, value, _) = rule_of(PoolSpec::new("p", 10, 9).validate().unwrap_err());
         assert_eq!((what.as_str(), value.as_str()), ("pool range", "[10, 9]"));
-        let (what, value, rule) = rule_of(
-            PoolSpec::new("p", 10, 20)
-                .reserve(5..=12)
-                .validate()
-                .unwrap_err(),
-        );
+        let (what, value, rule) =
+            rule_of(PoolSpec::new("p", 10, 20).reserve(5..=12).validate().unwrap_err());
         assert_eq!((what.as_str(), value.as_str()), ("reserved range", "5-12"));
         assert!(rule.contains("[10, 20]"));
-        let (_, value, _) = rule_of(
-            PoolSpec::new("p", 10, 20)
-                .reserve(21..=21)
-                .validate()
-                .unwrap_err(),
-        );
+        let (_, value, _) =
+            rule_of(PoolSpec::new("p", 10, 20).reserve(21..=21).validate().unwrap_err());
         assert_eq!(value, "21");
-        let (what, _, rule) = rule_of(
-            PoolSpec::new("p", 10, 20)
-                .reserve(10..=20)
-                .validate()
-                .unwrap_err(),
-        );
+        let (what, _, rule) =
+            rule_of(PoolSpec::new("p", 10, 20).reserve(10..=20).validate().unwrap_err());
         assert_eq!(what, "reserved ID list");
         assert!(rule.contains("at least one ID"));
-        PoolSpec::new("p", 10, 20)
-            .reserve(10..=19)
-            .validate()
-            .unwrap();
+        PoolSpec::new("p", 10, 20).reserve(10..=19).validate().unwrap();
     }
 
     #[test]
     fn too_many_reserved_ranges() {
-        let ranges: Vec<(u64, u64)> = (0..=MAX_RESERVED_RANGES as u64)
-            .map(|i| (2 * i + 1, 2 * i + 1))
-            .collect();
+        let ranges: Vec<(u64, u64)> =
+            (0..=MAX_RESERVED_RANGES as u64).map(|i| (2 * i + 1, 2 * i + 1)).collect();
         let s = PoolSpec::new("p", 1, 1 << 20).reserve_all(&ranges);
         assert_eq!(s.reserved().len(), MAX_RESERVED_RANGES + 1);
         let (what, value, _) = rule_of(s.validate().unwrap_err());
@@ -718,31 +649,15 @@ mod tests {
     #[test]
     fn prefix_rules() {
         // max 65535 uses bits 0..16: prefix bit 16 is fine, bit 15 is not.
-        PoolSpec::new("p", 1, 65535)
-            .prefix(1 << 16)
-            .validate()
-            .unwrap();
-        let (what, value, rule) = rule_of(
-            PoolSpec::new("p", 1, 65535)
-                .prefix(1 << 15)
-                .validate()
-                .unwrap_err(),
-        );
+        PoolSpec::new("p", 1, 65535).prefix(1 << 16).validate().unwrap();
+        let (what, value, rule) =
+            rule_of(PoolSpec::new("p", 1, 65535).prefix(1 << 15).validate().unwrap_err());
         assert_eq!((what.as_str(), value.as_str()), ("pool prefix", "0x8000"));
         assert!(rule.contains("0xffff"), "{rule}");
         // max 65536 uses bit 16 too.
-        assert!(PoolSpec::new("p", 1, 65536)
-            .prefix(1 << 16)
-            .validate()
-            .is_err());
-        assert!(PoolSpec::new("p", 1, u64::MAX)
-            .prefix(1 << 63)
-            .validate()
-            .is_err());
-        PoolSpec::new("p", 1, u64::MAX >> 1)
-            .prefix(1 << 63)
-            .validate()
-            .unwrap();
+        assert!(PoolSpec::new("p", 1, 65536).prefix(1 << 16).validate().is_err());
+        assert!(PoolSpec::new("p", 1, u64::MAX).prefix(1 << 63).validate().is_err());
+        PoolSpec::new("p", 1, u64::MAX >> 1).prefix(1 << 63).validate().unwrap();
         assert_eq!(bits_covering(0), 0);
         assert_eq!(bits_covering(1), 1);
         assert_eq!(bits_covering(u64::MAX), u64::MAX);
@@ -752,10 +667,7 @@ mod tests {
     fn duration_rules_and_precision() {
         let s = PoolSpec::new("p", 1, 2).reuse_delay(MAX_DELAY + Duration::from_millis(1));
         let (what, value, _) = rule_of(s.validate().unwrap_err());
-        assert_eq!(
-            (what.as_str(), value.as_str()),
-            ("reuse_delay", "2592000001ms")
-        );
+        assert_eq!((what.as_str(), value.as_str()), ("reuse_delay", "2592000001ms"));
         let s = PoolSpec::new("p", 1, 2).idle_grace(Duration::from_secs(u64::MAX));
         assert_eq!(rule_of(s.validate().unwrap_err()).0, "idle_grace");
         let s = PoolSpec::new("p", 1, 2).idle_grace(Duration::from_micros(1500));
@@ -771,12 +683,7 @@ mod tests {
         assert_eq!(PoolSpec::new("p", 1, u64::MAX).capacity(), u64::MAX);
         assert_eq!(PoolSpec::new("p", 0, u64::MAX).capacity(), u64::MAX); // saturated
         assert_eq!(PoolSpec::new("p", 5, 4).capacity(), 0);
-        assert_eq!(
-            PoolSpec::new("p", 1, 1 << 32)
-                .reserve(1..=(1 << 31))
-                .capacity(),
-            1 << 31
-        );
+        assert_eq!(PoolSpec::new("p", 1, 1 << 32).reserve(1..=(1 << 31)).capacity(), 1 << 31);
     }
 
     #[test]
@@ -786,11 +693,7 @@ mod tests {
         assert_eq!(s.strip_prefix(0x305), Some(5));
         assert_eq!(s.strip_prefix(0x205), None, "missing a prefix bit");
         assert_eq!(s.strip_prefix(0x300), None, "raw 0 is out of range");
-        assert_eq!(
-            s.strip_prefix(0x705),
-            None,
-            "extra high bit makes raw 0x405 > max"
-        );
+        assert_eq!(s.strip_prefix(0x705), None, "extra high bit makes raw 0x405 > max");
         assert_eq!(s.strip_prefix(5), None);
         for raw in 1..=255 {
             assert_eq!(s.strip_prefix(s.apply_prefix(raw)), Some(raw));
@@ -862,14 +765,9 @@ mod tests {
         );
         let many: Vec<(u64, u64)> = (1..=50).map(|i| (i * 10, i * 10)).collect();
         let s = PoolSpec::new("p", 1, 1000).reserve_all(&many).to_string();
-        assert!(
-            s.contains("10,20,30,40,50,60,70,80,90,100,… (50 ranges)"),
-            "{s}"
-        );
+        assert!(s.contains("10,20,30,40,50,60,70,80,90,100,… (50 ranges)"), "{s}");
         assert!(!s.contains('\n'));
-        assert!(PoolSpec::new("p", 1, 2)
-            .to_string()
-            .contains("reserved none"));
+        assert!(PoolSpec::new("p", 1, 2).to_string().contains("reserved none"));
     }
 
     #[test]
@@ -911,20 +809,11 @@ mod tests {
 
     #[test]
     fn id_lists() {
-        assert_eq!(
-            parse_id_list("5,7,10-20").unwrap(),
-            vec![(5, 5), (7, 7), (10, 20)]
-        );
-        assert_eq!(
-            parse_id_list(" 10 - 20 , 5,6,7 ").unwrap(),
-            vec![(5, 7), (10, 20)]
-        );
+        assert_eq!(parse_id_list("5,7,10-20").unwrap(), vec![(5, 5), (7, 7), (10, 20)]);
+        assert_eq!(parse_id_list(" 10 - 20 , 5,6,7 ").unwrap(), vec![(5, 7), (10, 20)]);
         assert_eq!(parse_id_list("").unwrap(), vec![]);
         assert_eq!(parse_id_list("  ").unwrap(), vec![]);
-        assert_eq!(
-            parse_id_list("18446744073709551615").unwrap(),
-            vec![(u64::MAX, u64::MAX)]
-        );
+        assert_eq!(parse_id_list("18446744073709551615").unwrap(), vec![(u64::MAX, u64::MAX)]);
         for (input, token) in [
             ("5,x,7", "\"x\""),
             ("5,,7", "\"\""),

@@ -70,28 +70,18 @@ pub fn decide(
         Some(x) => {
             let state = id_state(x).unwrap_or_else(|| Some(IdRecord::Bound(key.to_string())));
             if ours(&state) {
-                Decision::Send(BindPlan {
-                    expect_key: Some(x),
-                    id: x,
-                    expect_id: state,
-                })
+                Decision::Send(BindPlan { expect_key: Some(x), id: x, expect_id: state })
             } else {
                 // The key record points at an ID that now belongs to another key (only possible
                 // after store data loss): the key moves to a fresh ID.
-                Decision::NeedCandidate {
-                    expect_key: Some(x),
-                }
+                Decision::NeedCandidate { expect_key: Some(x) }
             }
         }
         None => match preferred {
             Some(p) => {
                 let state = id_state(p).unwrap_or(None);
                 if ours(&state) {
-                    Decision::Send(BindPlan {
-                        expect_key: None,
-                        id: p,
-                        expect_id: state,
-                    })
+                    Decision::Send(BindPlan { expect_key: None, id: p, expect_id: state })
                 } else {
                     Decision::NeedCandidate { expect_key: None }
                 }
@@ -167,10 +157,7 @@ impl BindPlan {
     /// Reads a bind txn's response: bound, or what the records hold now.
     pub fn outcome(&self, resp: &TxnResponse) -> Result<BindOutcome, ProtocolError> {
         if resp.succeeded {
-            return Ok(BindOutcome::Bound {
-                id: self.id,
-                revision: resp.revision,
-            });
+            return Ok(BindOutcome::Bound { id: self.id, revision: resp.revision });
         }
         let key_kv = single(resp, 0)?;
         let id_kv = single(resp, 1)?;
@@ -235,9 +222,7 @@ impl ProtocolError {
 fn get_at(resp: &TxnResponse, i: usize) -> Result<&GetResponse, ProtocolError> {
     match resp.responses.get(i) {
         Some(OpResponse::Get(g)) => Ok(g),
-        other => Err(ProtocolError::Shape(format!(
-            "expected a get result at {i}, got {other:?}"
-        ))),
+        other => Err(ProtocolError::Shape(format!("expected a get result at {i}, got {other:?}"))),
     }
 }
 
@@ -297,15 +282,11 @@ impl ReleasePlan<'_> {
                 then.push(TxnOp::delete(layout.key_key(pool, self.key)));
                 then.push(retire_id(layout, pool, self.id, self.key, tombstone_lease));
             }
-            LastRelease::Touch => then.push(TxnOp::put(
-                layout.key_key(pool, self.key),
-                id_value(self.id),
-            )),
+            LastRelease::Touch => {
+                then.push(TxnOp::put(layout.key_key(pool, self.key), id_value(self.id)))
+            }
         }
-        TxnRequest::new()
-            .when(compare)
-            .and_then(then)
-            .or_else([TxnOp::delete(own)])
+        TxnRequest::new().when(compare).and_then(then).or_else([TxnOp::delete(own)])
     }
 
     /// Reads a release txn's response.
@@ -319,11 +300,7 @@ impl ReleasePlan<'_> {
             }
         };
         let reclaimed = resp.succeeded && matches!(self.last, LastRelease::Reclaim { .. });
-        Ok(ReleaseOutcome {
-            had_ref,
-            reclaimed,
-            revision: resp.revision,
-        })
+        Ok(ReleaseOutcome { had_ref, reclaimed, revision: resp.revision })
     }
 }
 
@@ -377,9 +354,8 @@ pub fn sweep_txn(
     tombstone_lease: Option<LeaseId>,
 ) -> TxnRequest {
     let nested = orphans.iter().map(|o| {
-        let mut compare = vec![Compare::range_empty(KeyRange::prefix(
-            layout.ref_prefix(pool, &o.key),
-        ))];
+        let mut compare =
+            vec![Compare::range_empty(KeyRange::prefix(layout.ref_prefix(pool, &o.key)))];
         let mut then = Vec::with_capacity(2);
         match o.key_rec {
             Some((_, rev)) => {
@@ -409,9 +385,9 @@ pub fn sweep_outcome(resp: &TxnResponse, batch: usize) -> Result<Vec<bool>, Prot
         .iter()
         .map(|r| match r {
             OpResponse::Txn(t) => Ok(t.succeeded),
-            other => Err(ProtocolError::Shape(format!(
-                "expected a nested txn result, got {other:?}"
-            ))),
+            other => {
+                Err(ProtocolError::Shape(format!("expected a nested txn result, got {other:?}")))
+            }
         })
         .collect()
 }
@@ -432,9 +408,9 @@ pub fn init_pool_outcome(resp: &TxnResponse) -> Result<Option<Vec<u8>>, Protocol
     }
     match single(resp, 0)? {
         Some(kv) => Ok(Some(kv.value.clone())),
-        None => Err(ProtocolError::Shape(
-            "init_pool: compare failed but the spec is missing".into(),
-        )),
+        None => {
+            Err(ProtocolError::Shape("init_pool: compare failed but the spec is missing".into()))
+        }
     }
 }
 
@@ -455,39 +431,20 @@ mod tests {
         let d = decide("k", Some(7), |_| None, None);
         assert_eq!(
             d,
-            Decision::Send(BindPlan {
-                expect_key: Some(7),
-                id: 7,
-                expect_id: Some(bound("k"))
-            })
+            Decision::Send(BindPlan { expect_key: Some(7), id: 7, expect_id: Some(bound("k")) })
         );
     }
 
     #[test]
     fn decide_needs_a_candidate_for_a_new_key() {
-        assert_eq!(
-            decide("k", None, |_| None, None),
-            Decision::NeedCandidate { expect_key: None }
-        );
+        assert_eq!(decide("k", None, |_| None, None), Decision::NeedCandidate { expect_key: None });
     }
 
     #[test]
     fn decide_repairs_a_missing_id_record_with_the_same_id() {
         let d = decide("k", Some(7), |_| Some(None), None);
-        assert_eq!(
-            d,
-            Decision::Send(BindPlan {
-                expect_key: Some(7),
-                id: 7,
-                expect_id: None
-            })
-        );
-        let d = decide(
-            "k",
-            Some(7),
-            |_| Some(Some(IdRecord::Tombstone("k".into()))),
-            None,
-        );
+        assert_eq!(d, Decision::Send(BindPlan { expect_key: Some(7), id: 7, expect_id: None }));
+        let d = decide("k", Some(7), |_| Some(Some(IdRecord::Tombstone("k".into()))), None);
         assert_eq!(
             d,
             Decision::Send(BindPlan {
@@ -501,40 +458,18 @@ mod tests {
     #[test]
     fn decide_moves_a_key_whose_id_went_to_another_key() {
         let d = decide("k", Some(7), |_| Some(Some(bound("other"))), None);
-        assert_eq!(
-            d,
-            Decision::NeedCandidate {
-                expect_key: Some(7)
-            }
-        );
+        assert_eq!(d, Decision::NeedCandidate { expect_key: Some(7) });
         let d = decide("k", None, |_| Some(Some(bound("other"))), Some(7));
         assert_eq!(d, Decision::NeedCandidate { expect_key: None });
-        let d = decide(
-            "k",
-            None,
-            |_| Some(Some(IdRecord::Tombstone("other".into()))),
-            Some(7),
-        );
+        let d = decide("k", None, |_| Some(Some(IdRecord::Tombstone("other".into()))), Some(7));
         assert_eq!(d, Decision::NeedCandidate { expect_key: None });
     }
 
     #[test]
     fn decide_recreates_a_lost_binding_with_the_preferred_id() {
         let d = decide("k", None, |_| None, Some(9));
-        assert_eq!(
-            d,
-            Decision::Send(BindPlan {
-                expect_key: None,
-                id: 9,
-                expect_id: None
-            })
-        );
-        let d = decide(
-            "k",
-            None,
-            |_| Some(Some(IdRecord::Tombstone("k".into()))),
-            Some(9),
-        );
+        assert_eq!(d, Decision::Send(BindPlan { expect_key: None, id: 9, expect_id: None }));
+        let d = decide("k", None, |_| Some(Some(IdRecord::Tombstone("k".into()))), Some(9));
         assert_eq!(
             d,
             Decision::Send(BindPlan {
@@ -548,26 +483,11 @@ mod tests {
     #[test]
     fn new_key_txn_is_create_only_on_both_records_with_three_puts() {
         let l = layout();
-        let plan = BindPlan {
-            expect_key: None,
-            id: 5,
-            expect_id: None,
-        };
-        let txn = plan.txn(
-            &l,
-            "p",
-            "k",
-            Some(RefTarget {
-                holder: "h",
-                lease: 42,
-            }),
-        );
+        let plan = BindPlan { expect_key: None, id: 5, expect_id: None };
+        let txn = plan.txn(&l, "p", "k", Some(RefTarget { holder: "h", lease: 42 }));
         assert_eq!(
             txn.compare,
-            vec![
-                Compare::absent(l.key_key("p", "k")),
-                Compare::absent(l.id_key("p", 5))
-            ]
+            vec![Compare::absent(l.key_key("p", "k")), Compare::absent(l.id_key("p", 5))]
         );
         assert_eq!(
             txn.success,
@@ -579,10 +499,7 @@ mod tests {
         );
         assert_eq!(
             txn.failure,
-            vec![
-                TxnOp::get_key(l.key_key("p", "k")),
-                TxnOp::get_key(l.id_key("p", 5))
-            ]
+            vec![TxnOp::get_key(l.key_key("p", "k")), TxnOp::get_key(l.id_key("p", 5))]
         );
         assert!(plan.creates_binding());
     }
@@ -590,20 +507,8 @@ mod tests {
     #[test]
     fn attach_txn_writes_only_the_reference() {
         let l = layout();
-        let plan = BindPlan {
-            expect_key: Some(5),
-            id: 5,
-            expect_id: Some(bound("k")),
-        };
-        let txn = plan.txn(
-            &l,
-            "p",
-            "k",
-            Some(RefTarget {
-                holder: "h",
-                lease: 0,
-            }),
-        );
+        let plan = BindPlan { expect_key: Some(5), id: 5, expect_id: Some(bound("k")) };
+        let txn = plan.txn(&l, "p", "k", Some(RefTarget { holder: "h", lease: 0 }));
         assert_eq!(
             txn.compare,
             vec![
@@ -611,46 +516,24 @@ mod tests {
                 Compare::value_is(l.id_key("p", 5), bound("k").encode())
             ]
         );
-        assert_eq!(
-            txn.success,
-            vec![TxnOp::put(l.ref_key("p", "k", "h"), b"5".to_vec())]
-        );
+        assert_eq!(txn.success, vec![TxnOp::put(l.ref_key("p", "k", "h"), b"5".to_vec())]);
         assert!(!plan.creates_binding());
     }
 
     fn kv(key: Vec<u8>, value: Vec<u8>) -> KeyValue {
-        KeyValue {
-            key,
-            value,
-            create_revision: 3,
-            mod_revision: 3,
-            version: 1,
-            lease: 0,
-        }
+        KeyValue { key, value, create_revision: 3, mod_revision: 3, version: 1, lease: 0 }
     }
 
     #[test]
     fn failed_bind_reports_what_it_read() {
         let l = layout();
-        let plan = BindPlan {
-            expect_key: None,
-            id: 5,
-            expect_id: None,
-        };
+        let plan = BindPlan { expect_key: None, id: 5, expect_id: None };
         let resp = TxnResponse {
             succeeded: false,
             responses: vec![
+                OpResponse::Get(GetResponse { kvs: vec![], count: 0, more: false, revision: 9 }),
                 OpResponse::Get(GetResponse {
-                    kvs: vec![],
-                    count: 0,
-                    more: false,
-                    revision: 9,
-                }),
-                OpResponse::Get(GetResponse {
-                    kvs: vec![kv(
-                        l.id_key("p", 5),
-                        IdRecord::Tombstone("x".into()).encode(),
-                    )],
+                    kvs: vec![kv(l.id_key("p", 5), IdRecord::Tombstone("x".into()).encode())],
                     count: 1,
                     more: false,
                     revision: 9,
@@ -672,11 +555,7 @@ mod tests {
     #[test]
     fn unreadable_key_record_is_an_error_not_a_guess() {
         let l = layout();
-        let plan = BindPlan {
-            expect_key: None,
-            id: 5,
-            expect_id: None,
-        };
+        let plan = BindPlan { expect_key: None, id: 5, expect_id: None };
         let resp = TxnResponse {
             succeeded: false,
             responses: vec![
@@ -690,10 +569,7 @@ mod tests {
             ],
             revision: 9,
         };
-        assert!(matches!(
-            plan.outcome(&resp),
-            Err(ProtocolError::BadRecord { .. })
-        ));
+        assert!(matches!(plan.outcome(&resp), Err(ProtocolError::BadRecord { .. })));
     }
 
     #[test]
@@ -703,9 +579,7 @@ mod tests {
             key: "k",
             id: 5,
             holder: "h",
-            last: LastRelease::Reclaim {
-                tombstone_lease: None,
-            },
+            last: LastRelease::Reclaim { tombstone_lease: None },
             require_own_ref: false,
         };
         let txn = plan.txn(&l, "p");
@@ -719,10 +593,7 @@ mod tests {
         assert!(after.contains(&other) && !after.contains(&own));
         let mut own_child = own.clone();
         own_child.extend_from_slice(b"x");
-        assert!(
-            after.contains(&own_child),
-            "a holder whose name extends ours is another holder"
-        );
+        assert!(after.contains(&own_child), "a holder whose name extends ours is another holder");
         assert_eq!(
             txn.success,
             vec![
@@ -741,9 +612,7 @@ mod tests {
             key: "k",
             id: 5,
             holder: "h",
-            last: LastRelease::Reclaim {
-                tombstone_lease: Some(77),
-            },
+            last: LastRelease::Reclaim { tombstone_lease: Some(77) },
             require_own_ref: true,
         };
         let txn = plan.txn(&l, "p");
@@ -775,18 +644,9 @@ mod tests {
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome {
-                had_ref: true,
-                reclaimed: false,
-                revision: 4
-            })
+            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, revision: 4 })
         );
-        let plan = ReleasePlan {
-            last: LastRelease::Reclaim {
-                tombstone_lease: None,
-            },
-            ..plan
-        };
+        let plan = ReleasePlan { last: LastRelease::Reclaim { tombstone_lease: None }, ..plan };
         let resp = TxnResponse {
             succeeded: false,
             responses: vec![OpResponse::Delete { deleted: 0 }],
@@ -794,11 +654,7 @@ mod tests {
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome {
-                had_ref: false,
-                reclaimed: false,
-                revision: 4
-            })
+            Ok(ReleaseOutcome { had_ref: false, reclaimed: false, revision: 4 })
         );
     }
 
@@ -806,16 +662,8 @@ mod tests {
     fn sweep_batch_is_one_txn_of_independent_nested_txns() {
         let l = layout();
         let orphans = vec![
-            Orphan {
-                key: "a".into(),
-                key_rec: Some((1, 10)),
-                id_rec: Some((1, 10)),
-            },
-            Orphan {
-                key: "b".into(),
-                key_rec: None,
-                id_rec: Some((2, 11)),
-            },
+            Orphan { key: "a".into(), key_rec: Some((1, 10)), id_rec: Some((1, 10)) },
+            Orphan { key: "b".into(), key_rec: None, id_rec: Some((2, 11)) },
         ];
         let txn = sweep_txn(&l, "p", &orphans, None);
         assert!(txn.compare.is_empty());
@@ -830,10 +678,7 @@ mod tests {
         let resp = TxnResponse {
             succeeded: true,
             responses: vec![
-                OpResponse::Txn(TxnResponse {
-                    succeeded: true,
-                    ..Default::default()
-                }),
+                OpResponse::Txn(TxnResponse { succeeded: true, ..Default::default() }),
                 OpResponse::Txn(TxnResponse::default()),
             ],
             revision: 12,

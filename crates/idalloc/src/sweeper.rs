@@ -43,9 +43,8 @@ pub(crate) async fn sweep(
 ) -> Result<SweepReport> {
     let name = &pool.spec.name();
     let range = KeyRange::prefix(inner.layout.pool_data_prefix(name));
-    let (kvs, revision) = inner
-        .call(|| list_all(&*inner.store, &range, inner.opts.list_page))
-        .await?;
+    let (kvs, revision) =
+        inner.call(|| list_all(&*inner.store, &range, inner.opts.list_page)).await?;
 
     let mut ids: HashMap<u64, (IdRecord, Revision)> = HashMap::new();
     let mut keys: HashMap<String, (u64, Revision)> = HashMap::new();
@@ -66,11 +65,7 @@ pub(crate) async fn sweep(
 
     let now = Instant::now();
     let grace = pool.spec.idle_grace_duration();
-    let mut report = SweepReport {
-        bindings: keys.len(),
-        revision,
-        ..Default::default()
-    };
+    let mut report = SweepReport { bindings: keys.len(), revision, ..Default::default() };
     let mut orphans = Vec::new();
     let mut still_idle = HashSet::new();
     {
@@ -87,11 +82,7 @@ pub(crate) async fn sweep(
                     Some((IdRecord::Bound(k), rev)) if k == key => Some((*id, *rev)),
                     _ => None,
                 };
-                orphans.push(Orphan {
-                    key: key.clone(),
-                    key_rec: Some((*id, *key_rev)),
-                    id_rec,
-                });
+                orphans.push(Orphan { key: key.clone(), key_rec: Some((*id, *key_rev)), id_rec });
             } else {
                 report.idle += 1;
             }
@@ -103,30 +94,22 @@ pub(crate) async fn sweep(
     for (id, (rec, rev)) in &ids {
         if let IdRecord::Bound(k) = rec {
             if !keys.contains_key(k) && !referenced.contains(k) {
-                orphans.push(Orphan {
-                    key: k.clone(),
-                    key_rec: None,
-                    id_rec: Some((*id, *rev)),
-                });
+                orphans.push(Orphan { key: k.clone(), key_rec: None, id_rec: Some((*id, *rev)) });
             }
         }
     }
     orphans.sort_by(|a, b| a.key.cmp(&b.key));
 
     if dry_run {
-        report.reclaimed = orphans
-            .iter()
-            .map(|o| (orphan_id(o), o.key.clone()))
-            .collect();
+        report.reclaimed = orphans.iter().map(|o| (orphan_id(o), o.key.clone())).collect();
         return Ok(report);
     }
     for batch in orphans.chunks(SWEEP_BATCH) {
         let tombstone_lease = inner.quarantine_lease(pool).await?;
         let txn = sweep_txn(&inner.layout, name, batch, tombstone_lease);
         let resp = inner.call(|| inner.store.txn(txn.clone())).await?;
-        let done = sweep_outcome(&resp, batch.len()).map_err(|e| Error::Unavailable {
-            reason: e.to_string(),
-        })?;
+        let done = sweep_outcome(&resp, batch.len())
+            .map_err(|e| Error::Unavailable { reason: e.to_string() })?;
         for (o, ok) in batch.iter().zip(done) {
             if ok {
                 report.reclaimed.push((orphan_id(o), o.key.clone()));
@@ -140,10 +123,7 @@ pub(crate) async fn sweep(
 }
 
 fn orphan_id(o: &Orphan) -> u64 {
-    o.key_rec
-        .map(|(id, _)| id)
-        .or(o.id_rec.map(|(id, _)| id))
-        .unwrap_or_default()
+    o.key_rec.map(|(id, _)| id).or(o.id_rec.map(|(id, _)| id)).unwrap_or_default()
 }
 
 /// The background sweeper: one sweep per `interval` until the allocator is gone.

@@ -29,11 +29,8 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
         let id_prefix = strong.layout.id_prefix(&pool.spec.name());
         drop(strong);
 
-        if need_list
-            || pool
-                .force_relist
-                .swap(false, std::sync::atomic::Ordering::AcqRel)
-        {
+        let forced = pool.force_relist.swap(false, std::sync::atomic::Ordering::AcqRel);
+        if need_list || forced {
             match list_all(&*store, &KeyRange::prefix(id_prefix.clone()), page).await {
                 Ok((kvs, rev)) => {
                     let Some(strong) = inner.upgrade() else {

@@ -52,10 +52,7 @@ pub struct KeyRange {
 impl KeyRange {
     /// The single key `key`.
     pub fn key(key: impl Into<Vec<u8>>) -> Self {
-        KeyRange {
-            key: key.into(),
-            range_end: Vec::new(),
-        }
+        KeyRange { key: key.into(), range_end: Vec::new() }
     }
 
     /// Every key that starts with `prefix`.
@@ -67,18 +64,12 @@ impl KeyRange {
 
     /// The half-open range `[start, end)`.
     pub fn range(start: impl Into<Vec<u8>>, end: impl Into<Vec<u8>>) -> Self {
-        KeyRange {
-            key: start.into(),
-            range_end: end.into(),
-        }
+        KeyRange { key: start.into(), range_end: end.into() }
     }
 
     /// Every key `>= start`.
     pub fn from_key(start: impl Into<Vec<u8>>) -> Self {
-        KeyRange {
-            key: start.into(),
-            range_end: vec![0],
-        }
+        KeyRange { key: start.into(), range_end: vec![0] }
     }
 
     /// True if this range names exactly one key.
@@ -193,11 +184,7 @@ impl Compare {
 
     /// `key` does not exist (`create_revision == 0`).
     pub fn absent(key: impl Into<Vec<u8>>) -> Self {
-        Compare::new(
-            KeyRange::key(key),
-            CompareOp::Equal,
-            CompareTarget::CreateRevision(0),
-        )
+        Compare::new(KeyRange::key(key), CompareOp::Equal, CompareTarget::CreateRevision(0))
     }
 
     /// No key in `range` exists.
@@ -207,20 +194,12 @@ impl Compare {
 
     /// `key` exists and holds `value`.
     pub fn value_is(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
-        Compare::new(
-            KeyRange::key(key),
-            CompareOp::Equal,
-            CompareTarget::Value(value.into()),
-        )
+        Compare::new(KeyRange::key(key), CompareOp::Equal, CompareTarget::Value(value.into()))
     }
 
     /// `key`'s mod revision equals `rev` (`0`: the key does not exist).
     pub fn mod_revision_is(key: impl Into<Vec<u8>>, rev: Revision) -> Self {
-        Compare::new(
-            KeyRange::key(key),
-            CompareOp::Equal,
-            CompareTarget::ModRevision(rev),
-        )
+        Compare::new(KeyRange::key(key), CompareOp::Equal, CompareTarget::ModRevision(rev))
     }
 }
 
@@ -247,10 +226,7 @@ impl Default for KeyRange {
 
 impl GetRequest {
     pub fn new(range: KeyRange) -> Self {
-        GetRequest {
-            range,
-            ..Default::default()
-        }
+        GetRequest { range, ..Default::default() }
     }
     pub fn key(key: impl Into<Vec<u8>>) -> Self {
         GetRequest::new(KeyRange::key(key))
@@ -305,22 +281,14 @@ impl TxnOp {
         TxnOp::Get(GetRequest::key(key))
     }
     pub fn put(key: impl Into<Vec<u8>>, value: impl Into<Vec<u8>>) -> Self {
-        TxnOp::Put(PutRequest {
-            key: key.into(),
-            value: value.into(),
-            lease: 0,
-        })
+        TxnOp::Put(PutRequest { key: key.into(), value: value.into(), lease: 0 })
     }
     pub fn put_on_lease(
         key: impl Into<Vec<u8>>,
         value: impl Into<Vec<u8>>,
         lease: LeaseId,
     ) -> Self {
-        TxnOp::Put(PutRequest {
-            key: key.into(),
-            value: value.into(),
-            lease,
-        })
+        TxnOp::Put(PutRequest { key: key.into(), value: value.into(), lease })
     }
     pub fn delete(key: impl Into<Vec<u8>>) -> Self {
         TxnOp::Delete(KeyRange::key(key))
@@ -379,6 +347,7 @@ pub enum OpResponse {
     Delete {
         deleted: i64,
     },
+    /// A nested txn's result; its `revision` is the outer txn's.
     Txn(TxnResponse),
 }
 
@@ -450,16 +419,10 @@ pub enum StoreError {
     InvalidRequest(String),
     /// A read or watch asked for a revision older than the compaction point.
     #[error("revision {requested} is compacted (oldest available: {compact_revision})")]
-    Compacted {
-        requested: Revision,
-        compact_revision: Revision,
-    },
+    Compacted { requested: Revision, compact_revision: Revision },
     /// A read asked for a revision newer than the store's current one.
     #[error("revision {requested} is in the future (current: {current})")]
-    FutureRevision {
-        requested: Revision,
-        current: Revision,
-    },
+    FutureRevision { requested: Revision, current: Revision },
     /// A put named a lease that does not exist (never granted, revoked or expired).
     #[error("lease {0:x} not found")]
     LeaseNotFound(LeaseId),
@@ -564,12 +527,9 @@ pub async fn list_all<S: Store + ?Sized>(
             (true, Some(mut last)) => {
                 // Next page starts right after the last key seen, at the same revision.
                 last.push(0);
-                req = GetRequest::new(KeyRange {
-                    key: last,
-                    range_end: range_end_of(range),
-                })
-                .with_limit(page)
-                .at_revision(pinned);
+                req = GetRequest::new(KeyRange { key: last, range_end: range_end_of(range) })
+                    .with_limit(page)
+                    .at_revision(pinned);
             }
             _ => return Ok((out, pinned)),
         }

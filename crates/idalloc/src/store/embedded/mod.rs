@@ -1,1 +1,407 @@
-//! TODO
+//! The embedded store: etcd 3.4 semantics in-process, in memory or on a `redb` file.
+//!
+//! This is the store for one machine and the engine of the deterministic simulation. The
+//! semantics live in `mvcc.rs` (a pure state machine, unit-tested without files or runtimes); the
+//! file in `file.rs` is a durable mirror of it; this module wires them to the [`Store`] trait,
+//! to watchers and to tokio's clock.
+//!
+//! # Choices
+//!
+//! - **One lock, no awaits inside.** Every operation runs under one `std::sync::Mutex`, start to
+//!   end, including the redb commit of a write. That serialises writers (one writer, as redb
+//!   wants), makes each operation atomic for readers and watchers, and means no one can see a
+//!   write before it is durable. The cost: a write blocks the calling worker thread for its
+//!   fsync, and other operations wait for it. For one machine's allocation rate that is the
+//!   simplest correct design; the alternative (a writer task plus `spawn_blocking`) buys
+//!   concurrency the allocator does not need.
+//! - **Time is tokio's clock.** Lease deadlines are `tokio::time::Instant`s. Expiry runs in a
+//!   background task (it holds only a `Weak` reference, so dropping the store stops it) *and*
+//!   lazily at the start of every operation, so a `start_paused` test that advances time sees the
+//!   expiry on its next call, deterministically. Outside a runtime no task is spawned until the
+//!   first operation.
+//! - **Watchers never block writers.** Each watcher has an unbounded channel; a slow watcher
+//!   buffers in memory. Events of one revision go out as one message. A dropped stream is
+//!   forgotten at the next write.
+//! - **History is bounded.** [`EmbeddedOptions::auto_compact_keep`] revisions are kept (at least
+//!   that many, compacting in batches of an eighth more), in memory and in the file alike. Reads
+//!   and watches older than that get `Compacted`, as on an etcd with auto-compaction.
+//! - **A failed file write stops the store.** The in-memory state is then ahead of the file, so
+//!   every later call fails with `Unavailable` naming the cause; reopening the file restores the
+//!   last durable state. Never a silent divergence.
+//! - **Leases across restarts.** Deadlines are stored as wall-clock time, so a lease whose
+//!   deadline passed while the file was closed is expired (its keys deleted) at open; the others
+//!   resume with the time they had left. (etcd instead renews every lease at a restart.)
+//! - **History across restarts.** The file keeps the same history as memory (everything since
+//!   the compaction point), so reads at old revisions and watches from old revisions work after a
+//!   reopen as before it.
+
+mod file;
+mod mvcc;
+
+use std::panic::AssertUnwindSafe;
+use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use self::file::{FileStore, OpenError};
+use self::mvcc::{check_range_key, Mvcc};
+use crate::store::{
+    GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreError, StoreResult,
+    TxnRequest, TxnResponse, WatchEvent, WatchMessage, WatchStream,
+};
+
+/// Settings of an [`EmbeddedStore`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmbeddedOptions {
+    /// How many revisions of history to keep for reads at past revisions and watches from past
+    /// revisions. Older history is compacted automatically (in batches of an eighth of this, so
+    /// between `n` and `n + n/8` revisions are kept). `0` disables automatic compaction: history
+    /// then grows until [`Store::compact`] is called. Default 10 000.
+    pub auto_compact_keep: i64,
+    /// How long [`EmbeddedStore::open`] waits for another process (or handle) to release the
+    /// file before it fails with [`StoreError::Locked`]. Default 10 s.
+    pub lock_timeout: Duration,
+    /// The smallest lease TTL in seconds: a grant below it is raised to it, as etcd raises
+    /// grants to its minimum (2 s with etcd's default election timeout). Default 2.
+    pub min_lease_ttl: i64,
+}
+
+impl Default for EmbeddedOptions {
+    fn default() -> Self {
+        EmbeddedOptions {
+            auto_compact_keep: 10_000,
+            lock_timeout: Duration::from_secs(10),
+            min_lease_ttl: 2,
+        }
+    }
+}
+
+/// A [`Store`] in this process: in memory ([`EmbeddedStore::memory`]) or durable in a `redb`
+/// file ([`EmbeddedStore::open`]). Clones share one store. See the module docs for the design.
+#[derive(Clone)]
+pub struct EmbeddedStore {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for EmbeddedStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let core = self.inner.lock();
+        f.debug_struct("EmbeddedStore")
+            .field("file", &core.file.as_ref().map(|f| f.path().to_path_buf()))
+            .field("revision", &core.mvcc.revision())
+            .finish()
+    }
+}
+
+struct Inner {
+    core: Mutex<Core>,
+    options: EmbeddedOptions,
+    /// Tells the expiry task that lease deadlines changed; dropping it (with the store) stops
+    /// the task.
+    wake: watch::Sender<()>,
+    reaper: Mutex<Option<JoinHandle<()>>>,
+}
+
+struct Core {
+    mvcc: Mvcc,
+    file: Option<FileStore>,
+    watchers: Vec<Watcher>,
+    /// Set when a file write failed: the store refuses all further work.
+    broken: Option<String>,
+}
+
+struct Watcher {
+    range: KeyRange,
+    /// First revision this watcher wants.
+    from: Revision,
+    tx: mpsc::UnboundedSender<StoreResult<WatchMessage>>,
+}
+
+/// Replayed history goes out in messages of about this many events (a revision is never split).
+const REPLAY_BATCH: usize = 1000;
+
+impl Inner {
+    fn lock(&self) -> MutexGuard<'_, Core> {
+        // A panic while holding the lock cannot leave the state half-changed in a way later
+        // calls could trust less than a fresh start: every mutation is validated first. Keep
+        // serving rather than cascading the panic.
+        self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Core {
+    fn check_usable(&self) -> StoreResult<()> {
+        match &self.broken {
+            None => Ok(()),
+            Some(reason) => Err(StoreError::Unavailable(reason.clone())),
+        }
+    }
+
+    /// Persists what the last step changed, then tells the watchers. On a write failure the
+    /// store stops (see the module docs).
+    fn commit(&mut self, keep: i64, now: Instant) -> StoreResult<()> {
+        self.mvcc.auto_compact(keep);
+        let delta = self.mvcc.take_delta();
+        if delta.is_empty() {
+            return Ok(());
+        }
+        if let Some(file) = self.file.as_mut() {
+            let meta = self.mvcc.meta();
+            let res =
+                std::panic::catch_unwind(AssertUnwindSafe(|| file.persist(&delta, meta, now)))
+                    .unwrap_or_else(|_| Err("the file layer panicked".to_string()));
+            if let Err(e) = res {
+                let reason = format!(
+                    "embedded store file {} could not be written ({e}); the store stopped, \
+                     reopen the file to continue from its last durable state",
+                    file.path().display()
+                );
+                tracing::error!("{reason}");
+                for w in self.watchers.drain(..) {
+                    let _ = w.tx.send(Err(StoreError::Unavailable(reason.clone())));
+                }
+                self.broken = Some(reason.clone());
+                return Err(StoreError::Unavailable(reason));
+            }
+        }
+        self.publish(&delta.event_batches());
+        Ok(())
+    }
+
+    fn publish(&mut self, batches: &[(Revision, Vec<WatchEvent>)]) {
+        if batches.is_empty() {
+            return;
+        }
+        self.watchers.retain(|w| {
+            for (rev, events) in batches {
+                if *rev < w.from {
+                    continue;
+                }
+                let mine: Vec<WatchEvent> =
+                    events.iter().filter(|e| w.range.contains(&e.kv().key)).cloned().collect();
+                if !mine.is_empty() && w.tx.send(Ok(WatchMessage::Events(mine))).is_err() {
+                    return false;
+                }
+            }
+            !w.tx.is_closed()
+        });
+    }
+
+    fn watch(&mut self, range: KeyRange, start: Revision) -> WatchStream {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let compact = self.mvcc.compact_revision();
+        if start > 0 && start < compact {
+            // Sent before the receiver exists to the caller, so this cannot fail.
+            let _ = tx.send(Ok(WatchMessage::Compacted { compact_revision: compact }));
+        } else {
+            let from = if start <= 0 { self.mvcc.revision() + 1 } else { start };
+            let mut batch: Vec<WatchEvent> = Vec::new();
+            for (_, events) in self.mvcc.history(&range, from) {
+                if !batch.is_empty() && batch.len() + events.len() > REPLAY_BATCH {
+                    let _ = tx.send(Ok(WatchMessage::Events(std::mem::take(&mut batch))));
+                }
+                batch.extend(events);
+            }
+            if !batch.is_empty() {
+                let _ = tx.send(Ok(WatchMessage::Events(batch)));
+            }
+            self.watchers.push(Watcher { range, from, tx });
+        }
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) })
+            .boxed()
+    }
+}
+
+impl EmbeddedStore {
+    /// A fresh in-memory store with default options. Nothing survives the process.
+    pub fn memory() -> Self {
+        Self::memory_with(EmbeddedOptions::default())
+    }
+
+    /// A fresh in-memory store.
+    pub fn memory_with(options: EmbeddedOptions) -> Self {
+        Self::build(Mvcc::new(), None, options)
+    }
+
+    /// Opens the store file at `path`, creating it if missing, and restores keys, revision,
+    /// compaction point, history and leases (leases whose deadline passed while the file was
+    /// closed are expired now, their keys deleted). Every write is durable before it returns.
+    ///
+    /// One process owns a file at a time: if it is in use, this retries with backoff for up to
+    /// `options.lock_timeout`, then fails with [`StoreError::Locked`]. A file that is not a
+    /// store, is damaged, or was written by a newer format fails with [`StoreError::Corrupt`];
+    /// an I/O failure (missing directory, permissions) with [`StoreError::Unavailable`].
+    pub async fn open(path: impl AsRef<Path>, options: EmbeddedOptions) -> StoreResult<Self> {
+        let path = path.as_ref().to_path_buf();
+        let started = Instant::now();
+        let mut backoff = Duration::from_millis(10);
+        let (file, loaded) = loop {
+            let p = path.clone();
+            match tokio::task::spawn_blocking(move || FileStore::open_blocking(&p)).await {
+                Ok(Ok(opened)) => break opened,
+                Ok(Err(OpenError::Store(e))) => return Err(e),
+                Ok(Err(OpenError::Locked)) => {
+                    let waited = started.elapsed();
+                    if waited >= options.lock_timeout {
+                        return Err(StoreError::Locked {
+                            path: path.display().to_string(),
+                            waited,
+                        });
+                    }
+                    tokio::time::sleep(backoff.min(options.lock_timeout - waited)).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(500));
+                }
+                Err(join) => {
+                    return Err(StoreError::Corrupt {
+                        path: path.display().to_string(),
+                        reason: format!("reading the file failed: {join}"),
+                    })
+                }
+            }
+        };
+        let now = Instant::now();
+        let now_ms = file::unix_ms_now();
+        let mut mvcc = Mvcc::restore(loaded.meta);
+        for (key, entry) in loaded.entries {
+            mvcc.load_entry(key, entry);
+        }
+        for (id, ttl, deadline_ms) in loaded.leases {
+            mvcc.load_lease(id, ttl, file::deadline_from_unix_ms(deadline_ms, now_ms, now));
+        }
+        for key in mvcc.finish_load() {
+            tracing::warn!(
+                key = %String::from_utf8_lossy(&key),
+                file = %path.display(),
+                "key names a lease that does not exist; it stays without a lease"
+            );
+        }
+        let store = Self::build(mvcc, Some(file), options);
+        // Expires (and persists the expiry of) leases that ran out while the file was closed.
+        store.op(|_, _| Ok(()))?;
+        Ok(store)
+    }
+
+    fn build(mvcc: Mvcc, file: Option<FileStore>, options: EmbeddedOptions) -> Self {
+        let (wake, _) = watch::channel(());
+        let inner = Inner {
+            core: Mutex::new(Core { mvcc, file, watchers: Vec::new(), broken: None }),
+            options,
+            wake,
+            reaper: Mutex::new(None),
+        };
+        let store = EmbeddedStore { inner: Arc::new(inner) };
+        store.ensure_reaper();
+        store
+    }
+
+    /// Starts the lease expiry task on the current runtime if it is not running (first use, or
+    /// the runtime it ran on is gone).
+    fn ensure_reaper(&self) {
+        let Ok(handle) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut slot = self.inner.reaper.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_some_and(|h| !h.is_finished()) {
+            return;
+        }
+        let weak = Arc::downgrade(&self.inner);
+        let rx = self.inner.wake.subscribe();
+        *slot = Some(handle.spawn(reap(weak, rx)));
+    }
+
+    /// Runs one operation: expire due leases (and persist that on its own), run `f`, persist and
+    /// publish what it changed, and wake the expiry task if the next deadline moved.
+    fn op<R>(&self, f: impl FnOnce(&mut Core, Instant) -> StoreResult<R>) -> StoreResult<R> {
+        self.ensure_reaper();
+        let now = Instant::now();
+        let keep = self.inner.options.auto_compact_keep;
+        let (result, moved) = {
+            let mut core = self.inner.lock();
+            core.check_usable()?;
+            let before = core.mvcc.next_deadline();
+            core.mvcc.expire_leases(now);
+            core.commit(keep, now)?;
+            let result = f(&mut core, now);
+            core.commit(keep, now)?;
+            (result, core.mvcc.next_deadline() != before)
+        };
+        if moved {
+            self.inner.wake.send_replace(());
+        }
+        result
+    }
+
+    fn next_deadline(&self) -> Option<Instant> {
+        self.inner.lock().mvcc.next_deadline()
+    }
+}
+
+/// The lease expiry task: sleeps until the earliest deadline (or until deadlines change), then
+/// expires what is due. Holds the store only while working, so dropping the store ends it.
+async fn reap(weak: Weak<Inner>, mut wake: watch::Receiver<()>) {
+    loop {
+        wake.borrow_and_update();
+        let next = {
+            let Some(inner) = weak.upgrade() else { return };
+            let store = EmbeddedStore { inner };
+            if store.op(|_, _| Ok(())).is_err() {
+                return; // the store stopped after a write failure
+            }
+            store.next_deadline()
+        };
+        match next {
+            Some(deadline) => {
+                tokio::select! {
+                    _ = tokio::time::sleep_until(deadline) => {}
+                    changed = wake.changed() => if changed.is_err() { return },
+                }
+            }
+            None => {
+                if wake.changed().await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for EmbeddedStore {
+    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        self.op(|core, _| core.mvcc.txn(&req))
+    }
+
+    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
+        self.op(|core, _| core.mvcc.get(&req))
+    }
+
+    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
+        let min = self.inner.options.min_lease_ttl;
+        self.op(|core, now| core.mvcc.lease_grant(ttl, min, now))
+    }
+
+    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
+        self.op(|core, now| Ok(core.mvcc.lease_keep_alive(id, now)))
+    }
+
+    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
+        self.op(|core, _| Ok(core.mvcc.lease_revoke(id)))
+    }
+
+    async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
+        check_range_key(&range, "watch")?;
+        self.op(|core, _| Ok(core.watch(range, start_revision)))
+    }
+
+    async fn compact(&self, revision: Revision) -> StoreResult<()> {
+        self.op(|core, _| core.mvcc.compact(revision))
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,386 @@
+//! Persistence of the embedded store in a `redb` file: a durable mirror of the state machine.
+//!
+//! The file holds the state machine's history, not a snapshot: every key change is one row, so a
+//! txn is one redb write transaction that inserts its rows (and, when compaction ran, removes the
+//! rows it dropped). redb commits with `Durability::Immediate` (its default): the commit has
+//! reached the disk when `commit()` returns, and a commit is atomic, so after a crash the file
+//! holds exactly the acknowledged txns, none torn.
+//!
+//! Tables:
+//! - `meta` (`&str -> i64`): `format_version`, `revision`, `compact_revision`, `next_lease`;
+//! - `entries` (`(main, sub) -> bytes`): one key change, encoded by [`encode_entry`];
+//! - `leases` (`id -> (ttl, deadline as unix ms)`): deadlines are wall-clock so that time spent
+//!   closed counts; at open they are mapped back onto tokio's clock.
+//!
+//! Everything read from the file is checked; anything unexpected is `StoreError::Corrupt`, never
+//! a panic and never a silent reset.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use tokio::time::Instant;
+
+use super::mvcc::{Delta, Entry, Meta, Record, INITIAL_REVISION, NEVER_COMPACTED};
+use crate::store::{LeaseId, StoreError};
+
+/// The file format this build writes and reads. A file with a larger number was written by a
+/// newer idalloc and is refused.
+pub(crate) const FORMAT_VERSION: i64 = 1;
+
+const META: TableDefinition<&str, i64> = TableDefinition::new("meta");
+const ENTRIES: TableDefinition<(i64, u32), &[u8]> = TableDefinition::new("entries");
+const LEASES: TableDefinition<i64, (i64, i64)> = TableDefinition::new("leases");
+
+const K_FORMAT: &str = "format_version";
+const K_REV: &str = "revision";
+const K_COMPACT: &str = "compact_revision";
+const K_NEXT_LEASE: &str = "next_lease";
+
+/// Everything read from a file at open.
+pub(crate) struct Loaded {
+    pub meta: Meta,
+    /// Key changes in `(main, sub)` order.
+    pub entries: Vec<(Vec<u8>, Entry)>,
+    /// `(id, ttl, deadline as unix ms)`.
+    pub leases: Vec<(LeaseId, i64, i64)>,
+}
+
+/// Why an open attempt failed.
+pub(crate) enum OpenError {
+    /// Another handle holds the file: worth waiting for.
+    Locked,
+    Store(StoreError),
+}
+
+/// An open store file.
+pub(crate) struct FileStore {
+    db: Database,
+    path: PathBuf,
+    written: Meta,
+}
+
+impl std::fmt::Debug for FileStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileStore").field("path", &self.path).finish()
+    }
+}
+
+fn path_str(path: &Path) -> String {
+    path.display().to_string()
+}
+
+fn corrupt(path: &Path, reason: impl Into<String>) -> StoreError {
+    StoreError::Corrupt { path: path_str(path), reason: reason.into() }
+}
+
+/// Maps a redb error met while opening or reading. Lock conflicts are told apart; I/O errors that
+/// are not "this is not a redb file" are `Unavailable` (a missing directory, permissions); the
+/// rest means the file cannot be trusted.
+fn open_error(path: &Path, err: redb::Error) -> OpenError {
+    match err {
+        redb::Error::DatabaseAlreadyOpen | redb::Error::LockProtocolMismatch => OpenError::Locked,
+        redb::Error::Io(e) if e.kind() != std::io::ErrorKind::InvalidData => OpenError::Store(
+            StoreError::Unavailable(format!("cannot open store file {}: {e}", path.display())),
+        ),
+        other => OpenError::Store(corrupt(path, other.to_string())),
+    }
+}
+
+fn read_error(path: &Path) -> impl Fn(redb::Error) -> OpenError + '_ {
+    move |e| open_error(path, e)
+}
+
+impl FileStore {
+    /// Opens (creating if missing) and reads the whole file. Blocking: call it off the async
+    /// workers. One attempt; the caller retries on [`OpenError::Locked`].
+    pub fn open_blocking(path: &Path) -> Result<(FileStore, Loaded), OpenError> {
+        let db = Database::create(path).map_err(|e| open_error(path, e.into()))?;
+        let err = read_error(path);
+        let fresh = {
+            let rtx = db.begin_read().map_err(|e| err(e.into()))?;
+            let n = rtx.list_tables().map_err(|e| err(e.into()))?.count();
+            n == 0
+        };
+        if fresh {
+            let meta = Meta {
+                revision: INITIAL_REVISION,
+                compact_revision: NEVER_COMPACTED,
+                next_lease: 1,
+            };
+            let wtx = db.begin_write().map_err(|e| err(e.into()))?;
+            {
+                let mut t = wtx.open_table(META).map_err(|e| err(e.into()))?;
+                t.insert(K_FORMAT, FORMAT_VERSION).map_err(|e| err(e.into()))?;
+                write_meta(&mut t, meta).map_err(|e| err(e.into()))?;
+                wtx.open_table(ENTRIES).map_err(|e| err(e.into()))?;
+                wtx.open_table(LEASES).map_err(|e| err(e.into()))?;
+            }
+            wtx.commit().map_err(|e| err(e.into()))?;
+        }
+        let loaded = load(&db, path)?;
+        let written = loaded.meta;
+        Ok((FileStore { db, path: path.to_path_buf(), written }, loaded))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes one operation's changes and the new scalars in one durable redb transaction.
+    /// Nothing to write (a read, a txn that changed nothing) costs nothing.
+    pub fn persist(&mut self, delta: &Delta, meta: Meta, now: Instant) -> Result<(), String> {
+        if delta.is_empty() && meta == self.written {
+            return Ok(());
+        }
+        self.write(delta, meta, now).map_err(|e| e.to_string())?;
+        self.written = meta;
+        Ok(())
+    }
+
+    fn write(&self, delta: &Delta, meta: Meta, now: Instant) -> Result<(), redb::Error> {
+        let wtx = self.db.begin_write()?;
+        {
+            let mut entries = wtx.open_table(ENTRIES)?;
+            for (key, entry) in &delta.entries {
+                entries.insert(
+                    (entry.main, entry.sub),
+                    encode_entry(key, entry.rec.as_ref()).as_slice(),
+                )?;
+            }
+            for &(main, sub) in &delta.removed {
+                entries.remove((main, sub))?;
+            }
+            let mut leases = wtx.open_table(LEASES)?;
+            let now_ms = unix_ms_now();
+            for &(id, ttl, deadline) in &delta.leases_put {
+                let left = deadline.saturating_duration_since(now);
+                let ms = now_ms.saturating_add(i64::try_from(left.as_millis()).unwrap_or(i64::MAX));
+                leases.insert(id, (ttl, ms))?;
+            }
+            for id in &delta.leases_removed {
+                leases.remove(id)?;
+            }
+            let mut m = wtx.open_table(META)?;
+            write_meta(&mut m, meta)?;
+        }
+        wtx.commit()?;
+        Ok(())
+    }
+}
+
+fn write_meta(t: &mut redb::Table<&str, i64>, meta: Meta) -> Result<(), redb::StorageError> {
+    t.insert(K_REV, meta.revision)?;
+    t.insert(K_COMPACT, meta.compact_revision)?;
+    t.insert(K_NEXT_LEASE, meta.next_lease)?;
+    Ok(())
+}
+
+fn load(db: &Database, path: &Path) -> Result<Loaded, OpenError> {
+    let err = read_error(path);
+    let rtx = db.begin_read().map_err(|e| err(e.into()))?;
+    let meta_t = match rtx.open_table(META) {
+        Ok(t) => t,
+        Err(redb::TableError::TableDoesNotExist(_)) => {
+            return Err(OpenError::Store(corrupt(path, "not an idalloc store (no meta table)")))
+        }
+        Err(e) => return Err(err(e.into())),
+    };
+    let get = |k: &str| -> Result<Option<i64>, OpenError> {
+        Ok(meta_t.get(k).map_err(|e| err(e.into()))?.map(|v| v.value()))
+    };
+    let version = get(K_FORMAT)?.ok_or_else(|| {
+        OpenError::Store(corrupt(path, "not an idalloc store (no format version)"))
+    })?;
+    if version > FORMAT_VERSION {
+        return Err(OpenError::Store(corrupt(
+            path,
+            format!(
+                "format version {version} was written by a newer idalloc; this build reads \
+                 versions up to {FORMAT_VERSION}"
+            ),
+        )));
+    }
+    if version < 1 {
+        return Err(OpenError::Store(corrupt(path, format!("invalid format version {version}"))));
+    }
+    let need = |k: &str| -> Result<i64, OpenError> {
+        get(k)?.ok_or_else(|| OpenError::Store(corrupt(path, format!("meta table lacks {k:?}"))))
+    };
+    let meta = Meta {
+        revision: need(K_REV)?,
+        compact_revision: need(K_COMPACT)?,
+        next_lease: need(K_NEXT_LEASE)?,
+    };
+    if meta.revision < INITIAL_REVISION
+        || meta.compact_revision < NEVER_COMPACTED
+        || meta.compact_revision > meta.revision
+        || meta.next_lease < 1
+    {
+        return Err(OpenError::Store(corrupt(path, format!("inconsistent meta values {meta:?}"))));
+    }
+    let entries_t = rtx.open_table(ENTRIES).map_err(|e| err(e.into()))?;
+    let mut entries = Vec::new();
+    for row in entries_t.iter().map_err(|e| err(e.into()))? {
+        let (k, v) = row.map_err(|e| err(e.into()))?;
+        let (main, sub) = k.value();
+        if main <= INITIAL_REVISION || main > meta.revision {
+            return Err(OpenError::Store(corrupt(
+                path,
+                format!("entry at revision {main} outside 2..={}", meta.revision),
+            )));
+        }
+        let (key, rec) = decode_entry(v.value()).map_err(|reason| {
+            OpenError::Store(corrupt(path, format!("entry ({main}, {sub}): {reason}")))
+        })?;
+        entries.push((key, Entry { main, sub, rec }));
+    }
+    let leases_t = rtx.open_table(LEASES).map_err(|e| err(e.into()))?;
+    let mut leases = Vec::new();
+    for row in leases_t.iter().map_err(|e| err(e.into()))? {
+        let (k, v) = row.map_err(|e| err(e.into()))?;
+        let (ttl, deadline_ms) = v.value();
+        leases.push((k.value(), ttl, deadline_ms));
+    }
+    Ok(Loaded { meta, entries, leases })
+}
+
+/// Milliseconds since the unix epoch, now (0 if the clock is before 1970).
+pub(crate) fn unix_ms_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// Maps a stored wall-clock deadline onto tokio's clock: the time left is counted from `now`.
+pub(crate) fn deadline_from_unix_ms(deadline_ms: i64, now_ms: i64, now: Instant) -> Instant {
+    let left = u64::try_from(deadline_ms.saturating_sub(now_ms)).unwrap_or(0);
+    now.checked_add(Duration::from_millis(left)).unwrap_or(now)
+}
+
+const TAG_DELETE: u8 = 0;
+const TAG_PUT: u8 = 1;
+
+/// `key_len: u32 LE | key | tag | (put only) create: i64 LE | version: i64 LE | lease: i64 LE |
+/// value`.
+pub(crate) fn encode_entry(key: &[u8], rec: Option<&Record>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + key.len() + 1 + rec.map_or(0, |r| 24 + r.value.len()));
+    // Keys are far below 4 GiB (the request limit is 1.5 MiB).
+    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
+    out.extend_from_slice(key);
+    match rec {
+        None => out.push(TAG_DELETE),
+        Some(r) => {
+            out.push(TAG_PUT);
+            out.extend_from_slice(&r.create_revision.to_le_bytes());
+            out.extend_from_slice(&r.version.to_le_bytes());
+            out.extend_from_slice(&r.lease.to_le_bytes());
+            out.extend_from_slice(&r.value);
+        }
+    }
+    out
+}
+
+pub(crate) fn decode_entry(bytes: &[u8]) -> Result<(Vec<u8>, Option<Record>), String> {
+    fn take<'a>(b: &mut &'a [u8], n: usize, what: &str) -> Result<&'a [u8], String> {
+        if b.len() < n {
+            return Err(format!("truncated {what}"));
+        }
+        let (head, rest) = b.split_at(n);
+        *b = rest;
+        Ok(head)
+    }
+    fn i64_of(b: &mut &[u8], what: &str) -> Result<i64, String> {
+        let raw = take(b, 8, what)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(raw);
+        Ok(i64::from_le_bytes(a))
+    }
+    let mut b = bytes;
+    let mut len = [0u8; 4];
+    len.copy_from_slice(take(&mut b, 4, "key length")?);
+    let key = take(&mut b, u32::from_le_bytes(len) as usize, "key")?.to_vec();
+    if key.is_empty() {
+        return Err("empty key".into());
+    }
+    match take(&mut b, 1, "tag")?[0] {
+        TAG_DELETE if b.is_empty() => Ok((key, None)),
+        TAG_DELETE => Err("trailing bytes after a delete".into()),
+        TAG_PUT => {
+            let create_revision = i64_of(&mut b, "create revision")?;
+            let version = i64_of(&mut b, "version")?;
+            let lease = i64_of(&mut b, "lease")?;
+            if create_revision < 2 || version < 1 {
+                return Err(format!(
+                    "invalid record (create {create_revision}, version {version})"
+                ));
+            }
+            Ok((key, Some(Record { value: b.to_vec(), create_revision, version, lease })))
+        }
+        t => Err(format!("unknown tag {t}")),
+    }
+}
+
+/// Test hook: rewrites the format version, as a newer build would.
+#[cfg(test)]
+pub(crate) fn set_format_version(path: &Path, version: i64) -> Result<(), redb::Error> {
+    let db = Database::create(path)?;
+    let wtx = db.begin_write()?;
+    {
+        let mut t = wtx.open_table(META)?;
+        t.insert(K_FORMAT, version)?;
+    }
+    wtx.commit()?;
+    Ok(())
+}
+
+/// Test hook: stores a malformed entry row.
+#[cfg(test)]
+pub(crate) fn put_raw_entry(path: &Path, main: i64, bytes: &[u8]) -> Result<(), redb::Error> {
+    let db = Database::create(path)?;
+    let wtx = db.begin_write()?;
+    {
+        let mut t = wtx.open_table(ENTRIES)?;
+        t.insert((main, 0u32), bytes)?;
+        let mut m = wtx.open_table(META)?;
+        m.insert(K_REV, main)?;
+    }
+    wtx.commit()?;
+    Ok(())
+}
+
+/// Test hook: moves a stored lease deadline, as if time had passed while the file was closed.
+#[cfg(test)]
+pub(crate) fn set_lease_deadline(
+    path: &Path,
+    id: LeaseId,
+    deadline_ms: i64,
+) -> Result<(), redb::Error> {
+    let db = Database::create(path)?;
+    let wtx = db.begin_write()?;
+    {
+        let mut t = wtx.open_table(LEASES)?;
+        let ttl = t.get(id)?.map(|v| v.value().0).unwrap_or(1);
+        t.insert(id, (ttl, deadline_ms))?;
+    }
+    wtx.commit()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_codec_round_trips_and_rejects_garbage() {
+        let rec = Record { value: b"v".to_vec(), create_revision: 2, version: 3, lease: 9 };
+        let enc = encode_entry(b"key", Some(&rec));
+        assert_eq!(decode_entry(&enc), Ok((b"key".to_vec(), Some(rec))));
+        assert_eq!(decode_entry(&encode_entry(b"k", None)), Ok((b"k".to_vec(), None)));
+        assert!(decode_entry(&enc[..10]).is_err());
+        assert!(decode_entry(&[]).is_err());
+        assert!(decode_entry(&[1, 0, 0, 0, b'k', 7]).is_err());
+        assert!(decode_entry(&[0xff, 0xff, 0xff, 0xff]).is_err());
+    }
+}

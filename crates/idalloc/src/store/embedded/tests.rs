@@ -1,0 +1,440 @@
+//! Tests of the embedded store through the [`Store`] trait: leases on tokio's paused clock,
+//! watches, pagination, and the file mode (reopen, corruption, locking). The semantics of single
+//! operations are unit-tested in `mvcc`; the generic conformance suite runs elsewhere.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use futures::StreamExt;
+
+use super::*;
+use crate::store::{list_all, Compare, TxnOp};
+
+fn put(k: &str, v: &str) -> TxnRequest {
+    TxnRequest::new().and_then([TxnOp::put(k, v)])
+}
+
+async fn value(s: &impl Store, k: &str) -> Option<Vec<u8>> {
+    s.get(GetRequest::key(k)).await.unwrap().kvs.into_iter().next().map(|kv| kv.value)
+}
+
+/// The next message, failing the test instead of hanging if there is none in (virtual) time.
+async fn next_msg(w: &mut WatchStream) -> WatchMessage {
+    tokio::time::timeout(Duration::from_secs(3600), w.next())
+        .await
+        .expect("watch message expected")
+        .expect("stream ended")
+        .expect("stream error")
+}
+
+fn events(msg: WatchMessage) -> Vec<WatchEvent> {
+    match msg {
+        WatchMessage::Events(e) => e,
+        other => panic!("expected events, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_lease_keys_vanish_on_next_operation() {
+    let s = EmbeddedStore::memory();
+    let lease = s.lease_grant(10).await.unwrap();
+    assert_eq!(lease.ttl, 10);
+    s.txn(
+        TxnRequest::new().and_then([TxnOp::put_on_lease("a", "1", lease.id), TxnOp::put("b", "1")]),
+    )
+    .await
+    .unwrap();
+    tokio::time::advance(Duration::from_secs(9)).await;
+    assert_eq!(s.lease_keep_alive(lease.id).await.unwrap(), Some(10));
+    tokio::time::advance(Duration::from_secs(9)).await;
+    assert!(value(&s, "a").await.is_some(), "renewed at 9 s, alive at 18 s");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(value(&s, "a").await, None, "expired at 19 s");
+    assert!(value(&s, "b").await.is_some());
+    assert_eq!(
+        s.get(GetRequest::key("b")).await.unwrap().revision,
+        3,
+        "one revision for the expiry"
+    );
+    assert_eq!(s.lease_keep_alive(lease.id).await.unwrap(), None);
+    assert!(!s.lease_revoke(lease.id).await.unwrap());
+    assert_eq!(
+        s.txn(TxnRequest::new().and_then([TxnOp::put_on_lease("c", "1", lease.id)])).await,
+        Err(StoreError::LeaseNotFound(lease.id))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn background_expiry_emits_watch_deletes_without_other_calls() {
+    let s = EmbeddedStore::memory();
+    let lease = s.lease_grant(5).await.unwrap();
+    s.txn(TxnRequest::new().and_then([
+        TxnOp::put_on_lease("p/a", "1", lease.id),
+        TxnOp::put_on_lease("p/b", "1", lease.id),
+    ]))
+    .await
+    .unwrap();
+    let mut w = s.watch(KeyRange::prefix("p/"), 0).await.unwrap();
+    // Nothing else runs: paused time jumps to the lease deadline and the expiry task fires.
+    let start = Instant::now();
+    let evs = events(next_msg(&mut w).await);
+    assert!(Instant::now() - start >= Duration::from_secs(5));
+    assert_eq!(evs.len(), 2, "both deletes in one batch");
+    for (e, k) in evs.iter().zip(["p/a", "p/b"]) {
+        match e {
+            WatchEvent::Delete(kv) => {
+                assert_eq!(kv.key, k.as_bytes());
+                assert_eq!(kv.mod_revision, 3);
+            }
+            other => panic!("expected delete, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn revoke_deletes_keys_in_one_revision() {
+    let s = EmbeddedStore::memory();
+    let lease = s.lease_grant(60).await.unwrap();
+    s.txn(TxnRequest::new().and_then([
+        TxnOp::put_on_lease("a", "1", lease.id),
+        TxnOp::put_on_lease("b", "1", lease.id),
+    ]))
+    .await
+    .unwrap();
+    assert!(s.lease_revoke(lease.id).await.unwrap());
+    let r = s.get(GetRequest::new(KeyRange::from_key("a"))).await.unwrap();
+    assert_eq!((r.count, r.revision), (0, 3));
+}
+
+#[tokio::test]
+async fn watch_replays_history_then_follows_live_writes() {
+    let s = EmbeddedStore::memory();
+    s.txn(put("w/a", "1")).await.unwrap(); // 2
+    s.txn(TxnRequest::new().and_then([TxnOp::put("w/b", "1"), TxnOp::put("other", "1")]))
+        .await
+        .unwrap(); // 3
+    s.txn(TxnRequest::new().and_then([TxnOp::delete("w/a")])).await.unwrap(); // 4
+    let mut w = s.watch(KeyRange::prefix("w/"), 3).await.unwrap();
+    let replay = events(next_msg(&mut w).await);
+    let revs: Vec<Revision> = replay.iter().map(|e| e.kv().mod_revision).collect();
+    assert_eq!(revs, vec![3, 4], "from revision 3 on, only keys in range");
+    assert!(matches!(&replay[0], WatchEvent::Put(kv) if kv.key == b"w/b" && kv.version == 1));
+    assert!(matches!(&replay[1], WatchEvent::Delete(kv) if kv.key == b"w/a"));
+    s.txn(TxnRequest::new().and_then([TxnOp::put("w/c", "1"), TxnOp::put("w/d", "1")]))
+        .await
+        .unwrap(); // 5
+    let live = events(next_msg(&mut w).await);
+    assert_eq!(live.len(), 2, "one revision, one batch");
+    assert!(live.iter().all(|e| e.kv().mod_revision == 5));
+    // A watch from now sees only later writes.
+    let mut now = s.watch(KeyRange::prefix("w/"), 0).await.unwrap();
+    s.txn(put("w/e", "1")).await.unwrap(); // 6
+    let e = events(next_msg(&mut now).await);
+    assert_eq!(e[0].kv().mod_revision, 6);
+    // Dropped watchers are forgotten.
+    drop(w);
+    drop(now);
+    s.txn(put("w/f", "1")).await.unwrap();
+    assert!(s.inner.lock().watchers.is_empty());
+}
+
+#[tokio::test]
+async fn watch_below_compaction_point_gets_compacted_then_ends() {
+    let s = EmbeddedStore::memory();
+    for i in 0..5 {
+        s.txn(put("k", &i.to_string())).await.unwrap(); // 2..=6
+    }
+    s.compact(4).await.unwrap();
+    let mut w = s.watch(KeyRange::key("k"), 3).await.unwrap();
+    assert_eq!(next_msg(&mut w).await, WatchMessage::Compacted { compact_revision: 4 });
+    assert!(w.next().await.is_none(), "stream ends after Compacted");
+    // From the compaction point itself, history is there.
+    let mut w = s.watch(KeyRange::key("k"), 4).await.unwrap();
+    let revs: Vec<Revision> =
+        events(next_msg(&mut w).await).iter().map(|e| e.kv().mod_revision).collect();
+    assert_eq!(revs, vec![4, 5, 6]);
+    assert_eq!(
+        s.compact(4).await,
+        Err(StoreError::Compacted { requested: 4, compact_revision: 4 })
+    );
+    assert_eq!(s.compact(9).await, Err(StoreError::FutureRevision { requested: 9, current: 6 }));
+}
+
+/// A store that writes a new key after every read: proves that `list_all` pages stay at the
+/// revision of the first page.
+struct WritesBetweenPages {
+    store: EmbeddedStore,
+    reads: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Store for WritesBetweenPages {
+    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        self.store.txn(req).await
+    }
+    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
+        let resp = self.store.get(req).await?;
+        let n = self.reads.fetch_add(1, Ordering::SeqCst);
+        self.store.txn(put(&format!("l/new{n:03}"), "x")).await?;
+        self.store.txn(TxnRequest::new().and_then([TxnOp::delete(format!("l/{n:03}"))])).await?;
+        Ok(resp)
+    }
+    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
+        self.store.lease_grant(ttl).await
+    }
+    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
+        self.store.lease_keep_alive(id).await
+    }
+    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
+        self.store.lease_revoke(id).await
+    }
+    async fn watch(&self, range: KeyRange, start: Revision) -> StoreResult<WatchStream> {
+        self.store.watch(range, start).await
+    }
+    async fn compact(&self, revision: Revision) -> StoreResult<()> {
+        self.store.compact(revision).await
+    }
+}
+
+#[tokio::test]
+async fn list_all_paginates_at_one_pinned_revision() {
+    let store = EmbeddedStore::memory();
+    let mut req = TxnRequest::new();
+    for i in 0..25 {
+        req = req.and_then([TxnOp::put(format!("l/{i:03}"), i.to_string())]);
+    }
+    store.txn(req).await.unwrap(); // rev 2
+    let s = WritesBetweenPages { store: store.clone(), reads: AtomicUsize::new(0) };
+    let (kvs, rev) = list_all(&s, &KeyRange::prefix("l/"), 10).await.unwrap();
+    assert_eq!(rev, 2);
+    let keys: Vec<String> =
+        kvs.iter().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()).collect();
+    let expected: Vec<String> = (0..25).map(|i| format!("l/{i:03}")).collect();
+    assert_eq!(keys, expected, "exactly the keys at revision 2, despite writes between pages");
+    assert_eq!(s.reads.load(Ordering::SeqCst), 3, "three pages");
+}
+
+#[tokio::test]
+async fn dropping_the_store_stops_the_expiry_task() {
+    let s = EmbeddedStore::memory();
+    s.lease_grant(3600).await.unwrap();
+    let handle = s.inner.reaper.lock().unwrap().take().expect("expiry task running");
+    drop(s);
+    tokio::time::timeout(Duration::from_secs(60), handle).await.expect("task ended").unwrap();
+}
+
+#[test]
+fn memory_store_works_when_created_outside_a_runtime() {
+    let s = EmbeddedStore::memory();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    rt.block_on(async {
+        s.txn(put("a", "1")).await.unwrap();
+        assert_eq!(value(&s, "a").await, Some(b"1".to_vec()));
+    });
+}
+
+// ----- file mode -----
+
+fn opts() -> EmbeddedOptions {
+    EmbeddedOptions { lock_timeout: Duration::from_millis(300), ..Default::default() }
+}
+
+#[tokio::test]
+async fn reopen_restores_keys_revision_history_compaction_and_leases() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let lease;
+    {
+        let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+        assert_eq!(
+            s.get(GetRequest::key("a")).await.unwrap().revision,
+            1,
+            "fresh file at revision 1"
+        );
+        lease = s.lease_grant(3600).await.unwrap();
+        s.txn(put("a", "1")).await.unwrap(); // 2
+        s.txn(put("a", "2")).await.unwrap(); // 3
+        s.txn(TxnRequest::new().and_then([TxnOp::put_on_lease("l", "1", lease.id)])).await.unwrap(); // 4
+        s.txn(put("b", "1")).await.unwrap(); // 5
+        s.txn(TxnRequest::new().and_then([TxnOp::delete("b")])).await.unwrap(); // 6
+        s.compact(3).await.unwrap();
+    }
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    let a = s.get(GetRequest::key("a")).await.unwrap();
+    assert_eq!(a.revision, 6);
+    assert_eq!(
+        (a.kvs[0].value.as_slice(), a.kvs[0].create_revision, a.kvs[0].version),
+        (&b"2"[..], 2, 2)
+    );
+    assert_eq!(value(&s, "b").await, None);
+    assert_eq!(s.get(GetRequest::key("b").at_revision(5)).await.unwrap().count, 1, "history kept");
+    assert!(matches!(
+        s.get(GetRequest::key("a").at_revision(2)).await,
+        Err(StoreError::Compacted { compact_revision: 3, .. })
+    ));
+    let mut w = s.watch(KeyRange::from_key("a"), 4).await.unwrap();
+    let revs: Vec<Revision> =
+        events(next_msg(&mut w).await).iter().map(|e| e.kv().mod_revision).collect();
+    assert_eq!(revs, vec![4, 5, 6], "watch from before the reopen");
+    let l = s.get(GetRequest::key("l")).await.unwrap();
+    assert_eq!(l.kvs[0].lease, lease.id);
+    assert_eq!(s.lease_keep_alive(lease.id).await.unwrap(), Some(3600));
+    let next = s.lease_grant(60).await.unwrap();
+    assert!(next.id > lease.id, "lease IDs are never reused across reopen");
+    assert!(s.lease_revoke(lease.id).await.unwrap());
+    assert_eq!(value(&s, "l").await, None);
+    drop(s);
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    assert_eq!(value(&s, "l").await, None, "revocation was durable");
+    assert_eq!(s.get(GetRequest::key("a")).await.unwrap().revision, 7);
+}
+
+#[tokio::test(start_paused = true)]
+async fn leases_resume_with_remaining_time_and_expired_ones_go_at_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let (short, long);
+    {
+        let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+        short = s.lease_grant(100).await.unwrap();
+        long = s.lease_grant(1000).await.unwrap();
+        s.txn(TxnRequest::new().and_then([
+            TxnOp::put_on_lease("short/a", "1", short.id),
+            TxnOp::put_on_lease("short/b", "1", short.id),
+            TxnOp::put_on_lease("long", "1", long.id),
+        ]))
+        .await
+        .unwrap(); // 2
+    }
+    // As if the file had stayed closed past the short lease's deadline.
+    file::set_lease_deadline(&path, short.id, file::unix_ms_now() - 1).unwrap();
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    let r = s.get(GetRequest::prefix("short/")).await.unwrap();
+    assert_eq!((r.count, r.revision), (0, 3), "expired at open, one revision");
+    assert_eq!(s.lease_keep_alive(short.id).await.unwrap(), None);
+    // The long lease resumes with the (almost 1000 s) it had left.
+    tokio::time::advance(Duration::from_secs(990)).await;
+    assert!(value(&s, "long").await.is_some());
+    tokio::time::advance(Duration::from_secs(11)).await;
+    assert_eq!(value(&s, "long").await, None);
+    drop(s);
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    assert_eq!(s.get(GetRequest::key("long")).await.unwrap().revision, 4, "expiry was persisted");
+}
+
+#[tokio::test]
+async fn garbage_file_is_corrupt_not_reset() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let garbage: Vec<u8> =
+        (0..64 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    std::fs::write(&path, &garbage).unwrap();
+    match EmbeddedStore::open(&path, opts()).await {
+        Err(StoreError::Corrupt { path: p, .. }) => assert!(p.ends_with("store.redb")),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    assert_eq!(std::fs::read(&path).unwrap(), garbage, "file left untouched");
+}
+
+#[tokio::test]
+async fn newer_format_and_malformed_rows_are_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    drop(EmbeddedStore::open(&path, opts()).await.unwrap());
+    file::set_format_version(&path, file::FORMAT_VERSION + 1).unwrap();
+    match EmbeddedStore::open(&path, opts()).await {
+        Err(StoreError::Corrupt { reason, .. }) => assert!(reason.contains("newer"), "{reason}"),
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+    let path = dir.path().join("rows.redb");
+    drop(EmbeddedStore::open(&path, opts()).await.unwrap());
+    file::put_raw_entry(&path, 2, &[9, 9]).unwrap();
+    match EmbeddedStore::open(&path, opts()).await {
+        Err(StoreError::Corrupt { reason, .. }) => {
+            assert!(reason.contains("entry (2, 0)"), "{reason}")
+        }
+        other => panic!("expected Corrupt, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn missing_directory_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no/such/dir/store.redb");
+    assert!(
+        matches!(EmbeddedStore::open(&path, opts()).await, Err(StoreError::Unavailable(m)) if m.contains("no/such/dir"))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn second_open_waits_then_reports_locked_with_the_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let first = EmbeddedStore::open(&path, opts()).await.unwrap();
+    match EmbeddedStore::open(&path, opts()).await {
+        Err(StoreError::Locked { path: p, waited }) => {
+            assert_eq!(p, path.display().to_string());
+            assert!(waited >= Duration::from_millis(300), "waited {waited:?}");
+        }
+        other => panic!("expected Locked, got {other:?}"),
+    }
+    // A waiting open succeeds once the owner lets go.
+    let releaser = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drop(first);
+    });
+    let long = EmbeddedOptions { lock_timeout: Duration::from_secs(10), ..Default::default() };
+    let second = EmbeddedStore::open(&path, long).await.unwrap();
+    releaser.await.unwrap();
+    second.txn(put("a", "1")).await.unwrap();
+}
+
+#[tokio::test]
+async fn failed_compare_txn_keeps_revision_across_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    s.txn(put("a", "1")).await.unwrap();
+    let r = s
+        .txn(
+            TxnRequest::new()
+                .when([Compare::absent("a")])
+                .and_then([TxnOp::put("a", "2")])
+                .or_else([TxnOp::get_key("a")]),
+        )
+        .await
+        .unwrap();
+    assert!(!r.succeeded);
+    assert_eq!(r.revision, 2);
+    drop(s);
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    assert_eq!(value(&s, "a").await, Some(b"1".to_vec()));
+    assert_eq!(s.get(GetRequest::key("a")).await.unwrap().revision, 2);
+}
+
+#[tokio::test]
+async fn auto_compaction_bounds_the_file_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let small = EmbeddedOptions { auto_compact_keep: 16, ..opts() };
+    {
+        let s = EmbeddedStore::open(&path, small.clone()).await.unwrap();
+        for i in 0..200 {
+            s.txn(put("k", &i.to_string())).await.unwrap();
+        }
+    }
+    let s = EmbeddedStore::open(&path, small).await.unwrap();
+    let (compact, held) = {
+        let core = s.inner.lock();
+        (core.mvcc.compact_revision(), core.mvcc.history_len())
+    };
+    assert!((201 - 16 - 2..=201 - 16).contains(&compact), "compaction point {compact} restored");
+    assert!(held <= 16 + 2 + 1, "the file held only recent history: {held} changes");
+    assert!(matches!(
+        s.get(GetRequest::key("k").at_revision(compact - 1)).await,
+        Err(StoreError::Compacted { .. })
+    ));
+    assert_eq!(
+        s.get(GetRequest::key("k").at_revision(201 - 16)).await.unwrap().kvs[0].value,
+        b"183"
+    );
+}

@@ -1,0 +1,343 @@
+//! Test helpers (feature `testing`): a real etcd process launcher and the choice of which etcd a
+//! test uses.
+//!
+//! Tests that need etcd call [`test_etcd_endpoint`]: under `scripts/test.sh` (and in CI) one
+//! shared etcd is named by `IDALLOC_TEST_ETCD`, and tests keep apart by key prefix
+//! ([`unique_prefix`]); on a developer machine without that variable, each test starts a private
+//! [`EtcdServer`] if `etcd` is on `PATH`, and is skipped (with a printed notice) otherwise. Tests
+//! that compact (compaction is global on etcd) always get a private server.
+//!
+//! Every process started here is killed by its own PID when its handle is dropped (including on
+//! a panic unwinding through the test), and its data directory is removed.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::store::etcd::{EtcdOptions, EtcdStore};
+use crate::store::{GetRequest, Store};
+
+/// The environment variable naming a shared test etcd (a client URL).
+pub const TEST_ETCD_ENV: &str = "IDALLOC_TEST_ETCD";
+
+/// How long a freshly started etcd may take to answer before we give up.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Attempts at starting a member; a retry picks new ports (another process may have taken a
+/// port between our probe and etcd's bind).
+const START_ATTEMPTS: usize = 3;
+
+/// One etcd member process on loopback.
+#[derive(Debug)]
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    child: Option<Child>,
+    data_dir: PathBuf,
+    log: PathBuf,
+}
+
+impl Member {
+    fn client_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+    fn peer_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.peer_port)
+    }
+
+    fn spawn(&mut self, initial_cluster: &str, token: &str) -> std::io::Result<()> {
+        std::fs::create_dir_all(&self.data_dir)?;
+        let log = std::fs::File::create(&self.log)?;
+        let child = Command::new("etcd")
+            .arg("--name")
+            .arg(&self.name)
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .arg("--listen-client-urls")
+            .arg(self.client_url())
+            .arg("--advertise-client-urls")
+            .arg(self.client_url())
+            .arg("--listen-peer-urls")
+            .arg(self.peer_url())
+            .arg("--initial-advertise-peer-urls")
+            .arg(self.peer_url())
+            .arg("--initial-cluster")
+            .arg(initial_cluster)
+            .arg("--initial-cluster-token")
+            .arg(token)
+            .arg("--initial-cluster-state")
+            .arg("new")
+            // Shorter raft timings: etcd's minimum lease TTL is 1.5 election timeouts rounded
+            // up to whole seconds, so this brings it from 2 s down to 1 s (faster lease tests).
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// True if the process has exited (or was never started).
+    fn exited(&mut self) -> bool {
+        match self.child.as_mut() {
+            Some(c) => !matches!(c.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // Kill by PID (the Child handle), then reap it so no zombie is left.
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Member {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A free TCP port on 127.0.0.1 (bound and released; see [`START_ATTEMPTS`] for the race).
+fn free_port() -> std::io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// True if `etcd` can be run from `PATH`.
+pub fn etcd_on_path() -> bool {
+    Command::new("etcd")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// An etcd cluster of one or more members on loopback, each with a temporary data directory.
+/// Killed (every member, by PID) and removed on drop.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    // Dropped after `members` (field order), so processes die before their files go.
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `size` members forming one cluster and waits until every member answers a read.
+    pub async fn start(size: usize) -> Result<EtcdCluster, String> {
+        if size == 0 {
+            return Err("an etcd cluster needs at least one member, got size 0".into());
+        }
+        let mut last_err = String::new();
+        for _ in 0..START_ATTEMPTS {
+            match Self::try_start(size).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last_err = e,
+            }
+        }
+        Err(format!("etcd did not start after {START_ATTEMPTS} attempts: {last_err}"))
+    }
+
+    async fn try_start(size: usize) -> Result<EtcdCluster, String> {
+        let dir = tempfile::Builder::new()
+            .prefix("idalloc-etcd-")
+            .tempdir()
+            .map_err(|e| format!("cannot create a temp dir for etcd: {e}"))?;
+        let mut members = Vec::with_capacity(size);
+        for i in 0..size {
+            let name = format!("m{i}");
+            members.push(Member {
+                client_port: free_port().map_err(|e| format!("no free port: {e}"))?,
+                peer_port: free_port().map_err(|e| format!("no free port: {e}"))?,
+                data_dir: dir.path().join(format!("{name}.etcd")),
+                log: dir.path().join(format!("{name}.log")),
+                name,
+                child: None,
+            });
+        }
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}={}", m.name, m.peer_url()))
+            .collect::<Vec<_>>()
+            .join(",");
+        let token = format!("idalloc-test-{}", unique_suffix());
+        for m in &mut members {
+            m.spawn(&initial_cluster, &token)
+                .map_err(|e| format!("cannot run etcd (is it on PATH?): {e}"))?;
+        }
+        let mut cluster = EtcdCluster { members, _dir: dir };
+        cluster.wait_ready().await?;
+        Ok(cluster)
+    }
+
+    /// Waits until every member answers a read; fails early if a member process exits.
+    async fn wait_ready(&mut self) -> Result<(), String> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        for m in &mut self.members {
+            let url = m.client_url();
+            let mut opts = EtcdOptions::new([url.clone()]);
+            opts.connect_timeout = Duration::from_millis(500);
+            opts.request_timeout = Duration::from_secs(1);
+            let store = EtcdStore::connect(opts)
+                .await
+                .map_err(|e| format!("etcd client for {url}: {e}"))?;
+            while store.get(GetRequest::key("idalloc-ready-probe")).await.is_err() {
+                if m.exited() {
+                    return Err(format!("etcd member {url} exited; log tail:\n{}", m.log_tail()));
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "etcd member {url} did not answer within {START_TIMEOUT:?}; log tail:\n{}",
+                        m.log_tail()
+                    ));
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Client URLs of all members.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members.iter().map(Member::client_url).collect()
+    }
+
+    /// The data directory root (member directories and logs live below it).
+    pub fn dir(&self) -> &Path {
+        self._dir.path()
+    }
+
+    /// Kills member `i` (by PID). Its data stays, for tests of a member going away.
+    pub fn kill_member(&mut self, i: usize) -> Result<(), String> {
+        let n = self.members.len();
+        let m = self
+            .members
+            .get_mut(i)
+            .ok_or_else(|| format!("member index {i} out of range: the cluster has {n}"))?;
+        m.kill();
+        Ok(())
+    }
+
+    /// True if member `i` is not running.
+    pub fn member_exited(&mut self, i: usize) -> bool {
+        self.members.get_mut(i).is_none_or(Member::exited)
+    }
+}
+
+/// A single-member etcd on loopback: an [`EtcdCluster`] of size 1.
+#[derive(Debug)]
+pub struct EtcdServer {
+    cluster: EtcdCluster,
+}
+
+impl EtcdServer {
+    /// Starts etcd (from `PATH`) on free loopback ports and waits until it answers.
+    pub async fn start() -> Result<EtcdServer, String> {
+        Ok(EtcdServer { cluster: EtcdCluster::start(1).await? })
+    }
+
+    /// The client URL, e.g. `http://127.0.0.1:40123`.
+    pub fn endpoint(&self) -> String {
+        self.cluster.members[0].client_url()
+    }
+
+    /// Kills the etcd process (by PID) now, e.g. to test how clients see a dead store.
+    pub fn kill(&mut self) {
+        self.cluster.members[0].kill();
+    }
+
+    /// Connects an [`EtcdStore`] with test-friendly timeouts.
+    pub async fn store(&self) -> Result<EtcdStore, String> {
+        connect_test_store(&self.endpoint()).await
+    }
+}
+
+/// Connects to `endpoint` with timeouts suited to loopback tests (generous, so a loaded machine
+/// does not produce spurious `Unavailable`s).
+pub async fn connect_test_store(endpoint: &str) -> Result<EtcdStore, String> {
+    let mut opts = EtcdOptions::new([endpoint.to_string()]);
+    opts.request_timeout = Duration::from_secs(10);
+    EtcdStore::connect(opts).await.map_err(|e| format!("connecting to test etcd {endpoint}: {e}"))
+}
+
+/// An etcd a test may use: either the shared one named by `IDALLOC_TEST_ETCD`, or a private
+/// server that lives as long as this value.
+#[derive(Debug)]
+pub enum TestEtcd {
+    Shared(String),
+    Private(EtcdServer),
+}
+
+impl TestEtcd {
+    pub fn endpoint(&self) -> String {
+        match self {
+            TestEtcd::Shared(url) => url.clone(),
+            TestEtcd::Private(server) => server.endpoint(),
+        }
+    }
+}
+
+/// The etcd for a test, or `None` (with a printed notice) if none is available and the test
+/// should be skipped.
+///
+/// - `IDALLOC_TEST_ETCD` set: that endpoint (shared; use [`unique_prefix`] to keep apart).
+/// - else under `CI=true`: panics, because a CI run that silently skips every etcd test would
+///   report success without testing anything.
+/// - else if `etcd` is on `PATH`: a private server.
+/// - else `None`.
+pub async fn test_etcd_endpoint() -> Option<TestEtcd> {
+    if let Ok(url) = std::env::var(TEST_ETCD_ENV) {
+        if !url.trim().is_empty() {
+            return Some(TestEtcd::Shared(url));
+        }
+    }
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!(
+            "tests needing etcd must get {TEST_ETCD_ENV} under CI (run scripts/test.sh, which \
+             starts one etcd and exports it)"
+        );
+    }
+    private_etcd().await.map(TestEtcd::Private)
+}
+
+/// A private etcd server (for tests that compact, or restart etcd), or `None` with a notice if
+/// `etcd` is not on `PATH`. Under `CI=true` a missing etcd is a panic, not a skip.
+pub async fn private_etcd() -> Option<EtcdServer> {
+    if !etcd_on_path() {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("etcd is not on PATH under CI: tests needing a private etcd cannot run");
+        }
+        eprintln!("SKIPPED: etcd is not on PATH and {TEST_ETCD_ENV} is not set");
+        return None;
+    }
+    match EtcdServer::start().await {
+        Ok(s) => Some(s),
+        // etcd is there but does not start: that is a failure to report, not a skip.
+        Err(e) => panic!("starting a private etcd failed: {e}"),
+    }
+}
+
+fn unique_suffix() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    format!("{}-{nanos}-{n}", std::process::id())
+}
+
+/// A key prefix no other test (in this or another process) uses: `/idalloc-test/<pid>-<ns>-<n>/`.
+pub fn unique_prefix() -> Vec<u8> {
+    format!("/idalloc-test/{}/", unique_suffix()).into_bytes()
+}

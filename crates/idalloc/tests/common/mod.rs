@@ -1,0 +1,162 @@
+//! Helpers shared by the allocator tests: allocators with test settings, and raw views of the store
+//! that check the guarantees independently of the allocator's own cache.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idalloc::layout::{IdRecord, Layout};
+use idalloc::store::{list_all, GetRequest, KeyRange, Store, TxnOp, TxnRequest};
+use idalloc::{Allocator, AllocatorOptions};
+
+pub const SESSION_TTL: Duration = Duration::from_secs(6);
+
+pub fn layout() -> Layout {
+    Layout::new("idalloc").expect("default prefix is valid")
+}
+
+fn seed_of(holder: &str) -> u64 {
+    holder
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+}
+
+pub fn allocator_with<S: Store>(
+    store: Arc<S>,
+    holder: &str,
+    f: impl FnOnce(&mut AllocatorOptions),
+) -> Allocator {
+    let mut opts = AllocatorOptions {
+        holder: Some(holder.to_string()),
+        session_ttl: SESSION_TTL,
+        seed: Some(seed_of(holder)),
+        ..AllocatorOptions::default()
+    };
+    f(&mut opts);
+    Allocator::from_arc(store, opts).expect("allocator")
+}
+
+pub fn allocator<S: Store>(store: Arc<S>, holder: &str) -> Allocator {
+    allocator_with(store, holder, |_| {})
+}
+
+/// Polls `cond` (yielding to background tasks; under paused time each poll advances the clock a
+/// little) until it holds; fails the test after a minute of (virtual) time.
+pub async fn wait_until(mut cond: impl FnMut() -> bool) {
+    for _ in 0..6000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not met within 60 s");
+}
+
+pub async fn wait_until_async<F, Fut>(mut cond: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for _ in 0..6000 {
+        if cond().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("condition not met within 60 s");
+}
+
+/// The key record of `key` in `pool`, read straight from the store, after checking that the ID
+/// record it points at names the key back.
+pub async fn raw_binding<S: Store + ?Sized>(store: &S, pool: &str, key: &str) -> Option<u64> {
+    let l = layout();
+    let resp = store.get(GetRequest::key(l.key_key(pool, key))).await.expect("read key record");
+    let kv = resp.kvs.first()?;
+    let id: u64 = std::str::from_utf8(&kv.value).expect("utf8").parse().expect("decimal id");
+    let idr = store.get(GetRequest::key(l.id_key(pool, id))).await.expect("read id record");
+    let rec = idr.kvs.first().and_then(|kv| IdRecord::decode(&kv.value));
+    assert_eq!(rec, Some(IdRecord::Bound(key.to_string())), "id record of {id} names {key}");
+    Some(id)
+}
+
+/// Every bound ID record of `pool`, sorted by ID.
+pub async fn raw_bindings<S: Store + ?Sized>(store: &S, pool: &str) -> Vec<(u64, String)> {
+    let l = layout();
+    let (kvs, _) = list_all(store, &KeyRange::prefix(l.id_prefix(pool)), 500).await.expect("list");
+    let mut out: Vec<(u64, String)> = kvs
+        .iter()
+        .filter_map(|kv| match IdRecord::decode(&kv.value) {
+            Some(IdRecord::Bound(k)) => Some((l.parse_id_key(pool, &kv.key).expect("id key"), k)),
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// G1 on the raw store: ID records and key records form a bijection between bound IDs and keys.
+pub async fn check_g1<S: Store + ?Sized>(store: &S, pool: &str) {
+    let l = layout();
+    let (kvs, rev) =
+        list_all(store, &KeyRange::prefix(l.pool_data_prefix(pool)), 500).await.expect("list");
+    let mut id_to_key: HashMap<u64, String> = HashMap::new();
+    let mut key_to_id: HashMap<String, u64> = HashMap::new();
+    for kv in &kvs {
+        if let Some(id) = l.parse_id_key(pool, &kv.key) {
+            if let Some(IdRecord::Bound(k)) = IdRecord::decode(&kv.value) {
+                id_to_key.insert(id, k);
+            }
+        } else if let Some(k) = l.parse_key_key(pool, &kv.key) {
+            let id: u64 = std::str::from_utf8(&kv.value).expect("utf8").parse().expect("decimal");
+            assert!(key_to_id.insert(k.clone(), id).is_none(), "G1 at {rev}: key {k:?} twice");
+        }
+    }
+    for (k, id) in &key_to_id {
+        assert_eq!(
+            id_to_key.get(id),
+            Some(k),
+            "G1 at {rev}: key {k:?} -> {id}, but id {id} -> {:?}",
+            id_to_key.get(id)
+        );
+    }
+    for (id, k) in &id_to_key {
+        assert_eq!(
+            key_to_id.get(k),
+            Some(id),
+            "G1 at {rev}: id {id} -> {k:?}, but the key record says otherwise"
+        );
+    }
+}
+
+pub async fn count_refs<S: Store + ?Sized>(store: &S, pool: &str) -> usize {
+    let (kvs, _) =
+        list_all(store, &KeyRange::prefix(layout().refs_prefix(pool)), 500).await.expect("list");
+    kvs.len()
+}
+
+/// G4: nothing but pool specs under the prefix.
+pub async fn assert_only_specs_left<S: Store + ?Sized>(store: &S) {
+    let l = layout();
+    let (kvs, _) = list_all(store, &KeyRange::prefix("idalloc/"), 500).await.expect("list");
+    let pools = l.pools_prefix();
+    let extra: Vec<String> = kvs
+        .iter()
+        .filter(|kv| !kv.key.starts_with(&pools))
+        .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+        .collect();
+    assert!(extra.is_empty(), "left in the store: {extra:?}");
+}
+
+/// Deletes a binding's key and ID records behind the allocators' backs (store data loss).
+pub async fn raw_delete_binding<S: Store + ?Sized>(store: &S, pool: &str, key: &str, id: u64) {
+    let l = layout();
+    store
+        .txn(
+            TxnRequest::new()
+                .and_then([TxnOp::delete(l.key_key(pool, key)), TxnOp::delete(l.id_key(pool, id))]),
+        )
+        .await
+        .expect("raw delete");
+}

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# The project's test command (README): installs etcd and protoc if missing, starts ONE etcd on a
+# free loopback port for the whole run, then runs fmt, clippy and every test of the workspace.
+# Extra arguments go to `cargo test`. Works non-interactively (CI=true, no terminal, as root).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# --- tools -------------------------------------------------------------------------------------
+missing=()
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "test.sh: installing ${missing[*]}" >&2
+    sudo=()
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null 2>&1; then
+            sudo=(sudo)
+        else
+            echo "test.sh: need ${missing[*]} but am not root and there is no sudo" >&2
+            exit 1
+        fi
+    fi
+    export DEBIAN_FRONTEND=noninteractive
+    "${sudo[@]}" apt-get update
+    "${sudo[@]}" apt-get install -y "${missing[@]}"
+fi
+# Debian's etcd-server package may start a system etcd on 2379; ours uses its own free port.
+
+# --- one etcd for the run ------------------------------------------------------------------------
+etcd_dir="$(mktemp -d -t idalloc-test-etcd.XXXXXX)"
+etcd_pid=""
+cleanup() {
+    if [ -n "$etcd_pid" ]; then
+        kill "$etcd_pid" 2>/dev/null || true
+        wait "$etcd_pid" 2>/dev/null || true
+    fi
+    rm -rf "$etcd_dir"
+}
+trap cleanup EXIT
+
+# A random port in 20000-59999 that nothing on 127.0.0.1 answers on (bash's /dev/tcp: no extra
+# tools needed on a fresh machine). etcd failing to bind anyway is handled by the retry below.
+free_port() {
+    local port
+    while :; do
+        port=$((20000 + RANDOM % 40000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/${port}") 2>/dev/null; then
+            echo "$port"
+            return
+        fi
+    done
+}
+
+# True if etcd's /health answers healthy (plain HTTP over bash's /dev/tcp; etcdctl is in another
+# Debian package than the server).
+etcd_healthy() {
+    timeout 2 bash -c '
+        exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" >&3
+        grep -q "\"health\":\"true\"" <&3
+    ' _ "$1" 2>/dev/null
+}
+
+start_etcd() {
+    local client_port peer_port
+    client_port="$(free_port)"
+    peer_port="$(free_port)"
+    endpoint="http://127.0.0.1:${client_port}"
+    local peer="http://127.0.0.1:${peer_port}"
+    rm -rf "$etcd_dir/data"
+    etcd --name test --data-dir "$etcd_dir/data" \
+        --listen-client-urls "$endpoint" --advertise-client-urls "$endpoint" \
+        --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
+        --initial-cluster "test=${peer}" --initial-cluster-state new \
+        --heartbeat-interval 50 --election-timeout 500 \
+        >"$etcd_dir/etcd.log" 2>&1 &
+    etcd_pid=$!
+    for _ in $(seq 1 100); do
+        if ! kill -0 "$etcd_pid" 2>/dev/null; then
+            wait "$etcd_pid" 2>/dev/null || true
+            etcd_pid=""
+            return 1
+        fi
+        if etcd_healthy "$client_port"; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    # Running but never healthy: stop it before a retry starts another.
+    kill "$etcd_pid" 2>/dev/null || true
+    wait "$etcd_pid" 2>/dev/null || true
+    etcd_pid=""
+    return 1
+}
+
+# A port probed free can be taken before etcd binds it: retry with new ports.
+started=""
+for _ in 1 2 3; do
+    if start_etcd; then started=1; break; fi
+done
+if [ -z "$started" ]; then
+    echo "test.sh: etcd did not start; log:" >&2
+    tail -n 30 "$etcd_dir/etcd.log" >&2 || true
+    exit 1
+fi
+export IDALLOC_TEST_ETCD="$endpoint"
+echo "test.sh: etcd $(etcd --version | head -n1 | awk '{print $3}') at $IDALLOC_TEST_ETCD (pid $etcd_pid)" >&2
+
+# --- checks ----------------------------------------------------------------------------------------
+cargo fmt --all -- --check
+cargo clippy --all-targets -- -D warnings
+cargo test --workspace "$@"
