@@ -58,10 +58,7 @@ fn read_input(from: &Path) -> Result<Vec<u8>, Failure> {
             .map_err(|e| Failure::runtime(format!("reading keys from stdin: {e}")))?;
     } else {
         buf = std::fs::read(from).map_err(|e| {
-            Failure::usage(format!(
-                "--from {}: cannot read the file: {e}",
-                from.display()
-            ))
+            Failure::usage(format!("--from {}: cannot read the file: {e}", from.display()))
         })?;
     }
     Ok(buf)
@@ -139,23 +136,11 @@ mod tests {
         assert!(parse_keys(b"").unwrap().is_empty());
         let e = parse_keys(b"a\n\nb\n").unwrap_err();
         assert_eq!(e.code, crate::fail::USAGE);
-        assert!(
-            e.message.starts_with("--from line 2: empty"),
-            "{}",
-            e.message
-        );
+        assert!(e.message.starts_with("--from line 2: empty"), "{}", e.message);
         let e = parse_keys(b"a\nb\n\xff\n").unwrap_err();
-        assert!(
-            e.message.starts_with("--from line 3: invalid key"),
-            "{}",
-            e.message
-        );
+        assert!(e.message.starts_with("--from line 3: invalid key"), "{}", e.message);
         let long = format!("ok\n{}\n", "k".repeat(4097));
         let e = parse_keys(long.as_bytes()).unwrap_err();
-        assert!(
-            e.message.contains("line 2") && e.message.contains("4097 bytes"),
-            "{}",
-            e.message
-        );
+        assert!(e.message.contains("line 2") && e.message.contains("4097 bytes"), "{}", e.message);
     }
 }

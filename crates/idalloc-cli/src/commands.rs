@@ -84,16 +84,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     let opened = open::open_store(&settings, writes).await?;
     let store = opened.store.clone();
     let alloc = open::allocator(&settings, store.clone())?;
-    let result = dispatch(
-        &cli,
-        &settings,
-        &layout,
-        &alloc,
-        store,
-        opened.file_missing,
-        out,
-    )
-    .await;
+    let result = dispatch(&cli, &settings, &layout, &alloc, store, opened.file_missing, out).await;
     // Closing revokes nothing (the CLI holds no lease) but stops background work at once, so the
     // store file is released before the process exits.
     let _ = alloc.close().await;
@@ -201,11 +192,7 @@ async fn acquire(alloc: &Allocator, a: &AcquireArgs, out: Out) -> Result<u8, Fai
     idalloc::pool::validate_holder(&holder)
         .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
     let pool = match a.range {
-        Some(r) => {
-            alloc
-                .ensure_pool(&PoolSpec::new(a.pool.clone(), r.min, r.max))
-                .await?
-        }
+        Some(r) => alloc.ensure_pool(&PoolSpec::new(a.pool.clone(), r.min, r.max)).await?,
         None => alloc.pool(&a.pool).await?,
     };
     if let Some(from) = &a.from {
@@ -249,10 +236,7 @@ async fn get(alloc: &Allocator, a: &GetArgs, out: Out) -> Result<u8, Failure> {
     let pool = alloc.pool(&a.pool).await?;
     match pool.get_consistent(&a.key).await? {
         Some(id) => {
-            out.either(
-                || json!({"pool": a.pool, "key": a.key, "id": id}),
-                || format!("{id}\n"),
-            )?;
+            out.either(|| json!({"pool": a.pool, "key": a.key, "id": id}), || format!("{id}\n"))?;
             Ok(0)
         }
         None => Err(Failure::not_found(format!(
@@ -267,37 +251,22 @@ async fn lookup(alloc: &Allocator, a: &LookupArgs, out: Out) -> Result<u8, Failu
     let pool = alloc.pool(&a.pool).await?;
     match pool.key_of_consistent(a.id).await? {
         Some(key) => {
-            out.either(
-                || json!({"pool": a.pool, "id": a.id, "key": key}),
-                || format!("{key}\n"),
-            )?;
+            out.either(|| json!({"pool": a.pool, "id": a.id, "key": key}), || format!("{key}\n"))?;
             Ok(0)
         }
-        None => Err(Failure::not_found(format!(
-            "ID {} is not bound in pool {:?}",
-            a.id, a.pool
-        ))),
+        None => Err(Failure::not_found(format!("ID {} is not bound in pool {:?}", a.id, a.pool))),
     }
 }
 
 async fn gc(alloc: &Allocator, a: &GcArgs, out: Out) -> Result<u8, Failure> {
     let names: Vec<String> = match &a.pool {
         Some(p) => vec![p.clone()],
-        None => alloc
-            .list_pools()
-            .await?
-            .iter()
-            .map(|s| s.name().to_string())
-            .collect(),
+        None => alloc.list_pools().await?.iter().map(|s| s.name().to_string()).collect(),
     };
     let mut reports = Vec::new();
     for name in &names {
         let pool = alloc.pool(name).await?;
-        let r = if a.dry_run {
-            pool.sweep_dry_run().await?
-        } else {
-            pool.sweep().await?
-        };
+        let r = if a.dry_run { pool.sweep_dry_run().await? } else { pool.sweep().await? };
         reports.push((name.clone(), r));
     }
     out.either(
@@ -323,10 +292,10 @@ async fn usage(store: &dyn Store, layout: &Layout, spec: PoolSpec) -> Result<Usa
     let count =
         |prefix: Vec<u8>| TxnOp::get(GetRequest::new(KeyRange::prefix(prefix)).count_only());
     let resp = store
-        .txn(TxnRequest::new().and_then([
-            count(layout.key_prefix(&name)),
-            count(layout.id_prefix(&name)),
-        ]))
+        .txn(
+            TxnRequest::new()
+                .and_then([count(layout.key_prefix(&name)), count(layout.id_prefix(&name))]),
+        )
         .await
         .map_err(idalloc::Error::from)?;
     let n = |i: usize| match resp.responses.get(i) {
@@ -334,11 +303,7 @@ async fn usage(store: &dyn Store, layout: &Layout, spec: PoolSpec) -> Result<Usa
         _ => 0,
     };
     let (bound, ids) = (n(0), n(1));
-    Ok(Usage {
-        spec,
-        bound,
-        quarantined: ids.saturating_sub(bound),
-    })
+    Ok(Usage { spec, bound, quarantined: ids.saturating_sub(bound) })
 }
 
 async fn status(
@@ -362,10 +327,7 @@ async fn status(
     let (revision, error) = match probe {
         Ok(Ok(r)) => (Some(r.revision), None),
         Ok(Err(e)) => (None, Some(e.to_string())),
-        Err(_) => (
-            None,
-            Some(format!("no answer within {:?}", settings.timeout)),
-        ),
+        Err(_) => (None, Some(format!("no answer within {:?}", settings.timeout))),
     };
     let pools: Vec<String> = if error.is_none() {
         match alloc.list_pools().await {

@@ -24,22 +24,13 @@ pub struct Failure {
 
 impl Failure {
     pub fn usage(message: impl Into<String>) -> Self {
-        Failure {
-            code: USAGE,
-            message: message.into(),
-        }
+        Failure { code: USAGE, message: message.into() }
     }
     pub fn runtime(message: impl Into<String>) -> Self {
-        Failure {
-            code: RUNTIME,
-            message: message.into(),
-        }
+        Failure { code: RUNTIME, message: message.into() }
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        Failure {
-            code: NOT_FOUND,
-            message: message.into(),
-        }
+        Failure { code: NOT_FOUND, message: message.into() }
     }
 
     /// The line for stderr: `error: ` and the message on one line (newlines a store might put in a
@@ -69,21 +60,15 @@ impl From<Error> for Failure {
             | Error::Unavailable { .. }
             | Error::Conflict { .. } => RUNTIME,
         };
-        Failure {
-            code,
-            message: e.to_string(),
-        }
+        Failure { code, message: e.to_string() }
     }
 }
 
 /// Renders a clap error (other than --help/--version) as one line: clap's own first line, which
 /// names the bad argument or value, plus where to find the usage.
 pub fn clap_line(rendered: &str) -> String {
-    let first = rendered
-        .lines()
-        .map(str::trim)
-        .find(|l| !l.is_empty())
-        .unwrap_or("invalid command line");
+    let first =
+        rendered.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("invalid command line");
     let first = first.strip_prefix("error: ").unwrap_or(first);
     format!("{first} (see 'idalloc --help')")
 }

@@ -51,34 +51,23 @@ pub struct Opened {
 /// a missing store file.
 pub async fn open_store(s: &Settings, writes: bool) -> Result<Opened, Failure> {
     match &s.url {
-        StoreUrl::Memory => Ok(Opened {
-            store: Arc::new(EmbeddedStore::memory()),
-            file_missing: false,
-        }),
+        StoreUrl::Memory => {
+            Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: false })
+        }
         StoreUrl::File(path) => {
             if !writes && !Path::new(path).exists() {
-                return Ok(Opened {
-                    store: Arc::new(EmbeddedStore::memory()),
-                    file_missing: true,
-                });
+                return Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: true });
             }
-            let opts = EmbeddedOptions {
-                lock_timeout: s.lock_timeout,
-                ..EmbeddedOptions::default()
-            };
+            let opts =
+                EmbeddedOptions { lock_timeout: s.lock_timeout, ..EmbeddedOptions::default() };
             match EmbeddedStore::open(path, opts).await {
-                Ok(st) => Ok(Opened {
-                    store: Arc::new(st),
-                    file_missing: false,
-                }),
+                Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
                 Err(StoreError::Locked { path, waited }) => Err(Failure::runtime(format!(
                     "store file {path} is still in use by another process after waiting {:.1}s \
                      (--lock-timeout); retry, or raise --lock-timeout",
                     waited.as_secs_f64()
                 ))),
-                Err(e) => Err(Failure::runtime(format!(
-                    "cannot open store file {path:?}: {e}"
-                ))),
+                Err(e) => Err(Failure::runtime(format!("cannot open store file {path:?}: {e}"))),
             }
         }
         StoreUrl::Etcd(endpoints) => {
@@ -86,10 +75,7 @@ pub async fn open_store(s: &Settings, writes: bool) -> Result<Opened, Failure> {
             opts.connect_timeout = s.attempt_timeout();
             opts.request_timeout = s.attempt_timeout();
             match EtcdStore::connect(opts).await {
-                Ok(st) => Ok(Opened {
-                    store: Arc::new(st),
-                    file_missing: false,
-                }),
+                Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
                 Err(StoreError::InvalidRequest(m)) => Err(Failure::usage(m)),
                 Err(e) => Err(Failure::runtime(e.to_string())),
             }

@@ -25,13 +25,9 @@ pub fn duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{s:?} has no unit: {DURATION_RULE}"))?;
     let (num, unit) = t.split_at(split);
     if num.is_empty() {
-        return Err(format!(
-            "{s:?} does not start with a number: {DURATION_RULE}"
-        ));
+        return Err(format!("{s:?} does not start with a number: {DURATION_RULE}"));
     }
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is too large: {DURATION_RULE}"))?;
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is too large: {DURATION_RULE}"))?;
     let ms_per_unit: u64 = match unit {
         "ms" => 1,
         "s" => 1000,
@@ -55,18 +51,13 @@ pub struct IdRange {
 /// by the pool spec's own validation, whose message explains them.
 pub fn id_range(s: &str) -> Result<IdRange, String> {
     const RULE: &str = "a range is MIN-MAX: two decimal IDs with MIN <= MAX, e.g. 1-65535";
-    let (a, b) = s
-        .split_once('-')
-        .ok_or_else(|| format!("{s:?} is not MIN-MAX: {RULE}"))?;
+    let (a, b) = s.split_once('-').ok_or_else(|| format!("{s:?} is not MIN-MAX: {RULE}"))?;
     let num = |x: &str| -> Result<u64, String> {
         let x = x.trim();
         if x.is_empty() || !x.bytes().all(|c| c.is_ascii_digit()) {
-            return Err(format!(
-                "{s:?} has {x:?} where a decimal ID is expected: {RULE}"
-            ));
+            return Err(format!("{s:?} has {x:?} where a decimal ID is expected: {RULE}"));
         }
-        x.parse()
-            .map_err(|_| format!("{s:?} has {x:?}, larger than 18446744073709551615: {RULE}"))
+        x.parse().map_err(|_| format!("{s:?} has {x:?}, larger than 18446744073709551615: {RULE}"))
     };
     let (min, max) = (num(a)?, num(b)?);
     if min > max {
@@ -79,10 +70,7 @@ pub fn id_range(s: &str) -> Result<IdRange, String> {
 pub fn hex_bits(s: &str) -> Result<u64, String> {
     const RULE: &str = "prefix bits are a hexadecimal number, e.g. 0x1000000";
     let t = s.trim();
-    let digits = t
-        .strip_prefix("0x")
-        .or_else(|| t.strip_prefix("0X"))
-        .unwrap_or(t);
+    let digits = t.strip_prefix("0x").or_else(|| t.strip_prefix("0X")).unwrap_or(t);
     if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_hexdigit()) {
         return Err(format!("{s:?} is not hexadecimal: {RULE}"));
     }
@@ -151,9 +139,7 @@ pub fn store_url(s: &str) -> Result<StoreUrl, String> {
             None => false,
         };
         if !ok {
-            return Err(format!(
-                "store {s:?} has member {m:?}, not HOST:PORT: {STORE_RULE}"
-            ));
+            return Err(format!("store {s:?} has member {m:?}, not HOST:PORT: {STORE_RULE}"));
         }
         endpoints.push(format!("http://{hp}"));
     }
@@ -183,16 +169,7 @@ mod tests {
         assert_eq!(duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(duration("1h").unwrap(), Duration::from_secs(3600));
         assert_eq!(duration("0s").unwrap(), Duration::ZERO);
-        for bad in [
-            "",
-            "30",
-            "s",
-            "1.5s",
-            "-1s",
-            "5d",
-            "10 s",
-            "99999999999999999999h",
-        ] {
+        for bad in ["", "30", "s", "1.5s", "-1s", "5d", "10 s", "99999999999999999999h"] {
             let e = duration(bad).unwrap_err();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
             assert!(e.contains("250ms"), "{bad}: {e}");
@@ -205,19 +182,8 @@ mod tests {
         assert_eq!(id_range("5-5").unwrap(), IdRange { min: 5, max: 5 });
         assert_eq!(id_range("1-18446744073709551615").unwrap().max, u64::MAX);
         let e = id_range("10-5").unwrap_err();
-        assert!(
-            e.contains("\"10-5\"") && e.contains("MIN 10 above MAX 5"),
-            "{e}"
-        );
-        for bad in [
-            "10",
-            "a-b",
-            "-5",
-            "1-",
-            "1-2-3",
-            "1-99999999999999999999",
-            "+1-2",
-        ] {
+        assert!(e.contains("\"10-5\"") && e.contains("MIN 10 above MAX 5"), "{e}");
+        for bad in ["10", "a-b", "-5", "1-", "1-2-3", "1-99999999999999999999", "+1-2"] {
             let e = id_range(bad).unwrap_err();
             assert!(e.contains(&format!("{bad:?}")), "{bad}: {e}");
             assert!(e.contains("MIN-MAX"), "{bad}: {e}");
@@ -236,21 +202,12 @@ mod tests {
 
     #[test]
     fn stores() {
-        assert_eq!(
-            store_url("file:idalloc.redb").unwrap(),
-            StoreUrl::File("idalloc.redb".into())
-        );
-        assert_eq!(
-            store_url("file:///tmp/x.redb").unwrap(),
-            StoreUrl::File("/tmp/x.redb".into())
-        );
+        assert_eq!(store_url("file:idalloc.redb").unwrap(), StoreUrl::File("idalloc.redb".into()));
+        assert_eq!(store_url("file:///tmp/x.redb").unwrap(), StoreUrl::File("/tmp/x.redb".into()));
         assert_eq!(store_url("memory:").unwrap(), StoreUrl::Memory);
         assert_eq!(
             store_url("etcd://127.0.0.1:2379,h2:2380").unwrap(),
-            StoreUrl::Etcd(vec![
-                "http://127.0.0.1:2379".into(),
-                "http://h2:2380".into()
-            ])
+            StoreUrl::Etcd(vec!["http://127.0.0.1:2379".into(), "http://h2:2380".into()])
         );
         assert_eq!(
             store_url("http://127.0.0.1:2379/").unwrap(),
@@ -267,10 +224,7 @@ mod tests {
             "x",
         ] {
             let e = store_url(bad).unwrap_err();
-            assert!(
-                e.contains("file:PATH") && e.contains("etcd://"),
-                "{bad}: {e}"
-            );
+            assert!(e.contains("file:PATH") && e.contains("etcd://"), "{bad}: {e}");
         }
     }
 

@@ -19,8 +19,7 @@ impl Usage {
         self.spec.capacity()
     }
     pub fn free(&self) -> u64 {
-        self.capacity()
-            .saturating_sub(self.bound.saturating_add(self.quarantined))
+        self.capacity().saturating_sub(self.bound.saturating_add(self.quarantined))
     }
     /// Percentage of the capacity bound or quarantined, rounded to one decimal.
     pub fn used_percent(&self) -> f64 {
@@ -107,13 +106,7 @@ pub fn pool_show(u: &Usage) -> String {
     } else {
         s.reserved()
             .iter()
-            .map(|&(a, b)| {
-                if a == b {
-                    a.to_string()
-                } else {
-                    format!("{a}-{b}")
-                }
-            })
+            .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
             .collect::<Vec<_>>()
             .join(",")
     };
@@ -144,11 +137,7 @@ pub fn bindings_table(bindings: &[Binding]) -> String {
             vec![
                 b.id.to_string(),
                 b.key.clone(),
-                if b.holders.is_empty() {
-                    "-".to_string()
-                } else {
-                    b.holders.join(",")
-                },
+                if b.holders.is_empty() { "-".to_string() } else { b.holders.join(",") },
             ]
         })
         .collect();
@@ -176,25 +165,14 @@ pub fn sweep_json(pool: &str, r: &SweepReport) -> Value {
 
 /// `gc` for people: one line per reclaimed binding, then a summary per pool.
 pub fn sweep_text(pool: &str, r: &SweepReport, dry_run: bool) -> String {
-    let verb = if dry_run {
-        "would reclaim"
-    } else {
-        "reclaimed"
-    };
+    let verb = if dry_run { "would reclaim" } else { "reclaimed" };
     let mut out = String::new();
     for (id, key) in &r.reclaimed {
         out.push_str(&format!("{pool}: {verb} {id} {key}\n"));
     }
-    out.push_str(&format!(
-        "{pool}: {verb} {} of {} bindings",
-        r.reclaimed.len(),
-        r.bindings
-    ));
+    out.push_str(&format!("{pool}: {verb} {} of {} bindings", r.reclaimed.len(), r.bindings));
     if r.idle > 0 {
-        out.push_str(&format!(
-            "; {} unreferenced but within the idle grace",
-            r.idle
-        ));
+        out.push_str(&format!("; {} unreferenced but within the idle grace", r.idle));
     }
     out.push('\n');
     out
@@ -206,11 +184,7 @@ mod tests {
 
     #[test]
     fn usage_figures() {
-        let u = Usage {
-            spec: PoolSpec::new("p", 1, 10).reserve(1..=2),
-            bound: 3,
-            quarantined: 1,
-        };
+        let u = Usage { spec: PoolSpec::new("p", 1, 10).reserve(1..=2), bound: 3, quarantined: 1 };
         assert_eq!(u.capacity(), 8);
         assert_eq!(u.free(), 4);
         assert_eq!(u.used_percent(), 50.0);
@@ -219,30 +193,16 @@ mod tests {
         assert_eq!(j["spec"]["min"], 1);
         assert_eq!(j["free"], 4);
         let t = pools_table(&[u]);
-        assert_eq!(
-            t,
-            "NAME  RANGE  BOUND  FREE  USED\np     1-10   3      4     50.0%\n"
-        );
+        assert_eq!(t, "NAME  RANGE  BOUND  FREE  USED\np     1-10   3      4     50.0%\n");
     }
 
     #[test]
     fn bindings() {
         let b = vec![
-            Binding {
-                id: 3,
-                key: "a".into(),
-                holders: vec!["x".into(), "y".into()],
-            },
-            Binding {
-                id: 10,
-                key: "bb".into(),
-                holders: vec![],
-            },
+            Binding { id: 3, key: "a".into(), holders: vec!["x".into(), "y".into()] },
+            Binding { id: 10, key: "bb".into(), holders: vec![] },
         ];
-        assert_eq!(
-            bindings_table(&b),
-            "ID  KEY  HOLDERS\n3   a    x,y\n10  bb   -\n"
-        );
+        assert_eq!(bindings_table(&b), "ID  KEY  HOLDERS\n3   a    x,y\n10  bb   -\n");
         let j = bindings_json("p", &b);
         assert_eq!(j["bindings"][0]["holders"][1], "y");
         assert_eq!(j["bindings"][1]["id"], 10);
@@ -250,12 +210,7 @@ mod tests {
 
     #[test]
     fn sweep_lines() {
-        let r = SweepReport {
-            reclaimed: vec![(4, "k".into())],
-            idle: 1,
-            bindings: 5,
-            revision: 9,
-        };
+        let r = SweepReport { reclaimed: vec![(4, "k".into())], idle: 1, bindings: 5, revision: 9 };
         let t = sweep_text("p", &r, true);
         assert!(t.starts_with("p: would reclaim 4 k\n"), "{t}");
         assert!(t.contains("1 unreferenced"), "{t}");

@@ -29,18 +29,12 @@ pub fn diff(old: &BTreeMap<u64, String>, new: &BTreeMap<u64, String>) -> Vec<Cha
     let mut out = Vec::new();
     for (id, key) in old {
         if new.get(id) != Some(key) {
-            out.push(Change::Unbound {
-                id: *id,
-                key: key.clone(),
-            });
+            out.push(Change::Unbound { id: *id, key: key.clone() });
         }
     }
     for (id, key) in new {
         if old.get(id) != Some(key) {
-            out.push(Change::Bound {
-                id: *id,
-                key: key.clone(),
-            });
+            out.push(Change::Bound { id: *id, key: key.clone() });
         }
     }
     out
@@ -88,12 +82,7 @@ pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Fa
     let mut events = pool.events();
     pool.wait_synced().await?;
     let mut known: BTreeMap<u64, String> = pool.snapshot().into_iter().collect();
-    let mut p = Printer {
-        pool: w.pool.clone(),
-        out,
-        printed: 0,
-        limit: w.count,
-    };
+    let mut p = Printer { pool: w.pool.clone(), out, printed: 0, limit: w.count };
     p.synced(known.len())?;
     if w.count == Some(0) {
         return Ok(());
@@ -106,10 +95,7 @@ pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Fa
             _ = &mut ctrl_c => return Ok(()),
         };
         let Some(ev) = ev else {
-            return Err(Failure::runtime(format!(
-                "the event stream of pool {:?} ended",
-                w.pool
-            )));
+            return Err(Failure::runtime(format!("the event stream of pool {:?} ended", w.pool)));
         };
         let changes = match ev {
             Event::Upsert { id, key } => {
@@ -124,11 +110,7 @@ pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Fa
                 vec![Change::Unbound { id, key }]
             }
             Event::Synced => continue,
-            Event::Conflict {
-                key,
-                old_id,
-                new_id,
-            } => {
+            Event::Conflict { key, old_id, new_id } => {
                 out.either(
                     || json!({"event": "conflict", "pool": w.pool, "key": key, "old_id": old_id, "new_id": new_id}),
                     || format!("conflict {key} lost {old_id}, now {new_id}\n"),
@@ -161,12 +143,7 @@ pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Fa
 
 /// Polls a file store (see the module docs).
 pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(), Failure> {
-    let mut p = Printer {
-        pool: w.pool.clone(),
-        out,
-        printed: 0,
-        limit: w.count,
-    };
+    let mut p = Printer { pool: w.pool.clone(), out, printed: 0, limit: w.count };
     let mut known: Option<BTreeMap<u64, String>> = None;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -204,13 +181,7 @@ async fn read_bindings(settings: &Settings, pool: &str) -> Result<BTreeMap<u64, 
     let alloc = open::allocator(settings, opened.store)?;
     let result = async {
         let pool = alloc.pool(pool).await?;
-        Ok::<_, Failure>(
-            pool.list()
-                .await?
-                .into_iter()
-                .map(|b| (b.id, b.key))
-                .collect(),
-        )
+        Ok::<_, Failure>(pool.list().await?.into_iter().map(|b| (b.id, b.key)).collect())
     }
     .await;
     let _ = alloc.close().await;
@@ -229,23 +200,11 @@ mod tests {
     fn diffs() {
         assert!(diff(&m(&[(1, "a")]), &m(&[(1, "a")])).is_empty());
         assert_eq!(
-            diff(
-                &m(&[(1, "a"), (2, "b")]),
-                &m(&[(2, "b"), (3, "a"), (1, "c")])
-            ),
+            diff(&m(&[(1, "a"), (2, "b")]), &m(&[(2, "b"), (3, "a"), (1, "c")])),
             vec![
-                Change::Unbound {
-                    id: 1,
-                    key: "a".into()
-                },
-                Change::Bound {
-                    id: 1,
-                    key: "c".into()
-                },
-                Change::Bound {
-                    id: 3,
-                    key: "a".into()
-                },
+                Change::Unbound { id: 1, key: "a".into() },
+                Change::Bound { id: 1, key: "c".into() },
+                Change::Bound { id: 3, key: "a".into() },
             ]
         );
     }
