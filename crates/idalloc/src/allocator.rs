@@ -141,6 +141,8 @@ pub(crate) struct PoolState {
     synced: tokio::sync::watch::Sender<bool>,
     /// The store revision the cache has applied (watch events and listings).
     applied: tokio::sync::watch::Sender<Revision>,
+    /// Keys read by the listing in progress: `wait_synced` waits as long as this moves.
+    pub(crate) list_progress: tokio::sync::watch::Sender<usize>,
     quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
     pub(crate) force_relist: AtomicBool,
     pub(crate) relist_requested: Notify,
@@ -494,6 +496,7 @@ impl Inner {
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (synced, _) = tokio::sync::watch::channel(false);
         let (applied, _) = tokio::sync::watch::channel(0);
+        let (list_progress, _) = tokio::sync::watch::channel(0);
         let state = Arc::new(PoolState {
             cache: Mutex::new(PoolCache::new(spec.clone())),
             spec,
@@ -502,6 +505,7 @@ impl Inner {
             events,
             synced,
             applied,
+            list_progress,
             quarantine: tokio::sync::Mutex::new(None),
             force_relist: AtomicBool::new(false),
             relist_requested: Notify::new(),
@@ -732,18 +736,33 @@ impl Inner {
         }
     }
 
+    /// Waits until the pool's cache holds the whole pool. A large pool takes many pages to list;
+    /// the wait gives up only when no page has arrived for a whole request budget (timeout ×
+    /// attempts), not after a fixed total.
     async fn wait_synced(&self, pool: &PoolState) -> Result<()> {
-        let mut rx = pool.synced.subscribe();
+        let mut synced = pool.synced.subscribe();
+        let mut progress = pool.list_progress.subscribe();
         let bound = self.opts.request_timeout * self.opts.retry.max_attempts;
-        let synced = tokio::time::timeout(bound, async { rx.wait_for(|s| *s).await.is_ok() }).await;
-        match synced {
-            Ok(true) => Ok(()),
-            _ => Err(Error::Unavailable {
-                reason: format!(
-                    "pool {:?} could not be listed from the store within {bound:?}",
-                    pool.spec.name()
-                ),
-            }),
+        loop {
+            if *synced.borrow_and_update() {
+                return Ok(());
+            }
+            let moved = tokio::time::timeout(bound, async {
+                tokio::select! {
+                    biased;
+                    r = synced.changed() => r.is_ok(),
+                    r = progress.changed() => r.is_ok(),
+                }
+            })
+            .await;
+            if !matches!(moved, Ok(true)) {
+                return Err(Error::Unavailable {
+                    reason: format!(
+                        "pool {:?} could not be listed from the store: no progress within {bound:?}",
+                        pool.spec.name()
+                    ),
+                });
+            }
         }
     }
 
