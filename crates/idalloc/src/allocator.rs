@@ -582,7 +582,18 @@ impl Inner {
                 decide(
                     key,
                     key_rec,
-                    |id| observed.get(&id).cloned().or_else(|| cache.record(id).map(Some)),
+                    |id| match observed.get(&id) {
+                        Some(rec) => Some(rec.clone()),
+                        // The cache may lag behind the store (a broken watch, a partition): it
+                        // may still show an ID under a key it no longer belongs to. Only a record
+                        // read from the store may prove that an ID belongs to another key (which
+                        // moves this key to a fresh ID); an unverified "not ours" counts as
+                        // unknown, so the next txn compares on it and reads it back.
+                        None => match cache.record(id) {
+                            Some(rec) if rec.key() == key => Some(Some(rec)),
+                            _ => None,
+                        },
+                    },
                     preferred,
                 )
             };

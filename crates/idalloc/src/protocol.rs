@@ -153,13 +153,10 @@ impl BindPlan {
         {
             compare.remove(0);
         }
-        TxnRequest::new()
-            .when(compare)
-            .and_then(then)
-            .or_else([
-                TxnOp::get_key(layout.key_key(pool, key)),
-                TxnOp::get_key(layout.id_key(pool, self.id)),
-            ])
+        TxnRequest::new().when(compare).and_then(then).or_else([
+            TxnOp::get_key(layout.key_key(pool, key)),
+            TxnOp::get_key(layout.id_key(pool, self.id)),
+        ])
     }
 
     /// Reads a bind txn's response: bound, or what the records hold now.

@@ -26,7 +26,9 @@ use idalloc::layout::{parse_id_value, IdRecord, Layout};
 use idalloc::sabotage::{self, Sabotage};
 use idalloc::store::embedded::EmbeddedStore;
 use idalloc::store::fault::{FaultConfig, FaultStore};
-use idalloc::store::{list_all, GetRequest, KeyRange, Store, TxnOp, TxnRequest, WatchEvent, WatchMessage};
+use idalloc::store::{
+    list_all, GetRequest, KeyRange, Store, TxnOp, TxnRequest, WatchEvent, WatchMessage,
+};
 use idalloc::{Allocator, AllocatorOptions, Error, Event, Events, Pool, PoolSpec, Strategy};
 use tokio::time::Instant;
 
@@ -159,6 +161,12 @@ struct Sim {
     /// Per (pool, id): the ID record as last seen and, if it was reclaimed, when and from which key.
     id_state: BTreeMap<(usize, u64), Option<IdRecord>>,
     reclaimed_at: BTreeMap<(usize, u64), (Instant, String)>,
+    /// References deleted since the last check: (pool, key, holder).
+    refs_deleted: BTreeSet<(usize, String, String)>,
+    /// Data loss was injected in this step (holds first seen now may predate it).
+    loss_in_step: bool,
+    /// (node, pool) whose final resync found the pool exhausted.
+    unrepairable: BTreeSet<(usize, usize)>,
 }
 
 thread_local! {
@@ -217,7 +225,13 @@ pub fn run_seed(seed: u64, steps: usize) -> RunResult {
         trace_hash: h.finish(),
         ops: trace.len(),
         violation,
-        tail: trace.iter().rev().take(25).rev().cloned().collect(),
+        tail: trace
+            .iter()
+            .rev()
+            .take(env_u64("SIM_TAIL").unwrap_or(25) as usize)
+            .rev()
+            .cloned()
+            .collect(),
     }
 }
 
@@ -227,7 +241,11 @@ impl Sim {
         let specs = pools();
         let setup = Allocator::from_arc(
             raw.clone(),
-            AllocatorOptions { holder: Some("setup".into()), seed: Some(seed), ..Default::default() },
+            AllocatorOptions {
+                holder: Some("setup".into()),
+                seed: Some(seed),
+                ..Default::default()
+            },
         )
         .expect("setup allocator");
         for s in &specs {
@@ -277,6 +295,9 @@ impl Sim {
             durable_touched: BTreeSet::new(),
             id_state: BTreeMap::new(),
             reclaimed_at: BTreeMap::new(),
+            refs_deleted: BTreeSet::new(),
+            loss_in_step: false,
+            unrepairable: BTreeSet::new(),
         };
         for i in 0..NODES {
             sim.start(i);
@@ -357,7 +378,8 @@ impl Sim {
                             if let Some((pool, _)) = &self.nodes[n].pools[p] {
                                 let held = pool.held();
                                 if !held.is_empty() && self.rng.chance(85) {
-                                    let (key, _, _) = &held[self.rng.below(held.len() as u64) as usize];
+                                    let (key, _, _) =
+                                        &held[self.rng.below(held.len() as u64) as usize];
                                     k = key[1..].parse().expect("our key names");
                                 }
                             }
@@ -396,7 +418,9 @@ impl Sim {
                 let all = futures::future::join_all(futs);
                 let results = match tokio::time::timeout(STEP_TIMEOUT, all).await {
                     Ok(r) => r,
-                    Err(_) => return v(format!("G6: step {step} {ops:?} hung for {STEP_TIMEOUT:?}")),
+                    Err(_) => {
+                        return v(format!("G6: step {step} {ops:?} hung for {STEP_TIMEOUT:?}"))
+                    }
                 };
                 for (op, res, extra) in results {
                     self.note(format!("{step} {op:?} -> {res:?}"));
@@ -489,6 +513,7 @@ impl Sim {
         let what = ops.len();
         let resp = self.raw.txn(TxnRequest::new().and_then(ops)).await.expect("raw delete");
         self.loss_revs.insert(resp.revision);
+        self.loss_in_step = true;
         self.loss_in_pool[p] = true;
         for ((_, hp, _), h) in self.leased.iter_mut() {
             if *hp == p {
@@ -529,12 +554,10 @@ impl Sim {
                 let key = (*p, Self::key(*k), DURABLE_HOLDERS[*d].to_string());
                 if let Some(id) = id {
                     match self.durable.get(&key) {
-                        Some(h) if !h.excused && h.id != id => {
-                            return v(format!(
-                                "G2: durable hold {key:?} had ID {} and acquire_durable now says {id}",
-                                h.id
-                            ))
-                        }
+                        Some(h) if !h.excused && h.id != id => return v(format!(
+                            "G2: durable hold {key:?} had ID {} and acquire_durable now says {id}",
+                            h.id
+                        )),
                         _ => {
                             self.durable.insert(key, Hold { id, excused: false });
                         }
@@ -619,6 +642,7 @@ impl Sim {
                                 h.excused = true;
                             }
                         }
+                        self.refs_deleted.insert((p, key, holder));
                     }
                 }
             }
@@ -628,8 +652,16 @@ impl Sim {
 
     /// The checks after every step.
     async fn check(&mut self, step: usize) -> Result<(), Violation> {
+        // Any store operation first expires due leases; do one, then let the raw watch deliver, so
+        // the checker's own reads below cannot expire a lease behind its back.
+        self.raw.get(GetRequest::key("x")).await.expect("raw read");
+        for _ in 0..8 {
+            tokio::task::yield_now().await;
+        }
         self.absorb_watch()?;
         self.check_holds(step, false).await?;
+        self.refs_deleted.clear();
+        self.loss_in_step = false;
         self.check_raw(step).await
     }
 
@@ -647,7 +679,9 @@ impl Sim {
                 let mut conflicts = Vec::new();
                 while let Some(e) = events.try_recv() {
                     match e {
-                        Event::Conflict { key, old_id, new_id } => conflicts.push((key, old_id, new_id)),
+                        Event::Conflict { key, old_id, new_id } => {
+                            conflicts.push((key, old_id, new_id))
+                        }
                         Event::Lagged { missed } => {
                             return v(format!("harness: n{n} lagged {missed} events"))
                         }
@@ -668,10 +702,21 @@ impl Sim {
                     }
                     self.check_g3(p, new_id, "conflict")?;
                 }
+                if self.unrepairable.contains(&(n, p)) {
+                    continue;
+                }
                 let held_keys: BTreeSet<String> = held.iter().map(|(k, _, _)| k.clone()).collect();
                 self.leased.retain(|(i, hp, k), _| !(*i == n && *hp == p) || held_keys.contains(k));
                 for (key, id, _) in held {
-                    let e = self.leased.entry((n, p, key.clone())).or_insert(Hold { id, excused: false });
+                    // A hold taken in this step whose reference vanished in the same step (its
+                    // session lease ran out) is as uncertain as an older one.
+                    let lost =
+                        self.refs_deleted.contains(&(p, key.clone(), self.nodes[n].holder.clone()))
+                            || self.loss_in_step;
+                    let e = self
+                        .leased
+                        .entry((n, p, key.clone()))
+                        .or_insert(Hold { id, excused: lost });
                     if e.id != id {
                         return v(format!(
                             "G2: n{n} holds {key} in {} with ID {id}, but it had {} and no Conflict was emitted",
@@ -679,6 +724,38 @@ impl Sim {
                             e.id
                         ));
                     }
+                }
+            }
+        }
+        // G1 as applications see it: certain holds agree key -> ID and ID -> key.
+        let mut by_key: BTreeMap<(usize, &str), u64> = BTreeMap::new();
+        let mut by_id: BTreeMap<(usize, u64), &str> = BTreeMap::new();
+        // (Durable holds are never repaired by anyone: after data loss they stay uncertain.)
+        let certain = self
+            .leased
+            .iter()
+            .map(|((_, p, k), h)| (*p, k, h, all))
+            .chain(self.durable.iter().map(|((p, k, _), h)| (*p, k, h, false)));
+        for (p, k, h, repaired) in certain {
+            if h.excused && !repaired {
+                continue;
+            }
+            if let Some(other) = by_key.insert((p, k), h.id) {
+                if other != h.id {
+                    return v(format!(
+                        "G1: {k:?} in {} is held with IDs {other} and {}",
+                        self.specs[p].name(),
+                        h.id
+                    ));
+                }
+            }
+            if let Some(other) = by_id.insert((p, h.id), k) {
+                if other != k {
+                    return v(format!(
+                        "G1: ID {} in {} is held for {other:?} and {k:?}",
+                        h.id,
+                        self.specs[p].name()
+                    ));
                 }
             }
         }
@@ -698,14 +775,36 @@ impl Sim {
             let name = self.specs[p].name();
             let get = |k: Vec<u8>| {
                 let raw = self.raw.clone();
-                async move { raw.get(GetRequest::key(k)).await.expect("raw read").kvs.first().map(|kv| kv.value.clone()) }
+                async move {
+                    raw.get(GetRequest::key(k))
+                        .await
+                        .expect("raw read")
+                        .kvs
+                        .first()
+                        .map(|kv| kv.value.clone())
+                }
             };
             let key_rec = get(l.key_key(name, &key)).await.and_then(|v| parse_id_value(&v));
             let id_rec = get(l.id_key(name, id)).await.and_then(|v| IdRecord::decode(&v));
-            let ref_rec = get(l.ref_key(name, &key, &holder)).await.and_then(|v| parse_id_value(&v));
-            if key_rec != Some(id) || id_rec != Some(IdRecord::Bound(key.clone())) || ref_rec != Some(id) {
+            let ref_rec =
+                get(l.ref_key(name, &key, &holder)).await.and_then(|v| parse_id_value(&v));
+            if key_rec != Some(id)
+                || id_rec != Some(IdRecord::Bound(key.clone()))
+                || ref_rec != Some(id)
+            {
+                let rk = l.ref_key(name, &key, &holder);
+                let hist: Vec<String> = self
+                    .seen
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(_, e)| e.kv().key == rk)
+                    .map(|(t, e)| {
+                        format!("{:?}@{}(lease {})", t.elapsed(), e.kv().mod_revision, e.kv().lease)
+                    })
+                    .collect();
                 return v(format!(
-                    "G2: {who} holds {key} = {id} in {name}, but the store has key record {key_rec:?}, ID record {id_rec:?}, reference {ref_rec:?}"
+                    "G2: {who} holds {key} = {id} in {name}, but the store has key record {key_rec:?}, ID record {id_rec:?}, reference {ref_rec:?}; reference history {hist:?}"
                 ));
             }
         }
@@ -717,9 +816,10 @@ impl Sim {
         let l = layout();
         for p in 0..self.specs.len() {
             let name = self.specs[p].name();
-            let (kvs, rev) = list_all(&*self.raw, &KeyRange::prefix(l.pool_data_prefix(name)), 1000)
-                .await
-                .expect("raw list");
+            let (kvs, rev) =
+                list_all(&*self.raw, &KeyRange::prefix(l.pool_data_prefix(name)), 1000)
+                    .await
+                    .expect("raw list");
             let mut ids: BTreeMap<u64, String> = BTreeMap::new();
             let mut by_key: BTreeMap<String, u64> = BTreeMap::new();
             let mut keys: BTreeMap<String, u64> = BTreeMap::new();
@@ -728,7 +828,12 @@ impl Sim {
                 if let Some(id) = l.parse_id_key(name, &kv.key) {
                     match IdRecord::decode(&kv.value) {
                         Some(IdRecord::Bound(k)) => {
-                            if let Some(other) = by_key.insert(k.clone(), id) {
+                            // After data loss, stale records of lost bindings may name a key or an
+                            // ID twice until recovery or the sweeper clears them; the holds check
+                            // covers what applications see.
+                            if let Some(other) =
+                                by_key.insert(k.clone(), id).filter(|_| !self.loss_in_pool[p])
+                            {
                                 return v(format!("G1 at step {step} rev {rev}: key {k:?} in {name} is bound by ID records {other} and {id}"));
                             }
                             ids.insert(id, k);
@@ -741,7 +846,9 @@ impl Sim {
                     let Some(id) = parse_id_value(&kv.value) else {
                         return v(format!("G6: unreadable key record {k:?} in {name}"));
                     };
-                    if let Some(other) = owner_of_id.insert(id, k.clone()) {
+                    if let Some(other) =
+                        owner_of_id.insert(id, k.clone()).filter(|_| !self.loss_in_pool[p])
+                    {
                         return v(format!("G1 at step {step} rev {rev}: ID {id} in {name} is named by key records {other:?} and {k:?}"));
                     }
                     keys.insert(k, id);
@@ -750,7 +857,7 @@ impl Sim {
             }
             for (k, id) in &keys {
                 match ids.get(id) {
-                    Some(k2) if k2 != k => {
+                    Some(k2) if k2 != k && !self.loss_in_pool[p] => {
                         return v(format!("G1 at step {step} rev {rev}: key {k:?} -> {id} but ID {id} -> {k2:?} in {name}"))
                     }
                     None if !self.loss_in_pool[p] => {
@@ -784,8 +891,15 @@ impl Sim {
                 if let Ok(pool) = self.pool(n, p).await {
                     let r = tokio::time::timeout(STEP_TIMEOUT, pool.resync()).await;
                     self.note(format!("end resync n{n} p{p} -> {r:?}"));
-                    if !matches!(r, Ok(Ok(()))) {
-                        return v(format!("G6: resync of n{n} p{p} without faults: {r:?}"));
+                    match r {
+                        Ok(Ok(())) => {}
+                        // A held key that lost its ID while its node was cut off, in a pool now
+                        // full: no ID to move it to. It stays unbound (and the node keeps trying).
+                        Ok(Err(Error::Exhausted { .. })) => {
+                            self.leased.retain(|(i, hp, _), _| !(*i == n && *hp == p));
+                            self.unrepairable.insert((n, p));
+                        }
+                        _ => return v(format!("G6: resync of n{n} p{p} without faults: {r:?}")),
                     }
                 }
             }
@@ -797,12 +911,16 @@ impl Sim {
 
         for n in self.live() {
             for p in 0..self.specs.len() {
-                let Some(pool) = self.nodes[n].pools[p].as_ref().map(|(p, _)| p.clone()) else { continue };
+                let Some(pool) = self.nodes[n].pools[p].as_ref().map(|(p, _)| p.clone()) else {
+                    continue;
+                };
                 for (key, _, count) in pool.held() {
                     for _ in 0..count {
                         let r = pool.release(&key).await;
                         if r.is_err() {
-                            return v(format!("G6: release of {key} by n{n} without faults: {r:?}"));
+                            return v(format!(
+                                "G6: release of {key} by n{n} without faults: {r:?}"
+                            ));
                         }
                     }
                 }
@@ -833,7 +951,11 @@ impl Sim {
         // Dead sessions expire, idle grace runs out, tombstones expire.
         let janitor = Allocator::from_arc(
             self.raw.clone(),
-            AllocatorOptions { holder: Some("janitor".into()), seed: Some(self.seed), ..Default::default() },
+            AllocatorOptions {
+                holder: Some("janitor".into()),
+                seed: Some(self.seed),
+                ..Default::default()
+            },
         )
         .expect("janitor");
         tokio::time::sleep(SESSION_TTL * 2).await;
@@ -849,12 +971,19 @@ impl Sim {
         }
         janitor.close().await.expect("close janitor");
         self.absorb_watch()?;
-        let (kvs, _) = list_all(&*self.raw, &KeyRange::prefix("idalloc/"), 1000).await.expect("list");
+        let (kvs, _) =
+            list_all(&*self.raw, &KeyRange::prefix("idalloc/"), 1000).await.expect("list");
         let pools = layout().pools_prefix();
         let extra: Vec<String> = kvs
             .iter()
             .filter(|kv| !kv.key.starts_with(&pools))
-            .map(|kv| format!("{}={}", String::from_utf8_lossy(&kv.key), String::from_utf8_lossy(&kv.value)))
+            .map(|kv| {
+                format!(
+                    "{}={}",
+                    String::from_utf8_lossy(&kv.key),
+                    String::from_utf8_lossy(&kv.value)
+                )
+            })
             .collect();
         self.note(format!("end store {extra:?}"));
         if !extra.is_empty() {
@@ -871,14 +1000,17 @@ async fn run_op(op: &Op, pool: &Pool) -> (Op, Result<String, Error>, Option<u64>
             Ok(a) => (Ok(format!("{a:?}")), Some(a.id)),
             Err(e) => (Err(e), None),
         },
-        Op::AcquireDurable(_, _, key, d) => match pool.acquire_durable(&k(*key), DURABLE_HOLDERS[*d]).await {
-            Ok(a) => (Ok(format!("{a:?}")), Some(a.id)),
-            Err(e) => (Err(e), None),
-        },
-        Op::Release(_, _, key) => (pool.release(&k(*key)).await.map(|r| format!("{r:?}")), None),
-        Op::ReleaseDurable(_, _, key, d) => {
-            (pool.release_durable(&k(*key), DURABLE_HOLDERS[*d]).await.map(|r| format!("{r:?}")), None)
+        Op::AcquireDurable(_, _, key, d) => {
+            match pool.acquire_durable(&k(*key), DURABLE_HOLDERS[*d]).await {
+                Ok(a) => (Ok(format!("{a:?}")), Some(a.id)),
+                Err(e) => (Err(e), None),
+            }
         }
+        Op::Release(_, _, key) => (pool.release(&k(*key)).await.map(|r| format!("{r:?}")), None),
+        Op::ReleaseDurable(_, _, key, d) => (
+            pool.release_durable(&k(*key), DURABLE_HOLDERS[*d]).await.map(|r| format!("{r:?}")),
+            None,
+        ),
         Op::Sweep(..) => (pool.sweep().await.map(|r| format!("{:?}", r.reclaimed)), None),
         Op::Resync(..) => (pool.resync().await.map(|_| "resynced".to_string()), None),
     };
