@@ -365,6 +365,7 @@ impl Sim {
                 }
                 let count = 1 + self.rng.below(3) as usize;
                 let mut ops = Vec::new();
+                let mut used = BTreeSet::new();
                 for _ in 0..count {
                     let n = live[self.rng.below(live.len() as u64) as usize];
                     let p = self.rng.below(np) as usize;
@@ -390,6 +391,18 @@ impl Sim {
                         90..=97 => Op::Sweep(n, p),
                         _ => Op::Resync(n, p),
                     };
+                    // One operation per (pool, key) per batch: the checker attributes results to
+                    // holds after the batch, which is only sound if they do not race each other.
+                    let pk = match &op {
+                        Op::Acquire(_, p, k)
+                        | Op::Release(_, p, k)
+                        | Op::AcquireDurable(_, p, k, _)
+                        | Op::ReleaseDurable(_, p, k, _) => Some((*p, *k)),
+                        _ => None,
+                    };
+                    if pk.is_some() && !used.insert(pk) {
+                        continue;
+                    }
                     ops.push(op);
                 }
                 // Open the pools first (sequentially, deterministic), then run the ops at once.
