@@ -83,7 +83,9 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
         };
         backoff = RECONNECT_MIN;
         loop {
+            // `biased`: a fixed polling order keeps simulation runs reproducible from their seed.
             let msg = tokio::select! {
+                biased;
                 m = stream.next() => m,
                 _ = pool.relist_requested.notified() => { need_list = true; break; }
             };
