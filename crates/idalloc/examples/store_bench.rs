@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::{Compare, Store, TxnOp, TxnRequest};
 use idalloc::testing::{unique_prefix, EtcdServer};
 
@@ -96,9 +97,15 @@ async fn main() -> Result<(), String> {
 
     let etcd = EtcdServer::start().await?;
     let etcd_store: Arc<dyn Store> = Arc::new(etcd.store().await?);
-    // One line per store to compare, e.g.:
-    // ("memory", Arc::new(EmbeddedStore::memory())),
-    let stores: Vec<(&str, Arc<dyn Store>)> = vec![("etcd (1 member, loopback)", etcd_store)];
+    let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let file_store = EmbeddedStore::open(dir.path().join("bench.redb"), EmbeddedOptions::default())
+        .await
+        .map_err(|e| format!("opening the file store: {e}"))?;
+    let stores: Vec<(&str, Arc<dyn Store>)> = vec![
+        ("memory (embedded)", Arc::new(EmbeddedStore::memory())),
+        ("file (embedded, redb, fsync per txn)", Arc::new(file_store)),
+        ("etcd (1 member, loopback)", etcd_store),
+    ];
 
     let mut rows = Vec::new();
     for (name, store) in &stores {

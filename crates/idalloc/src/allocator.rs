@@ -141,6 +141,8 @@ pub(crate) struct PoolState {
     synced: tokio::sync::watch::Sender<bool>,
     /// The store revision the cache has applied (watch events and listings).
     applied: tokio::sync::watch::Sender<Revision>,
+    /// Keys read by the listing in progress: `wait_synced` waits as long as this moves.
+    pub(crate) list_progress: tokio::sync::watch::Sender<usize>,
     quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
     pub(crate) force_relist: AtomicBool,
     pub(crate) relist_requested: Notify,
@@ -494,6 +496,7 @@ impl Inner {
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (synced, _) = tokio::sync::watch::channel(false);
         let (applied, _) = tokio::sync::watch::channel(0);
+        let (list_progress, _) = tokio::sync::watch::channel(0);
         let state = Arc::new(PoolState {
             cache: Mutex::new(PoolCache::new(spec.clone())),
             spec,
@@ -502,6 +505,7 @@ impl Inner {
             events,
             synced,
             applied,
+            list_progress,
             quarantine: tokio::sync::Mutex::new(None),
             force_relist: AtomicBool::new(false),
             relist_requested: Notify::new(),
@@ -599,7 +603,18 @@ impl Inner {
                 decide(
                     key,
                     key_rec,
-                    |id| observed.get(&id).cloned().or_else(|| cache.record(id).map(Some)),
+                    |id| match observed.get(&id) {
+                        Some(rec) => Some(rec.clone()),
+                        // The cache may lag behind the store (a broken watch, a partition): it
+                        // may still show an ID under a key it no longer belongs to. Only a record
+                        // read from the store may prove that an ID belongs to another key (which
+                        // moves this key to a fresh ID); an unverified "not ours" counts as
+                        // unknown, so the next txn compares on it and reads it back.
+                        None => match cache.record(id) {
+                            Some(rec) if rec.key() == key => Some(Some(rec)),
+                            _ => None,
+                        },
+                    },
                     preferred,
                 )
             };
@@ -732,18 +747,33 @@ impl Inner {
         }
     }
 
+    /// Waits until the pool's cache holds the whole pool. A large pool takes many pages to list;
+    /// the wait gives up only when no page has arrived for a whole request budget (timeout ×
+    /// attempts), not after a fixed total.
     async fn wait_synced(&self, pool: &PoolState) -> Result<()> {
-        let mut rx = pool.synced.subscribe();
+        let mut synced = pool.synced.subscribe();
+        let mut progress = pool.list_progress.subscribe();
         let bound = self.opts.request_timeout * self.opts.retry.max_attempts;
-        let synced = tokio::time::timeout(bound, async { rx.wait_for(|s| *s).await.is_ok() }).await;
-        match synced {
-            Ok(true) => Ok(()),
-            _ => Err(Error::Unavailable {
-                reason: format!(
-                    "pool {:?} could not be listed from the store within {bound:?}",
-                    pool.spec.name()
-                ),
-            }),
+        loop {
+            if *synced.borrow_and_update() {
+                return Ok(());
+            }
+            let moved = tokio::time::timeout(bound, async {
+                tokio::select! {
+                    biased;
+                    r = synced.changed() => r.is_ok(),
+                    r = progress.changed() => r.is_ok(),
+                }
+            })
+            .await;
+            if !matches!(moved, Ok(true)) {
+                return Err(Error::Unavailable {
+                    reason: format!(
+                        "pool {:?} could not be listed from the store: no progress within {bound:?}",
+                        pool.spec.name()
+                    ),
+                });
+            }
         }
     }
 
@@ -809,8 +839,9 @@ impl Inner {
 
     /// After a re-list: repairs every held key the cache no longer shows with its ID.
     pub(crate) fn check_held(&self, pool: &Arc<PoolState>) {
-        let held: Vec<(String, u64)> =
+        let mut held: Vec<(String, u64)> =
             lock(&pool.held).iter().map(|(k, h)| (k.clone(), h.id)).collect();
+        held.sort(); // fixed repair order (reproducible simulations)
         let cache = pool.lock_cache();
         for (key, id) in held {
             if cache.get(&key) != Some(id) {
@@ -913,12 +944,18 @@ async fn repair_loop(inner: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Repair>
         };
         let jobs: Vec<(Arc<PoolState>, String)> = match job {
             Repair::Key(p, k) => vec![(p, k)],
-            Repair::All => lock(&strong.pools)
-                .values()
-                .flat_map(|p| {
-                    lock(&p.held).keys().map(|k| (p.clone(), k.clone())).collect::<Vec<_>>()
-                })
-                .collect(),
+            Repair::All => {
+                let mut all: Vec<(Arc<PoolState>, String)> = lock(&strong.pools)
+                    .values()
+                    .flat_map(|p| {
+                        lock(&p.held).keys().map(|k| (p.clone(), k.clone())).collect::<Vec<_>>()
+                    })
+                    .collect();
+                // Hash maps iterate in a per-process random order; repairs run in a fixed one so
+                // that a simulation seed replays the same history.
+                all.sort_by(|a, b| (a.0.spec.name(), &a.1).cmp(&(b.0.spec.name(), &b.1)));
+                all
+            }
         };
         let mut failed = false;
         for (p, k) in &jobs {
@@ -1160,7 +1197,8 @@ impl Pool {
         self.state.force_relist.store(true, Ordering::Release);
         self.state.relist_requested.notify_one();
         self.wait_synced().await?;
-        let keys: Vec<String> = lock(&self.state.held).keys().cloned().collect();
+        let mut keys: Vec<String> = lock(&self.state.held).keys().cloned().collect();
+        keys.sort(); // fixed repair order (reproducible simulations)
         for k in keys {
             self.inner.repair_key(&self.state, &k).await?;
         }

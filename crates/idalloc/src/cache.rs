@@ -137,8 +137,10 @@ impl PoolCache {
                 listed.insert(id, IdRecord::decode(&kv.value));
             }
         }
-        let gone: Vec<u64> =
+        let mut gone: Vec<u64> =
             self.by_id.keys().filter(|id| !listed.contains_key(id)).copied().collect();
+        // Sorted: events come out in the same order on every run (reproducible simulations).
+        gone.sort_unstable();
         let mut events = Vec::new();
         for id in gone {
             events.extend(self.set(id, None));

@@ -75,3 +75,12 @@ pub use sweeper::SweepReport;
 
 #[cfg(feature = "testing")]
 pub mod testing;
+
+#[cfg(feature = "sabotage")]
+pub mod sabotage;
+
+/// True if the test-only sabotage `s` is on for this thread (always false without the feature).
+#[cfg(feature = "sabotage")]
+pub(crate) fn sabotaged(s: sabotage::Sabotage) -> bool {
+    sabotage::is(s)
+}

@@ -142,16 +142,21 @@ impl BindPlan {
                 h.lease,
             ));
         }
-        TxnRequest::new()
-            .when([
-                key_compare(layout, pool, key, self.expect_key),
-                id_compare(layout, pool, self.id, &self.expect_id),
-            ])
-            .and_then(then)
-            .or_else([
-                TxnOp::get_key(layout.key_key(pool, key)),
-                TxnOp::get_key(layout.id_key(pool, self.id)),
-            ])
+        #[allow(unused_mut)]
+        let mut compare = vec![
+            key_compare(layout, pool, key, self.expect_key),
+            id_compare(layout, pool, self.id, &self.expect_id),
+        ];
+        #[cfg(feature = "sabotage")]
+        if self.expect_key.is_none()
+            && crate::sabotaged(crate::sabotage::Sabotage::SkipKeyAbsentCompare)
+        {
+            compare.remove(0);
+        }
+        TxnRequest::new().when(compare).and_then(then).or_else([
+            TxnOp::get_key(layout.key_key(pool, key)),
+            TxnOp::get_key(layout.id_key(pool, self.id)),
+        ])
     }
 
     /// Reads a bind txn's response: bound, or what the records hold now.
@@ -328,6 +333,9 @@ fn retire_id(
     key: &str,
     tombstone_lease: Option<LeaseId>,
 ) -> TxnOp {
+    #[cfg(feature = "sabotage")]
+    let tombstone_lease = tombstone_lease
+        .filter(|_| !crate::sabotaged(crate::sabotage::Sabotage::SkipReuseTombstone));
     match tombstone_lease {
         None => TxnOp::delete(layout.id_key(pool, id)),
         Some(lease) => TxnOp::put_on_lease(

@@ -98,7 +98,8 @@ pub(crate) async fn sweep(
             }
         }
     }
-    orphans.sort_by(|a, b| a.key.cmp(&b.key));
+    // A total order (two stray ID records may name one key): the same batches on every run.
+    orphans.sort_by(|a, b| (&a.key, orphan_id(a)).cmp(&(&b.key, orphan_id(b))));
 
     if dry_run {
         report.reclaimed = orphans.iter().map(|o| (orphan_id(o), o.key.clone())).collect();

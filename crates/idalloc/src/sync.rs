@@ -9,7 +9,7 @@ use futures::StreamExt;
 use tracing::{debug, warn};
 
 use crate::allocator::{Inner, PoolState};
-use crate::store::{list_all, KeyRange, StoreError, WatchEvent, WatchMessage};
+use crate::store::{list_all_with_progress, KeyRange, StoreError, WatchEvent, WatchMessage};
 
 /// Back-off between reconnect attempts (doubles up to the maximum).
 const RECONNECT_MIN: Duration = Duration::from_millis(50);
@@ -31,7 +31,13 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
 
         let forced = pool.force_relist.swap(false, std::sync::atomic::Ordering::AcqRel);
         if need_list || forced {
-            match list_all(&*store, &KeyRange::prefix(id_prefix.clone()), page).await {
+            pool.list_progress.send_replace(0);
+            let range = KeyRange::prefix(id_prefix.clone());
+            let listed = list_all_with_progress(&*store, &range, page, |n| {
+                pool.list_progress.send_replace(n);
+            })
+            .await;
+            match listed {
                 Ok((kvs, rev)) => {
                     let Some(strong) = inner.upgrade() else {
                         return;
@@ -77,7 +83,9 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
         };
         backoff = RECONNECT_MIN;
         loop {
+            // `biased`: a fixed polling order keeps simulation runs reproducible from their seed.
             let msg = tokio::select! {
+                biased;
                 m = stream.next() => m,
                 _ = pool.relist_requested.notified() => { need_list = true; break; }
             };

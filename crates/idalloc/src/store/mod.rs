@@ -511,6 +511,17 @@ pub async fn list_all<S: Store + ?Sized>(
     range: &KeyRange,
     page: i64,
 ) -> StoreResult<(Vec<KeyValue>, Revision)> {
+    list_all_with_progress(store, range, page, |_| {}).await
+}
+
+/// [`list_all`], calling `on_page` with the number of keys read so far after every page, so a
+/// caller waiting for a long listing can tell progress from a hang.
+pub async fn list_all_with_progress<S: Store + ?Sized>(
+    store: &S,
+    range: &KeyRange,
+    page: i64,
+    mut on_page: impl FnMut(usize),
+) -> StoreResult<(Vec<KeyValue>, Revision)> {
     let page = page.max(1);
     let mut out = Vec::new();
     let mut req = GetRequest::new(range.clone()).with_limit(page);
@@ -523,6 +534,7 @@ pub async fn list_all<S: Store + ?Sized>(
         let more = resp.more;
         let last = resp.kvs.last().map(|kv| kv.key.clone());
         out.extend(resp.kvs);
+        on_page(out.len());
         match (more, last) {
             (true, Some(mut last)) => {
                 // Next page starts right after the last key seen, at the same revision.

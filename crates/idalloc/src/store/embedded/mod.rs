@@ -357,6 +357,7 @@ async fn reap(weak: Weak<Inner>, mut wake: watch::Receiver<()>) {
         match next {
             Some(deadline) => {
                 tokio::select! {
+                    biased; // fixed polling order: reproducible simulation runs
                     _ = tokio::time::sleep_until(deadline) => {}
                     changed = wake.changed() => if changed.is_err() { return },
                 }

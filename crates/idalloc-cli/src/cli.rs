@@ -1,0 +1,319 @@
+//! The command line: every command, flag and help text (clap derive). Parsing only; running is in
+//! `commands`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::parse::{self, IdRange, StoreUrl};
+
+const TOP_HELP: &str = "\
+Exit codes: 0 success; 1 runtime error (store unavailable or locked, pool exhausted, spec mismatch,
+conflict); 2 invalid input or usage; 3 not found (pool, key or ID).
+Errors go to stderr as one line starting with 'error: '.
+
+--json gives one JSON document on stdout (JSON lines for `watch` and `acquire --from`); the shapes
+are listed in docs/cli.md and in each command's --help.
+
+Examples:
+  idalloc pool create vni --range 4096-16777215
+  idalloc acquire vni tenant-blue            # prints the ID
+  idalloc --json get vni tenant-blue         # {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"id\":...}
+  idalloc --store etcd://127.0.0.1:2379 pool list
+  IDALLOC_STORE=memory: idalloc acquire p k --range 1-100";
+
+/// idalloc: small numeric IDs for string keys, the same in every process, on etcd or a local file.
+#[derive(Parser, Debug)]
+#[command(name = "idalloc", version, after_help = TOP_HELP)]
+pub struct Cli {
+    /// Where the data lives: file:PATH, memory: (throwaway), etcd://HOST:PORT[,HOST:PORT...] or
+    /// http://HOST:PORT.
+    #[arg(long, global = true, env = "IDALLOC_STORE", default_value = "file:idalloc.redb",
+          value_parser = parse::store_url, value_name = "URL")]
+    pub store: StoreUrl,
+
+    /// Root of every store key (several independent allocators can share one etcd).
+    #[arg(
+        long,
+        global = true,
+        env = "IDALLOC_PREFIX",
+        default_value = "idalloc",
+        value_name = "P"
+    )]
+    pub prefix: String,
+
+    /// One JSON document on stdout (JSON lines for watch and acquire --from).
+    #[arg(long, global = true)]
+    pub json: bool,
+
+    /// Bound on store requests: each command gives up with exit 1 after about this long when the
+    /// store does not answer (3 attempts of a third each). Also sets the default wait for a busy
+    /// file store (--lock-timeout): 6 times this.
+    #[arg(long, global = true, default_value = "5s", value_parser = parse::duration, value_name = "DUR")]
+    pub timeout: Duration,
+
+    /// How long to wait for another idalloc process to release a file store [default: 6 x
+    /// --timeout, so 30s].
+    #[arg(long, global = true, env = "IDALLOC_LOCK_TIMEOUT", value_parser = parse::duration, value_name = "DUR")]
+    pub lock_timeout: Option<Duration>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Create, list, show and delete pools.
+    #[command(subcommand)]
+    Pool(PoolCommand),
+
+    /// Print the ID of KEY in POOL, binding a free ID if KEY has none, with a durable reference
+    /// of HOLDER (idempotent per holder: acquiring twice needs one release).
+    #[command(after_help = "\
+JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"id\":4242,\"new\":true,\"holder\":\"alice\"}
+With --from: one such line per key, in input order; plain output is ID<TAB>KEY per line.
+--from reads one key per line ('\\n' or '\\r\\n' ends a line; nothing else is trimmed). An empty
+line or a line that is not a valid key is an error (exit 2, naming the line), found before any
+ID is acquired.
+
+Examples:
+  idalloc acquire vni tenant-blue
+  idalloc acquire vni tenant-blue --range 4096-16777215   # create the pool first if missing
+  idalloc acquire vni --from keys.txt > ids.tsv
+  printf 'a\\nb\\n' | idalloc --json acquire vni --from -")]
+    Acquire(AcquireArgs),
+
+    /// Drop HOLDER's reference to KEY; the binding is reclaimed when it was the last one. Exit 0
+    /// also when nothing was held.
+    #[command(after_help = "\
+JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"holder\":\"alice\",\"released\":true,\"reclaimed\":true}
+
+Example:
+  idalloc release vni tenant-blue")]
+    Release(ReleaseArgs),
+
+    /// Print the ID bound to KEY (exit 3 if none).
+    #[command(after_help = "\
+JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"id\":4242}
+
+Example:
+  idalloc get vni tenant-blue")]
+    Get(GetArgs),
+
+    /// Print the key bound to ID (exit 3 if none).
+    #[command(after_help = "\
+JSON: {\"pool\":\"vni\",\"id\":4242,\"key\":\"tenant-blue\"}
+
+Example:
+  idalloc lookup vni 4242")]
+    Lookup(LookupArgs),
+
+    /// List POOL's bindings with their holders, sorted by ID.
+    #[command(after_help = "\
+JSON: {\"pool\":\"vni\",\"bindings\":[{\"id\":4242,\"key\":\"tenant-blue\",\"holders\":[\"alice\"]}]}
+
+Example:
+  idalloc list vni")]
+    List(PoolArg),
+
+    /// Print POOL's binding changes as they happen, until interrupted (ctrl-c exits 0).
+    #[command(after_help = "\
+Prints 'synced' (with the number of bindings) once the pool is read, then one line per change:
+'bound ID KEY' or 'unbound ID KEY' (plus 'conflict ...' and 'lagged ...' notices).
+On a file store, the file is polled (every --interval) so other processes can keep using it;
+changes that come and go between two polls are not seen.
+
+JSON lines: {\"event\":\"synced\",\"pool\":\"vni\",\"bindings\":3}
+            {\"event\":\"upsert\",\"pool\":\"vni\",\"id\":4242,\"key\":\"tenant-blue\"}
+            {\"event\":\"delete\",\"pool\":\"vni\",\"id\":4242,\"key\":\"tenant-blue\"}
+            {\"event\":\"conflict\",\"pool\":\"vni\",\"key\":\"k\",\"old_id\":1,\"new_id\":2}
+            {\"event\":\"lagged\",\"pool\":\"vni\",\"missed\":10}
+
+Examples:
+  idalloc watch vni
+  idalloc --json watch vni --count 1    # stop after the first change")]
+    Watch(WatchArgs),
+
+    /// Reclaim bindings that nobody references (all pools if none is named).
+    #[command(after_help = "\
+A pool with an idle grace keeps an unreferenced binding for that long; a one-shot gc cannot see
+how long a binding has been idle, so such bindings are reported as idle, not reclaimed (run a
+long-lived allocator with a sweep interval for them).
+
+JSON: {\"dry_run\":false,\"pools\":[{\"pool\":\"vni\",\"reclaimed\":[{\"id\":7,\"key\":\"k\"}],
+       \"idle\":0,\"bindings\":12}]}
+
+Examples:
+  idalloc gc --dry-run
+  idalloc gc vni")]
+    Gc(GcArgs),
+
+    /// Show the store kind, endpoint, whether it answers, its revision and the pools.
+    #[command(after_help = "\
+Exit 1 if the store does not answer (the status is still printed).
+
+JSON: {\"store\":\"etcd\",\"endpoint\":\"http://127.0.0.1:2379\",\"prefix\":\"idalloc\",
+       \"reachable\":true,\"revision\":42,\"pools\":[\"vni\"],\"error\":null}
+
+Example:
+  idalloc --store etcd://127.0.0.1:2379 status")]
+    Status,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCommand {
+    /// Create pool NAME; succeeds if an equal pool exists, fails (exit 1, showing both specs) if a
+    /// different one does.
+    #[command(after_help = "\
+JSON: {\"pool\":\"vni\",\"spec\":{\"name\":\"vni\",\"min\":4096,\"max\":16777215,\"reserved\":[[5000,5010]],
+       \"prefix\":0,\"strategy\":\"random\",\"idle_grace_ms\":0,\"reuse_delay_ms\":0}}
+
+Examples:
+  idalloc pool create vni --range 4096-16777215
+  idalloc pool create ids --range 1-65535 --reserve 5,7,10-20 --strategy lowest --reuse-delay 5m")]
+    Create(CreateArgs),
+
+    /// Table of pools: name, range, bound, free, % used.
+    #[command(after_help = "\
+'bound' counts bindings; 'free' is the capacity (range minus reserved IDs) minus bound IDs and IDs
+waiting out their reuse delay.
+
+JSON: {\"pools\":[{\"pool\":\"vni\",\"spec\":{...},\"capacity\":100,\"bound\":3,\"quarantined\":0,
+       \"free\":97,\"used_percent\":3.0}]}
+
+Example:
+  idalloc pool list")]
+    List,
+
+    /// Show one pool's spec and usage.
+    #[command(after_help = "\
+JSON: one element of `pool list`'s \"pools\".
+
+Example:
+  idalloc pool show vni")]
+    Show(PoolArg),
+
+    /// Delete pool NAME. Refuses (exit 1) while it has bindings unless --force, which deletes them
+    /// too.
+    #[command(after_help = "\
+JSON: {\"pool\":\"vni\",\"deleted\":true}
+
+Example:
+  idalloc pool delete vni --force")]
+    Delete(DeleteArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct PoolArg {
+    /// Pool name: [a-z0-9][a-z0-9._-]{0,62}.
+    pub pool: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StrategyArg {
+    Random,
+    Lowest,
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// Pool name: [a-z0-9][a-z0-9._-]{0,62}.
+    pub name: String,
+    /// Inclusive raw ID range, MIN >= 1.
+    #[arg(long, value_parser = parse::id_range, value_name = "MIN-MAX")]
+    pub range: IdRange,
+    /// Raw IDs never handed out, e.g. 5,7,10-20.
+    #[arg(long, value_name = "LIST")]
+    pub reserve: Option<String>,
+    /// Bits ORed into every ID handed out (hexadecimal); must not overlap MAX's bits.
+    #[arg(long, value_parser = parse::hex_bits, value_name = "HEX")]
+    pub prefix_bits: Option<u64>,
+    /// How a free ID is chosen.
+    #[arg(long, value_enum, default_value = "random")]
+    pub strategy: StrategyArg,
+    /// How long an unreferenced binding is kept (same key back in time gets the same ID).
+    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "0")]
+    pub idle_grace: Duration,
+    /// How long a reclaimed ID stays unusable before another key may get it.
+    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "0")]
+    pub reuse_delay: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct DeleteArgs {
+    /// Pool name.
+    pub name: String,
+    /// Delete the pool even if it has bindings, and them with it.
+    #[arg(long)]
+    pub force: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct AcquireArgs {
+    /// Pool name.
+    pub pool: String,
+    /// The key (any non-empty UTF-8 up to 4096 bytes). Omit with --from.
+    #[arg(required_unless_present = "from", conflicts_with = "from")]
+    pub key: Option<String>,
+    /// Read keys from FILE, one per line ('-' for stdin).
+    #[arg(long, value_name = "FILE|-")]
+    pub from: Option<PathBuf>,
+    /// Owner of the reference [default: $USER, else $LOGNAME, else "idalloc"].
+    #[arg(long, value_name = "H")]
+    pub holder: Option<String>,
+    /// Create the pool with this range first if it does not exist.
+    #[arg(long, value_parser = parse::id_range, value_name = "MIN-MAX")]
+    pub range: Option<IdRange>,
+    /// Acquires in flight at once with --from.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub concurrency: u16,
+}
+
+#[derive(Args, Debug)]
+pub struct ReleaseArgs {
+    /// Pool name.
+    pub pool: String,
+    /// The key.
+    pub key: String,
+    /// Owner of the reference [default: $USER, else $LOGNAME, else "idalloc"].
+    #[arg(long, value_name = "H")]
+    pub holder: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct GetArgs {
+    /// Pool name.
+    pub pool: String,
+    /// The key.
+    pub key: String,
+}
+
+#[derive(Args, Debug)]
+pub struct LookupArgs {
+    /// Pool name.
+    pub pool: String,
+    /// The ID (as handed out, prefix bits included).
+    pub id: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// Pool name.
+    pub pool: String,
+    /// Stop after N changes (upsert, delete, conflict).
+    #[arg(long, value_name = "N")]
+    pub count: Option<u64>,
+    /// How often a file store is polled.
+    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "500ms")]
+    pub interval: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct GcArgs {
+    /// Only this pool.
+    pub pool: Option<String>,
+    /// Report what would be reclaimed without reclaiming.
+    #[arg(long)]
+    pub dry_run: bool,
+}

@@ -1,0 +1,357 @@
+//! Running each command: open the store, call the allocator, print the result.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use idalloc::layout::Layout;
+use idalloc::pool::parse_id_list;
+use idalloc::store::{GetRequest, KeyRange, OpResponse, Store, TxnOp, TxnRequest};
+use idalloc::{Allocator, PoolSpec, Strategy};
+use serde_json::{json, Value};
+
+use crate::cli::{
+    AcquireArgs, Cli, Command, CreateArgs, DeleteArgs, GcArgs, GetArgs, LookupArgs, PoolCommand,
+    ReleaseArgs, StrategyArg,
+};
+use crate::fail::Failure;
+use crate::open::{self, Settings};
+use crate::parse::default_holder;
+use crate::render::{self, Usage};
+use crate::{batch, watch};
+
+/// Where results go: text or JSON on stdout.
+#[derive(Clone, Copy)]
+pub struct Out {
+    pub json: bool,
+}
+
+impl Out {
+    /// Writes `text` (which ends with a newline) to stdout. A closed stdout (`| head`) is a
+    /// runtime failure, not a panic.
+    pub fn text(&self, text: &str) -> Result<(), Failure> {
+        let mut o = std::io::stdout().lock();
+        o.write_all(text.as_bytes())
+            .and_then(|_| o.flush())
+            .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))
+    }
+
+    /// Writes one JSON document on its own line.
+    pub fn json(&self, v: &Value) -> Result<(), Failure> {
+        self.text(&format!("{v}\n"))
+    }
+
+    /// JSON if --json, else the text.
+    pub fn either(
+        &self,
+        v: impl FnOnce() -> Value,
+        text: impl FnOnce() -> String,
+    ) -> Result<(), Failure> {
+        if self.json {
+            self.json(&v())
+        } else {
+            self.text(&text())
+        }
+    }
+}
+
+/// Runs the parsed command line; returns the exit code on success paths that are not 0 (status).
+pub async fn run(cli: Cli) -> Result<u8, Failure> {
+    let settings = Settings {
+        url: cli.store.clone(),
+        prefix: cli.prefix.clone(),
+        timeout: cli.timeout,
+        lock_timeout: cli.lock_timeout.unwrap_or(cli.timeout * 6),
+    };
+    let out = Out { json: cli.json };
+    // Validate the prefix before touching any store, so a typo never creates a file.
+    let layout =
+        Layout::new(&settings.prefix).map_err(|e| Failure::usage(format!("--prefix: {e}")))?;
+    let writes = !matches!(
+        cli.command,
+        Command::Get(_)
+            | Command::Lookup(_)
+            | Command::List(_)
+            | Command::Watch(_)
+            | Command::Status
+            | Command::Pool(PoolCommand::List | PoolCommand::Show(_))
+            | Command::Gc(GcArgs { dry_run: true, .. })
+    );
+    if let Command::Watch(w) = &cli.command {
+        if let crate::parse::StoreUrl::File(_) = settings.url {
+            return watch::poll_file(&settings, w, out).await.map(|_| 0);
+        }
+    }
+    let opened = open::open_store(&settings, writes).await?;
+    let store = opened.store.clone();
+    let alloc = open::allocator(&settings, store.clone())?;
+    let result = dispatch(&cli, &settings, &layout, &alloc, store, opened.file_missing, out).await;
+    // Closing revokes nothing (the CLI holds no lease) but stops background work at once, so the
+    // store file is released before the process exits.
+    let _ = alloc.close().await;
+    result
+}
+
+async fn dispatch(
+    cli: &Cli,
+    settings: &Settings,
+    layout: &Layout,
+    alloc: &Allocator,
+    store: Arc<dyn Store>,
+    file_missing: bool,
+    out: Out,
+) -> Result<u8, Failure> {
+    match &cli.command {
+        Command::Pool(PoolCommand::Create(a)) => pool_create(alloc, a, out).await,
+        Command::Pool(PoolCommand::List) => {
+            let specs = alloc.list_pools().await?;
+            let mut usages = Vec::with_capacity(specs.len());
+            for spec in specs {
+                usages.push(usage(&*store, layout, spec).await?);
+            }
+            out.either(
+                || json!({"pools": usages.iter().map(Usage::to_json).collect::<Vec<_>>()}),
+                || render::pools_table(&usages),
+            )?;
+            Ok(0)
+        }
+        Command::Pool(PoolCommand::Show(p)) => {
+            let pool = alloc.pool(&p.pool).await?;
+            let u = usage(&*store, layout, pool.spec().clone()).await?;
+            out.either(|| u.to_json(), || render::pool_show(&u))?;
+            Ok(0)
+        }
+        Command::Pool(PoolCommand::Delete(a)) => pool_delete(alloc, a, out).await,
+        Command::Acquire(a) => acquire(alloc, a, out).await,
+        Command::Release(a) => release(alloc, a, out).await,
+        Command::Get(a) => get(alloc, a, out).await,
+        Command::Lookup(a) => lookup(alloc, a, out).await,
+        Command::List(p) => {
+            let pool = alloc.pool(&p.pool).await?;
+            let bindings = pool.list().await?;
+            out.either(
+                || render::bindings_json(&p.pool, &bindings),
+                || render::bindings_table(&bindings),
+            )?;
+            Ok(0)
+        }
+        Command::Watch(w) => watch::follow(alloc, w, out).await.map(|_| 0),
+        Command::Gc(a) => gc(alloc, a, out).await,
+        Command::Status => status(settings, layout, alloc, &*store, file_missing, out).await,
+    }
+}
+
+fn holder_of(h: &Option<String>) -> String {
+    h.clone().unwrap_or_else(|| {
+        default_holder(std::env::var("USER").ok(), std::env::var("LOGNAME").ok())
+    })
+}
+
+async fn pool_create(alloc: &Allocator, a: &CreateArgs, out: Out) -> Result<u8, Failure> {
+    let spec = build_spec(a)?;
+    alloc.init_pool(&spec).await?;
+    out.either(
+        || json!({"pool": spec.name(), "spec": render::spec_json(&spec)}),
+        || format!("pool {} ready: {}\n", spec.name(), spec),
+    )?;
+    Ok(0)
+}
+
+fn build_spec(a: &CreateArgs) -> Result<PoolSpec, Failure> {
+    let mut spec = PoolSpec::new(a.name.clone(), a.range.min, a.range.max)
+        .strategy(match a.strategy {
+            StrategyArg::Random => Strategy::Random,
+            StrategyArg::Lowest => Strategy::Lowest,
+        })
+        .idle_grace(a.idle_grace)
+        .reuse_delay(a.reuse_delay);
+    if let Some(list) = &a.reserve {
+        spec = spec.reserve_all(
+            &parse_id_list(list).map_err(|e| Failure::usage(format!("--reserve: {e}")))?,
+        );
+    }
+    if let Some(bits) = a.prefix_bits {
+        spec = spec.prefix(bits);
+    }
+    spec.validate()?;
+    Ok(spec)
+}
+
+async fn pool_delete(alloc: &Allocator, a: &DeleteArgs, out: Out) -> Result<u8, Failure> {
+    if !alloc.delete_pool(&a.name, a.force).await? {
+        return Err(Failure::not_found(format!("pool {:?} not found", a.name)));
+    }
+    out.either(
+        || json!({"pool": a.name, "deleted": true}),
+        || format!("pool {} deleted\n", a.name),
+    )?;
+    Ok(0)
+}
+
+async fn acquire(alloc: &Allocator, a: &AcquireArgs, out: Out) -> Result<u8, Failure> {
+    let holder = holder_of(&a.holder);
+    idalloc::pool::validate_holder(&holder)
+        .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
+    let pool = match a.range {
+        Some(r) => alloc.ensure_pool(&PoolSpec::new(a.pool.clone(), r.min, r.max)).await?,
+        None => alloc.pool(&a.pool).await?,
+    };
+    if let Some(from) = &a.from {
+        return batch::acquire_from(&pool, from, &holder, a.concurrency.into(), out)
+            .await
+            .map(|_| 0);
+    }
+    // clap guarantees KEY when --from is absent.
+    let key = a.key.as_deref().unwrap_or_default();
+    let got = pool.acquire_durable(key, &holder).await?;
+    out.either(
+        || json!({"pool": a.pool, "key": key, "id": got.id, "new": got.new, "holder": holder}),
+        || format!("{}\n", got.id),
+    )?;
+    Ok(0)
+}
+
+async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Failure> {
+    let holder = holder_of(&a.holder);
+    idalloc::pool::validate_holder(&holder)
+        .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
+    idalloc::pool::validate_key(&a.key)?;
+    let pool = alloc.pool(&a.pool).await?;
+    let r = pool.release_durable(&a.key, &holder).await?;
+    out.either(
+        || {
+            json!({"pool": a.pool, "key": a.key, "holder": holder,
+                   "released": r.held, "reclaimed": r.reclaimed})
+        },
+        || match (r.held, r.reclaimed) {
+            (false, _) => format!("{holder} held nothing for {:?} in {}\n", a.key, a.pool),
+            (true, true) => format!("released; {:?} was reclaimed\n", a.key),
+            (true, false) => "released\n".to_string(),
+        },
+    )?;
+    Ok(0)
+}
+
+async fn get(alloc: &Allocator, a: &GetArgs, out: Out) -> Result<u8, Failure> {
+    idalloc::pool::validate_key(&a.key)?;
+    let pool = alloc.pool(&a.pool).await?;
+    match pool.get_consistent(&a.key).await? {
+        Some(id) => {
+            out.either(|| json!({"pool": a.pool, "key": a.key, "id": id}), || format!("{id}\n"))?;
+            Ok(0)
+        }
+        None => Err(Failure::not_found(format!(
+            "key {} has no ID in pool {:?}",
+            idalloc::error::show_value(&a.key),
+            a.pool
+        ))),
+    }
+}
+
+async fn lookup(alloc: &Allocator, a: &LookupArgs, out: Out) -> Result<u8, Failure> {
+    let pool = alloc.pool(&a.pool).await?;
+    match pool.key_of_consistent(a.id).await? {
+        Some(key) => {
+            out.either(|| json!({"pool": a.pool, "id": a.id, "key": key}), || format!("{key}\n"))?;
+            Ok(0)
+        }
+        None => Err(Failure::not_found(format!("ID {} is not bound in pool {:?}", a.id, a.pool))),
+    }
+}
+
+async fn gc(alloc: &Allocator, a: &GcArgs, out: Out) -> Result<u8, Failure> {
+    let names: Vec<String> = match &a.pool {
+        Some(p) => vec![p.clone()],
+        None => alloc.list_pools().await?.iter().map(|s| s.name().to_string()).collect(),
+    };
+    let mut reports = Vec::new();
+    for name in &names {
+        let pool = alloc.pool(name).await?;
+        let r = if a.dry_run { pool.sweep_dry_run().await? } else { pool.sweep().await? };
+        reports.push((name.clone(), r));
+    }
+    out.either(
+        || {
+            json!({"dry_run": a.dry_run,
+                   "pools": reports.iter().map(|(n, r)| render::sweep_json(n, r)).collect::<Vec<_>>()})
+        },
+        || {
+            if reports.is_empty() {
+                "no pools\n".to_string()
+            } else {
+                reports.iter().map(|(n, r)| render::sweep_text(n, r, a.dry_run)).collect()
+            }
+        },
+    )?;
+    Ok(0)
+}
+
+/// Bound keys and all ID records (bound + quarantined) of a pool, counted in one txn so the two
+/// figures are of the same revision.
+async fn usage(store: &dyn Store, layout: &Layout, spec: PoolSpec) -> Result<Usage, Failure> {
+    let name = spec.name().to_string();
+    let count =
+        |prefix: Vec<u8>| TxnOp::get(GetRequest::new(KeyRange::prefix(prefix)).count_only());
+    let resp = store
+        .txn(
+            TxnRequest::new()
+                .and_then([count(layout.key_prefix(&name)), count(layout.id_prefix(&name))]),
+        )
+        .await
+        .map_err(idalloc::Error::from)?;
+    let n = |i: usize| match resp.responses.get(i) {
+        Some(OpResponse::Get(g)) => u64::try_from(g.count).unwrap_or(0),
+        _ => 0,
+    };
+    let (bound, ids) = (n(0), n(1));
+    Ok(Usage { spec, bound, quarantined: ids.saturating_sub(bound) })
+}
+
+async fn status(
+    settings: &Settings,
+    layout: &Layout,
+    alloc: &Allocator,
+    store: &dyn Store,
+    file_missing: bool,
+    out: Out,
+) -> Result<u8, Failure> {
+    let kind = settings.url.kind();
+    let mut endpoint = settings.url.endpoint();
+    if file_missing {
+        endpoint.push_str(" (not created yet)");
+    }
+    let probe = tokio::time::timeout(
+        settings.timeout,
+        store.get(GetRequest::new(KeyRange::prefix(layout.pools_prefix())).count_only()),
+    )
+    .await;
+    let (revision, error) = match probe {
+        Ok(Ok(r)) => (Some(r.revision), None),
+        Ok(Err(e)) => (None, Some(e.to_string())),
+        Err(_) => (None, Some(format!("no answer within {:?}", settings.timeout))),
+    };
+    let pools: Vec<String> = if error.is_none() {
+        match alloc.list_pools().await {
+            Ok(p) => p.iter().map(|s| s.name().to_string()).collect(),
+            Err(_) => Vec::new(),
+        }
+    } else {
+        Vec::new()
+    };
+    let reachable = error.is_none();
+    out.either(
+        || {
+            json!({"store": kind, "endpoint": endpoint, "prefix": settings.prefix,
+                   "reachable": reachable, "revision": revision, "pools": pools, "error": error})
+        },
+        || {
+            format!(
+                "store:      {kind}\nendpoint:   {endpoint}\nprefix:     {}\nreachable:  {}\nrevision:   {}\npools:      {}\n",
+                settings.prefix,
+                if reachable { "yes".to_string() } else { format!("no ({})", error.clone().unwrap_or_default()) },
+                revision.map_or("-".to_string(), |r| r.to_string()),
+                if pools.is_empty() { "none".to_string() } else { pools.join(", ") },
+            )
+        },
+    )?;
+    Ok(if reachable { 0 } else { crate::fail::RUNTIME })
+}

@@ -1,0 +1,101 @@
+//! Exit codes and the one-line error every failure becomes.
+//!
+//! Scripts branch on the exit code, so each library error maps to exactly one code: 1 for "the
+//! world is not as needed" (store down, pool full, specs disagree), 2 for "the command is wrong"
+//! (fix the input), 3 for "not there" (lets `get`/`lookup` double as existence checks).
+
+use idalloc::Error;
+
+/// Exit code of a successful command.
+pub const OK: u8 = 0;
+/// Runtime failure: store unavailable or locked, exhausted, spec mismatch, conflict.
+pub const RUNTIME: u8 = 1;
+/// Invalid input or usage.
+pub const USAGE: u8 = 2;
+/// Pool, key or ID not found.
+pub const NOT_FOUND: u8 = 3;
+
+/// A failed command: its exit code and the message printed after `error: `.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    pub code: u8,
+    pub message: String,
+}
+
+impl Failure {
+    pub fn usage(message: impl Into<String>) -> Self {
+        Failure { code: USAGE, message: message.into() }
+    }
+    pub fn runtime(message: impl Into<String>) -> Self {
+        Failure { code: RUNTIME, message: message.into() }
+    }
+    pub fn not_found(message: impl Into<String>) -> Self {
+        Failure { code: NOT_FOUND, message: message.into() }
+    }
+
+    /// The line for stderr: `error: ` and the message on one line (newlines a store might put in a
+    /// reason are folded, so log scrapers and `2>&1 | tail -1` see the whole message).
+    pub fn line(&self) -> String {
+        let one: String = self
+            .message
+            .split(['\n', '\r'])
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .collect::<Vec<_>>()
+            .join(" ");
+        format!("error: {one}")
+    }
+}
+
+impl From<Error> for Failure {
+    fn from(e: Error) -> Self {
+        let code = match &e {
+            // Deleting a pool that still has bindings is refused as InvalidInput by the library,
+            // but the command line is fine: the state of the pool is what stands in the way.
+            Error::InvalidInput { what, .. } if what == "pool to delete" => RUNTIME,
+            Error::InvalidInput { .. } => USAGE,
+            Error::PoolNotFound { .. } => NOT_FOUND,
+            Error::RangeMismatch { .. }
+            | Error::Exhausted { .. }
+            | Error::Unavailable { .. }
+            | Error::Conflict { .. } => RUNTIME,
+        };
+        Failure { code, message: e.to_string() }
+    }
+}
+
+/// Renders a clap error (other than --help/--version) as one line: clap's own first line, which
+/// names the bad argument or value, plus where to find the usage.
+pub fn clap_line(rendered: &str) -> String {
+    let first =
+        rendered.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("invalid command line");
+    let first = first.strip_prefix("error: ").unwrap_or(first);
+    format!("{first} (see 'idalloc --help')")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes() {
+        let f: Failure = Error::invalid_str("key", "", "keys are non-empty").into();
+        assert_eq!(f.code, USAGE);
+        let f: Failure = Error::PoolNotFound { pool: "p".into() }.into();
+        assert_eq!(f.code, NOT_FOUND);
+        let f: Failure = Error::Unavailable { reason: "x".into() }.into();
+        assert_eq!(f.code, RUNTIME);
+        let f: Failure = Error::invalid("pool to delete", "p", "has records").into();
+        assert_eq!(f.code, RUNTIME);
+    }
+
+    #[test]
+    fn one_line() {
+        let f = Failure::runtime("a\nb\r\n c");
+        assert_eq!(f.line(), "error: a b c");
+        assert_eq!(
+            clap_line("error: unexpected argument '--x' found\n\n  tip: ...\n\nUsage: idalloc"),
+            "unexpected argument '--x' found (see 'idalloc --help')"
+        );
+    }
+}

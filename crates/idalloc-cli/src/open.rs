@@ -1,0 +1,104 @@
+//! Opening the store a command runs against, and the allocator on it, with every timeout derived
+//! from `--timeout`.
+//!
+//! Timeouts: `--timeout T` is the budget of one store operation as the user sees it. The allocator
+//! makes up to 3 attempts of T/3 each (so one blip of etcd is ridden out, and an unreachable etcd
+//! still fails after about T); the etcd client's connect and request timeouts are T/3 too. The
+//! file store is different: it is owned by one process at a time, so a command first waits for
+//! other `idalloc` processes to finish with the file, up to `--lock-timeout` (default 6 x T = 30 s),
+//! which is long enough for dozens of queued one-shot commands.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+use idalloc::store::{Store, StoreError};
+use idalloc::{Allocator, AllocatorOptions, RetryPolicy};
+
+use crate::fail::Failure;
+use crate::parse::StoreUrl;
+
+/// Attempts per store request (see the module docs).
+const ATTEMPTS: u32 = 3;
+
+/// How a command wants the store opened.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    pub url: StoreUrl,
+    pub prefix: String,
+    pub timeout: Duration,
+    pub lock_timeout: Duration,
+}
+
+impl Settings {
+    /// One attempt's share of the timeout (at least 50 ms, so `--timeout 0` still means "try").
+    pub fn attempt_timeout(&self) -> Duration {
+        (self.timeout / ATTEMPTS).max(Duration::from_millis(50))
+    }
+}
+
+/// An opened store and what it is.
+pub struct Opened {
+    pub store: Arc<dyn Store>,
+    /// True when a read-only command found no store file: it runs on an empty in-memory store
+    /// instead of creating the file as a side effect of looking.
+    pub file_missing: bool,
+}
+
+/// Opens the store. `writes` says whether the command may write: read-only commands do not create
+/// a missing store file.
+pub async fn open_store(s: &Settings, writes: bool) -> Result<Opened, Failure> {
+    match &s.url {
+        StoreUrl::Memory => {
+            Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: false })
+        }
+        StoreUrl::File(path) => {
+            if !writes && !Path::new(path).exists() {
+                return Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: true });
+            }
+            let opts =
+                EmbeddedOptions { lock_timeout: s.lock_timeout, ..EmbeddedOptions::default() };
+            match EmbeddedStore::open(path, opts).await {
+                Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
+                Err(StoreError::Locked { path, waited }) => Err(Failure::runtime(format!(
+                    "store file {path} is still in use by another process after waiting {:.1}s \
+                     (--lock-timeout); retry, or raise --lock-timeout",
+                    waited.as_secs_f64()
+                ))),
+                Err(e) => Err(Failure::runtime(format!("cannot open store file {path:?}: {e}"))),
+            }
+        }
+        StoreUrl::Etcd(endpoints) => {
+            let mut opts = EtcdOptions::new(endpoints.clone());
+            opts.connect_timeout = s.attempt_timeout();
+            opts.request_timeout = s.attempt_timeout();
+            match EtcdStore::connect(opts).await {
+                Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
+                Err(StoreError::InvalidRequest(m)) => Err(Failure::usage(m)),
+                Err(e) => Err(Failure::runtime(e.to_string())),
+            }
+        }
+    }
+}
+
+/// The allocator on `store`: no session lease is ever granted (the CLI only makes durable
+/// references), requests bounded as the module docs say.
+pub fn allocator(s: &Settings, store: Arc<dyn Store>) -> Result<Allocator, Failure> {
+    let opts = AllocatorOptions {
+        prefix: s.prefix.clone(),
+        request_timeout: s.attempt_timeout(),
+        retry: RetryPolicy {
+            max_attempts: ATTEMPTS,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(500),
+        },
+        ..AllocatorOptions::default()
+    };
+    Allocator::from_arc(store, opts).map_err(|e| match e {
+        // The only input here is --prefix.
+        idalloc::Error::InvalidInput { .. } => Failure::usage(format!("--prefix: {e}")),
+        other => other.into(),
+    })
+}

@@ -1,0 +1,219 @@
+//! Turning results into text: aligned tables for people, JSON values with stable field names for
+//! programs. Pure functions, so the shapes are unit-tested without a store.
+
+use idalloc::{Binding, PoolSpec, SweepReport};
+use serde_json::{json, Value};
+
+/// Usage figures of one pool.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Usage {
+    pub spec: PoolSpec,
+    /// Keys with an ID.
+    pub bound: u64,
+    /// IDs waiting out their reuse delay.
+    pub quarantined: u64,
+}
+
+impl Usage {
+    pub fn capacity(&self) -> u64 {
+        self.spec.capacity()
+    }
+    pub fn free(&self) -> u64 {
+        self.capacity().saturating_sub(self.bound.saturating_add(self.quarantined))
+    }
+    /// Percentage of the capacity bound or quarantined, rounded to one decimal.
+    pub fn used_percent(&self) -> f64 {
+        let cap = self.capacity();
+        if cap == 0 {
+            return 100.0;
+        }
+        let used = self.bound.saturating_add(self.quarantined) as f64;
+        (used * 1000.0 / cap as f64).round() / 10.0
+    }
+
+    pub fn to_json(&self) -> Value {
+        json!({
+            "pool": self.spec.name(),
+            "spec": spec_json(&self.spec),
+            "capacity": self.capacity(),
+            "bound": self.bound,
+            "quarantined": self.quarantined,
+            "free": self.free(),
+            "used_percent": self.used_percent(),
+        })
+    }
+}
+
+/// The spec in its stored JSON form (the same field names as in the store).
+pub fn spec_json(spec: &PoolSpec) -> Value {
+    serde_json::to_value(spec).unwrap_or(Value::Null)
+}
+
+/// Left-aligned columns separated by two spaces; the last column is not padded.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let n = header.len();
+    let mut width = vec![0usize; n];
+    for (i, h) in header.iter().enumerate() {
+        width[i] = h.chars().count();
+    }
+    for r in rows {
+        for (i, c) in r.iter().enumerate().take(n) {
+            width[i] = width[i].max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<&str>, out: &mut String| {
+        let mut l = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                l.push_str(c);
+            } else {
+                l.push_str(c);
+                l.push_str(&" ".repeat(width[i] - c.chars().count() + 2));
+            }
+        }
+        out.push_str(l.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec(), &mut out);
+    for r in rows {
+        line(r.iter().map(String::as_str).collect(), &mut out);
+    }
+    out
+}
+
+pub fn pools_table(usages: &[Usage]) -> String {
+    let rows: Vec<Vec<String>> = usages
+        .iter()
+        .map(|u| {
+            vec![
+                u.spec.name().to_string(),
+                format!("{}-{}", u.spec.min(), u.spec.max()),
+                u.bound.to_string(),
+                u.free().to_string(),
+                format!("{:.1}%", u.used_percent()),
+            ]
+        })
+        .collect();
+    table(&["NAME", "RANGE", "BOUND", "FREE", "USED"], &rows)
+}
+
+/// `pool show`: the spec one field per line, then the figures.
+pub fn pool_show(u: &Usage) -> String {
+    let s = &u.spec;
+    let reserved = if s.reserved().is_empty() {
+        "none".to_string()
+    } else {
+        s.reserved()
+            .iter()
+            .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    format!(
+        "name:         {}\nrange:        {}-{}\nreserved:     {}\nprefix bits:  {:#x}\nstrategy:     {}\n\
+         idle grace:   {}ms\nreuse delay:  {}ms\ncapacity:     {}\nbound:        {}\nquarantined:  {}\n\
+         free:         {}\nused:         {:.1}%\n",
+        s.name(),
+        s.min(),
+        s.max(),
+        reserved,
+        s.prefix_bits(),
+        s.strategy_kind(),
+        s.idle_grace_duration().as_millis(),
+        s.reuse_delay_duration().as_millis(),
+        u.capacity(),
+        u.bound,
+        u.quarantined,
+        u.free(),
+        u.used_percent()
+    )
+}
+
+pub fn bindings_table(bindings: &[Binding]) -> String {
+    let rows: Vec<Vec<String>> = bindings
+        .iter()
+        .map(|b| {
+            vec![
+                b.id.to_string(),
+                b.key.clone(),
+                if b.holders.is_empty() { "-".to_string() } else { b.holders.join(",") },
+            ]
+        })
+        .collect();
+    table(&["ID", "KEY", "HOLDERS"], &rows)
+}
+
+pub fn bindings_json(pool: &str, bindings: &[Binding]) -> Value {
+    json!({
+        "pool": pool,
+        "bindings": bindings
+            .iter()
+            .map(|b| json!({"id": b.id, "key": b.key, "holders": b.holders}))
+            .collect::<Vec<_>>(),
+    })
+}
+
+pub fn sweep_json(pool: &str, r: &SweepReport) -> Value {
+    json!({
+        "pool": pool,
+        "reclaimed": r.reclaimed.iter().map(|(id, key)| json!({"id": id, "key": key})).collect::<Vec<_>>(),
+        "idle": r.idle,
+        "bindings": r.bindings,
+    })
+}
+
+/// `gc` for people: one line per reclaimed binding, then a summary per pool.
+pub fn sweep_text(pool: &str, r: &SweepReport, dry_run: bool) -> String {
+    let verb = if dry_run { "would reclaim" } else { "reclaimed" };
+    let mut out = String::new();
+    for (id, key) in &r.reclaimed {
+        out.push_str(&format!("{pool}: {verb} {id} {key}\n"));
+    }
+    out.push_str(&format!("{pool}: {verb} {} of {} bindings", r.reclaimed.len(), r.bindings));
+    if r.idle > 0 {
+        out.push_str(&format!("; {} unreferenced but within the idle grace", r.idle));
+    }
+    out.push('\n');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn usage_figures() {
+        let u = Usage { spec: PoolSpec::new("p", 1, 10).reserve(1..=2), bound: 3, quarantined: 1 };
+        assert_eq!(u.capacity(), 8);
+        assert_eq!(u.free(), 4);
+        assert_eq!(u.used_percent(), 50.0);
+        let j = u.to_json();
+        assert_eq!(j["pool"], "p");
+        assert_eq!(j["spec"]["min"], 1);
+        assert_eq!(j["free"], 4);
+        let t = pools_table(&[u]);
+        assert_eq!(t, "NAME  RANGE  BOUND  FREE  USED\np     1-10   3      4     50.0%\n");
+    }
+
+    #[test]
+    fn bindings() {
+        let b = vec![
+            Binding { id: 3, key: "a".into(), holders: vec!["x".into(), "y".into()] },
+            Binding { id: 10, key: "bb".into(), holders: vec![] },
+        ];
+        assert_eq!(bindings_table(&b), "ID  KEY  HOLDERS\n3   a    x,y\n10  bb   -\n");
+        let j = bindings_json("p", &b);
+        assert_eq!(j["bindings"][0]["holders"][1], "y");
+        assert_eq!(j["bindings"][1]["id"], 10);
+    }
+
+    #[test]
+    fn sweep_lines() {
+        let r = SweepReport { reclaimed: vec![(4, "k".into())], idle: 1, bindings: 5, revision: 9 };
+        let t = sweep_text("p", &r, true);
+        assert!(t.starts_with("p: would reclaim 4 k\n"), "{t}");
+        assert!(t.contains("1 unreferenced"), "{t}");
+        assert_eq!(sweep_json("p", &r)["reclaimed"][0]["key"], "k");
+    }
+}

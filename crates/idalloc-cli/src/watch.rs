@@ -1,0 +1,211 @@
+//! `watch POOL`: one line per binding change until ctrl-c (exit 0) or `--count` changes.
+//!
+//! On etcd (and memory) the pool's event stream is followed. A file store belongs to one process
+//! at a time, so holding it open for a watch would lock every other `idalloc` out; instead the file
+//! is opened every `--interval`, read, and closed, and the difference to the last reading is
+//! printed. Both paths keep the set of bindings already reported and print only real changes, so
+//! the pool's initial listing (which the event stream replays as upserts) is not reported twice.
+
+use std::collections::BTreeMap;
+
+use idalloc::{Allocator, Event};
+use serde_json::json;
+
+use crate::cli::WatchArgs;
+use crate::commands::Out;
+use crate::fail::Failure;
+use crate::open::{self, Settings};
+
+/// One reported change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Change {
+    Bound { id: u64, key: String },
+    Unbound { id: u64, key: String },
+}
+
+/// What changed from `old` to `new` (ID → key maps): unbindings first, then bindings, each by ID,
+/// so a key that moved to another ID reads "unbound old, bound new".
+pub fn diff(old: &BTreeMap<u64, String>, new: &BTreeMap<u64, String>) -> Vec<Change> {
+    let mut out = Vec::new();
+    for (id, key) in old {
+        if new.get(id) != Some(key) {
+            out.push(Change::Unbound { id: *id, key: key.clone() });
+        }
+    }
+    for (id, key) in new {
+        if old.get(id) != Some(key) {
+            out.push(Change::Bound { id: *id, key: key.clone() });
+        }
+    }
+    out
+}
+
+struct Printer {
+    pool: String,
+    out: Out,
+    printed: u64,
+    limit: Option<u64>,
+}
+
+impl Printer {
+    fn synced(&self, bindings: usize) -> Result<(), Failure> {
+        self.out.either(
+            || json!({"event": "synced", "pool": self.pool, "bindings": bindings}),
+            || format!("synced {bindings} bindings\n"),
+        )
+    }
+
+    /// Prints a change; true once `--count` changes are printed.
+    fn change(&mut self, c: &Change) -> Result<bool, Failure> {
+        match c {
+            Change::Bound { id, key } => self.out.either(
+                || json!({"event": "upsert", "pool": self.pool, "id": id, "key": key}),
+                || format!("bound {id} {key}\n"),
+            )?,
+            Change::Unbound { id, key } => self.out.either(
+                || json!({"event": "delete", "pool": self.pool, "id": id, "key": key}),
+                || format!("unbound {id} {key}\n"),
+            )?,
+        }
+        self.count()
+    }
+
+    fn count(&mut self) -> Result<bool, Failure> {
+        self.printed += 1;
+        Ok(self.limit.is_some_and(|l| self.printed >= l))
+    }
+}
+
+/// Follows the pool's events (etcd, memory).
+pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Failure> {
+    let pool = alloc.pool(&w.pool).await?;
+    let mut events = pool.events();
+    pool.wait_synced().await?;
+    let mut known: BTreeMap<u64, String> = pool.snapshot().into_iter().collect();
+    let mut p = Printer { pool: w.pool.clone(), out, printed: 0, limit: w.count };
+    p.synced(known.len())?;
+    if w.count == Some(0) {
+        return Ok(());
+    }
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let ev = tokio::select! {
+            ev = events.recv() => ev,
+            _ = &mut ctrl_c => return Ok(()),
+        };
+        let Some(ev) = ev else {
+            return Err(Failure::runtime(format!("the event stream of pool {:?} ended", w.pool)));
+        };
+        let changes = match ev {
+            Event::Upsert { id, key } => {
+                let mut next = known.clone();
+                next.insert(id, key);
+                diff(&known, &next)
+            }
+            Event::Delete { id, key } => {
+                if known.get(&id) != Some(&key) {
+                    continue;
+                }
+                vec![Change::Unbound { id, key }]
+            }
+            Event::Synced => continue,
+            Event::Conflict { key, old_id, new_id } => {
+                out.either(
+                    || json!({"event": "conflict", "pool": w.pool, "key": key, "old_id": old_id, "new_id": new_id}),
+                    || format!("conflict {key} lost {old_id}, now {new_id}\n"),
+                )?;
+                if p.count()? {
+                    return Ok(());
+                }
+                continue;
+            }
+            Event::Lagged { missed } => {
+                out.either(
+                    || json!({"event": "lagged", "pool": w.pool, "missed": missed}),
+                    || format!("lagged: {missed} events missed, re-reading the pool\n"),
+                )?;
+                let now: BTreeMap<u64, String> = pool.snapshot().into_iter().collect();
+                diff(&known, &now)
+            }
+        };
+        for c in &changes {
+            match c {
+                Change::Bound { id, key } => known.insert(*id, key.clone()),
+                Change::Unbound { id, .. } => known.remove(id),
+            };
+            if p.change(c)? {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Polls a file store (see the module docs).
+pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(), Failure> {
+    let mut p = Printer { pool: w.pool.clone(), out, printed: 0, limit: w.count };
+    let mut known: Option<BTreeMap<u64, String>> = None;
+    let ctrl_c = tokio::signal::ctrl_c();
+    tokio::pin!(ctrl_c);
+    loop {
+        let now = tokio::select! {
+            r = read_bindings(settings, &w.pool) => r?,
+            _ = &mut ctrl_c => return Ok(()),
+        };
+        match &known {
+            None => {
+                p.synced(now.len())?;
+                if w.count == Some(0) {
+                    return Ok(());
+                }
+            }
+            Some(old) => {
+                for c in diff(old, &now) {
+                    if p.change(&c)? {
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        known = Some(now);
+        tokio::select! {
+            _ = tokio::time::sleep(w.interval) => {}
+            _ = &mut ctrl_c => return Ok(()),
+        }
+    }
+}
+
+/// Opens the file, reads the pool's bindings, closes the file.
+async fn read_bindings(settings: &Settings, pool: &str) -> Result<BTreeMap<u64, String>, Failure> {
+    let opened = open::open_store(settings, false).await?;
+    let alloc = open::allocator(settings, opened.store)?;
+    let result = async {
+        let pool = alloc.pool(pool).await?;
+        Ok::<_, Failure>(pool.list().await?.into_iter().map(|b| (b.id, b.key)).collect())
+    }
+    .await;
+    let _ = alloc.close().await;
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn m(v: &[(u64, &str)]) -> BTreeMap<u64, String> {
+        v.iter().map(|(i, k)| (*i, k.to_string())).collect()
+    }
+
+    #[test]
+    fn diffs() {
+        assert!(diff(&m(&[(1, "a")]), &m(&[(1, "a")])).is_empty());
+        assert_eq!(
+            diff(&m(&[(1, "a"), (2, "b")]), &m(&[(2, "b"), (3, "a"), (1, "c")])),
+            vec![
+                Change::Unbound { id: 1, key: "a".into() },
+                Change::Bound { id: 1, key: "c".into() },
+                Change::Bound { id: 3, key: "a".into() },
+            ]
+        );
+    }
+}
