@@ -26,10 +26,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt;
-use idalloc::layout::{encode_id, enc, parse_id_value};
+use idalloc::layout::{enc, encode_id, parse_id_value};
 use idalloc::store::{
-    Compare, CompareOp, CompareTarget, GetRequest, KeyRange, Store, TxnOp, TxnRequest,
-    WatchEvent, WatchMessage,
+    Compare, CompareOp, CompareTarget, GetRequest, KeyRange, Store, TxnOp, TxnRequest, WatchEvent,
+    WatchMessage,
 };
 use rand::Rng;
 
@@ -213,9 +213,10 @@ impl CiliumNode {
 
     /// `lock.Unlock()` (seed line 466, deferred): delete our lock key.
     async fn unlock(&self, lock: Lock) -> Result<(), String> {
-        self.store.txn(TxnRequest::new().and_then([TxnOp::delete(lock.key)])).await.map_err(
-            |e| err("cilium unlock", e),
-        )?;
+        self.store
+            .txn(TxnRequest::new().and_then([TxnOp::delete(lock.key)]))
+            .await
+            .map_err(|e| err("cilium unlock", e))?;
         Ok(())
     }
 
@@ -272,8 +273,7 @@ impl CiliumNode {
     /// seed lines 421-429: `selectAvailableID`, a random ID the local pool thinks free.
     fn select_available_id(&self) -> Option<u64> {
         let c = self.cache.lock().ok()?;
-        let local: HashSet<u64> =
-            self.local.lock().ok()?.values().map(|(id, _)| *id).collect();
+        let local: HashSet<u64> = self.local.lock().ok()?.values().map(|(id, _)| *id).collect();
         let mut rng = rand::rng();
         (0..1000)
             .map(|_| rng.random_range(RANGE.0..=RANGE.1))

@@ -278,10 +278,7 @@ impl Node for CeilingNode {
             .when([
                 Compare::value_is(key_rec.clone(), encode_id(id)),
                 Compare::range_empty(KeyRange::range(refs.clone(), ref_rec.clone())),
-                Compare::range_empty(KeyRange::range(
-                    after,
-                    idalloc::store::prefix_end(&refs),
-                )),
+                Compare::range_empty(KeyRange::range(after, idalloc::store::prefix_end(&refs))),
             ])
             .and_then([
                 TxnOp::delete(ref_rec.clone()),

@@ -41,10 +41,13 @@ pub fn pool_value(allocations: &BTreeMap<String, u64>) -> Vec<u8> {
 
 fn parse(value: &[u8]) -> Result<BTreeMap<String, u64>, String> {
     let v: Value = serde_json::from_slice(value).map_err(|e| err("contiv pool JSON", e))?;
-    let allocs = v.get("id_allocations").and_then(Value::as_object).ok_or("contiv: no allocations")?;
+    let allocs =
+        v.get("id_allocations").and_then(Value::as_object).ok_or("contiv: no allocations")?;
     allocs
         .iter()
-        .map(|(k, v)| v.as_u64().map(|id| (k.clone(), id)).ok_or_else(|| format!("contiv: bad ID for {k}")))
+        .map(|(k, v)| {
+            v.as_u64().map(|id| (k.clone(), id)).ok_or_else(|| format!("contiv: bad ID for {k}"))
+        })
         .collect()
 }
 

@@ -155,7 +155,8 @@ pub async fn run(cfg: &Config) -> Report {
     }
     for kind in Kind::ALL {
         log(&format!("bound elsewhere: {}", kind.name()));
-        r.bound.push((kind, scenarios::bound_elsewhere(kind, cfg.bound_keys, cfg.list_tasks).await));
+        r.bound
+            .push((kind, scenarios::bound_elsewhere(kind, cfg.bound_keys, cfg.list_tasks).await));
         log(&format!("release: {}", kind.name()));
         r.release.push((kind, scenarios::release(kind, cfg.release_keys, cfg.list_tasks).await));
     }
@@ -167,8 +168,7 @@ pub async fn run(cfg: &Config) -> Report {
     }
     for kind in [Kind::Idalloc, Kind::Cilium, Kind::Contiv] {
         log(&format!("{} nodes, overlapping keys: {}", cfg.overlap_nodes, kind.name()));
-        r.overlap
-            .push((kind, scenarios::overlap(kind, cfg.overlap_nodes, cfg.overlap_keys).await));
+        r.overlap.push((kind, scenarios::overlap(kind, cfg.overlap_nodes, cfg.overlap_keys).await));
     }
 
     log("initial sync");
@@ -186,11 +186,7 @@ pub async fn run(cfg: &Config) -> Report {
                     scenarios::embedded(Some(dir.path()), c, cfg.run).await,
                 ));
             }
-            r.embedded.push((
-                "memory".into(),
-                64,
-                scenarios::embedded(None, 64, cfg.run).await,
-            ));
+            r.embedded.push(("memory".into(), 64, scenarios::embedded(None, 64, cfg.run).await));
             log("CLI");
             r.cli = cli(cfg, dir.path()).await;
         }
@@ -214,6 +210,15 @@ pub async fn run(cfg: &Config) -> Report {
     r
 }
 
+/// Bound on one CLI run.
+fn cli_limit(cfg: &Config) -> Duration {
+    if cfg.quick {
+        Duration::from_secs(60)
+    } else {
+        Duration::from_secs(240)
+    }
+}
+
 async fn cli(cfg: &Config, dir: &std::path::Path) -> Vec<(String, usize, Outcome<f64>)> {
     let n = cfg.cli_keys;
     let Some(bin) = cfg.cli.clone().filter(|b| b.is_file()) else {
@@ -226,7 +231,7 @@ async fn cli(cfg: &Config, dir: &std::path::Path) -> Vec<(String, usize, Outcome
     let mut out = vec![(
         "file".to_string(),
         n,
-        scenarios::cli_acquire(&bin, &file, dir, n).await,
+        scenarios::cli_acquire(&bin, &file, dir, n, cli_limit(cfg)).await,
     )];
     let etcd = match idalloc::testing::EtcdServer::start().await {
         Ok(e) => e,
@@ -236,6 +241,6 @@ async fn cli(cfg: &Config, dir: &std::path::Path) -> Vec<(String, usize, Outcome
         }
     };
     let url = etcd.endpoint().replacen("http://", "etcd://", 1);
-    out.push(("etcd".into(), n, scenarios::cli_acquire(&bin, &url, dir, n).await));
+    out.push(("etcd".into(), n, scenarios::cli_acquire(&bin, &url, dir, n, cli_limit(cfg)).await));
     out
 }

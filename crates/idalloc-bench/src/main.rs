@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use idalloc_bench::{run, Config};
 
 fn usage(msg: &str) -> String {
-    format!("{msg}\nusage: idalloc-bench [--quick] [--out FILE.md] [--cli PATH-TO-idalloc]")
+    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -21,6 +21,16 @@ async fn main() -> Result<(), String> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => quick = true,
+            // Micro-benchmarks alone, at full size, printed (for profiling a missed target).
+            "--micro-only" => {
+                let cfg = Config::full();
+                let mut m = idalloc_bench::micro::Micro::default();
+                idalloc_bench::micro::cache(cfg.micro_bindings, cfg.micro_iters, &mut m);
+                idalloc_bench::micro::picks(cfg.micro_iters, &mut m);
+                idalloc_bench::micro::escaping(cfg.micro_iters, &mut m);
+                println!("{m:#?}");
+                return Ok(());
+            }
             "--out" => out = args.next().ok_or_else(|| usage("--out needs a file name"))?.into(),
             "--cli" => cli = Some(args.next().ok_or_else(|| usage("--cli needs a path"))?.into()),
             other => return Err(usage(&format!("unknown argument {other:?}"))),
@@ -33,7 +43,8 @@ async fn main() -> Result<(), String> {
     cfg.cli = cli.or_else(|| Some(PathBuf::from("target/release/idalloc")));
     let report = run(&cfg).await;
     let svg = out.with_extension("svg");
-    let svg_name = svg.file_name().map_or("benchmarks.svg".into(), |n| n.to_string_lossy().into_owned());
+    let svg_name =
+        svg.file_name().map_or("benchmarks.svg".into(), |n| n.to_string_lossy().into_owned());
     std::fs::write(&out, report.markdown(&svg_name))
         .map_err(|e| format!("writing {}: {e}", out.display()))?;
     std::fs::write(&svg, report.svg()).map_err(|e| format!("writing {}: {e}", svg.display()))?;

@@ -157,8 +157,10 @@ async fn close_all(nodes: &[Arc<dyn Node>]) {
 pub async fn new_keys(kind: Kind, c: usize, dur: Duration) -> Result<Run, String> {
     let etcd = EtcdServer::start().await?;
     let node = start_node(kind, counted(&etcd).await?, 0, Arc::new(Shared::default())).await?;
-    // Warm-up outside the measurement (connections, etcd's first allocations).
-    run_fresh(node.clone(), c.min(4), Duration::from_millis(200), "warm").await;
+    // Warm-up outside the measurement, the same for every contender: a fresh etcd is still
+    // preallocating its WAL and settling, and connections are new. A fifth of the run, at the
+    // run's concurrency.
+    run_fresh(node.clone(), c, dur / 5, "warm").await;
     let run = run_fresh(node.clone(), c, dur, "new").await;
     node.close().await;
     Ok(run)
@@ -238,10 +240,10 @@ pub async fn with_existing(kind: Kind, n: usize, dur: Duration) -> Result<Run, S
             let allocs: BTreeMap<String, u64> =
                 (0..n).map(|i| (key("prefill", 0, 0, i), RANGE.0 + i as u64)).collect();
             store
-                .txn(TxnRequest::new().and_then([TxnOp::put(
-                    contiv::POOL_KEY,
-                    contiv::pool_value(&allocs),
-                )]))
+                .txn(
+                    TxnRequest::new()
+                        .and_then([TxnOp::put(contiv::POOL_KEY, contiv::pool_value(&allocs))]),
+                )
                 .await
                 .map_err(|e| err("contiv prefill", e))?;
         }
@@ -328,31 +330,50 @@ pub async fn embedded(dir: Option<&Path>, c: usize, dur: Duration) -> Result<Run
 }
 
 /// `idalloc acquire POOL --from FILE` of `n` keys with the CLI binary `cli`, on `store_url`.
-pub async fn cli_acquire(cli: &Path, store_url: &str, dir: &Path, n: usize) -> Result<f64, String> {
+/// Gives up (killing the child it started) after `limit`, so the full run stays bounded.
+pub async fn cli_acquire(
+    cli: &Path,
+    store_url: &str,
+    dir: &Path,
+    n: usize,
+    limit: Duration,
+) -> Result<f64, String> {
     let keys: String = (0..n).map(|i| key("cli", 0, 0, i) + "\n").collect();
     let file = dir.join(format!("keys-{n}.txt"));
     std::fs::write(&file, keys).map_err(|e| err("writing CLI key file", e))?;
+    let errors = dir.join("cli-stderr.txt");
+    let stderr = std::fs::File::create(&errors).map_err(|e| err("CLI stderr file", e))?;
     let (cli, store_url) = (cli.to_path_buf(), store_url.to_string());
     let t0 = Instant::now();
-    let out = tokio::task::spawn_blocking(move || {
-        std::process::Command::new(cli)
-            .args(["--store", &store_url, "acquire", POOL, "--from"])
-            .arg(&file)
-            .args(["--range", &format!("{}-{}", RANGE.0, RANGE.1)])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .output()
-    })
-    .await
-    .map_err(|e| err("CLI task", e))?
-    .map_err(|e| err("running the CLI", e))?;
+    let status =
+        tokio::task::spawn_blocking(move || -> Result<std::process::ExitStatus, String> {
+            let mut child = std::process::Command::new(cli)
+                .args(["--store", &store_url, "acquire", POOL, "--from"])
+                .arg(&file)
+                .args(["--range", &format!("{}-{}", RANGE.0, RANGE.1)])
+                .stdout(std::process::Stdio::null())
+                .stderr(stderr)
+                .spawn()
+                .map_err(|e| err("running the CLI", e))?;
+            let deadline = Instant::now() + limit;
+            loop {
+                if let Some(st) = child.try_wait().map_err(|e| err("waiting for the CLI", e))? {
+                    return Ok(st);
+                }
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("did not finish within {} s (stopped)", limit.as_secs()));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        })
+        .await
+        .map_err(|e| err("CLI task", e))??;
     let secs = t0.elapsed().as_secs_f64();
-    if !out.status.success() {
-        return Err(format!(
-            "CLI exited with {}: {}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
+    if !status.success() {
+        let msg = std::fs::read_to_string(&errors).unwrap_or_default();
+        return Err(format!("CLI exited with {status}: {}", msg.trim()));
     }
     Ok(secs)
 }

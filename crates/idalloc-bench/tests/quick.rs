@@ -93,13 +93,27 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
     for k in Kind::ALL {
         assert!(md.contains(k.name()), "report names {}", k.name());
     }
-    for heading in ["## Targets", "## New keys", "bound by another node", "last holder", "Contiv degradation", "overlapping key set", "Micro-benchmarks", "## Scale", "## Embedded store"] {
+    for heading in [
+        "## Targets",
+        "## New keys",
+        "bound by another node",
+        "last holder",
+        "Contiv degradation",
+        "overlapping key set",
+        "Micro-benchmarks",
+        "## Scale",
+        "## Embedded store",
+    ] {
         assert!(md.contains(heading), "report has a section {heading:?}");
     }
     assert!(md.contains("logical cores") && md.contains("load average"));
     let svg = report.svg();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     for k in Kind::ALL {
-        assert!(svg.contains(&format!("data-name=\"{}\"", k.name())), "plot has a line for {}", k.name());
+        assert!(
+            svg.contains(&format!("data-name=\"{}\"", k.name())),
+            "plot has a line for {}",
+            k.name()
+        );
     }
 }

@@ -10,6 +10,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+/// The cache's maps hash with foldhash (hashbrown's default hasher: per-process random seed)
+/// instead of std's SipHash: a `get` hashes the whole key (label sets run to 50+ bytes), and
+/// SipHash was a large share of a cached lookup (docs/benchmarks.md, before/after).
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 use crate::idset::IdSet;
 use crate::layout::IdRecord;
 use crate::pool::PoolSpec;
@@ -44,8 +49,12 @@ struct Entry {
 #[derive(Debug)]
 pub struct PoolCache {
     spec: PoolSpec,
-    by_id: HashMap<u64, Entry>,
-    by_key: HashMap<Arc<str>, u64>,
+    /// Bound IDs. Tombstones live apart in `tombstones` so that this map's values are one
+    /// pointer (16 bytes, not 24 with a flag and padding): at 1M bindings that is ~17 bytes less
+    /// per binding (docs/benchmarks.md), and tombstones are few.
+    by_id: FastMap<u64, Arc<str>>,
+    tombstones: FastMap<u64, Arc<str>>,
+    by_key: FastMap<Arc<str>, u64>,
     free: IdSet,
     revision: Revision,
 }
@@ -53,7 +62,22 @@ pub struct PoolCache {
 impl PoolCache {
     pub fn new(spec: PoolSpec) -> Self {
         let free = IdSet::new(spec.min(), spec.max(), spec.reserved());
-        PoolCache { spec, by_id: HashMap::new(), by_key: HashMap::new(), free, revision: 0 }
+        PoolCache {
+            spec,
+            by_id: FastMap::default(),
+            tombstones: FastMap::default(),
+            by_key: FastMap::default(),
+            free,
+            revision: 0,
+        }
+    }
+
+    /// Removes and returns `id`'s record, bound or tombstone.
+    fn take(&mut self, id: u64) -> Option<Entry> {
+        match self.by_id.remove(&id) {
+            Some(key) => Some(Entry { key, tombstone: false }),
+            None => self.tombstones.remove(&id).map(|key| Entry { key, tombstone: true }),
+        }
     }
 
     /// The store revision the maps reflect.
@@ -68,28 +92,21 @@ impl PoolCache {
 
     /// The key bound to `id`, if any (not a tombstone's former key).
     pub fn key_of(&self, id: u64) -> Option<&str> {
-        self.by_id.get(&id).filter(|e| !e.tombstone).map(|e| &*e.key)
+        self.by_id.get(&id).map(|k| &**k)
     }
 
     /// What the cache knows of `id`'s record: `None` if it has none.
     pub fn record(&self, id: u64) -> Option<IdRecord> {
-        self.by_id.get(&id).map(|e| {
-            if e.tombstone {
-                IdRecord::Tombstone(e.key.to_string())
-            } else {
-                IdRecord::Bound(e.key.to_string())
-            }
-        })
+        match self.by_id.get(&id) {
+            Some(k) => Some(IdRecord::Bound(k.to_string())),
+            None => self.tombstones.get(&id).map(|k| IdRecord::Tombstone(k.to_string())),
+        }
     }
 
     /// Every binding, sorted by ID.
     pub fn snapshot(&self) -> Vec<(u64, String)> {
-        let mut v: Vec<(u64, String)> = self
-            .by_id
-            .iter()
-            .filter(|(_, e)| !e.tombstone)
-            .map(|(id, e)| (*id, e.key.to_string()))
-            .collect();
+        let mut v: Vec<(u64, String)> =
+            self.by_id.iter().map(|(id, k)| (*id, k.to_string())).collect();
         v.sort_unstable_by_key(|(id, _)| *id);
         v
     }
@@ -137,8 +154,13 @@ impl PoolCache {
                 listed.insert(id, IdRecord::decode(&kv.value));
             }
         }
-        let mut gone: Vec<u64> =
-            self.by_id.keys().filter(|id| !listed.contains_key(id)).copied().collect();
+        let mut gone: Vec<u64> = self
+            .by_id
+            .keys()
+            .chain(self.tombstones.keys())
+            .filter(|id| !listed.contains_key(id))
+            .copied()
+            .collect();
         // Sorted: events come out in the same order on every run (reproducible simulations).
         gone.sort_unstable();
         let mut events = Vec::new();
@@ -157,7 +179,7 @@ impl PoolCache {
 
     /// Sets `id`'s record and keeps both maps and the free set in step. `None` deletes it.
     fn set(&mut self, id: u64, rec: Option<IdRecord>) -> Option<Event> {
-        let old = self.by_id.remove(&id);
+        let old = self.take(id);
         if let Some(e) = &old {
             if !e.tombstone && self.by_key.get(&e.key) == Some(&id) {
                 self.by_key.remove(&e.key);
@@ -187,12 +209,16 @@ impl PoolCache {
                 if let Some(raw) = raw {
                     self.free.insert(raw);
                 }
-                self.by_id.insert(id, Entry { key, tombstone });
-                self.by_id.get(&id)
+                if tombstone {
+                    self.tombstones.insert(id, key.clone());
+                } else {
+                    self.by_id.insert(id, key.clone());
+                }
+                Some(Entry { key, tombstone })
             }
         };
         let was = old.as_ref().filter(|e| !e.tombstone);
-        let now = new.filter(|e| !e.tombstone);
+        let now = new.as_ref().filter(|e| !e.tombstone);
         match (was, now) {
             (Some(w), Some(n)) if w.key == n.key => None,
             (_, Some(n)) => Some(Event::Upsert { id, key: n.key.to_string() }),
@@ -207,7 +233,7 @@ impl PoolCache {
         if let Some(raw) = self.spec.strip_prefix(id) {
             if used {
                 self.free.insert(raw);
-            } else if !self.by_id.contains_key(&id) {
+            } else if !self.by_id.contains_key(&id) && !self.tombstones.contains_key(&id) {
                 self.free.remove(raw);
             }
         }
