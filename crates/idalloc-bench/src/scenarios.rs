@@ -85,10 +85,10 @@ pub async fn run_fresh(node: Arc<dyn Node>, tasks: usize, dur: Duration, tag: &s
 
 /// Every `(node, key lists)` pair runs one task per list, all at once; `release` picks the
 /// operation. Returns the run and, per node, what each key got.
-pub async fn run_lists(
-    work: Vec<(Arc<dyn Node>, Vec<Vec<String>>)>,
-    release: bool,
-) -> (Run, Vec<HashMap<String, u64>>) {
+/// A node and the key lists its tasks work through (one task per list).
+pub type Work = Vec<(Arc<dyn Node>, Vec<Vec<String>>)>;
+
+pub async fn run_lists(work: Work, release: bool) -> (Run, Vec<HashMap<String, u64>>) {
     let nodes: Vec<Arc<dyn Node>> = work.iter().map(|(n, _)| n.clone()).collect();
     let before = reset(&nodes);
     let start = Instant::now();

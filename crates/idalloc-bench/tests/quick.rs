@@ -79,8 +79,8 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
     }
     let (n, _, requests) = report.sync.as_ref().expect("initial sync ran");
     assert_eq!(*n, cfg.sync_bindings);
-    // The pool spec read, one page per 1000 bindings, and the watch.
-    assert!(*requests >= 1 + (*n as u64).div_ceil(1000), "sync requests: {requests}");
+    // At least one page per 1000 bindings, and the watch.
+    assert!(*requests > (*n as u64).div_ceil(1000), "sync requests: {requests}");
     for (label, c, r) in &report.embedded {
         let r = ok(&format!("embedded {label} c={c}"), r);
         assert!(r.ops > 0);
