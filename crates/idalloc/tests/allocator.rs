@@ -567,3 +567,127 @@ async fn huge_range_works() {
     }
     assert_eq!(ids.len(), 100);
 }
+
+/// A store whose watches can be frozen: once `frozen`, a new watch never delivers anything, so a
+/// cache that re-watches stays as stale as it was.
+struct FreezableWatch<S> {
+    inner: S,
+    frozen: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Store for FreezableWatch<S> {
+    async fn txn(
+        &self,
+        req: TxnRequest,
+    ) -> idalloc::store::StoreResult<idalloc::store::TxnResponse> {
+        self.inner.txn(req).await
+    }
+    async fn get(
+        &self,
+        req: GetRequest,
+    ) -> idalloc::store::StoreResult<idalloc::store::GetResponse> {
+        self.inner.get(req).await
+    }
+    async fn lease_grant(&self, ttl: i64) -> idalloc::store::StoreResult<idalloc::store::Lease> {
+        self.inner.lease_grant(ttl).await
+    }
+    async fn lease_keep_alive(&self, id: i64) -> idalloc::store::StoreResult<Option<i64>> {
+        self.inner.lease_keep_alive(id).await
+    }
+    async fn lease_revoke(&self, id: i64) -> idalloc::store::StoreResult<bool> {
+        self.inner.lease_revoke(id).await
+    }
+    async fn watch(
+        &self,
+        range: KeyRange,
+        start_revision: i64,
+    ) -> idalloc::store::StoreResult<idalloc::store::WatchStream> {
+        if self.frozen.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(Box::pin(futures::stream::pending()));
+        }
+        self.inner.watch(range, start_revision).await
+    }
+    async fn compact(&self, revision: i64) -> idalloc::store::StoreResult<()> {
+        self.inner.compact(revision).await
+    }
+}
+
+/// Found by simulation seed 30: a node whose cache still showed an ID under the key it used to
+/// belong to moved a key that another node had just bound to that ID onto a second ID, leaving
+/// two ID records for one key (G1) and the other holders with a Conflict without any data loss.
+#[tokio::test(start_paused = true)]
+async fn regression_stale_cache_must_not_move_a_key_off_its_id() {
+    let store = Arc::new(EmbeddedStore::memory());
+    let fault = FaultStore::new(store.clone(), 1, FaultConfig::default()).expect("fault store");
+    let stale = Arc::new(FreezableWatch { inner: fault, frozen: false.into() });
+    let spec = PoolSpec::new("p", 1, 10).strategy(Strategy::Lowest);
+    let b = allocator(store.clone(), "b");
+    let pb = b.ensure_pool(&spec).await.expect("pool");
+    assert_eq!(pb.acquire("other").await.expect("other").id, 1);
+    let a = allocator(stale.clone(), "a");
+    let pa = a.pool("p").await.expect("pool a");
+    wait_until(|| pa.key_of(1).as_deref() == Some("other")).await;
+
+    // Freeze a's view: break its watch, and let every new one stay silent.
+    stale.frozen.store(true, std::sync::atomic::Ordering::SeqCst);
+    stale.inner.partition(true);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stale.inner.partition(false);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // ID 1 changes hands behind a's back.
+    assert!(pb.release("other").await.expect("release").reclaimed);
+    wait_until(|| pb.key_of(1).is_none()).await;
+    assert_eq!(pb.acquire("k").await.expect("k").id, 1);
+    assert_eq!(pa.key_of(1).as_deref(), Some("other"), "a's view is stale");
+
+    let got = pa.acquire("k").await.expect("a acquires k");
+    assert_eq!((got.id, got.new), (1, false), "a joins the binding the store has");
+    assert_eq!(raw_binding(&*store, "p", "k").await, Some(1));
+    check_g1(&*store, "p").await;
+}
+
+/// Found by the simulation: a last release whose response was lost restored the local hold
+/// although the store had already dropped the reference, so another key could take the ID while
+/// the process still believed it held it. An unknown outcome now leaves the key released locally
+/// and completes the release in the background.
+#[tokio::test(start_paused = true)]
+async fn regression_release_with_lost_response_is_completed_not_restored() {
+    let store = Arc::new(EmbeddedStore::memory());
+    let fault = Arc::new(FaultStore::new(store.clone(), 3, FaultConfig::default()).expect("fault"));
+    let a = allocator_with(fault.clone(), "a", |o| o.retry.max_attempts = 1);
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.expect("pool");
+    p.acquire("k").await.expect("acquire");
+
+    fault.set_config(FaultConfig { lose_response: 1.0, ..FaultConfig::default() }).expect("config");
+    match p.release("k").await {
+        Err(Error::Unavailable { reason }) => assert!(reason.contains("background"), "{reason}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    fault.set_config(FaultConfig::default()).expect("config");
+    assert!(p.held().is_empty(), "the key is not held any more");
+    // The release took effect (the response was lost, not the request), and the background
+    // completion finds nothing left to do.
+    wait_until_async(|| async { raw_binding(&*store, "p", "k").await.is_none() }).await;
+    assert_eq!(count_refs(&*store, "p").await, 0);
+    // A later acquire starts afresh.
+    let again = p.acquire("k").await.expect("acquire again");
+    assert!(again.new);
+    assert!(p.get("k").is_some());
+}
+
+/// The other half of an unknown outcome: the release never reached the store. The background
+/// completion sends it again, so the reference does not leak.
+#[tokio::test(start_paused = true)]
+async fn release_that_never_arrived_is_completed_in_the_background() {
+    let store = Arc::new(EmbeddedStore::memory());
+    let fault = Arc::new(FaultStore::new(store.clone(), 4, FaultConfig::default()).expect("fault"));
+    let a = allocator_with(fault.clone(), "a", |o| o.retry.max_attempts = 1);
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.expect("pool");
+    p.acquire("k").await.expect("acquire");
+    fault.fail_next(1);
+    assert!(matches!(p.release("k").await, Err(Error::Unavailable { .. })));
+    wait_until_async(|| async { count_refs(&*store, "p").await == 0 }).await;
+    assert_eq!(raw_binding(&*store, "p", "k").await, None, "reclaimed by the completed release");
+}
