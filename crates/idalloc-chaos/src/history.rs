@@ -101,7 +101,11 @@ pub fn read_histories(paths: &[impl AsRef<Path>]) -> Result<History, String> {
                 Ok(r) => r,
                 Err(_) if !complete && n + 1 == lines.len() => continue,
                 Err(e) => {
-                    return Err(format!("{}:{}: bad history line {line:?}: {e}", path.display(), n + 1))
+                    return Err(format!(
+                        "{}:{}: bad history line {line:?}: {e}",
+                        path.display(),
+                        n + 1
+                    ))
                 }
             };
             match rec {
@@ -113,7 +117,11 @@ pub fn read_histories(paths: &[impl AsRef<Path>]) -> Result<History, String> {
                 }
                 Record::Return { proc, seq, t, outcome } => {
                     let i = open.remove(&(proc.clone(), seq)).ok_or_else(|| {
-                        format!("{}:{}: return of {proc}#{seq} without an invoke", path.display(), n + 1)
+                        format!(
+                            "{}:{}: return of {proc}#{seq} without an invoke",
+                            path.display(),
+                            n + 1
+                        )
                     })?;
                     h.ops[i].ret = Some((t, outcome));
                 }
@@ -151,7 +159,11 @@ mod tests {
     }
 
     fn tempfile_dir() -> std::path::PathBuf {
-        let d = std::env::temp_dir().join(format!("idalloc-chaos-hist-{}-{}", std::process::id(), now_ns()));
+        let d = std::env::temp_dir().join(format!(
+            "idalloc-chaos-hist-{}-{}",
+            std::process::id(),
+            now_ns()
+        ));
         std::fs::create_dir_all(&d).unwrap();
         d
     }

@@ -9,3 +9,4 @@
 pub mod history;
 pub mod linearize;
 pub mod model;
+pub mod scan;

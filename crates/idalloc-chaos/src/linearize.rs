@@ -132,7 +132,9 @@ fn linearize_through(
 pub enum CheckError {
     Violation(Violation),
     /// The search exceeded [`MAX_CONFIGS`] at this call: inconclusive, treated as a failure.
-    TooWide { op: usize },
+    TooWide {
+        op: usize,
+    },
 }
 
 #[cfg(test)]
@@ -143,7 +145,12 @@ mod tests {
         KeyOp { call: Call::Acquire { holder: h }, ret: Ret::Acquired { id, new }, invoke, end }
     }
     fn rel(h: u32, held: bool, reclaimed: bool, invoke: u64, end: u64) -> KeyOp {
-        KeyOp { call: Call::Release { holder: h }, ret: Ret::Released { held, reclaimed }, invoke, end }
+        KeyOp {
+            call: Call::Release { holder: h },
+            ret: Ret::Released { held, reclaimed },
+            invoke,
+            end,
+        }
     }
     fn unknown(call: Call, invoke: u64, end: u64) -> KeyOp {
         KeyOp { call, ret: Ret::Unknown, invoke, end }
@@ -199,11 +206,7 @@ mod tests {
         assert!(ok(&[base.clone(), rel(1, true, true, 2, 5), acq(2, 8, true, 3, 4)]));
         // But not "reclaimed" and a join of the old ID with h2 still holding... then a later
         // observe with no binding is a leak the history cannot explain.
-        assert!(!ok(&[
-            base.clone(),
-            rel(1, true, false, 2, 3),
-            observe(None, &[], 10),
-        ]));
+        assert!(!ok(&[base.clone(), rel(1, true, false, 2, 3), observe(None, &[], 10),]));
         // Sequential: after a reclaim nobody holds the key.
         assert!(!ok(&[base.clone(), rel(1, true, true, 2, 3), rel(2, true, false, 4, 5)]));
         // A re-bind after a reclaim may say new = false (a retried request finds what its first

@@ -28,17 +28,30 @@ pub struct KeyState {
 /// A call on one key; holders are small integers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Call {
-    Acquire { holder: u32 },
-    Release { holder: u32 },
+    Acquire {
+        holder: u32,
+    },
+    Release {
+        holder: u32,
+    },
     /// A read of the whole state (the raw store scan after the run).
-    Observe { bound: Option<u64>, holders: BTreeSet<u32> },
+    Observe {
+        bound: Option<u64>,
+        holders: BTreeSet<u32>,
+    },
 }
 
 /// What a call returned.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Ret {
-    Acquired { id: u64, new: bool },
-    Released { held: bool, reclaimed: bool },
+    Acquired {
+        id: u64,
+        new: bool,
+    },
+    Released {
+        held: bool,
+        reclaimed: bool,
+    },
     Observed,
     /// No answer, or an error that may have come after the write committed: the call took effect
     /// or did not.
@@ -52,12 +65,10 @@ pub fn step(s: &KeyState, call: &Call, ret: &Ret) -> Option<KeyState> {
     let mut n = s.clone();
     match (call, ret) {
         (Call::Acquire { holder }, Ret::Acquired { id, new }) => {
-            match s.bound {
-                None => {}
-                Some(b) => {
-                    if *new || b.is_some_and(|b| b != *id) {
-                        return None;
-                    }
+            // Joining a binding: it must be this ID (if known), and not created by this call.
+            if let Some(b) = s.bound {
+                if *new || b.is_some_and(|b| b != *id) {
+                    return None;
                 }
             }
             n.bound = Some(Some(*id));
@@ -147,7 +158,10 @@ mod tests {
         );
         assert_eq!(step(&two, &r, &Ret::Released { held: true, reclaimed: true }), None);
         let one = st(Some(Some(7)), &[1]);
-        assert_eq!(step(&one, &r, &Ret::Released { held: true, reclaimed: true }), Some(st(None, &[])));
+        assert_eq!(
+            step(&one, &r, &Ret::Released { held: true, reclaimed: true }),
+            Some(st(None, &[]))
+        );
         assert_eq!(step(&one, &r, &Ret::Released { held: true, reclaimed: false }), None);
         assert_eq!(step(&one, &r, &Ret::Released { held: false, reclaimed: false }), None);
         let other = st(Some(Some(7)), &[2]);
