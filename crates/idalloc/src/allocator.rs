@@ -700,6 +700,13 @@ impl Inner {
 
     /// Sends a release txn for `holder`'s reference, retrying with a new quarantine lease if the
     /// old one has run out.
+    ///
+    /// `id` may come from a lagging cache. If the txn's compares failed, the reference existed and
+    /// the key turned out bound to another ID, this holder may have been the binding's last holder:
+    /// one follow-up txn (the same release plan on the real ID, without the own-reference compare,
+    /// since that reference is already gone) reclaims it if no other reference exists. Without it
+    /// the binding would stay without any reference (regression test
+    /// `durable_release_with_a_stale_cache_still_reclaims`).
     async fn release_ref(
         &self,
         pool: &PoolState,
@@ -708,20 +715,31 @@ impl Inner {
         holder: &str,
         durable: bool,
     ) -> Result<Released> {
+        let (mut id, mut require_own_ref) = (id, durable);
+        let mut held: Option<bool> = None;
         loop {
             let last = if pool.spec.idle_grace_duration().is_zero() {
                 LastRelease::Reclaim { tombstone_lease: self.quarantine_lease(pool).await? }
             } else {
                 LastRelease::Touch
             };
-            let plan = ReleasePlan { key, id, holder, last, require_own_ref: durable };
+            let plan = ReleasePlan { key, id, holder, last, require_own_ref };
             match self.txn(plan.txn(&self.layout, pool.spec.name())).await {
                 Ok(resp) => {
                     let out = plan.outcome(&resp).map_err(protocol_error)?;
+                    let first = held.is_none();
+                    let had_ref = *held.get_or_insert(out.had_ref);
                     if out.reclaimed {
                         debug!(pool = %pool.spec.name(), key, id, "last reference released; binding reclaimed");
                     }
-                    return Ok(Released { held: out.had_ref, reclaimed: out.reclaimed });
+                    match out.key_now {
+                        Some(now) if first && had_ref && !resp.succeeded && now != id => {
+                            debug!(pool = %pool.spec.name(), key, stale_id = id, id = now, "released with a stale ID; finishing on the key's real ID");
+                            id = now;
+                            require_own_ref = false;
+                        }
+                        _ => return Ok(Released { held: had_ref, reclaimed: out.reclaimed }),
+                    }
                 }
                 Err(StoreError::LeaseNotFound(l)) => {
                     let mut q = pool.quarantine.lock().await;
