@@ -8,7 +8,10 @@
 //!   (the one returned), adds `h`. `new` may be false even when this call created the binding: a
 //!   request retried after a lost response finds the binding its first attempt made.
 //! - `release(k, h)`: `held` says whether `h` had a reference; the last holder's release reclaims
-//!   the binding (`reclaimed = true`); anyone else's does not.
+//!   the binding (`reclaimed = true`); anyone else's does not. `held = false` is also accepted from
+//!   a holder that had a reference, with the release's full effect: the allocator retries a request
+//!   whose answer was lost (e.g. the etcd member died after its leader committed), and the retry
+//!   finds the reference already gone. `held = true` must be exact.
 //!
 //! Which ID an unbound key gets ("any ID not bound to another key") is a cross-key property; the
 //! chaos test checks it on raw store scans (G1) instead of here.
@@ -80,6 +83,17 @@ pub fn step(s: &KeyState, call: &Call, ret: &Ret) -> Option<KeyState> {
                 n.bound = Some(None);
             }
             n.holders.insert(*holder);
+            Some(n)
+        }
+        (Call::Release { holder }, Ret::Released { held: false, reclaimed: false })
+            if s.holders.contains(holder) =>
+        {
+            // The allocator retried a request whose first attempt had already removed the
+            // reference (and maybe reclaimed): the retry finds nothing and says "not held".
+            n.holders.remove(holder);
+            if n.holders.is_empty() {
+                n.bound = None;
+            }
             Some(n)
         }
         (Call::Release { holder }, Ret::Released { held, reclaimed }) => {
@@ -163,7 +177,15 @@ mod tests {
             Some(st(None, &[]))
         );
         assert_eq!(step(&one, &r, &Ret::Released { held: true, reclaimed: false }), None);
-        assert_eq!(step(&one, &r, &Ret::Released { held: false, reclaimed: false }), None);
+        // "Not held" from the holder itself: a retry that found its first attempt's work done.
+        assert_eq!(
+            step(&one, &r, &Ret::Released { held: false, reclaimed: false }),
+            Some(st(None, &[]))
+        );
+        assert_eq!(step(&one, &r, &Ret::Released { held: false, reclaimed: true }), None);
+        // "Held" must be exact.
+        let none = st(Some(Some(7)), &[2]);
+        assert_eq!(step(&none, &r, &Ret::Released { held: true, reclaimed: false }), None);
         let other = st(Some(Some(7)), &[2]);
         assert_eq!(
             step(&other, &r, &Ret::Released { held: false, reclaimed: false }),

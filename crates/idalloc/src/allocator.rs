@@ -109,7 +109,8 @@ pub struct Acquired {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Released {
     /// The caller held the key (a local count for leased references; the reference record for
-    /// durable ones).
+    /// durable ones). For a durable release, `false` can also mean that a request retried after
+    /// its answer was lost found the reference already removed by its own first attempt.
     pub held: bool,
     /// This release removed the binding (it was the last reference and the pool has no idle grace).
     pub reclaimed: bool,
