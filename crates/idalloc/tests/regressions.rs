@@ -104,3 +104,78 @@ async fn durable_release_with_a_stale_cache_still_reclaims() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     wait_until(|| pb.get("k").is_none()).await;
 }
+
+/// A store that holds back one txn: the caller never gets an answer, and the txn is applied later
+/// (like a request queued in a paused etcd member that processes it after its resume).
+struct LateCommit {
+    inner: EmbeddedStore,
+    armed: std::sync::atomic::AtomicBool,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl Store for LateCommit {
+    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            let (inner, delay) = (self.inner.clone(), self.delay);
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = inner.txn(req).await;
+            });
+            return std::future::pending().await;
+        }
+        self.inner.txn(req).await
+    }
+    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
+        self.inner.get(req).await
+    }
+    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
+        self.inner.lease_grant(ttl).await
+    }
+    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
+        self.inner.lease_keep_alive(id).await
+    }
+    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
+        self.inner.lease_revoke(id).await
+    }
+    async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
+        self.inner.watch(range, start_revision).await
+    }
+    async fn compact(&self, revision: Revision) -> StoreResult<()> {
+        self.inner.compact(revision).await
+    }
+}
+
+/// Known limitation, not fixed (docs/chaos.md, "Known limitation"): a bind txn that timed out on
+/// the client but commits after the retry succeeded and after the holder released the key again
+/// re-creates the holder's durable reference. Found by the chaos test with etcd members paused
+/// longer than the client's request timeout. Fixing it needs a protocol change (a fence); this test
+/// states the wanted behaviour and fails today: run it with `--ignored`.
+#[tokio::test(start_paused = true)]
+#[ignore = "known limitation: a late-committing timed-out txn resurrects a released reference (docs/chaos.md)"]
+async fn late_commit_of_a_timed_out_acquire_does_not_resurrect_a_released_reference() {
+    let shared = EmbeddedStore::memory();
+    let store = Arc::new(LateCommit {
+        inner: shared.clone(),
+        armed: false.into(),
+        delay: Duration::from_secs(5),
+    });
+    let a = common::allocator_with(store.clone(), "node-a", |o| {
+        o.request_timeout = Duration::from_secs(1)
+    });
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.unwrap();
+    let id = pool.acquire_durable("k", "other").await.unwrap().id;
+    // The cache knows the binding, so the bind is a join: `If key/k == id ∧ id/id == k`.
+    wait_until(|| pool.get("k") == Some(id)).await;
+
+    store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    // The first attempt hangs and is retried after the timeout; the retry succeeds.
+    assert_eq!(pool.acquire_durable("k", "h").await.unwrap().id, id);
+    assert_eq!(
+        pool.release_durable("k", "h").await.unwrap(),
+        Released { held: true, reclaimed: false }
+    );
+    // The held-back first attempt lands now.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(count_refs(&shared, "p").await, 1, "only the other holder's reference may be left");
+}
