@@ -109,7 +109,8 @@ pub struct Acquired {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Released {
     /// The caller held the key (a local count for leased references; the reference record for
-    /// durable ones).
+    /// durable ones). For a durable release, `false` can also mean that a request retried after
+    /// its answer was lost found the reference already removed by its own first attempt.
     pub held: bool,
     /// This release removed the binding (it was the last reference and the pool has no idle grace).
     pub reclaimed: bool,
@@ -800,27 +801,43 @@ impl Inner {
         durable: bool,
     ) -> Result<Released> {
         let reclaim = pool.spec.idle_grace_duration().is_zero();
-        let plan = |tombstone_lease| ReleasePlan {
-            key,
-            id,
-            holder,
-            last: if reclaim {
-                LastRelease::Reclaim { tombstone_lease }
-            } else {
-                LastRelease::Touch
-            },
-            require_own_ref: durable,
-        };
-        let resp = self
-            .txn_with_quarantine(pool, reclaim, |lease| {
-                plan(lease).txn(&self.layout, pool.spec.name())
-            })
-            .await?;
-        let out = plan(None).outcome(&resp).map_err(protocol_error)?;
-        if out.reclaimed {
-            debug!(pool = %pool.spec.name(), key, id, "last reference released; binding reclaimed");
+        let (mut id, mut require_own_ref) = (id, durable);
+        let mut held: Option<bool> = None;
+        loop {
+            let plan = |tombstone_lease| ReleasePlan {
+                key,
+                id,
+                holder,
+                last: if reclaim {
+                    LastRelease::Reclaim { tombstone_lease }
+                } else {
+                    LastRelease::Touch
+                },
+                require_own_ref,
+            };
+            let resp = self
+                .txn_with_quarantine(pool, reclaim, |lease| {
+                    plan(lease).txn(&self.layout, pool.spec.name())
+                })
+                .await?;
+            let out = plan(None).outcome(&resp).map_err(protocol_error)?;
+            let first = held.is_none();
+            let had_ref = *held.get_or_insert(out.had_ref);
+            if out.reclaimed {
+                debug!(pool = %pool.spec.name(), key, id, "last reference released; binding reclaimed");
+            }
+            match out.key_now {
+                // The ID came from a cache that had not seen the key rebound: the reference is
+                // gone, but the last-holder check ran against the wrong ID. Finish on the real one
+                // (found by the chaos test's review: a durable release could leak the binding).
+                Some(now) if first && had_ref && !resp.succeeded && now != id => {
+                    debug!(pool = %pool.spec.name(), key, stale_id = id, id = now, "released with a stale ID; finishing on the key's real ID");
+                    id = now;
+                    require_own_ref = false;
+                }
+                _ => return Ok(Released { held: had_ref, reclaimed: out.reclaimed }),
+            }
         }
-        Ok(Released { held: out.had_ref, reclaimed: out.reclaimed })
     }
 
     /// Sends a txn that may write tombstones, with the retry policy. Each attempt takes the

@@ -301,7 +301,12 @@ pub struct ReleasePlan<'a> {
 
 impl ReleasePlan<'_> {
     /// `If key/k == ID ∧ id/ID == k ∧ no other reference [∧ own reference exists] Then delete ref,
-    /// reclaim-or-touch Else delete ref`.
+    /// reclaim-or-touch Else delete ref, get key/k`.
+    ///
+    /// The else branch reads the key record back because `ID` may come from a cache that lags: if
+    /// the key was re-bound to another ID meanwhile, the caller learns it from the outcome
+    /// ([`ReleaseOutcome::key_now`]) and can finish the last-holder reclaim (see `release_ref` in
+    /// the allocator) instead of leaving a binding without references.
     pub fn txn(&self, layout: &Layout, pool: &str) -> TxnRequest {
         let own = layout.ref_key(pool, self.key, self.holder);
         let refs = layout.ref_prefix(pool, self.key);
@@ -331,7 +336,10 @@ impl ReleasePlan<'_> {
                 then.push(TxnOp::put(layout.key_key(pool, self.key), id_value(self.id)))
             }
         }
-        TxnRequest::new().when(compare).and_then(then).or_else([TxnOp::delete(own)])
+        TxnRequest::new()
+            .when(compare)
+            .and_then(then)
+            .or_else([TxnOp::delete(own), TxnOp::get_key(layout.key_key(pool, self.key))])
     }
 
     /// Reads a release txn's response.
@@ -345,7 +353,17 @@ impl ReleasePlan<'_> {
             }
         };
         let reclaimed = resp.succeeded && matches!(self.last, LastRelease::Reclaim { .. });
-        Ok(ReleaseOutcome { had_ref, reclaimed, revision: resp.revision })
+        let key_now = if resp.succeeded {
+            Some(self.id)
+        } else {
+            match single(resp, 1)? {
+                None => None,
+                Some(kv) => {
+                    Some(parse_id_value(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
+                }
+            }
+        };
+        Ok(ReleaseOutcome { had_ref, reclaimed, key_now, revision: resp.revision })
     }
 }
 
@@ -356,6 +374,9 @@ pub struct ReleaseOutcome {
     pub had_ref: bool,
     /// The binding was deleted in the same txn.
     pub reclaimed: bool,
+    /// The key record's ID as this txn saw it before writing (`None`: the key is unbound). When it
+    /// differs from the plan's ID, the plan was made on stale knowledge.
+    pub key_now: Option<u64>,
     pub revision: Revision,
 }
 
@@ -716,7 +737,7 @@ mod tests {
                 TxnOp::delete(l.id_key("p", 5))
             ]
         );
-        assert_eq!(txn.failure, vec![TxnOp::delete(own)]);
+        assert_eq!(txn.failure, vec![TxnOp::delete(own), TxnOp::get_key(l.key_key("p", "k"))]);
     }
 
     #[test]
@@ -758,17 +779,39 @@ mod tests {
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, revision: 4 })
+            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, key_now: Some(5), revision: 4 })
         );
         let plan = ReleasePlan { last: LastRelease::Reclaim { tombstone_lease: None }, ..plan };
         let resp = TxnResponse {
             succeeded: false,
-            responses: vec![OpResponse::Delete { deleted: 0 }],
+            responses: vec![
+                OpResponse::Delete { deleted: 0 },
+                OpResponse::Get(GetResponse::default()),
+            ],
             revision: 4,
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome { had_ref: false, reclaimed: false, revision: 4 })
+            Ok(ReleaseOutcome { had_ref: false, reclaimed: false, key_now: None, revision: 4 })
+        );
+        // The key was re-bound to another ID than the plan assumed: the outcome says which.
+        let l = layout();
+        let resp = TxnResponse {
+            succeeded: false,
+            responses: vec![
+                OpResponse::Delete { deleted: 1 },
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(l.key_key("p", "k"), b"7".to_vec())],
+                    count: 1,
+                    more: false,
+                    revision: 4,
+                }),
+            ],
+            revision: 4,
+        };
+        assert_eq!(
+            plan.outcome(&resp),
+            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, key_now: Some(7), revision: 4 })
         );
     }
 
