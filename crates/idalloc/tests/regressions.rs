@@ -105,6 +105,39 @@ async fn durable_release_with_a_stale_cache_still_reclaims() {
     wait_until(|| pb.get("k").is_none()).await;
 }
 
+/// Found by simulation seed 30 (docs/simulation.md): a node whose cache still showed an ID under
+/// the key it used to belong to moved a key that another node had just bound to that ID onto a
+/// second ID, leaving two ID records for one key (G1) and the other holders with a `Conflict`
+/// without any data loss. Bites with both defences removed (the bind trusting a cached "not ours",
+/// and the move's txn not pinning the other key's ID record).
+#[tokio::test(start_paused = true)]
+async fn stale_cache_must_not_move_a_key_off_its_id() {
+    let shared = EmbeddedStore::memory();
+    let store = Arc::new(shared.clone());
+    let (frozen, _) = tokio::sync::watch::channel(false);
+    let a_store = Arc::new(FreezableWatch { inner: shared, frozen });
+    let spec = PoolSpec::new("p", 1, 10).strategy(Strategy::Lowest);
+    let b = allocator(store.clone(), "b");
+    let pb = b.ensure_pool(&spec).await.unwrap();
+    assert_eq!(pb.acquire("other").await.unwrap().id, 1);
+    let a = allocator(a_store.clone(), "a");
+    let pa = a.pool("p").await.unwrap();
+    wait_until(|| pa.key_of(1).as_deref() == Some("other")).await;
+    a_store.frozen.send_replace(true);
+
+    // ID 1 changes hands behind a's back.
+    assert!(pb.release("other").await.unwrap().reclaimed);
+    wait_until(|| pb.key_of(1).is_none()).await;
+    assert_eq!(pb.acquire("k").await.unwrap().id, 1);
+    assert_eq!(pa.key_of(1).as_deref(), Some("other"), "the test needs a's cache to be stale");
+
+    let got = pa.acquire("k").await.unwrap();
+    assert_eq!((got.id, got.new), (1, false), "a joins the binding the store has");
+    assert_eq!(raw_binding(&*store, "p", "k").await, Some(1));
+    check_g1(&*store, "p").await;
+    a_store.frozen.send_replace(false);
+}
+
 /// A store that holds back one txn: the caller never gets an answer, and the txn is applied later
 /// (like a request queued in a paused etcd member that processes it after its resume).
 struct LateCommit {
