@@ -379,6 +379,19 @@ impl Allocator {
         Ok(matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0))
     }
 
+    /// Contiv's `ReleaseID(pool, label)`: [`Pool::release_durable`] on pool `pool`, where a pool
+    /// that does not exist is a no-op (`held == false`) rather than `PoolNotFound`: there is
+    /// nothing to release in it.
+    pub async fn release_durable(&self, pool: &str, key: &str, holder: &str) -> Result<Released> {
+        validate_key(key)?;
+        validate_holder(holder)?;
+        match self.pool(pool).await {
+            Ok(p) => p.release_durable(key, holder).await,
+            Err(Error::PoolNotFound { .. }) => Ok(Released { held: false, reclaimed: false }),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Every pool's spec, sorted by name.
     pub async fn list_pools(&self) -> Result<Vec<PoolSpec>> {
         let inner = &self.inner;

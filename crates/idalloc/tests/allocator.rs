@@ -183,6 +183,13 @@ async fn contiv_init_pool_get_or_allocate_release() {
     assert!(r.held && r.reclaimed);
     let r = p.release("never-held").await.expect("leased no-op");
     assert!(!r.held);
+    // Contiv's ReleaseID on a pool that does not exist is a no-op too.
+    let r = a.release_durable("no-such-pool", "t0", "contiv").await.expect("unknown pool no-op");
+    assert!(!r.held && !r.reclaimed);
+    assert!(matches!(
+        a.release_durable("Bad Pool", "t0", "contiv").await,
+        Err(Error::InvalidInput { .. })
+    ));
 }
 
 #[tokio::test(start_paused = true)]
