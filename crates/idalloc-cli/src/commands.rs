@@ -215,8 +215,8 @@ async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Fai
     idalloc::pool::validate_holder(&holder)
         .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
     idalloc::pool::validate_key(&a.key)?;
-    let pool = alloc.pool(&a.pool).await?;
-    let r = pool.release_durable(&a.key, &holder).await?;
+    // A pool that does not exist holds nothing: a no-op, like any release of what is not held.
+    let r = alloc.release_durable(&a.pool, &a.key, &holder).await?;
     out.either(
         || {
             json!({"pool": a.pool, "key": a.key, "holder": holder,

@@ -109,7 +109,8 @@ pub struct Acquired {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Released {
     /// The caller held the key (a local count for leased references; the reference record for
-    /// durable ones).
+    /// durable ones). For a durable release, `false` can also mean that a request retried after
+    /// its answer was lost found the reference already removed by its own first attempt.
     pub held: bool,
     /// This release removed the binding (it was the last reference and the pool has no idle grace).
     pub reclaimed: bool,
@@ -141,7 +142,7 @@ pub(crate) struct PoolState {
     synced: tokio::sync::watch::Sender<bool>,
     /// The store revision the cache has applied (watch events and listings).
     applied: tokio::sync::watch::Sender<Revision>,
-    /// Keys read by the listing in progress: `wait_synced` waits as long as this moves.
+    /// Pages read by listings so far: `wait_synced` waits as long as this moves.
     pub(crate) list_progress: tokio::sync::watch::Sender<usize>,
     quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
     pub(crate) force_relist: AtomicBool,
@@ -200,6 +201,8 @@ enum Repair {
     All,
     /// Re-create the binding of one held key (its ID record vanished or went to another key).
     Key(Arc<PoolState>, String),
+    /// Complete a release whose outcome was unknown.
+    Release(Arc<PoolState>, String, u64),
 }
 
 struct Session {
@@ -374,6 +377,19 @@ impl Allocator {
             p.relist_requested.notify_one();
         }
         Ok(matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0))
+    }
+
+    /// Contiv's `ReleaseID(pool, label)`: [`Pool::release_durable`] on pool `pool`, where a pool
+    /// that does not exist is a no-op (`held == false`) rather than `PoolNotFound`: there is
+    /// nothing to release in it.
+    pub async fn release_durable(&self, pool: &str, key: &str, holder: &str) -> Result<Released> {
+        validate_key(key)?;
+        validate_holder(holder)?;
+        match self.pool(pool).await {
+            Ok(p) => p.release_durable(key, holder).await,
+            Err(Error::PoolNotFound { .. }) => Ok(Released { held: false, reclaimed: false }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Every pool's spec, sorted by name.
@@ -569,10 +585,15 @@ impl Inner {
                 return Ok(Some(lease));
             }
         }
-        // A tombstone written at any time in [now, now + bucket] lives at least `delay`: the lease
-        // expires no earlier than now + delay + bucket (its TTL is counted from after `now`).
+        // A tombstone sent at any time in [now, now + bucket] lives at least `delay`: the lease
+        // expires no earlier than now + delay + bucket + timeout (its TTL is counted from after
+        // `now`). Callers fetch the lease for every attempt (`txn_with_quarantine`), never reuse
+        // one across retries.
+        // The request carrying a tombstone is sent within the bucket but may be applied up to a
+        // request timeout later, so the TTL covers that too.
         let bucket = (delay / 8).max(Duration::from_secs(1));
-        let lease = self.call(|| self.store.lease_grant(ttl_secs(delay + bucket))).await?;
+        let ttl = ttl_secs(delay + bucket + self.opts.request_timeout);
+        let lease = self.call(|| self.store.lease_grant(ttl)).await?;
         *q = Some((lease.id, now + bucket));
         Ok(Some(lease.id))
     }
@@ -620,20 +641,22 @@ impl Inner {
             };
             let (plan, claimed) = match decision {
                 Decision::Send(plan) => (plan, false),
-                Decision::NeedCandidate { expect_key } => match self.pick_candidate(pool, lost) {
-                    Ok(id) => (BindPlan { expect_key, id, expect_id: None }, true),
-                    Err(exhausted) if key_rec_read => return Err(exhausted),
-                    Err(exhausted) => {
-                        // A full pool is only final once the store confirms the key has no
-                        // binding yet (the cache may lag behind another node's bind of it).
-                        key_rec = self.read_key_record(pool, key).await?;
-                        key_rec_read = true;
-                        if key_rec.is_none() && preferred.is_none() {
-                            return Err(exhausted);
+                Decision::NeedCandidate { expect_key, moved_from } => {
+                    match self.pick_candidate(pool, lost) {
+                        Ok(id) => (BindPlan { expect_key, id, expect_id: None, moved_from }, true),
+                        Err(exhausted) if key_rec_read => return Err(exhausted),
+                        Err(exhausted) => {
+                            // A full pool is only final once the store confirms the key has no
+                            // binding yet (the cache may lag behind another node's bind of it).
+                            key_rec = self.read_key_record(pool, key).await?;
+                            key_rec_read = true;
+                            if key_rec.is_none() && preferred.is_none() {
+                                return Err(exhausted);
+                            }
+                            continue;
                         }
-                        continue;
                     }
-                },
+                }
             };
             let lease = if leased { self.session_lease().await? } else { 0 };
             let target = holder.map(|h| RefTarget { holder: h, lease });
@@ -671,6 +694,9 @@ impl Inner {
                     // teaches all their IDs at once where the read-back teaches one.
                     self.wait_applied(pool, obs.records_revision).await;
                     observed.insert(obs.id, obs.id_rec);
+                    if let Some((from, rec)) = obs.moved_from {
+                        observed.insert(from, rec);
+                    }
                     key_rec = obs.key_rec;
                     key_rec_read = true;
                 }
@@ -787,32 +813,114 @@ impl Inner {
         holder: &str,
         durable: bool,
     ) -> Result<Released> {
+        let reclaim = pool.spec.idle_grace_duration().is_zero();
+        let (mut id, mut require_own_ref) = (id, durable);
+        let mut held: Option<bool> = None;
         loop {
-            let last = if pool.spec.idle_grace_duration().is_zero() {
-                LastRelease::Reclaim { tombstone_lease: self.quarantine_lease(pool).await? }
-            } else {
-                LastRelease::Touch
+            let plan = |tombstone_lease| ReleasePlan {
+                key,
+                id,
+                holder,
+                last: if reclaim {
+                    LastRelease::Reclaim { tombstone_lease }
+                } else {
+                    LastRelease::Touch
+                },
+                require_own_ref,
             };
-            let plan = ReleasePlan { key, id, holder, last, require_own_ref: durable };
-            match self.txn(plan.txn(&self.layout, pool.spec.name())).await {
-                Ok(resp) => {
-                    let out = plan.outcome(&resp).map_err(protocol_error)?;
-                    if out.reclaimed {
-                        debug!(pool = %pool.spec.name(), key, id, "last reference released; binding reclaimed");
-                    }
-                    return Ok(Released { held: out.had_ref, reclaimed: out.reclaimed });
+            let resp = self
+                .txn_with_quarantine(pool, reclaim, |lease| {
+                    plan(lease).txn(&self.layout, pool.spec.name())
+                })
+                .await?;
+            let out = plan(None).outcome(&resp).map_err(protocol_error)?;
+            let first = held.is_none();
+            let had_ref = *held.get_or_insert(out.had_ref);
+            if out.reclaimed {
+                debug!(pool = %pool.spec.name(), key, id, "last reference released; binding reclaimed");
+            }
+            match out.key_now {
+                // The ID came from a cache that had not seen the key rebound: the reference is
+                // gone, but the last-holder check ran against the wrong ID. Finish on the real one
+                // (found by the chaos test's review: a durable release could leak the binding).
+                Some(now) if first && had_ref && !resp.succeeded && now != id => {
+                    debug!(pool = %pool.spec.name(), key, stale_id = id, id = now, "released with a stale ID; finishing on the key's real ID");
+                    id = now;
+                    require_own_ref = false;
                 }
-                Err(StoreError::LeaseNotFound(l)) => {
+                _ => return Ok(Released { held: had_ref, reclaimed: out.reclaimed }),
+            }
+        }
+    }
+
+    /// Sends a txn that may write tombstones, with the retry policy. Each attempt takes the
+    /// quarantine lease afresh (`build` gets it), so a retry never writes a tombstone on a lease
+    /// granted too long ago to cover the reuse delay (G5); a quarantine lease that has vanished is
+    /// replaced.
+    pub(crate) async fn txn_with_quarantine(
+        &self,
+        pool: &PoolState,
+        tombstones: bool,
+        build: impl Fn(Option<LeaseId>) -> TxnRequest,
+    ) -> Result<TxnResponse> {
+        let mut backoff = self.opts.retry.initial_backoff;
+        let mut attempt = 1;
+        loop {
+            let lease = if tombstones { self.quarantine_lease(pool).await? } else { None };
+            let req = build(lease);
+            let result =
+                match tokio::time::timeout(self.opts.request_timeout, self.store.txn(req)).await {
+                    Ok(r) => r,
+                    Err(_) => Err(StoreError::Unavailable(format!(
+                        "no answer within {:?}",
+                        self.opts.request_timeout
+                    ))),
+                };
+            match result {
+                Ok(resp) => return Ok(resp),
+                Err(StoreError::LeaseNotFound(l)) if lease == Some(l) => {
                     let mut q = pool.quarantine.lock().await;
                     if matches!(*q, Some((ql, _)) if ql == l) {
                         *q = None;
-                        continue;
                     }
-                    return Err(StoreError::LeaseNotFound(l).into());
+                }
+                Err(e) if e.is_retryable() && attempt < self.opts.retry.max_attempts => {
+                    warn!(attempt, error = %e, "store request failed; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(self.opts.retry.max_backoff);
                 }
                 Err(e) => return Err(e.into()),
             }
+            attempt += 1;
+            if attempt > self.opts.retry.max_attempts + 2 {
+                return Err(Error::Unavailable {
+                    reason: format!("pool {:?}: quarantine lease kept vanishing", pool.spec.name()),
+                });
+            }
         }
+    }
+
+    /// Finishes a release whose outcome was unknown (the store did not answer): sends it again
+    /// unless the process holds the key again meanwhile. The release txn is idempotent: if the
+    /// first one took effect, this one only finds nothing to do.
+    async fn finish_release(
+        self: &Arc<Self>,
+        pool: &Arc<PoolState>,
+        key: &str,
+        id: u64,
+    ) -> Result<()> {
+        let l = pool.key_lock(key);
+        let result = {
+            let _g = l.lock().await;
+            if lock(&pool.held).contains_key(key) {
+                Ok(())
+            } else {
+                let holder = self.holder.clone();
+                self.release_ref(pool, key, id, &holder, false).await.map(|_| ())
+            }
+        };
+        pool.drop_key_lock(key, l);
+        result
     }
 
     /// Called by the sync task for every cache event: a held key whose ID record vanished or went
@@ -942,7 +1050,18 @@ async fn repair_loop(inner: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Repair>
         let Some(strong) = inner.upgrade() else {
             return;
         };
+        if let Repair::Release(p, k, id) = job {
+            if let Err(e) = strong.finish_release(&p, &k, id).await {
+                warn!(pool = %p.spec.name(), key = %k, error = %e, "completing a release failed; will retry");
+                let _ = strong.repairs.send(Repair::Release(p, k, id));
+                drop(strong);
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+            }
+            continue;
+        }
         let jobs: Vec<(Arc<PoolState>, String)> = match job {
+            Repair::Release(..) => Vec::new(),
             Repair::Key(p, k) => vec![(p, k)],
             Repair::All => {
                 let mut all: Vec<(Arc<PoolState>, String)> = lock(&strong.pools)
@@ -1072,8 +1191,26 @@ impl Pool {
                     let holder = self.inner.holder.clone();
                     match self.inner.release_ref(&self.state, key, id, &holder, false).await {
                         Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
+                        Err(Error::Unavailable { reason }) => {
+                            // The store may or may not have applied the release. Restoring the
+                            // local hold could claim a key whose reference is gone (and whose
+                            // ID another key may take); keeping nothing could leak the
+                            // reference. So the key stays released here and the release is
+                            // completed in the background, idempotently.
+                            warn!(pool = %self.state.spec.name(), key, id, %reason, "release outcome unknown; completing it in the background");
+                            let _ = self.inner.repairs.send(Repair::Release(
+                                self.state.clone(),
+                                key.to_string(),
+                                id,
+                            ));
+                            Err(Error::Unavailable {
+                                reason: format!(
+                                    "{reason}; the release is completed in the background"
+                                ),
+                            })
+                        }
                         Err(e) => {
-                            // Nothing changed locally: the caller may retry the release.
+                            // Rejected, so not applied: nothing changed, the caller may retry.
                             lock(&self.state.held).insert(key.to_string(), Held { id, count: 1 });
                             Err(e)
                         }

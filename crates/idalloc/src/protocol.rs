@@ -29,6 +29,9 @@ pub struct BindPlan {
     pub expect_key: Option<u64>,
     pub id: u64,
     pub expect_id: Option<IdRecord>,
+    /// When the key moves off an ID that belongs to another key: that ID and the record that
+    /// proves it, compared in the same txn (and read back on failure).
+    pub moved_from: Option<(u64, IdRecord)>,
 }
 
 /// The holder reference a bind writes: `ref/<k>/<holder>`, on `lease` (0: durable).
@@ -44,8 +47,8 @@ pub enum Decision {
     /// Send this plan.
     Send(BindPlan),
     /// The key needs a fresh ID: pick a free candidate `C`, then send
-    /// `BindPlan { expect_key, id: C, expect_id: None }`.
-    NeedCandidate { expect_key: Option<u64> },
+    /// `BindPlan { expect_key, id: C, expect_id: None, moved_from }`.
+    NeedCandidate { expect_key: Option<u64>, moved_from: Option<(u64, IdRecord)> },
 }
 
 /// Decides the next bind attempt for `key`.
@@ -69,24 +72,36 @@ pub fn decide(
     match key_rec {
         Some(x) => {
             let state = id_state(x).unwrap_or_else(|| Some(IdRecord::Bound(key.to_string())));
-            if ours(&state) {
-                Decision::Send(BindPlan { expect_key: Some(x), id: x, expect_id: state })
-            } else {
-                // The key record points at an ID that now belongs to another key (only possible
-                // after store data loss): the key moves to a fresh ID.
-                Decision::NeedCandidate { expect_key: Some(x) }
+            match state {
+                Some(rec) if !ours(&Some(rec.clone())) => {
+                    // The key record points at an ID that now belongs to another key (only
+                    // possible after store data loss): the key moves to a fresh ID, and the move's
+                    // txn pins that record, so it happens only if the ID is still the other key's.
+                    Decision::NeedCandidate { expect_key: Some(x), moved_from: Some((x, rec)) }
+                }
+                state => Decision::Send(BindPlan {
+                    expect_key: Some(x),
+                    id: x,
+                    expect_id: state,
+                    moved_from: None,
+                }),
             }
         }
         None => match preferred {
             Some(p) => {
                 let state = id_state(p).unwrap_or(None);
                 if ours(&state) {
-                    Decision::Send(BindPlan { expect_key: None, id: p, expect_id: state })
+                    Decision::Send(BindPlan {
+                        expect_key: None,
+                        id: p,
+                        expect_id: state,
+                        moved_from: None,
+                    })
                 } else {
-                    Decision::NeedCandidate { expect_key: None }
+                    Decision::NeedCandidate { expect_key: None, moved_from: None }
                 }
             }
-            None => Decision::NeedCandidate { expect_key: None },
+            None => Decision::NeedCandidate { expect_key: None, moved_from: None },
         },
     }
 }
@@ -147,16 +162,21 @@ impl BindPlan {
             key_compare(layout, pool, key, self.expect_key),
             id_compare(layout, pool, self.id, &self.expect_id),
         ];
+        let mut read_back = vec![
+            TxnOp::get_key(layout.key_key(pool, key)),
+            TxnOp::get_key(layout.id_key(pool, self.id)),
+        ];
+        if let Some((from, rec)) = &self.moved_from {
+            compare.push(id_compare(layout, pool, *from, &Some(rec.clone())));
+            read_back.push(TxnOp::get_key(layout.id_key(pool, *from)));
+        }
         #[cfg(feature = "sabotage")]
         if self.expect_key.is_none()
             && crate::sabotaged(crate::sabotage::Sabotage::SkipKeyAbsentCompare)
         {
             compare.remove(0);
         }
-        TxnRequest::new().when(compare).and_then(then).or_else([
-            TxnOp::get_key(layout.key_key(pool, key)),
-            TxnOp::get_key(layout.id_key(pool, self.id)),
-        ])
+        TxnRequest::new().when(compare).and_then(then).or_else(read_back)
     }
 
     /// Reads a bind txn's response: bound, or what the records hold now.
@@ -179,12 +199,25 @@ impl BindPlan {
             }
         };
         let records_revision = id_kv.map_or(0, |kv| kv.mod_revision);
+        let moved_from = match &self.moved_from {
+            None => None,
+            Some((from, _)) => {
+                let rec = match single(resp, 2)? {
+                    None => None,
+                    Some(kv) => Some(
+                        IdRecord::decode(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?,
+                    ),
+                };
+                Some((*from, rec))
+            }
+        };
         Ok(BindOutcome::Observed(Observation {
             key_rec,
             id: self.id,
             id_rec,
             revision: resp.revision,
             records_revision,
+            moved_from,
         }))
     }
 }
@@ -208,6 +241,8 @@ pub struct Observation {
     /// The ID record's mod revision (0 if absent): once the cache (which watches ID records) has
     /// applied this revision, it knows at least what this attempt learned about IDs.
     pub records_revision: Revision,
+    /// The record of the ID the key was moving off, as read back (if the plan moved the key).
+    pub moved_from: Option<(u64, Option<IdRecord>)>,
 }
 
 /// A response that does not have the shape the txn asked for, or a record that does not parse: the
@@ -266,7 +301,12 @@ pub struct ReleasePlan<'a> {
 
 impl ReleasePlan<'_> {
     /// `If key/k == ID ∧ id/ID == k ∧ no other reference [∧ own reference exists] Then delete ref,
-    /// reclaim-or-touch Else delete ref`.
+    /// reclaim-or-touch Else delete ref, get key/k`.
+    ///
+    /// The else branch reads the key record back because `ID` may come from a cache that lags: if
+    /// the key was re-bound to another ID meanwhile, the caller learns it from the outcome
+    /// ([`ReleaseOutcome::key_now`]) and can finish the last-holder reclaim (see `release_ref` in
+    /// the allocator) instead of leaving a binding without references.
     pub fn txn(&self, layout: &Layout, pool: &str) -> TxnRequest {
         let own = layout.ref_key(pool, self.key, self.holder);
         let refs = layout.ref_prefix(pool, self.key);
@@ -296,7 +336,10 @@ impl ReleasePlan<'_> {
                 then.push(TxnOp::put(layout.key_key(pool, self.key), id_value(self.id)))
             }
         }
-        TxnRequest::new().when(compare).and_then(then).or_else([TxnOp::delete(own)])
+        TxnRequest::new()
+            .when(compare)
+            .and_then(then)
+            .or_else([TxnOp::delete(own), TxnOp::get_key(layout.key_key(pool, self.key))])
     }
 
     /// Reads a release txn's response.
@@ -310,7 +353,17 @@ impl ReleasePlan<'_> {
             }
         };
         let reclaimed = resp.succeeded && matches!(self.last, LastRelease::Reclaim { .. });
-        Ok(ReleaseOutcome { had_ref, reclaimed, revision: resp.revision })
+        let key_now = if resp.succeeded {
+            Some(self.id)
+        } else {
+            match single(resp, 1)? {
+                None => None,
+                Some(kv) => {
+                    Some(parse_id_value(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
+                }
+            }
+        };
+        Ok(ReleaseOutcome { had_ref, reclaimed, key_now, revision: resp.revision })
     }
 }
 
@@ -321,6 +374,9 @@ pub struct ReleaseOutcome {
     pub had_ref: bool,
     /// The binding was deleted in the same txn.
     pub reclaimed: bool,
+    /// The key record's ID as this txn saw it before writing (`None`: the key is unbound). When it
+    /// differs from the plan's ID, the plan was made on stale knowledge.
+    pub key_now: Option<u64>,
     pub revision: Revision,
 }
 
@@ -444,26 +500,43 @@ mod tests {
         let d = decide("k", Some(7), |_| None, None);
         assert_eq!(
             d,
-            Decision::Send(BindPlan { expect_key: Some(7), id: 7, expect_id: Some(bound("k")) })
+            Decision::Send(BindPlan {
+                expect_key: Some(7),
+                id: 7,
+                expect_id: Some(bound("k")),
+                moved_from: None
+            })
         );
     }
 
     #[test]
     fn decide_needs_a_candidate_for_a_new_key() {
-        assert_eq!(decide("k", None, |_| None, None), Decision::NeedCandidate { expect_key: None });
+        assert_eq!(
+            decide("k", None, |_| None, None),
+            Decision::NeedCandidate { expect_key: None, moved_from: None }
+        );
     }
 
     #[test]
     fn decide_repairs_a_missing_id_record_with_the_same_id() {
         let d = decide("k", Some(7), |_| Some(None), None);
-        assert_eq!(d, Decision::Send(BindPlan { expect_key: Some(7), id: 7, expect_id: None }));
+        assert_eq!(
+            d,
+            Decision::Send(BindPlan {
+                expect_key: Some(7),
+                id: 7,
+                expect_id: None,
+                moved_from: None
+            })
+        );
         let d = decide("k", Some(7), |_| Some(Some(IdRecord::Tombstone("k".into()))), None);
         assert_eq!(
             d,
             Decision::Send(BindPlan {
                 expect_key: Some(7),
                 id: 7,
-                expect_id: Some(IdRecord::Tombstone("k".into()))
+                expect_id: Some(IdRecord::Tombstone("k".into())),
+                moved_from: None
             })
         );
     }
@@ -471,24 +544,31 @@ mod tests {
     #[test]
     fn decide_moves_a_key_whose_id_went_to_another_key() {
         let d = decide("k", Some(7), |_| Some(Some(bound("other"))), None);
-        assert_eq!(d, Decision::NeedCandidate { expect_key: Some(7) });
+        assert_eq!(
+            d,
+            Decision::NeedCandidate { expect_key: Some(7), moved_from: Some((7, bound("other"))) }
+        );
         let d = decide("k", None, |_| Some(Some(bound("other"))), Some(7));
-        assert_eq!(d, Decision::NeedCandidate { expect_key: None });
+        assert_eq!(d, Decision::NeedCandidate { expect_key: None, moved_from: None });
         let d = decide("k", None, |_| Some(Some(IdRecord::Tombstone("other".into()))), Some(7));
-        assert_eq!(d, Decision::NeedCandidate { expect_key: None });
+        assert_eq!(d, Decision::NeedCandidate { expect_key: None, moved_from: None });
     }
 
     #[test]
     fn decide_recreates_a_lost_binding_with_the_preferred_id() {
         let d = decide("k", None, |_| None, Some(9));
-        assert_eq!(d, Decision::Send(BindPlan { expect_key: None, id: 9, expect_id: None }));
+        assert_eq!(
+            d,
+            Decision::Send(BindPlan { expect_key: None, id: 9, expect_id: None, moved_from: None })
+        );
         let d = decide("k", None, |_| Some(Some(IdRecord::Tombstone("k".into()))), Some(9));
         assert_eq!(
             d,
             Decision::Send(BindPlan {
                 expect_key: None,
                 id: 9,
-                expect_id: Some(IdRecord::Tombstone("k".into()))
+                expect_id: Some(IdRecord::Tombstone("k".into())),
+                moved_from: None
             })
         );
     }
@@ -496,7 +576,7 @@ mod tests {
     #[test]
     fn new_key_txn_is_create_only_on_both_records_with_three_puts() {
         let l = layout();
-        let plan = BindPlan { expect_key: None, id: 5, expect_id: None };
+        let plan = BindPlan { expect_key: None, id: 5, expect_id: None, moved_from: None };
         let txn = plan.txn(&l, "p", "k", Some(RefTarget { holder: "h", lease: 42 }));
         assert_eq!(
             txn.compare,
@@ -518,9 +598,49 @@ mod tests {
     }
 
     #[test]
+    fn moving_a_key_pins_the_record_that_proves_its_id_is_taken() {
+        let l = layout();
+        let plan = BindPlan {
+            expect_key: Some(7),
+            id: 8,
+            expect_id: None,
+            moved_from: Some((7, bound("other"))),
+        };
+        let txn = plan.txn(&l, "p", "k", None);
+        assert!(txn
+            .compare
+            .contains(&Compare::value_is(l.id_key("p", 7), bound("other").encode())));
+        assert_eq!(txn.failure.last(), Some(&TxnOp::get_key(l.id_key("p", 7))));
+        // The read-back of the old ID feeds the next decision.
+        let resp = TxnResponse {
+            succeeded: false,
+            responses: vec![
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(l.key_key("p", "k"), b"7".to_vec())],
+                    ..Default::default()
+                }),
+                OpResponse::Get(GetResponse::default()),
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(l.id_key("p", 7), bound("k").encode())],
+                    ..Default::default()
+                }),
+            ],
+            revision: 9,
+        };
+        match plan.outcome(&resp) {
+            Ok(BindOutcome::Observed(obs)) => {
+                assert_eq!(obs.moved_from, Some((7, Some(bound("k")))));
+                assert_eq!(obs.key_rec, Some(7));
+            }
+            other => panic!("expected an observation, got {other:?}"),
+        }
+    }
+
+    #[test]
     fn attach_txn_writes_only_the_reference() {
         let l = layout();
-        let plan = BindPlan { expect_key: Some(5), id: 5, expect_id: Some(bound("k")) };
+        let plan =
+            BindPlan { expect_key: Some(5), id: 5, expect_id: Some(bound("k")), moved_from: None };
         let txn = plan.txn(&l, "p", "k", Some(RefTarget { holder: "h", lease: 0 }));
         assert_eq!(
             txn.compare,
@@ -540,7 +660,7 @@ mod tests {
     #[test]
     fn failed_bind_reports_what_it_read() {
         let l = layout();
-        let plan = BindPlan { expect_key: None, id: 5, expect_id: None };
+        let plan = BindPlan { expect_key: None, id: 5, expect_id: None, moved_from: None };
         let resp = TxnResponse {
             succeeded: false,
             responses: vec![
@@ -562,6 +682,7 @@ mod tests {
                 id_rec: Some(IdRecord::Tombstone("x".into())),
                 revision: 9,
                 records_revision: 3,
+                moved_from: None,
             }))
         );
     }
@@ -569,7 +690,7 @@ mod tests {
     #[test]
     fn unreadable_key_record_is_an_error_not_a_guess() {
         let l = layout();
-        let plan = BindPlan { expect_key: None, id: 5, expect_id: None };
+        let plan = BindPlan { expect_key: None, id: 5, expect_id: None, moved_from: None };
         let resp = TxnResponse {
             succeeded: false,
             responses: vec![
@@ -616,7 +737,7 @@ mod tests {
                 TxnOp::delete(l.id_key("p", 5))
             ]
         );
-        assert_eq!(txn.failure, vec![TxnOp::delete(own)]);
+        assert_eq!(txn.failure, vec![TxnOp::delete(own), TxnOp::get_key(l.key_key("p", "k"))]);
     }
 
     #[test]
@@ -658,17 +779,39 @@ mod tests {
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, revision: 4 })
+            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, key_now: Some(5), revision: 4 })
         );
         let plan = ReleasePlan { last: LastRelease::Reclaim { tombstone_lease: None }, ..plan };
         let resp = TxnResponse {
             succeeded: false,
-            responses: vec![OpResponse::Delete { deleted: 0 }],
+            responses: vec![
+                OpResponse::Delete { deleted: 0 },
+                OpResponse::Get(GetResponse::default()),
+            ],
             revision: 4,
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome { had_ref: false, reclaimed: false, revision: 4 })
+            Ok(ReleaseOutcome { had_ref: false, reclaimed: false, key_now: None, revision: 4 })
+        );
+        // The key was re-bound to another ID than the plan assumed: the outcome says which.
+        let l = layout();
+        let resp = TxnResponse {
+            succeeded: false,
+            responses: vec![
+                OpResponse::Delete { deleted: 1 },
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(l.key_key("p", "k"), b"7".to_vec())],
+                    count: 1,
+                    more: false,
+                    revision: 4,
+                }),
+            ],
+            revision: 4,
+        };
+        assert_eq!(
+            plan.outcome(&resp),
+            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, key_now: Some(7), revision: 4 })
         );
     }
 

@@ -106,9 +106,9 @@ pub(crate) async fn sweep(
         return Ok(report);
     }
     for batch in orphans.chunks(SWEEP_BATCH) {
-        let tombstone_lease = inner.quarantine_lease(pool).await?;
-        let txn = sweep_txn(&inner.layout, name, batch, tombstone_lease);
-        let resp = inner.call(|| inner.store.txn(txn.clone())).await?;
+        let resp = inner
+            .txn_with_quarantine(pool, true, |lease| sweep_txn(&inner.layout, name, batch, lease))
+            .await?;
         let done = sweep_outcome(&resp, batch.len())
             .map_err(|e| Error::Unavailable { reason: e.to_string() })?;
         for (o, ok) in batch.iter().zip(done) {

@@ -31,10 +31,10 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
 
         let forced = pool.force_relist.swap(false, std::sync::atomic::Ordering::AcqRel);
         if need_list || forced {
-            pool.list_progress.send_replace(0);
             let range = KeyRange::prefix(id_prefix.clone());
-            let listed = list_all_with_progress(&*store, &range, page, |n| {
-                pool.list_progress.send_replace(n);
+            // Counts pages, never resets: a failing retry must not look like progress.
+            let listed = list_all_with_progress(&*store, &range, page, |_| {
+                pool.list_progress.send_modify(|pages| *pages += 1);
             })
             .await;
             match listed {

@@ -50,7 +50,8 @@ impl Member {
 
     fn spawn(&mut self, initial_cluster: &str, token: &str) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.data_dir)?;
-        let log = std::fs::File::create(&self.log)?;
+        // Append: a restarted member keeps the log of its earlier runs.
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
         let child = Command::new("etcd")
             .arg("--name")
             .arg(&self.name)
@@ -95,8 +96,34 @@ impl Member {
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
+    fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (a `kill(1)` name such as `STOP`) to this member's process, by PID.
+    fn signal(&self, signal: &str) -> Result<(), String> {
+        let pid = self.pid().ok_or_else(|| format!("member {} is not running", self.name))?;
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(pid.to_string())
+            .status()
+            .map_err(|e| format!("cannot run kill -{signal} {pid}: {e}"))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("kill -{signal} {pid} failed: {status}"))
+        }
+    }
+
     fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
+            // A stopped process dies of SIGKILL too; CONT first anyway so nothing lingers stopped
+            // if the kill raced with a stop.
+            let _ = Command::new("kill")
+                .arg("-CONT")
+                .arg(child.id().to_string())
+                .stderr(Stdio::null())
+                .status();
             // Kill by PID (the Child handle), then reap it so no zombie is left.
             let _ = child.kill();
             let _ = child.wait();
@@ -131,6 +158,8 @@ pub fn etcd_on_path() -> bool {
 #[derive(Debug)]
 pub struct EtcdCluster {
     members: Vec<Member>,
+    initial_cluster: String,
+    token: String,
     // Dropped after `members` (field order), so processes die before their files go.
     _dir: tempfile::TempDir,
 }
@@ -178,15 +207,25 @@ impl EtcdCluster {
             m.spawn(&initial_cluster, &token)
                 .map_err(|e| format!("cannot run etcd (is it on PATH?): {e}"))?;
         }
-        let mut cluster = EtcdCluster { members, _dir: dir };
+        let mut cluster = EtcdCluster { members, initial_cluster, token, _dir: dir };
         cluster.wait_ready().await?;
         Ok(cluster)
     }
 
     /// Waits until every member answers a read; fails early if a member process exits.
     async fn wait_ready(&mut self) -> Result<(), String> {
+        for i in 0..self.members.len() {
+            self.wait_member_ready(i).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until member `i` answers a read (a linearizable read, so it needs a quorum with a
+    /// leader); fails early if its process exits.
+    async fn wait_member_ready(&mut self, i: usize) -> Result<(), String> {
         let deadline = Instant::now() + START_TIMEOUT;
-        for m in &mut self.members {
+        {
+            let m = &mut self.members[i];
             let url = m.client_url();
             let mut opts = EtcdOptions::new([url.clone()]);
             opts.connect_timeout = Duration::from_millis(500);
@@ -234,6 +273,76 @@ impl EtcdCluster {
     /// True if member `i` is not running.
     pub fn member_exited(&mut self, i: usize) -> bool {
         self.members.get_mut(i).is_none_or(Member::exited)
+    }
+
+    fn member_mut(&mut self, i: usize) -> Result<&mut Member, String> {
+        let n = self.members.len();
+        self.members
+            .get_mut(i)
+            .ok_or_else(|| format!("member index {i} out of range: the cluster has {n}"))
+    }
+
+    /// Number of members.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The PID of member `i`'s process, if it runs.
+    pub fn member_pid(&self, i: usize) -> Option<u32> {
+        self.members.get(i).and_then(Member::pid)
+    }
+
+    /// Restarts a killed member `i` on its old data directory and ports (it rejoins the cluster
+    /// as the same member), and waits until it answers a read. A running member is left alone.
+    pub async fn restart_member(&mut self, i: usize) -> Result<(), String> {
+        let (initial_cluster, token) = (self.initial_cluster.clone(), self.token.clone());
+        let m = self.member_mut(i)?;
+        if !m.exited() {
+            return Ok(());
+        }
+        m.kill(); // reap a process that exited on its own
+        m.spawn(&initial_cluster, &token)
+            .map_err(|e| format!("cannot restart etcd member {i}: {e}"))?;
+        self.wait_member_ready(i).await
+    }
+
+    /// Freezes member `i` with SIGSTOP: its connections stay open but it answers nothing, like a
+    /// long GC pause or a hung VM. [`EtcdCluster::resume_member`] undoes it; a drop kills it anyway.
+    pub fn pause_member(&mut self, i: usize) -> Result<(), String> {
+        self.member_mut(i)?.signal("STOP")
+    }
+
+    /// Lets a paused member run again (SIGCONT).
+    pub fn resume_member(&mut self, i: usize) -> Result<(), String> {
+        self.member_mut(i)?.signal("CONT")
+    }
+
+    /// The index of the member the running members agree is the leader, from etcd's maintenance
+    /// status API; `None` if no running member answers or none names a leader.
+    pub async fn leader(&self) -> Option<usize> {
+        let mut ids: Vec<Option<u64>> = vec![None; self.members.len()];
+        let mut leader = None;
+        for (i, m) in self.members.iter().enumerate() {
+            if m.child.is_none() {
+                continue;
+            }
+            let opts = etcd_client::ConnectOptions::new()
+                .with_connect_timeout(Duration::from_millis(500))
+                .with_timeout(Duration::from_secs(1));
+            let status = tokio::time::timeout(Duration::from_secs(2), async {
+                let mut c = etcd_client::Client::connect([m.client_url()], Some(opts)).await?;
+                c.status().await
+            })
+            .await;
+            if let Ok(Ok(s)) = status {
+                ids[i] = s.header().map(|h| h.member_id());
+                if s.leader() != 0 {
+                    leader = Some(s.leader());
+                }
+            }
+        }
+        let leader = leader?;
+        ids.iter().position(|id| *id == Some(leader))
     }
 }
 

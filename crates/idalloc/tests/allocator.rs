@@ -183,6 +183,13 @@ async fn contiv_init_pool_get_or_allocate_release() {
     assert!(r.held && r.reclaimed);
     let r = p.release("never-held").await.expect("leased no-op");
     assert!(!r.held);
+    // Contiv's ReleaseID on a pool that does not exist is a no-op too.
+    let r = a.release_durable("no-such-pool", "t0", "contiv").await.expect("unknown pool no-op");
+    assert!(!r.held && !r.reclaimed);
+    assert!(matches!(
+        a.release_durable("Bad Pool", "t0", "contiv").await,
+        Err(Error::InvalidInput { .. })
+    ));
 }
 
 #[tokio::test(start_paused = true)]
@@ -566,4 +573,48 @@ async fn huge_range_works() {
         ids.insert(id);
     }
     assert_eq!(ids.len(), 100);
+}
+
+/// Found by the simulation: a last release whose response was lost restored the local hold
+/// although the store had already dropped the reference, so another key could take the ID while
+/// the process still believed it held it. An unknown outcome now leaves the key released locally
+/// and completes the release in the background.
+#[tokio::test(start_paused = true)]
+async fn regression_release_with_lost_response_is_completed_not_restored() {
+    let store = Arc::new(EmbeddedStore::memory());
+    let fault = Arc::new(FaultStore::new(store.clone(), 3, FaultConfig::default()).expect("fault"));
+    let a = allocator_with(fault.clone(), "a", |o| o.retry.max_attempts = 1);
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.expect("pool");
+    p.acquire("k").await.expect("acquire");
+
+    fault.set_config(FaultConfig { lose_response: 1.0, ..FaultConfig::default() }).expect("config");
+    match p.release("k").await {
+        Err(Error::Unavailable { reason }) => assert!(reason.contains("background"), "{reason}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    fault.set_config(FaultConfig::default()).expect("config");
+    assert!(p.held().is_empty(), "the key is not held any more");
+    // The release took effect (the response was lost, not the request), and the background
+    // completion finds nothing left to do.
+    wait_until_async(|| async { raw_binding(&*store, "p", "k").await.is_none() }).await;
+    assert_eq!(count_refs(&*store, "p").await, 0);
+    // A later acquire starts afresh.
+    let again = p.acquire("k").await.expect("acquire again");
+    assert!(again.new);
+    assert!(p.get("k").is_some());
+}
+
+/// The other half of an unknown outcome: the release never reached the store. The background
+/// completion sends it again, so the reference does not leak.
+#[tokio::test(start_paused = true)]
+async fn release_that_never_arrived_is_completed_in_the_background() {
+    let store = Arc::new(EmbeddedStore::memory());
+    let fault = Arc::new(FaultStore::new(store.clone(), 4, FaultConfig::default()).expect("fault"));
+    let a = allocator_with(fault.clone(), "a", |o| o.retry.max_attempts = 1);
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.expect("pool");
+    p.acquire("k").await.expect("acquire");
+    fault.fail_next(1);
+    assert!(matches!(p.release("k").await, Err(Error::Unavailable { .. })));
+    wait_until_async(|| async { count_refs(&*store, "p").await == 0 }).await;
+    assert_eq!(raw_binding(&*store, "p", "k").await, None, "reclaimed by the completed release");
 }

@@ -1,0 +1,220 @@
+//! One chaos client process: durable acquire/release of random keys of a small key set, as one
+//! holder, until a wall-clock deadline, recording every call in a JSON-lines history
+//! (`idalloc_chaos::history`). The chaos test starts several, kills some with SIGKILL mid-call and
+//! restarts them under the same holder name; the durable references of a killed run persist, so
+//! the next run simply carries on.
+//!
+//! Usage: `chaos-client --endpoints URL[,URL...] --prefix P --pool NAME --holder H --proc TAG
+//! --keys N --until-ns T --history FILE [--seed S] [--pause-ms MS] [--max-id N]
+//! [--reuse-delay-ms MS] [--acquire-pct P]`
+//!
+//! `--acquire-pct` (default 35) is the share of acquires among calls: below 50 keeps few holders
+//! per key, so bindings are often reclaimed and re-created (the contended paths).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
+use idalloc_chaos::history::{now_ns, OpKind, Outcome, Record};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+/// A call that has not returned after this long is a hang (G6 forbids them); the allocator's own
+/// bound is request timeout × attempts plus back-off, well below.
+const HANG_BOUND: Duration = Duration::from_secs(60);
+
+struct Args {
+    endpoints: Vec<String>,
+    prefix: String,
+    pool: String,
+    holder: String,
+    proc_tag: String,
+    keys: usize,
+    until_ns: u64,
+    history: PathBuf,
+    seed: u64,
+    pause_ms: u64,
+    max_id: u64,
+    reuse_delay_ms: u64,
+    acquire_pct: u64,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut m: HashMap<String, String> = HashMap::new();
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let name = flag
+            .strip_prefix("--")
+            .ok_or_else(|| format!("unexpected argument {flag:?}: expected --name value"))?;
+        let value = it.next().ok_or_else(|| format!("flag {flag} needs a value"))?;
+        m.insert(name.to_string(), value);
+    }
+    let get = |k: &str| m.get(k).cloned().ok_or_else(|| format!("missing --{k}"));
+    let num = |k: &str, default: Option<u64>| -> Result<u64, String> {
+        match m.get(k) {
+            Some(v) => v.parse().map_err(|e| format!("--{k} {v:?} is not a number: {e}")),
+            None => default.ok_or_else(|| format!("missing --{k}")),
+        }
+    };
+    let endpoints: Vec<String> = get("endpoints")?.split(',').map(str::to_string).collect();
+    for e in &endpoints {
+        // The chaos test must stay on this machine.
+        if !e.starts_with("http://127.0.0.1:") {
+            return Err(format!("endpoint {e:?} is not on 127.0.0.1: only loopback is allowed"));
+        }
+    }
+    Ok(Args {
+        endpoints,
+        prefix: get("prefix")?,
+        pool: get("pool")?,
+        holder: get("holder")?,
+        proc_tag: get("proc")?,
+        keys: num("keys", None)? as usize,
+        until_ns: num("until-ns", None)?,
+        history: PathBuf::from(get("history")?),
+        seed: num("seed", Some(1))?,
+        pause_ms: num("pause-ms", Some(100))?,
+        max_id: num("max-id", Some(64))?,
+        reuse_delay_ms: num("reuse-delay-ms", Some(0))?,
+        acquire_pct: num("acquire-pct", Some(35))?.min(100),
+    })
+}
+
+/// The pool every client uses; all must agree on it exactly (else `RangeMismatch`).
+fn pool_spec(a: &Args) -> PoolSpec {
+    PoolSpec::new(a.pool.clone(), 1, a.max_id).reuse_delay(Duration::from_millis(a.reuse_delay_ms))
+}
+
+struct Log {
+    file: File,
+}
+
+impl Log {
+    /// Appends one record with a single write, so a SIGKILL tears at most this line.
+    fn write(&mut self, r: &Record) -> Result<(), String> {
+        let mut line = serde_json::to_string(r).map_err(|e| format!("encoding {r:?}: {e}"))?;
+        line.push('\n');
+        self.file.write_all(line.as_bytes()).map_err(|e| format!("writing history: {e}"))
+    }
+}
+
+fn error_kind(e: &Error) -> &'static str {
+    match e {
+        Error::InvalidInput { .. } => "InvalidInput",
+        Error::RangeMismatch { .. } => "RangeMismatch",
+        Error::PoolNotFound { .. } => "PoolNotFound",
+        Error::Exhausted { .. } => "Exhausted",
+        Error::Unavailable { .. } => "Unavailable",
+        Error::Conflict { .. } => "Conflict",
+    }
+}
+
+async fn run(a: Args) -> Result<(), String> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&a.history)
+        .map_err(|e| format!("cannot open history {}: {e}", a.history.display()))?;
+    let mut log = Log { file };
+    let proc_tag = a.proc_tag.clone();
+    log.write(&Record::Start {
+        proc: proc_tag.clone(),
+        holder: a.holder.clone(),
+        pid: std::process::id(),
+        t: now_ns(),
+    })?;
+
+    let mut eo = EtcdOptions::new(a.endpoints.clone());
+    eo.connect_timeout = Duration::from_secs(1);
+    eo.request_timeout = Duration::from_secs(2);
+    eo.keep_alive_interval = Duration::from_secs(2);
+    eo.keep_alive_timeout = Duration::from_secs(2);
+    let store = EtcdStore::connect(eo).await.map_err(|e| format!("etcd client: {e}"))?;
+    let opts = AllocatorOptions {
+        prefix: a.prefix.clone(),
+        holder: Some(a.holder.clone()),
+        request_timeout: Duration::from_secs(2),
+        seed: Some(a.seed),
+        ..AllocatorOptions::default()
+    };
+    let alloc = Allocator::new(store, opts).map_err(|e| format!("allocator: {e}"))?;
+    let spec = pool_spec(&a);
+    // Opening the pool is set-up, not a recorded call: retry through faults until the deadline.
+    let pool = loop {
+        match alloc.ensure_pool(&spec).await {
+            Ok(p) => break p,
+            Err(Error::Unavailable { reason }) if now_ns() < a.until_ns => {
+                eprintln!("{proc_tag}: opening the pool: {reason}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(format!("opening pool {}: {e}", a.pool)),
+        }
+    };
+
+    let mut rng = StdRng::seed_from_u64(a.seed);
+    let mut seq = 0u64;
+    while now_ns() < a.until_ns {
+        seq += 1;
+        let key = format!("k{}", rng.random_range(0..a.keys));
+        let op = if rng.random_range(0..100) < a.acquire_pct {
+            OpKind::Acquire
+        } else {
+            OpKind::Release
+        };
+        log.write(&Record::Invoke {
+            proc: proc_tag.clone(),
+            holder: a.holder.clone(),
+            seq,
+            op,
+            key: key.clone(),
+            t: now_ns(),
+        })?;
+        let call = async {
+            match op {
+                OpKind::Acquire => pool
+                    .acquire_durable(&key, &a.holder)
+                    .await
+                    .map(|r| Outcome::Acquired { id: r.id, new: r.new }),
+                OpKind::Release => pool
+                    .release_durable(&key, &a.holder)
+                    .await
+                    .map(|r| Outcome::Released { held: r.held, reclaimed: r.reclaimed }),
+            }
+        };
+        let outcome = match tokio::time::timeout(HANG_BOUND, call).await {
+            Ok(Ok(o)) => o,
+            Ok(Err(e)) => Outcome::Error { kind: error_kind(&e).into(), msg: e.to_string() },
+            Err(_) => {
+                Outcome::Error { kind: "Hang".into(), msg: format!("no answer in {HANG_BOUND:?}") }
+            }
+        };
+        log.write(&Record::Return { proc: proc_tag.clone(), seq, t: now_ns(), outcome })?;
+        let pause = rng.random_range(0..=2 * a.pause_ms);
+        tokio::time::sleep(Duration::from_millis(pause)).await;
+    }
+    log.write(&Record::Done { proc: proc_tag, t: now_ns() })?;
+    Ok(())
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("chaos-client: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("chaos-client: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

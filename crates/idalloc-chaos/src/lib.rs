@@ -1,0 +1,12 @@
+//! Chaos testing of idalloc on a real etcd cluster: the history format the client processes write
+//! ([`history`]), the sequential model of one key ([`model`]) and a linearizability checker that
+//! tests a concurrent history of one key against that model ([`linearize`]).
+//!
+//! The test itself (`tests/chaos_etcd.rs`) starts a 3-member etcd cluster and several
+//! `chaos-client` processes (`src/bin/chaos_client.rs`), injects faults, and then runs these
+//! checks on what the clients recorded. See `docs/chaos.md`.
+
+pub mod history;
+pub mod linearize;
+pub mod model;
+pub mod scan;

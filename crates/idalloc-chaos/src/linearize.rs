@@ -1,0 +1,287 @@
+//! A linearizability checker for the history of one key against [`crate::model`], in the spirit
+//! of Wing & Gong / Lowe's just-in-time linearization: walk the calls and returns in real-time
+//! order, keeping every configuration (model state, calls invoked but not yet linearized) that
+//! explains the history so far. At a return, each configuration must linearize the returning call,
+//! possibly after some other pending calls; configurations that cannot are dropped. If none is
+//! left, no linearization exists and the returning call is reported.
+//!
+//! Calls without a definite answer ([`Ret::Unknown`]: the process died mid-call, or an error that
+//! may have come after the write committed) may take effect at any point between their invocation
+//! and their `end` (a bound the caller chooses: a request cannot commit long after its process
+//! stopped sending it), or never. Bounding that window keeps the search small: without it every
+//! unknown call would stay pending forever and the configurations would double with each.
+
+use std::collections::{BTreeSet, HashSet, VecDeque};
+
+use crate::model::{step, Call, KeyState, Ret};
+
+/// One call on the key.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyOp {
+    pub call: Call,
+    pub ret: Ret,
+    /// Invocation time.
+    pub invoke: u64,
+    /// Return time; for [`Ret::Unknown`], the latest time it may take effect.
+    pub end: u64,
+}
+
+/// Why a history is not linearizable.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    /// Index (into the input) of the call no configuration could linearize by its return.
+    pub op: usize,
+    /// Up to a few model states that explained the history just before that return.
+    pub states_before: Vec<KeyState>,
+}
+
+/// Statistics of a successful check.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Checked {
+    pub ops: usize,
+    /// Largest number of configurations kept at once (a measure of the search's width).
+    pub max_configs: usize,
+}
+
+/// Bound on configurations kept at once; past it the check gives up (reported as an error,
+/// never as a pass).
+pub const MAX_CONFIGS: usize = 200_000;
+
+type Config = (KeyState, BTreeSet<usize>);
+
+/// Checks `ops` starting from `initial`.
+pub fn check(initial: KeyState, ops: &[KeyOp]) -> Result<Checked, CheckError> {
+    // Events: (time, 0 = invoke / 1 = return or end, op). Invocations first at equal times, so
+    // calls that touch in time count as concurrent (the lenient reading).
+    let mut events: Vec<(u64, u8, usize)> = Vec::with_capacity(ops.len() * 2);
+    for (i, op) in ops.iter().enumerate() {
+        events.push((op.invoke, 0, i));
+        events.push((op.end.max(op.invoke), 1, i));
+    }
+    events.sort();
+    let mut configs: HashSet<Config> = HashSet::new();
+    configs.insert((initial, BTreeSet::new()));
+    let mut stats = Checked { ops: ops.len(), max_configs: 1 };
+    for (_, kind, i) in events {
+        if kind == 0 {
+            configs = configs
+                .into_iter()
+                .map(|(s, mut p)| {
+                    p.insert(i);
+                    (s, p)
+                })
+                .collect();
+            continue;
+        }
+        let unknown = ops[i].ret == Ret::Unknown;
+        let mut next: HashSet<Config> = linearize_through(ops, &configs, i)?;
+        if unknown {
+            // ...or it never took effect.
+            for (s, p) in &configs {
+                let mut p = p.clone();
+                p.remove(&i);
+                next.insert((s.clone(), p));
+            }
+        }
+        if next.is_empty() {
+            return Err(CheckError::Violation(Violation {
+                op: i,
+                states_before: configs.iter().take(4).map(|(s, _)| s.clone()).collect(),
+            }));
+        }
+        configs = next;
+        stats.max_configs = stats.max_configs.max(configs.len());
+    }
+    Ok(stats)
+}
+
+/// Every configuration reachable from `configs` by linearizing pending calls, up to and including
+/// `target`, in which `target` is linearized.
+fn linearize_through(
+    ops: &[KeyOp],
+    configs: &HashSet<Config>,
+    target: usize,
+) -> Result<HashSet<Config>, CheckError> {
+    let mut out = HashSet::new();
+    let mut seen: HashSet<Config> = configs.clone();
+    let mut queue: VecDeque<Config> = configs.iter().cloned().collect();
+    while let Some((s, pending)) = queue.pop_front() {
+        if !pending.contains(&target) {
+            out.insert((s, pending));
+            continue;
+        }
+        for &p in &pending {
+            if let Some(n) = step(&s, &ops[p].call, &ops[p].ret) {
+                let mut rest = pending.clone();
+                rest.remove(&p);
+                let c = (n, rest);
+                if seen.insert(c.clone()) {
+                    if seen.len() > MAX_CONFIGS {
+                        return Err(CheckError::TooWide { op: target });
+                    }
+                    queue.push_back(c);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// A failed check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CheckError {
+    Violation(Violation),
+    /// The search exceeded [`MAX_CONFIGS`] at this call: inconclusive, treated as a failure.
+    TooWide {
+        op: usize,
+    },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acq(h: u32, id: u64, new: bool, invoke: u64, end: u64) -> KeyOp {
+        KeyOp { call: Call::Acquire { holder: h }, ret: Ret::Acquired { id, new }, invoke, end }
+    }
+    fn rel(h: u32, held: bool, reclaimed: bool, invoke: u64, end: u64) -> KeyOp {
+        KeyOp {
+            call: Call::Release { holder: h },
+            ret: Ret::Released { held, reclaimed },
+            invoke,
+            end,
+        }
+    }
+    fn unknown(call: Call, invoke: u64, end: u64) -> KeyOp {
+        KeyOp { call, ret: Ret::Unknown, invoke, end }
+    }
+    fn observe(bound: Option<u64>, holders: &[u32], t: u64) -> KeyOp {
+        KeyOp {
+            call: Call::Observe { bound, holders: holders.iter().copied().collect() },
+            ret: Ret::Observed,
+            invoke: t,
+            end: t,
+        }
+    }
+    fn ok(ops: &[KeyOp]) -> bool {
+        check(KeyState::default(), ops).is_ok()
+    }
+
+    #[test]
+    fn sequential_good_history_passes() {
+        assert!(ok(&[
+            acq(1, 5, true, 0, 1),
+            acq(2, 5, false, 2, 3),
+            rel(1, true, false, 4, 5),
+            rel(1, false, false, 6, 7),
+            rel(2, true, true, 8, 9),
+            acq(1, 9, true, 10, 11),
+            observe(Some(9), &[1], 12),
+        ]));
+    }
+
+    #[test]
+    fn two_new_bindings_without_a_release_between_fail() {
+        // Both claim to have created the binding, with different IDs, one after the other.
+        let h = [acq(1, 5, true, 0, 1), acq(2, 6, true, 2, 3)];
+        assert!(matches!(
+            check(KeyState::default(), &h),
+            Err(CheckError::Violation(Violation { op: 1, .. }))
+        ));
+        // Even overlapping: whichever goes second finds the key bound.
+        assert!(!ok(&[acq(1, 5, true, 0, 3), acq(2, 6, true, 1, 2)]));
+    }
+
+    #[test]
+    fn id_change_while_held_fails() {
+        assert!(!ok(&[acq(1, 5, true, 0, 1), acq(2, 6, false, 2, 3)]));
+    }
+
+    #[test]
+    fn concurrent_release_and_acquire_may_order_either_way() {
+        // h1 holds; h1's release and h2's acquire overlap. Either the acquire joined (same ID,
+        // release not last) or the release reclaimed first (new binding, any ID).
+        let base = acq(1, 5, true, 0, 1);
+        assert!(ok(&[base.clone(), rel(1, true, false, 2, 5), acq(2, 5, false, 3, 4)]));
+        assert!(ok(&[base.clone(), rel(1, true, true, 2, 5), acq(2, 8, true, 3, 4)]));
+        // But not "reclaimed" and a join of the old ID with h2 still holding... then a later
+        // observe with no binding is a leak the history cannot explain.
+        assert!(!ok(&[base.clone(), rel(1, true, false, 2, 3), observe(None, &[], 10),]));
+        // Sequential: after a reclaim nobody holds the key.
+        assert!(!ok(&[base.clone(), rel(1, true, true, 2, 3), rel(2, true, false, 4, 5)]));
+        // A re-bind after a reclaim may say new = false (a retried request finds what its first
+        // attempt created), and may get any ID.
+        assert!(ok(&[base, rel(1, true, true, 2, 3), acq(2, 7, false, 4, 5)]));
+    }
+
+    #[test]
+    fn phantom_reference_fails() {
+        // Released twice with "held" and no acquire between: a reference came back from nowhere
+        // (a late commit of an acquire's timed-out first attempt, docs/chaos.md).
+        assert!(!ok(&[
+            acq(1, 5, true, 0, 1),
+            acq(2, 5, false, 2, 3),
+            rel(1, true, false, 4, 5),
+            rel(1, true, false, 6, 7),
+        ]));
+        // "Not held" from the holder is read as a retried release that did the work.
+        assert!(ok(&[acq(1, 5, true, 0, 1), rel(1, false, false, 2, 3), observe(None, &[], 9)]));
+        assert!(!ok(&[
+            acq(1, 5, true, 0, 1),
+            rel(1, false, false, 2, 3),
+            observe(Some(5), &[1], 9)
+        ]));
+    }
+
+    #[test]
+    fn unknown_calls_may_or_may_not_take_effect_within_their_window() {
+        // Died mid-acquire; a later acquire by h2 finds it bound (the first took effect)...
+        assert!(ok(&[
+            unknown(Call::Acquire { holder: 1 }, 0, 100),
+            acq(2, 5, false, 10, 11),
+            observe(Some(5), &[1, 2], 200),
+        ]));
+        // ...or creates it (it did not).
+        assert!(ok(&[
+            unknown(Call::Acquire { holder: 1 }, 0, 100),
+            acq(2, 5, true, 10, 11),
+            observe(Some(5), &[2], 200),
+        ]));
+        // Took effect after h2's acquire, still within its window.
+        assert!(ok(&[
+            unknown(Call::Acquire { holder: 1 }, 0, 100),
+            acq(2, 5, true, 10, 11),
+            observe(Some(5), &[1, 2], 200),
+        ]));
+        // But not after its window: h1 appearing then is unexplained.
+        assert!(!ok(&[
+            unknown(Call::Acquire { holder: 1 }, 0, 100),
+            acq(2, 5, true, 150, 151),
+            observe(Some(5), &[1, 2], 200),
+        ]));
+        // An unknown release of the only holder explains a vanished binding.
+        assert!(ok(&[
+            acq(1, 5, true, 0, 1),
+            unknown(Call::Release { holder: 1 }, 2, 50),
+            observe(None, &[], 200),
+        ]));
+        assert!(!ok(&[acq(1, 5, true, 0, 1), observe(None, &[], 200)]));
+    }
+
+    #[test]
+    fn many_unknown_calls_stay_tractable() {
+        let mut h = Vec::new();
+        for i in 0..200u64 {
+            let holder = (i % 5) as u32;
+            let call = if i % 2 == 0 { Call::Acquire { holder } } else { Call::Release { holder } };
+            h.push(unknown(call, i * 10, i * 10 + 40));
+        }
+        h.push(acq(9, 3, false, 3000, 3001));
+        h.push(rel(9, true, false, 3002, 3003));
+        h.push(observe(Some(3), &[0], 5000));
+        // The last five unknown calls (t >= 1950) can leave holder 0 alone on the binding;
+        // whether it is satisfiable or not, the check must finish.
+        let r = check(KeyState::default(), &h);
+        assert!(!matches!(r, Err(CheckError::TooWide { .. })), "{r:?}");
+    }
+}
