@@ -10,11 +10,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-/// The cache's maps hash with foldhash (hashbrown's default hasher: per-process random seed)
-/// instead of std's SipHash: a `get` hashes the whole key (label sets run to 50+ bytes), and
-/// SipHash was a large share of a cached lookup (docs/benchmarks.md, before/after).
+/// Tombstones are few; a plain map (foldhash, as in `Bindings`) holds them.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
+use crate::bindings::Bindings;
 use crate::idset::IdSet;
 use crate::layout::IdRecord;
 use crate::pool::PoolSpec;
@@ -49,12 +48,10 @@ struct Entry {
 #[derive(Debug)]
 pub struct PoolCache {
     spec: PoolSpec,
-    /// Bound IDs. Tombstones live apart in `tombstones` so that this map's values are one
-    /// pointer (16 bytes, not 24 with a flag and padding): at 1M bindings that is ~17 bytes less
-    /// per binding (docs/benchmarks.md), and tombstones are few.
-    by_id: FastMap<u64, Arc<str>>,
+    /// Bound IDs and their keys, both ways, in a compact index (`bindings.rs`). Tombstones live
+    /// apart: they are few, and keeping them out keeps the index to bindings only.
+    bound: Bindings,
     tombstones: FastMap<u64, Arc<str>>,
-    by_key: FastMap<Arc<str>, u64>,
     free: IdSet,
     revision: Revision,
 }
@@ -64,9 +61,8 @@ impl PoolCache {
         let free = IdSet::new(spec.min(), spec.max(), spec.reserved());
         PoolCache {
             spec,
-            by_id: FastMap::default(),
+            bound: Bindings::default(),
             tombstones: FastMap::default(),
-            by_key: FastMap::default(),
             free,
             revision: 0,
         }
@@ -74,7 +70,7 @@ impl PoolCache {
 
     /// Removes and returns `id`'s record, bound or tombstone.
     fn take(&mut self, id: u64) -> Option<Entry> {
-        match self.by_id.remove(&id) {
+        match self.bound.remove(id) {
             Some(key) => Some(Entry { key, tombstone: false }),
             None => self.tombstones.remove(&id).map(|key| Entry { key, tombstone: true }),
         }
@@ -87,17 +83,17 @@ impl PoolCache {
 
     /// The ID bound to `key`, if any.
     pub fn get(&self, key: &str) -> Option<u64> {
-        self.by_key.get(key).copied()
+        self.bound.get(key)
     }
 
     /// The key bound to `id`, if any (not a tombstone's former key).
     pub fn key_of(&self, id: u64) -> Option<&str> {
-        self.by_id.get(&id).map(|k| &**k)
+        self.bound.key_of(id).map(|k| &**k)
     }
 
     /// What the cache knows of `id`'s record: `None` if it has none.
     pub fn record(&self, id: u64) -> Option<IdRecord> {
-        match self.by_id.get(&id) {
+        match self.bound.key_of(id) {
             Some(k) => Some(IdRecord::Bound(k.to_string())),
             None => self.tombstones.get(&id).map(|k| IdRecord::Tombstone(k.to_string())),
         }
@@ -106,18 +102,18 @@ impl PoolCache {
     /// Every binding, sorted by ID.
     pub fn snapshot(&self) -> Vec<(u64, String)> {
         let mut v: Vec<(u64, String)> =
-            self.by_id.iter().map(|(id, k)| (*id, k.to_string())).collect();
+            self.bound.iter().map(|(id, k)| (id, k.to_string())).collect();
         v.sort_unstable_by_key(|(id, _)| *id);
         v
     }
 
     /// Number of bindings (tombstones excluded).
     pub fn len(&self) -> usize {
-        self.by_key.len()
+        self.bound.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.by_key.is_empty()
+        self.bound.is_empty()
     }
 
     /// The free-ID set (bound, tombstoned, reserved and locally claimed IDs are used).
@@ -155,11 +151,11 @@ impl PoolCache {
             }
         }
         let mut gone: Vec<u64> = self
-            .by_id
-            .keys()
-            .chain(self.tombstones.keys())
+            .bound
+            .iter()
+            .map(|(id, _)| id)
+            .chain(self.tombstones.keys().copied())
             .filter(|id| !listed.contains_key(id))
-            .copied()
             .collect();
         // Sorted: events come out in the same order on every run (reproducible simulations).
         gone.sort_unstable();
@@ -180,11 +176,6 @@ impl PoolCache {
     /// Sets `id`'s record and keeps both maps and the free set in step. `None` deletes it.
     fn set(&mut self, id: u64, rec: Option<IdRecord>) -> Option<Event> {
         let old = self.take(id);
-        if let Some(e) = &old {
-            if !e.tombstone && self.by_key.get(&e.key) == Some(&id) {
-                self.by_key.remove(&e.key);
-            }
-        }
         let raw = self.spec.strip_prefix(id);
         let new = match rec {
             None => {
@@ -203,16 +194,13 @@ impl PoolCache {
                     Some(e) if *e.key == *key => e.key.clone(),
                     _ => Arc::from(key),
                 };
-                if !tombstone {
-                    self.by_key.insert(key.clone(), id);
-                }
                 if let Some(raw) = raw {
                     self.free.insert(raw);
                 }
                 if tombstone {
                     self.tombstones.insert(id, key.clone());
                 } else {
-                    self.by_id.insert(id, key.clone());
+                    self.bound.insert(id, key.clone());
                 }
                 Some(Entry { key, tombstone })
             }
@@ -233,7 +221,7 @@ impl PoolCache {
         if let Some(raw) = self.spec.strip_prefix(id) {
             if used {
                 self.free.insert(raw);
-            } else if !self.by_id.contains_key(&id) && !self.tombstones.contains_key(&id) {
+            } else if !self.bound.contains_id(id) && !self.tombstones.contains_key(&id) {
                 self.free.remove(raw);
             }
         }

@@ -55,6 +55,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allocator;
+pub mod bindings;
 pub mod cache;
 pub mod error;
 pub mod idset;
