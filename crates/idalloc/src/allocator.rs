@@ -221,6 +221,8 @@ pub(crate) struct Inner {
     tasks: Mutex<Vec<AbortHandle>>,
     repairs: mpsc::UnboundedSender<Repair>,
     closed: AtomicBool,
+    /// The newest store revision this allocator has seen in a txn response: the fence of its binds.
+    seen: std::sync::atomic::AtomicI64,
 }
 
 impl Drop for Inner {
@@ -303,6 +305,7 @@ impl Allocator {
             tasks: Mutex::new(Vec::new()),
             repairs,
             closed: AtomicBool::new(false),
+            seen: std::sync::atomic::AtomicI64::new(0),
         });
         let task = tokio::spawn(repair_loop(Arc::downgrade(&inner), repair_rx));
         lock(&inner.tasks).push(task.abort_handle());
@@ -464,7 +467,15 @@ impl Inner {
     }
 
     async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        self.call(|| self.store.txn(req.clone())).await
+        let resp = self.call(|| self.store.txn(req.clone())).await?;
+        self.seen.fetch_max(resp.revision, Ordering::AcqRel);
+        Ok(resp)
+    }
+
+    /// The fence for a bind of `pool` sent now: the newest revision seen in a response or applied
+    /// by the pool's cache (both happened before this send).
+    fn fence(&self, pool: &PoolState) -> Revision {
+        self.seen.load(Ordering::Acquire).max(*pool.applied.borrow())
     }
 
     async fn read_spec(&self, name: &str) -> Result<Option<PoolSpec>> {
@@ -660,7 +671,7 @@ impl Inner {
             };
             let lease = if leased { self.session_lease().await? } else { 0 };
             let target = holder.map(|h| RefTarget { holder: h, lease });
-            let req = plan.txn(&self.layout, name, key, target);
+            let req = plan.txn_fenced(&self.layout, name, key, target, Some(self.fence(pool)));
             let resp = match self.txn(req).await {
                 Ok(r) => r,
                 Err(StoreError::LeaseNotFound(l)) if leased => {
@@ -877,7 +888,10 @@ impl Inner {
                     ))),
                 };
             match result {
-                Ok(resp) => return Ok(resp),
+                Ok(resp) => {
+                    self.seen.fetch_max(resp.revision, Ordering::AcqRel);
+                    return Ok(resp);
+                }
                 Err(StoreError::LeaseNotFound(l)) if lease == Some(l) => {
                     let mut q = pool.quarantine.lock().await;
                     if matches!(*q, Some((ql, _)) if ql == l) {

@@ -141,6 +141,22 @@ impl BindPlan {
         key: &str,
         holder: Option<RefTarget<'_>>,
     ) -> TxnRequest {
+        self.txn_fenced(layout, pool, key, holder, None)
+    }
+
+    /// [`BindPlan::txn`] with a fence: when the plan expects an existing key record, the txn also
+    /// requires that record unchanged since revision `fence` (a revision the caller had seen before
+    /// sending). Every release rewrites the key record, so an attempt that the store applies late —
+    /// after its own retry succeeded and the holder released again — fails instead of bringing the
+    /// reference back (docs/design-notes.md, "a write that commits after its own retry").
+    pub fn txn_fenced(
+        &self,
+        layout: &Layout,
+        pool: &str,
+        key: &str,
+        holder: Option<RefTarget<'_>>,
+        fence: Option<Revision>,
+    ) -> TxnRequest {
         let bound = IdRecord::Bound(key.to_string());
         let mut then = Vec::with_capacity(3);
         if self.expect_id.as_ref() != Some(&bound) {
@@ -166,6 +182,13 @@ impl BindPlan {
             TxnOp::get_key(layout.key_key(pool, key)),
             TxnOp::get_key(layout.id_key(pool, self.id)),
         ];
+        if let (Some(_), Some(fence)) = (self.expect_key, fence) {
+            compare.push(Compare::new(
+                KeyRange::key(layout.key_key(pool, key)),
+                CompareOp::Less,
+                CompareTarget::ModRevision(fence.saturating_add(1)),
+            ));
+        }
         if let Some((from, rec)) = &self.moved_from {
             compare.push(id_compare(layout, pool, *from, &Some(rec.clone())));
             read_back.push(TxnOp::get_key(layout.id_key(pool, *from)));
@@ -336,10 +359,17 @@ impl ReleasePlan<'_> {
                 then.push(TxnOp::put(layout.key_key(pool, self.key), id_value(self.id)))
             }
         }
-        TxnRequest::new()
-            .when(compare)
-            .and_then(then)
-            .or_else([TxnOp::delete(own), TxnOp::get_key(layout.key_key(pool, self.key))])
+        TxnRequest::new().when(compare).and_then(then).or_else([
+            TxnOp::delete(own),
+            TxnOp::get_key(layout.key_key(pool, self.key)),
+            // Not the last holder: rewrite the key record (same value) so that a bind of
+            // this key sent before now and applied later fails its fence (see `txn_fenced`).
+            TxnOp::Txn(
+                TxnRequest::new()
+                    .when([key_compare(layout, pool, self.key, Some(self.id))])
+                    .and_then([TxnOp::put(layout.key_key(pool, self.key), id_value(self.id))]),
+            ),
+        ])
     }
 
     /// Reads a release txn's response.
@@ -737,7 +767,36 @@ mod tests {
                 TxnOp::delete(l.id_key("p", 5))
             ]
         );
-        assert_eq!(txn.failure, vec![TxnOp::delete(own), TxnOp::get_key(l.key_key("p", "k"))]);
+        assert_eq!(
+            txn.failure,
+            vec![
+                TxnOp::delete(own),
+                TxnOp::get_key(l.key_key("p", "k")),
+                // Not the last holder: the key record is rewritten (the fence of late binds).
+                TxnOp::Txn(
+                    TxnRequest::new()
+                        .when([Compare::value_is(l.key_key("p", "k"), b"5".to_vec())])
+                        .and_then([TxnOp::put(l.key_key("p", "k"), b"5".to_vec())])
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_join_is_fenced_on_the_key_record_a_create_is_not() {
+        let l = layout();
+        let fence = Compare::new(
+            KeyRange::key(l.key_key("p", "k")),
+            CompareOp::Less,
+            CompareTarget::ModRevision(43),
+        );
+        let join =
+            BindPlan { expect_key: Some(5), id: 5, expect_id: Some(bound("k")), moved_from: None };
+        assert!(join.txn_fenced(&l, "p", "k", None, Some(42)).compare.contains(&fence));
+        assert!(!join.txn(&l, "p", "k", None).compare.contains(&fence));
+        // A create compares the key record's absence already; a fence adds nothing there.
+        let create = BindPlan { expect_key: None, id: 5, expect_id: None, moved_from: None };
+        assert_eq!(create.txn_fenced(&l, "p", "k", None, Some(42)).compare.len(), 2);
     }
 
     #[test]

@@ -179,13 +179,12 @@ impl Store for LateCommit {
     }
 }
 
-/// Known limitation, not fixed (docs/chaos.md, "Known limitation"): a bind txn that timed out on
-/// the client but commits after the retry succeeded and after the holder released the key again
-/// re-creates the holder's durable reference. Found by the chaos test with etcd members paused
-/// longer than the client's request timeout. Fixing it needs a protocol change (a fence); this test
-/// states the wanted behaviour and fails today: run it with `--ignored`.
+/// Found by the chaos test with etcd members paused longer than the client's request timeout: a
+/// bind txn that timed out on the client but was applied after its retry succeeded and after the
+/// holder released the key again re-created the holder's reference. Binds that join an existing
+/// binding now carry a fence (the key record unchanged since a revision seen before sending) and
+/// every release rewrites the key record, so the late attempt fails.
 #[tokio::test(start_paused = true)]
-#[ignore = "known limitation: a late-committing timed-out txn resurrects a released reference (docs/chaos.md)"]
 async fn late_commit_of_a_timed_out_acquire_does_not_resurrect_a_released_reference() {
     let shared = EmbeddedStore::memory();
     let store = Arc::new(LateCommit {
