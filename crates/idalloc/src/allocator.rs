@@ -436,6 +436,17 @@ impl Allocator {
 }
 
 impl Inner {
+    /// One attempt of a store request, bounded by the request timeout (a timeout is `Unavailable`).
+    async fn bounded<T>(&self, request: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+        match tokio::time::timeout(self.opts.request_timeout, request).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable(format!(
+                "no answer within {:?}",
+                self.opts.request_timeout
+            ))),
+        }
+    }
+
     /// One store request with the timeout and retry policy. Only `Unavailable` is retried; every
     /// request the allocator sends is safe to repeat (its compares make a second apply a no-op or
     /// a fresh decision).
@@ -447,13 +458,7 @@ impl Inner {
         let mut backoff = self.opts.retry.initial_backoff;
         let mut attempt = 1;
         loop {
-            let result = match tokio::time::timeout(self.opts.request_timeout, f()).await {
-                Ok(r) => r,
-                Err(_) => Err(StoreError::Unavailable(format!(
-                    "no answer within {:?}",
-                    self.opts.request_timeout
-                ))),
-            };
+            let result = self.bounded(f()).await;
             match result {
                 Err(e) if e.is_retryable() && attempt < self.opts.retry.max_attempts => {
                     warn!(attempt, error = %e, "store request failed; retrying");
@@ -879,14 +884,7 @@ impl Inner {
         loop {
             let lease = if tombstones { self.quarantine_lease(pool).await? } else { None };
             let req = build(lease);
-            let result =
-                match tokio::time::timeout(self.opts.request_timeout, self.store.txn(req)).await {
-                    Ok(r) => r,
-                    Err(_) => Err(StoreError::Unavailable(format!(
-                        "no answer within {:?}",
-                        self.opts.request_timeout
-                    ))),
-                };
+            let result = self.bounded(self.store.txn(req)).await;
             match result {
                 Ok(resp) => {
                     self.seen.fetch_max(resp.revision, Ordering::AcqRel);

@@ -336,25 +336,19 @@ impl IdSet {
     /// Adds `amount` to the subtree sums on the path to the run starting at `start` (its own
     /// included), before that run grows by `amount`.
     fn path_add(&mut self, start: u64, amount: u64) {
-        let mut t = self.root;
-        while t != NIL {
-            self.nodes[t].sum += amount;
-            let s = self.nodes[t].start;
-            t = if start < s {
-                self.nodes[t].left
-            } else if start > s {
-                self.nodes[t].right
-            } else {
-                NIL
-            };
-        }
+        self.path_update(start, |sum| sum + amount);
     }
 
     /// Subtracts `amount` on the path to the run starting at `start`, before it shrinks by `amount`.
     fn path_sub(&mut self, start: u64, amount: u64) {
+        self.path_update(start, |sum| sum - amount);
+    }
+
+    /// Applies `f` to the subtree sum of every node on the path to the run starting at `start`.
+    fn path_update(&mut self, start: u64, f: impl Fn(u64) -> u64) {
         let mut t = self.root;
         while t != NIL {
-            self.nodes[t].sum -= amount;
+            self.nodes[t].sum = f(self.nodes[t].sum);
             let s = self.nodes[t].start;
             t = if start < s {
                 self.nodes[t].left
