@@ -223,7 +223,9 @@ async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Fai
                    "released": r.held, "reclaimed": r.reclaimed})
         },
         || match (r.held, r.reclaimed) {
-            (false, _) => format!("{holder} held nothing for {:?} in {}\n", a.key, a.pool),
+            (false, _) => {
+                format!("{} held nothing for {:?} in {}\n", render::text(&holder), a.key, a.pool)
+            }
             (true, true) => format!("released; {:?} was reclaimed\n", a.key),
             (true, false) => "released\n".to_string(),
         },
@@ -251,7 +253,10 @@ async fn lookup(alloc: &Allocator, a: &LookupArgs, out: Out) -> Result<u8, Failu
     let pool = alloc.pool(&a.pool).await?;
     match pool.key_of_consistent(a.id).await? {
         Some(key) => {
-            out.either(|| json!({"pool": a.pool, "id": a.id, "key": key}), || format!("{key}\n"))?;
+            out.either(
+                || json!({"pool": a.pool, "id": a.id, "key": key}),
+                || format!("{}\n", render::text(&key)),
+            )?;
             Ok(0)
         }
         None => Err(Failure::not_found(format!("ID {} is not bound in pool {:?}", a.id, a.pool))),
