@@ -93,6 +93,17 @@ pub fn spec_json(spec: &PoolSpec) -> Value {
     serde_json::to_value(spec).unwrap_or(Value::Null)
 }
 
+/// Spec records that cannot be used, as `[{"record","pool","problem"}]` (`pool` is null when the
+/// record's name is not a valid pool name).
+pub fn broken_json(broken: &[idalloc::records::SpecProblem]) -> Value {
+    Value::Array(
+        broken
+            .iter()
+            .map(|p| json!({"record": p.record, "pool": p.pool, "problem": p.to_string()}))
+            .collect(),
+    )
+}
+
 /// Left-aligned columns separated by two spaces; the last column is not padded.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let n = header.len();

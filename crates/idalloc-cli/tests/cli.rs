@@ -732,3 +732,74 @@ fn text_output_escapes_terminal_controls() {
     drop(out);
     assert!(wait_with_output(child).status.success());
 }
+
+/// Writes raw records into a file store, as an operator with `etcdctl put` (or a bug) would.
+fn tamper_file(t: &Target, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) {
+    use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    use idalloc::store::{Store, TxnOp, TxnRequest};
+    let path = t.file_path();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store = EmbeddedStore::open(&path, EmbeddedOptions::default()).await.unwrap();
+        let mut ops: Vec<TxnOp> =
+            puts.iter().map(|(k, v)| TxnOp::put(k.clone(), v.clone())).collect();
+        ops.extend(deletes.iter().map(|k| TxnOp::delete(k.clone())));
+        assert!(store.txn(TxnRequest::new().and_then(ops)).await.unwrap().succeeded);
+    });
+}
+
+/// Issue 9, items 7 and 8: a spec record holding another pool's spec is refused, never used
+/// (`acquire lies victim` used to write into pool `good`, outside good's range), and one broken
+/// spec does not break `pool list`, an all-pools `gc` or `status` for the other pools.
+#[test]
+fn broken_and_lying_specs_are_reported_and_others_served() {
+    let t = Target::file();
+    t.run(&["pool", "create", "good", "--range", "1-10"]).ok();
+    t.run(&["pool", "create", "other", "--range", "1-10"]).ok();
+    let l = idalloc::layout::Layout::default();
+    let liar = idalloc::PoolSpec::new("good", 200, 300).to_json();
+    tamper_file(
+        &t,
+        &[(l.pool_spec_key("lies"), liar), (l.pool_spec_key("broken"), b"{not json".to_vec())],
+        &[],
+    );
+
+    t.run(&["acquire", "lies", "victim"]).fails(1).err_has("holds the spec of pool \"good\"");
+    t.run(&["acquire", "lies", "victim", "--range", "200-300"]).fails(1);
+    assert!(t.run(&["--json", "list", "good"]).json()["bindings"].as_array().unwrap().is_empty());
+    t.run(&["get", "lies", "victim"]).fails(1).err_has("idalloc/pools/lies");
+
+    let r = t.run(&["pool", "list"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let names: Vec<&str> =
+        r.stdout.lines().skip(1).map(|l| l.split_whitespace().next().unwrap()).collect();
+    assert_eq!(names, ["good", "other"], "{r:?}");
+    assert_eq!(r.stderr.lines().filter(|l| l.starts_with("warning: ")).count(), 2, "{r:?}");
+    assert!(r.stderr.contains("idalloc/pools/broken") && r.stderr.contains("idalloc/pools/lies"));
+    let j = t.run(&["--json", "pool", "list"]).json();
+    assert_eq!(j["pools"].as_array().unwrap().len(), 2);
+    let broken: Vec<&str> =
+        j["broken"].as_array().unwrap().iter().map(|b| b["pool"].as_str().unwrap()).collect();
+    assert_eq!(broken, ["broken", "lies"]);
+
+    let r = t.run(&["--json", "gc"]);
+    assert_eq!(r.code, 1, "the broken pools were not swept: {r:?}");
+    let j = r.json();
+    let swept: Vec<&str> =
+        j["pools"].as_array().unwrap().iter().map(|p| p["pool"].as_str().unwrap()).collect();
+    assert_eq!(swept, ["good", "other"]);
+    assert_eq!(j["broken"].as_array().unwrap().len(), 2);
+
+    let r = t.run(&["status"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let pools = r.stdout.lines().find(|l| l.starts_with("pools:")).unwrap();
+    assert!(pools.contains("good, other") && pools.contains("broken (broken spec)"), "{r:?}");
+    let j = t.run(&["--json", "status"]).json();
+    assert_eq!(j["pools"], serde_json::json!(["good", "other"]));
+
+    // Only broken specs: still not "none".
+    t.run(&["pool", "delete", "good"]).ok();
+    t.run(&["pool", "delete", "other"]).ok();
+    let r = t.run(&["status"]);
+    assert!(!r.stdout.contains("pools:      none"), "{r:?}");
+}
