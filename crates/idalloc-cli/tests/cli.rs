@@ -3,7 +3,7 @@
 //!
 //! etcd: `IDALLOC_TEST_ETCD` if set (scripts/test.sh and CI set it), else a private etcd started
 //! here if `etcd` is on PATH; under `CI=true` with neither, the etcd tests fail instead of skipping
-//! (see `idalloc::testing::test_etcd_endpoint`).
+//! (see `idalloc_testkit::etcd::test_etcd_endpoint`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -26,7 +26,7 @@ struct Target {
     store: String,
     prefix: String,
     _dir: Option<tempfile::TempDir>,
-    _etcd: Option<idalloc::testing::TestEtcd>,
+    _etcd: Option<idalloc_testkit::etcd::TestEtcd>,
     cwd: PathBuf,
 }
 
@@ -63,7 +63,7 @@ impl Target {
     /// available.
     fn etcd() -> Option<Target> {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let etcd = rt.block_on(idalloc::testing::test_etcd_endpoint())?;
+        let etcd = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint())?;
         let dir = tempfile::tempdir().unwrap();
         Some(Target {
             store: etcd.endpoint(),

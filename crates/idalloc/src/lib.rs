@@ -77,9 +77,6 @@ pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use sweeper::SweepReport;
 
-#[cfg(feature = "testing")]
-pub mod testing;
-
 #[cfg(feature = "sabotage")]
 pub mod sabotage;
 
