@@ -12,11 +12,11 @@ use idalloc::layout::{IdRecord, Layout};
 use idalloc::remote::Validator;
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
 use idalloc::store::{list_all, GetRequest, KeyRange, Store, TxnOp, TxnRequest};
-use idalloc::testing::{etcd_on_path, EtcdCluster};
 use idalloc::{
     Allocator, AllocatorOptions, Cluster, ClusterEvent, Error, Event, Pool, PoolSpec,
     RemoteOptions, RemoteState,
 };
+use idalloc_testkit::etcd::{etcd_on_path, EtcdCluster};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
@@ -324,7 +324,9 @@ async fn killed_and_paused_remote_goes_stale_serves_its_view_and_resyncs() {
         for k in 0..10 {
             let key = format!("a{round}-{k}");
             let got = a.pool.acquire(&key).await.expect("local acquire while remote is away");
-            assert_eq!(a.pool.key_of_any(got.id), Some((Cluster::Local, key.clone())));
+            // (The local watch, not the remote, brings it into the cache.)
+            let want = Some((Cluster::Local, key.clone()));
+            eventually("local binding in view", || a.pool.key_of_any(got.id) == want).await;
             a.pool.release(&key).await.expect("local release while remote is away");
         }
         for (id, key) in &ids {
