@@ -76,6 +76,8 @@ pub use sweeper::SweepReport;
 
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "testing")]
+pub mod testing_secure;
 
 #[cfg(feature = "sabotage")]
 pub mod sabotage;
