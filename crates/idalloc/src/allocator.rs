@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -145,8 +145,8 @@ pub(crate) struct PoolState {
     /// Pages read by listings so far: `wait_synced` waits as long as this moves.
     pub(crate) list_progress: tokio::sync::watch::Sender<usize>,
     quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
-    pub(crate) force_relist: AtomicBool,
-    pub(crate) relist_requested: Notify,
+    /// Asks the pool's follower to re-list (resync, pool deleted).
+    pub(crate) relist: Arc<crate::feed::Relist>,
     pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
 }
 
@@ -377,7 +377,7 @@ impl Allocator {
             ));
         }
         if let Some(p) = lock(&inner.pools).remove(name) {
-            p.relist_requested.notify_one();
+            p.relist.interrupt();
         }
         Ok(matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0))
     }
@@ -539,8 +539,7 @@ impl Inner {
             applied,
             list_progress,
             quarantine: tokio::sync::Mutex::new(None),
-            force_relist: AtomicBool::new(false),
-            relist_requested: Notify::new(),
+            relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),
         });
         pools.insert(state.spec.name().to_string(), state.clone());
@@ -1343,8 +1342,7 @@ impl Pool {
     /// Re-lists the pool and re-references every key this process holds (DESIGN §7).
     pub async fn resync(&self) -> Result<()> {
         self.state.synced.send_replace(false);
-        self.state.force_relist.store(true, Ordering::Release);
-        self.state.relist_requested.notify_one();
+        self.state.relist.request();
         self.wait_synced().await?;
         let mut keys: Vec<String> = lock(&self.state.held).keys().cloned().collect();
         keys.sort(); // fixed repair order (reproducible simulations)

@@ -58,6 +58,7 @@ pub mod allocator;
 pub mod bindings;
 pub mod cache;
 pub mod error;
+mod feed;
 pub mod idset;
 pub mod layout;
 pub mod pool;
