@@ -395,24 +395,26 @@ impl Allocator {
         }
     }
 
-    /// Every pool's spec, sorted by name.
+    /// Every usable pool spec, sorted by name. Spec records that cannot be used (unreadable, or
+    /// naming another pool than their record) are left out and logged; [`Allocator::pool_listing`]
+    /// returns them too. One broken spec never hides the others (issue 9, item 8).
     pub async fn list_pools(&self) -> Result<Vec<PoolSpec>> {
+        let listing = self.pool_listing().await?;
+        for p in &listing.broken {
+            warn!(problem = %p, "pool spec record skipped");
+        }
+        Ok(listing.pools)
+    }
+
+    /// Every spec record under `P/pools/`, read at one revision: the usable specs sorted by name,
+    /// and the records that cannot be used with the reason.
+    pub async fn pool_listing(&self) -> Result<crate::records::PoolListing> {
         let inner = &self.inner;
         let range = KeyRange::prefix(inner.layout.pools_prefix());
         let (kvs, _) = inner
             .call(|| crate::store::list_all(&*inner.store, &range, inner.opts.list_page))
             .await?;
-        let mut out = Vec::with_capacity(kvs.len());
-        for kv in kvs {
-            out.push(PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
-                reason: format!(
-                    "pool spec {:?} is unreadable: {e}",
-                    String::from_utf8_lossy(&kv.key)
-                ),
-            })?);
-        }
-        out.sort_by(|a, b| a.name().cmp(b.name()));
-        Ok(out)
+        Ok(crate::records::parse_pool_listing(&inner.layout, &kvs))
     }
 
     /// Ends the session: revokes the lease so every leased reference of this process vanishes at
@@ -483,14 +485,17 @@ impl Inner {
         self.seen.load(Ordering::Acquire).max(*pool.applied.borrow())
     }
 
+    /// The spec of pool `name`, `None` if it has none. A spec record that cannot be used
+    /// (unreadable, or holding another pool's spec: issue 9, item 7) is an error naming the
+    /// record, never trusted.
     async fn read_spec(&self, name: &str) -> Result<Option<PoolSpec>> {
         let key = self.layout.pool_spec_key(name);
         let resp = self.call(|| self.store.get(GetRequest::key(key.clone()))).await?;
         match resp.kvs.first() {
             None => Ok(None),
-            Some(kv) => Ok(Some(PoolSpec::from_json(&kv.value).map_err(|e| {
-                Error::Unavailable { reason: format!("pool spec of {name:?} is unreadable: {e}") }
-            })?)),
+            Some(kv) => crate::records::parse_spec(&self.layout, kv)
+                .map(Some)
+                .map_err(|p| Error::Unavailable { reason: format!("(not retryable) {p}") }),
         }
     }
 

@@ -11,12 +11,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idalloc::store::conformance::{self, TestStore};
 use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
 use idalloc::store::{AccessCause, GetRequest, KeyRange, Store, StoreError, TxnOp, TxnRequest};
-use idalloc::testing::etcd_on_path;
-use idalloc::testing_secure::{SecureEtcd, SecureSpec};
 use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
+use idalloc_testkit::conformance::{self, TestStore};
+use idalloc_testkit::etcd::etcd_on_path;
+use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
 
 /// Longer than any request timeout used here: reaching it means a hang.
 const HANG: Duration = Duration::from_secs(30);

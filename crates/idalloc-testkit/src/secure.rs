@@ -1,7 +1,7 @@
-//! Test helpers for a locked-down etcd (feature `testing`): certificates made at run time, and a
+//! Test helpers for a locked-down etcd: certificates made at run time, and a
 //! single etcd member with TLS, client-certificate authentication and/or user authentication.
 //!
-//! Kept apart from [`crate::testing`] (the plain launcher) on purpose: it has its own process
+//! Kept apart from [`crate::etcd`] (the plain launcher) on purpose: it has its own process
 //! handling so that the two can move independently. Nothing here is committed as a file: the
 //! certificates are generated with `rcgen` into the server's temporary directory, which is
 //! removed (after the process is killed by its PID) when the [`SecureEtcd`] is dropped.
@@ -20,8 +20,8 @@ use rcgen::{
     KeyUsagePurpose, SanType,
 };
 
-use crate::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
-use crate::store::{GetRequest, Store};
+use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
+use idalloc::store::{GetRequest, Store};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 
