@@ -366,22 +366,53 @@ impl Allocator {
     pub async fn delete_pool(&self, name: &str, force: bool) -> Result<bool> {
         validate_pool_name(name)?;
         let inner = &self.inner;
-        let spec_key = inner.layout.pool_spec_key(name);
-        let data = KeyRange::prefix(inner.layout.pool_data_prefix(name));
+        let l = &inner.layout;
+        let spec_key = l.pool_spec_key(name);
+        let data = KeyRange::prefix(l.pool_data_prefix(name));
+        // Another deployment whose prefix is `P/data/<name>` keeps its records here (issue 9,
+        // item 9): never delete them, and say so instead of counting them as this pool's.
+        let nested = l.nested_in_pool_ranges(name);
+        let count = |r: &KeyRange| TxnOp::get(GetRequest::new(r.clone()).count_only());
         let mut txn = TxnRequest::new().and_then([TxnOp::delete(spec_key.clone())]);
-        if force {
-            txn = txn.and_then([TxnOp::delete_range(data)]);
+        let first_nested = if force {
+            txn = txn
+                .when(nested.iter().cloned().map(Compare::range_empty))
+                .and_then([
+                    TxnOp::delete_range(KeyRange::prefix(l.id_prefix(name))),
+                    TxnOp::delete_range(KeyRange::prefix(l.key_prefix(name))),
+                    TxnOp::delete_range(KeyRange::prefix(l.refs_prefix(name))),
+                ])
+                .or_else(nested.iter().map(count));
+            0
         } else {
             txn = txn
                 .when([Compare::range_empty(data.clone())])
-                .or_else([TxnOp::get(GetRequest::new(data).count_only())]);
-        }
+                .or_else([count(&data)])
+                .or_else(nested.iter().map(count));
+            1
+        };
         let resp = inner.txn(txn).await?;
         if !resp.succeeded {
-            let records = match resp.responses.first() {
+            let count_at = |i: usize| match resp.responses.get(i) {
                 Some(OpResponse::Get(g)) => g.count,
                 _ => 0,
             };
+            let foreign = count_at(first_nested) + count_at(first_nested + 1);
+            if foreign > 0 {
+                return Err(Error::invalid(
+                    "pool to delete",
+                    name,
+                    format!(
+                        "{}{name}/ holds {foreign} records of another idalloc deployment (one whose \
+                         prefix is {}{name} lies inside this one's); refusing to delete them: move \
+                         that deployment to a prefix outside {:?} first",
+                        String::from_utf8_lossy(&l.pools_prefix()).replace("/pools/", "/data/"),
+                        String::from_utf8_lossy(&l.pools_prefix()).replace("/pools/", "/data/"),
+                        l.prefix()
+                    ),
+                ));
+            }
+            let records = count_at(0);
             return Err(Error::invalid(
                 "pool to delete",
                 name,

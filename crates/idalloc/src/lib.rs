@@ -51,13 +51,16 @@
 //! - [`pool`], [`layout`], [`idset`], [`protocol`], [`cache`]: pure code — specs and validation,
 //!   store keys, free-ID choice, which txn to send and what its answer means, the watch-fed view.
 //! - [`records`]: the one parser of a pool's raw records (typed snapshot, spec records).
+//! - [`audit`] (pure: invariants and safe repairs) and [`check`] (its I/O): the `check` audit.
 //! - [`allocator`], [`sweeper`]: the async driver that runs those decisions against a store.
 
 #![forbid(unsafe_code)]
 
 pub mod allocator;
+pub mod audit;
 pub mod bindings;
 pub mod cache;
+pub mod check;
 pub mod error;
 mod feed;
 pub mod idset;
