@@ -10,6 +10,7 @@ mod connect;
 mod fail;
 mod open;
 mod parse;
+mod remotes;
 mod render;
 mod watch;
 
