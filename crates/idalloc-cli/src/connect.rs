@@ -367,6 +367,44 @@ pub fn resolve(
     Ok((url, EtcdSecurity { tls, auth }))
 }
 
+/// How to reach a `--remote` store (another cluster's etcd): what its URL says (a bare HOST:PORT
+/// is http://; the URL's user and password), plus this command's --cacert/--cert/--key when the
+/// remote is https:// (one PKI across clusters, as in a Cilium cluster mesh). Its user is never
+/// this command's --user: another cluster has its own.
+pub fn remote_connection(
+    url: &StoreUrl,
+    local: &EtcdSecurity,
+) -> Result<(StoreUrl, EtcdSecurity), Failure> {
+    let StoreUrl::Etcd { endpoints, user, password } = url else {
+        return Ok((url.clone(), EtcdSecurity::default()));
+    };
+    let endpoints: Vec<String> = endpoints
+        .iter()
+        .map(|e| {
+            if e.starts_with("http://") || e.starts_with("https://") {
+                e.clone()
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect();
+    let https = endpoints.iter().all(|e| e.starts_with("https://"));
+    let auth = match (user, password) {
+        (Some(user), Some(password)) => {
+            Some(EtcdAuth { user: user.clone(), password: password.clone() })
+        }
+        (Some(user), None) => {
+            return Err(Failure::usage(format!(
+                "remote etcd user {user:?} has no password: a remote takes its credentials from \
+                 its URL, etcd://USER:PASSWORD@HOST:PORT"
+            )))
+        }
+        (None, _) => None,
+    };
+    let tls = if https { local.tls.clone() } else { None };
+    Ok((StoreUrl::Etcd { endpoints, user: None, password: None }, EtcdSecurity { tls, auth }))
+}
+
 fn read_password_file(path: &Path) -> Result<Password, Failure> {
     let text = std::fs::read_to_string(path).map_err(|e| {
         Failure::usage(format!("--password-file: cannot read {}: {e}", path.display()))
