@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -152,8 +152,8 @@ pub(crate) struct PoolState {
     /// Pages read by listings so far: `wait_synced` waits as long as this moves.
     pub(crate) list_progress: tokio::sync::watch::Sender<usize>,
     quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
-    pub(crate) force_relist: AtomicBool,
-    pub(crate) relist_requested: Notify,
+    /// Asks the pool's follower to re-list (resync, pool deleted).
+    pub(crate) relist: Arc<crate::feed::Relist>,
     pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
 }
 
@@ -396,7 +396,7 @@ impl Allocator {
             ));
         }
         if let Some(p) = lock(&inner.pools).remove(name) {
-            p.relist_requested.notify_one();
+            p.relist.interrupt();
         }
         Ok(matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0))
     }
@@ -414,24 +414,26 @@ impl Allocator {
         }
     }
 
-    /// Every pool's spec, sorted by name.
+    /// Every usable pool spec, sorted by name. Spec records that cannot be used (unreadable, or
+    /// naming another pool than their record) are left out and logged; [`Allocator::pool_listing`]
+    /// returns them too. One broken spec never hides the others (issue 9, item 8).
     pub async fn list_pools(&self) -> Result<Vec<PoolSpec>> {
+        let listing = self.pool_listing().await?;
+        for p in &listing.broken {
+            warn!(problem = %p, "pool spec record skipped");
+        }
+        Ok(listing.pools)
+    }
+
+    /// Every spec record under `P/pools/`, read at one revision: the usable specs sorted by name,
+    /// and the records that cannot be used with the reason.
+    pub async fn pool_listing(&self) -> Result<crate::records::PoolListing> {
         let inner = &self.inner;
         let range = KeyRange::prefix(inner.layout.pools_prefix());
         let (kvs, _) = inner
             .call(|| crate::store::list_all(&*inner.store, &range, inner.opts.list_page))
             .await?;
-        let mut out = Vec::with_capacity(kvs.len());
-        for kv in kvs {
-            out.push(PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
-                reason: format!(
-                    "pool spec {:?} is unreadable: {e}",
-                    String::from_utf8_lossy(&kv.key)
-                ),
-            })?);
-        }
-        out.sort_by(|a, b| a.name().cmp(b.name()));
-        Ok(out)
+        Ok(crate::records::parse_pool_listing(&inner.layout, &kvs))
     }
 
     /// Ends the session: revokes the lease so every leased reference of this process vanishes at
@@ -547,7 +549,7 @@ impl Inner {
             let mut pools = lock(&self.pools);
             if pools.get(name).is_some_and(|p| std::ptr::eq(&**p, pool)) {
                 if let Some(p) = pools.remove(name) {
-                    p.relist_requested.notify_one();
+                    p.relist.interrupt();
                 }
             }
         }
@@ -562,19 +564,18 @@ impl Inner {
         }
     }
 
-    /// The pool's spec and the create revision of its record.
+    /// The spec of pool `name` and the create revision of its record (every write compares it),
+    /// `None` if it has none. A spec record that cannot be used (unreadable, or holding another
+    /// pool's spec: issue 9, item 7) is an error naming the record, never trusted.
     async fn read_spec(&self, name: &str) -> Result<Option<(PoolSpec, Revision)>> {
         let key = self.layout.pool_spec_key(name);
         let resp = self.call(|| self.store.get(GetRequest::key(key.clone()))).await?;
         self.note_seen(resp.revision);
         match resp.kvs.first() {
             None => Ok(None),
-            Some(kv) => Ok(Some((
-                PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
-                    reason: format!("pool spec of {name:?} is unreadable: {e}"),
-                })?,
-                kv.create_revision,
-            ))),
+            Some(kv) => crate::records::parse_spec(&self.layout, kv)
+                .map(|spec| Some((spec, kv.create_revision)))
+                .map_err(|p| Error::Unavailable { reason: format!("(not retryable) {p}") }),
         }
     }
 
@@ -611,7 +612,7 @@ impl Inner {
                 return Pool { inner: self.clone(), state: p.clone() };
             }
             // The pool was deleted and re-created since: a fresh state for the new one.
-            p.relist_requested.notify_one();
+            p.relist.interrupt();
         }
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (synced, _) = tokio::sync::watch::channel(false);
@@ -629,8 +630,7 @@ impl Inner {
             applied,
             list_progress,
             quarantine: tokio::sync::Mutex::new(None),
-            force_relist: AtomicBool::new(false),
-            relist_requested: Notify::new(),
+            relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),
         });
         pools.insert(state.spec.name().to_string(), state.clone());
@@ -1604,8 +1604,7 @@ impl Pool {
     /// Re-lists the pool and re-references every key this process holds (DESIGN §7).
     pub async fn resync(&self) -> Result<()> {
         self.state.synced.send_replace(false);
-        self.state.force_relist.store(true, Ordering::Release);
-        self.state.relist_requested.notify_one();
+        self.state.relist.request();
         self.wait_synced().await?;
         let mut keys: Vec<String> = lock(&self.state.held).keys().cloned().collect();
         keys.sort(); // fixed repair order (reproducible simulations)

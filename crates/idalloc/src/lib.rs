@@ -50,6 +50,7 @@
 //! - [`store`]: the storage seam (one trait with etcd semantics) and its implementations.
 //! - [`pool`], [`layout`], [`idset`], [`protocol`], [`cache`]: pure code — specs and validation,
 //!   store keys, free-ID choice, which txn to send and what its answer means, the watch-fed view.
+//! - [`records`]: the one parser of a pool's raw records (typed snapshot, spec records).
 //! - [`allocator`], [`sweeper`]: the async driver that runs those decisions against a store.
 
 #![forbid(unsafe_code)]
@@ -58,10 +59,12 @@ pub mod allocator;
 pub mod bindings;
 pub mod cache;
 pub mod error;
+mod feed;
 pub mod idset;
 pub mod layout;
 pub mod pool;
 pub mod protocol;
+pub mod records;
 pub mod store;
 pub mod sweeper;
 mod sync;
@@ -73,9 +76,6 @@ pub use cache::Event;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use sweeper::SweepReport;
-
-#[cfg(feature = "testing")]
-pub mod testing;
 
 #[cfg(feature = "sabotage")]
 pub mod sabotage;

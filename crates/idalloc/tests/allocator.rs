@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use idalloc::store::counting::CountingStore;
 use idalloc::store::embedded::EmbeddedStore;
-use idalloc::store::fault::{FaultConfig, FaultStore};
 use idalloc::store::{GetRequest, KeyRange, Store, TxnOp, TxnRequest};
 use idalloc::{Error, Event, PoolSpec, Strategy};
+use idalloc_testkit::counting::CountingStore;
+use idalloc_testkit::fault::{FaultConfig, FaultStore};
 
 #[tokio::test(start_paused = true)]
 async fn round_trip_budgets_are_exact() {
