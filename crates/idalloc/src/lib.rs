@@ -65,16 +65,19 @@ pub mod layout;
 pub mod pool;
 pub mod protocol;
 pub mod records;
+pub mod remote;
 pub mod store;
 pub mod sweeper;
 mod sync;
 
 pub use allocator::{
-    Acquired, Allocator, AllocatorOptions, Binding, Events, Pool, Released, RetryPolicy,
+    Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
+    RetryPolicy,
 };
 pub use cache::Event;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
+pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 pub use sweeper::SweepReport;
 
 #[cfg(feature = "sabotage")]

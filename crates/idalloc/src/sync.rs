@@ -2,9 +2,11 @@
 //! follower of `feed.rs`, which lists `id/`, watches, resumes and re-lists. This is the only writer
 //! of the cache's ID↔key maps; after a listing it also checks that every held key still has its ID.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use crate::allocator::{Inner, PoolState};
+use crate::cache::Event;
 use crate::feed::{self, FeedConfig, Gone, Sink};
 use crate::store::{KeyRange, KeyValue, Revision, WatchEvent};
 
@@ -52,12 +54,19 @@ impl Sink for LocalSink {
     fn listed(&self, kvs: &[KeyValue], rev: Revision) -> Result<(), Gone> {
         let strong = self.inner()?;
         let pool = &self.pool;
-        let events = {
+        {
             let mut cache = pool.lock_cache();
-            cache.replace_all(kvs, rev, |k| strong.layout.parse_id_key(pool.spec.name(), k))
-        };
-        for e in events {
-            pool.emit(e);
+            let events =
+                cache.replace_all(kvs, rev, |k| strong.layout.parse_id_key(pool.spec.name(), k));
+            // Emitted under the cache lock (see `PoolState::emit`), with exactly one `Synced`
+            // per listing, after its changes.
+            for e in events {
+                if e != Event::Synced {
+                    pool.emit(e);
+                }
+            }
+            pool.emit(Event::Synced);
+            pool.listed.store(true, Ordering::Release);
         }
         pool.note_applied(rev);
         pool.mark_synced();
@@ -83,10 +92,12 @@ fn apply_event(inner: &Arc<Inner>, pool: &Arc<PoolState>, ev: &WatchEvent) {
         let id = inner.layout.parse_id_key(pool.spec.name(), &ev.kv().key);
         let before = id.and_then(|id| cache.key_of(id).map(|k| (id, k.to_string())));
         let event = cache.apply(ev, |k| inner.layout.parse_id_key(pool.spec.name(), k));
+        if let Some(e) = &event {
+            pool.emit(e.clone());
+        }
         (event, before)
     };
     if let Some(e) = event {
         inner.after_cache_event(pool, &e, before);
-        pool.emit(e);
     }
 }
