@@ -221,7 +221,6 @@ impl BindPlan {
                 h.lease,
             ));
         }
-        #[allow(unused_mut)]
         let mut compare = vec![
             key_compare(layout, pool, key, self.expect_key),
             id_compare(layout, pool, self.id, &self.expect_id),
@@ -243,12 +242,6 @@ impl BindPlan {
         }
         if let (Some(h), Some(seen)) = (holder, fences.seen) {
             compare.push(unchanged_since(layout.holder_key(pool, h.holder), seen));
-        }
-        #[cfg(feature = "sabotage")]
-        if self.expect_key.is_none()
-            && crate::sabotaged(crate::sabotage::Sabotage::SkipKeyAbsentCompare)
-        {
-            compare.remove(0);
         }
         TxnRequest::new().when(compare).and_then(then).or_else(read_back)
     }
@@ -616,9 +609,6 @@ fn retire_id(
     key: &str,
     tombstone_lease: Option<LeaseId>,
 ) -> TxnOp {
-    #[cfg(feature = "sabotage")]
-    let tombstone_lease = tombstone_lease
-        .filter(|_| !crate::sabotaged(crate::sabotage::Sabotage::SkipReuseTombstone));
     match tombstone_lease {
         None => TxnOp::delete(layout.id_key(pool, id)),
         Some(lease) => TxnOp::put_on_lease(
