@@ -45,6 +45,8 @@ pub fn analyze(layout: &Layout, pool: &str, kvs: &[KeyValue]) -> Scan {
             }
         } else if let Some((k, h)) = layout.parse_ref_key(pool, &kv.key) {
             refs.push((k, h, kv.value.clone()));
+        } else if layout.parse_holder_key(pool, &kv.key).is_some() {
+            // A holder's fence record (docs/design-notes.md, "Late commits"): no binding state.
         } else {
             scan.problems.push(format!("unexpected record {name}"));
         }
