@@ -968,9 +968,19 @@ impl Sim {
         let (kvs, _) =
             list_all(&*self.raw, &KeyRange::prefix("idalloc/"), 1000).await.expect("list");
         let pools = layout().pools_prefix();
+        // G4 as amended (docs/design-notes.md, "Late commits"): a durable holder's fence record
+        // stays, one per durable holder name and pool, not on any lease. Nothing else.
+        let durable_fence = |kv: &idalloc::store::KeyValue| {
+            kv.lease == 0
+                && self.specs.iter().any(|s| {
+                    layout()
+                        .parse_holder_key(s.name(), &kv.key)
+                        .is_some_and(|h| DURABLE_HOLDERS.contains(&h.as_str()))
+                })
+        };
         let extra: Vec<String> = kvs
             .iter()
-            .filter(|kv| !kv.key.starts_with(&pools))
+            .filter(|kv| !kv.key.starts_with(&pools) && !durable_fence(kv))
             .map(|kv| {
                 format!(
                     "{}={}",
