@@ -6,6 +6,7 @@
 mod batch;
 mod cli;
 mod commands;
+mod connect;
 mod fail;
 mod open;
 mod parse;
