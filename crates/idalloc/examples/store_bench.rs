@@ -112,9 +112,11 @@ async fn main() -> Result<(), String> {
                     return Err(format!("--stores: {bad:?} is not one of memory, file, etcd"));
                 }
             }
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "unknown argument {other:?}; allowed: --seconds N, --clients LIST, --stores LIST"
-            )),
+            ))
+            }
         }
     }
     let run = Duration::from_secs(seconds);

@@ -58,6 +58,8 @@ pub(crate) struct FileStore {
     db: Database,
     path: PathBuf,
     written: Meta,
+    /// redb write transactions committed since open (tests check group commit with it).
+    commits: u64,
 }
 
 impl std::fmt::Debug for FileStore {
@@ -120,7 +122,7 @@ impl FileStore {
         }
         let loaded = load(&db, path)?;
         let written = loaded.meta;
-        Ok((FileStore { db, path: path.to_path_buf(), written }, loaded))
+        Ok((FileStore { db, path: path.to_path_buf(), written, commits: 0 }, loaded))
     }
 
     pub fn path(&self) -> &Path {
@@ -135,7 +137,14 @@ impl FileStore {
         }
         self.write(delta, meta, now).map_err(|e| e.to_string())?;
         self.written = meta;
+        self.commits += 1;
         Ok(())
+    }
+
+    /// redb write transactions committed since open.
+    #[cfg(test)]
+    pub fn commits(&self) -> u64 {
+        self.commits
     }
 
     fn write(&self, delta: &Delta, meta: Meta, now: Instant) -> Result<(), redb::Error> {

@@ -790,7 +790,7 @@ fn check_intervals(ops: &[TxnOp]) -> StoreResult<(BTreeSet<Vec<u8>>, Vec<KeyRang
 
 /// An estimate of the protobuf size of a txn request (bytes plus a little framing per field), to
 /// enforce etcd's `--max-request-bytes`.
-fn txn_size(req: &TxnRequest) -> usize {
+pub(crate) fn txn_size(req: &TxnRequest) -> usize {
     let compares: usize = req
         .compare
         .iter()
