@@ -433,6 +433,10 @@ pub enum StoreError {
     /// silently.
     #[error("store file {path} cannot be used: {reason}")]
     Corrupt { path: String, reason: String },
+    /// A write was attempted on an embedded store whose file is open read-only (its mode, a
+    /// read-only filesystem, or on request). Reads work; nothing was changed.
+    #[error("store file {path} is read-only, so this write was refused ({reason})")]
+    ReadOnly { path: String, reason: String },
 }
 
 impl StoreError {

@@ -54,7 +54,7 @@ use tokio::time::Instant;
 
 use self::file::{FileStore, OpenError};
 use self::group::{Job, Writer};
-use self::mvcc::{check_range_key, Mvcc};
+use self::mvcc::{check_range_key, validate_txn, Mvcc};
 use crate::store::{
     GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreError, StoreResult,
     TxnRequest, TxnResponse, WatchEvent, WatchMessage, WatchStream,
@@ -74,6 +74,10 @@ pub struct EmbeddedOptions {
     /// The smallest lease TTL in seconds: a grant below it is raised to it, as etcd raises
     /// grants to its minimum (2 s with etcd's default election timeout). Default 2.
     pub min_lease_ttl: i64,
+    /// Open the file read-only: reads work, every write is refused with
+    /// [`StoreError::ReadOnly`]. A file this process may not write (its mode, a read-only
+    /// filesystem) is opened read-only without asking. Default false.
+    pub read_only: bool,
 }
 
 impl Default for EmbeddedOptions {
@@ -82,6 +86,7 @@ impl Default for EmbeddedOptions {
             auto_compact_keep: 10_000,
             lock_timeout: Duration::from_secs(10),
             min_lease_ttl: 2,
+            read_only: false,
         }
     }
 }
@@ -169,6 +174,22 @@ impl Core {
         }
     }
 
+    /// Refuses a write on a read-only file (before anything changes).
+    fn refuse_write(&self) -> StoreResult<()> {
+        self.file.as_ref().map_or(Ok(()), FileStore::refuse_write)
+    }
+
+    /// One txn; on a read-only file, refused if it would write.
+    fn txn(&mut self, req: &TxnRequest) -> StoreResult<TxnResponse> {
+        if self.file.as_ref().is_some_and(|f| f.read_only().is_some()) {
+            validate_txn(req)?;
+            if self.mvcc.txn_writes(req) {
+                self.refuse_write()?;
+            }
+        }
+        self.mvcc.txn(req)
+    }
+
     /// Applies a group of queued txns one by one, in order, then commits all they changed at
     /// once (see `group.rs`). Returns each txn's result (all failed if the commit failed: none
     /// of them is durable) and whether the next lease deadline moved.
@@ -183,7 +204,7 @@ impl Core {
             // Exactly what `EmbeddedStore::op` does around one txn, minus the commit.
             self.mvcc.expire_leases(job.now);
             self.mvcc.auto_compact(keep);
-            results.push(self.mvcc.txn(&job.req));
+            results.push(self.txn(&job.req));
             self.mvcc.auto_compact(keep);
             now = Some(job.now);
         }
@@ -205,7 +226,9 @@ impl Core {
         if delta.is_empty() {
             return Ok(());
         }
-        if let Some(file) = self.file.as_mut() {
+        // A read-only file keeps what changed by itself (lease expiry) in memory only: writes
+        // were refused before they changed anything.
+        if let Some(file) = self.file.as_mut().filter(|f| f.read_only().is_none()) {
             let meta = self.mvcc.meta();
             let res =
                 std::panic::catch_unwind(AssertUnwindSafe(|| file.persist(&delta, meta, now)))
@@ -299,7 +322,9 @@ impl EmbeddedStore {
         let mut backoff = Duration::from_millis(10);
         let (file, loaded) = loop {
             let p = path.clone();
-            match tokio::task::spawn_blocking(move || FileStore::open_blocking(&p)).await {
+            let read_only = options.read_only;
+            match tokio::task::spawn_blocking(move || FileStore::open_blocking(&p, read_only)).await
+            {
                 Ok(Ok(opened)) => break opened,
                 Ok(Err(OpenError::Store(e))) => return Err(e),
                 Ok(Err(OpenError::Locked)) => {
@@ -432,7 +457,7 @@ impl Store for EmbeddedStore {
                 let keep = self.inner.options.auto_compact_keep;
                 writer.txn(&self.inner.shared, keep, req, Instant::now()).await
             }
-            None => self.op(|core, _| core.mvcc.txn(&req)),
+            None => self.op(|core, _| core.txn(&req)),
         }
     }
 
@@ -442,15 +467,24 @@ impl Store for EmbeddedStore {
 
     async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
         let min = self.inner.options.min_lease_ttl;
-        self.op(|core, now| core.mvcc.lease_grant(ttl, min, now))
+        self.op(|core, now| {
+            core.refuse_write()?;
+            core.mvcc.lease_grant(ttl, min, now)
+        })
     }
 
     async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        self.op(|core, now| Ok(core.mvcc.lease_keep_alive(id, now)))
+        self.op(|core, now| {
+            core.refuse_write()?;
+            Ok(core.mvcc.lease_keep_alive(id, now))
+        })
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        self.op(|core, _| Ok(core.mvcc.lease_revoke(id)))
+        self.op(|core, _| {
+            core.refuse_write()?;
+            Ok(core.mvcc.lease_revoke(id))
+        })
     }
 
     async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
@@ -459,7 +493,10 @@ impl Store for EmbeddedStore {
     }
 
     async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        self.op(|core, _| core.mvcc.compact(revision))
+        self.op(|core, _| {
+            core.refuse_write()?;
+            core.mvcc.compact(revision)
+        })
     }
 }
 

@@ -368,6 +368,20 @@ impl Mvcc {
         Ok(resp)
     }
 
+    /// Whether `req` would write (a put or delete on the branches its compares take now): what a
+    /// read-only store refuses. A txn that only reads is served.
+    pub fn txn_writes(&self, req: &TxnRequest) -> bool {
+        fn writes(req: &TxnRequest, path: &Path) -> bool {
+            let mut children = path.children.iter();
+            Mvcc::taken(req, path).iter().any(|op| match op {
+                TxnOp::Put(_) | TxnOp::Delete(_) => true,
+                TxnOp::Get(_) => false,
+                TxnOp::Txn(t) => children.next().is_some_and(|child| writes(t, child)),
+            })
+        }
+        writes(req, &self.compare_to_path(req))
+    }
+
     fn compare_to_path(&self, req: &TxnRequest) -> Path {
         let ok = req.compare.iter().all(|c| self.compare(c));
         let ops = if ok { &req.success } else { &req.failure };

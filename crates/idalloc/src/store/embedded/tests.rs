@@ -572,3 +572,71 @@ async fn lease_expiry_falls_between_txns_of_one_group() {
     assert!(expiry.iter().all(|e| matches!(e, WatchEvent::Delete(kv) if kv.mod_revision == 4)));
     assert_eq!(s.get(GetRequest::prefix("")).await.unwrap().revision, 4);
 }
+
+// ----- read-only file -----
+
+/// A file opened read-only serves every read (get, list at a past revision, watch replay, a txn
+/// whose taken branch only reads) and refuses every write with `ReadOnly` naming the file,
+/// before anything changes.
+#[tokio::test]
+async fn read_only_file_serves_reads_and_refuses_writes_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+        s.txn(put("a", "1")).await.unwrap(); // 2
+        s.txn(put("b", "2")).await.unwrap(); // 3
+        s.lease_grant(3600).await.unwrap();
+    }
+    let ro = EmbeddedOptions { read_only: true, ..opts() };
+    let s = EmbeddedStore::open(&path, ro).await.unwrap();
+    assert_eq!(value(&s, "a").await, Some(b"1".to_vec()));
+    let r = s.get(GetRequest::prefix("")).await.unwrap();
+    assert_eq!((r.count, r.revision), (2, 3));
+    let old = s.get(GetRequest::prefix("").at_revision(2)).await.unwrap();
+    assert_eq!(old.count, 1, "history is readable");
+    let mut w = s.watch(KeyRange::prefix(""), 2).await.unwrap();
+    assert_eq!(events(next_msg(&mut w).await).len(), 2, "watch replays history");
+    let only_reads = TxnRequest::new()
+        .when([Compare::absent("a")])
+        .and_then([TxnOp::put("a", "x")])
+        .or_else([TxnOp::get_key("a")]);
+    let resp = s.txn(only_reads).await.unwrap();
+    assert!(!resp.succeeded, "a txn whose taken branch only reads is served");
+
+    let refused = |r: StoreError| match r {
+        StoreError::ReadOnly { path: p, reason } => {
+            assert_eq!(p, path.display().to_string());
+            assert!(reason.contains("read-only"), "{reason}");
+            let shown = StoreError::ReadOnly { path: p, reason }.to_string();
+            assert!(shown.contains(&path.display().to_string()), "{shown}");
+        }
+        other => panic!("expected ReadOnly, got {other:?}"),
+    };
+    refused(s.txn(put("c", "3")).await.unwrap_err());
+    refused(s.txn(TxnRequest::new().and_then([TxnOp::delete("a")])).await.unwrap_err());
+    refused(s.lease_grant(10).await.unwrap_err());
+    refused(s.lease_keep_alive(1).await.unwrap_err());
+    refused(s.lease_revoke(1).await.unwrap_err());
+    refused(s.compact(2).await.unwrap_err());
+    // Still serving after refusals, nothing changed.
+    let r = s.get(GetRequest::prefix("")).await.unwrap();
+    assert_eq!((r.count, r.revision), (2, 3));
+    drop(w);
+    drop(s);
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    assert_eq!(s.get(GetRequest::prefix("")).await.unwrap().revision, 3, "file unchanged");
+    assert_eq!(s.lease_keep_alive(1).await.unwrap(), Some(3600), "lease kept");
+    s.txn(put("c", "3")).await.unwrap();
+}
+
+#[tokio::test]
+async fn read_only_open_of_a_missing_file_fails_without_creating_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("none.redb");
+    let ro = EmbeddedOptions { read_only: true, ..opts() };
+    assert!(
+        matches!(EmbeddedStore::open(&path, ro).await, Err(StoreError::Unavailable(m)) if m.contains("none.redb"))
+    );
+    assert!(!path.exists());
+}
