@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::{Compare, Store, TxnOp, TxnRequest};
-use idalloc::testing::{unique_prefix, EtcdServer};
+use idalloc_testkit::etcd::{unique_prefix, EtcdServer};
 
 /// Client counts to run for every store unless `--clients` says otherwise.
 const CLIENTS: [usize; 3] = [1, 16, 64];

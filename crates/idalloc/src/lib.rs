@@ -50,6 +50,7 @@
 //! - [`store`]: the storage seam (one trait with etcd semantics) and its implementations.
 //! - [`pool`], [`layout`], [`idset`], [`protocol`], [`cache`]: pure code — specs and validation,
 //!   store keys, free-ID choice, which txn to send and what its answer means, the watch-fed view.
+//! - [`records`]: the one parser of a pool's raw records (typed snapshot, spec records).
 //! - [`allocator`], [`sweeper`]: the async driver that runs those decisions against a store.
 
 #![forbid(unsafe_code)]
@@ -58,30 +59,23 @@ pub mod allocator;
 pub mod bindings;
 pub mod cache;
 pub mod error;
+mod feed;
 pub mod idset;
 pub mod layout;
 pub mod pool;
 pub mod protocol;
+pub mod records;
+pub mod remote;
 pub mod store;
 pub mod sweeper;
 mod sync;
 
 pub use allocator::{
-    Acquired, Allocator, AllocatorOptions, Binding, Events, Pool, Released, RetryPolicy,
+    Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
+    RetryPolicy,
 };
 pub use cache::Event;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
+pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 pub use sweeper::SweepReport;
-
-#[cfg(feature = "testing")]
-pub mod testing;
-
-#[cfg(feature = "sabotage")]
-pub mod sabotage;
-
-/// True if the test-only sabotage `s` is on for this thread (always false without the feature).
-#[cfg(feature = "sabotage")]
-pub(crate) fn sabotaged(s: sabotage::Sabotage) -> bool {
-    sabotage::is(s)
-}

@@ -2,7 +2,7 @@
 //!
 //! The allocator never talks to etcd or to a file directly; it builds [`TxnRequest`]s and reads
 //! [`TxnResponse`]s through [`Store`]. Every implementation must behave exactly like etcd 3.4 for the
-//! subset defined here; the conformance suite (`conformance`, feature `testing`) checks that, with a
+//! subset defined here; the conformance suite (in the `idalloc-testkit` crate) checks that, with a
 //! real etcd as the reference. Where an embedded store and etcd differ, the embedded store is wrong.
 //!
 //! Types mirror etcd's protobuf messages closely (revisions are `i64`, a lease ID of `0` means "no
@@ -14,13 +14,8 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 
-pub mod counting;
 pub mod embedded;
 pub mod etcd;
-pub mod fault;
-
-#[cfg(feature = "testing")]
-pub mod conformance;
 
 /// etcd's default limit on the number of operations in one txn (`--max-txn-ops`), counted over the
 /// compares and each branch separately, as etcd does. Every store rejects more with
@@ -437,6 +432,35 @@ pub enum StoreError {
     /// read-only filesystem, or on request). Reads work; nothing was changed.
     #[error("store file {path} is read-only, so this write was refused ({reason})")]
     ReadOnly { path: String, reason: String },
+    /// The store refused this client, or this client refused the store: a TLS handshake that
+    /// failed, credentials that were rejected, a key outside the user's permissions. Waiting
+    /// will not help; the configuration must change. `endpoint` is the one that refused (or the
+    /// list, when etcd's answer does not say which member gave it). Never holds a secret.
+    #[error("etcd at {endpoint}: {cause}: {detail}")]
+    Access { endpoint: String, cause: AccessCause, detail: String },
+}
+
+/// What kind of refusal a [`StoreError::Access`] is, for callers that react differently (a CLI
+/// pointing at the right flag, a service reporting "not ready" with the reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AccessCause {
+    /// The TLS handshake failed: untrusted or wrong server certificate, a client certificate the
+    /// server rejected or did not get, TLS on one side only.
+    Tls,
+    /// The user or password was rejected, or etcd requires a user and none was given.
+    Authentication,
+    /// The user is authenticated but its roles do not cover the key.
+    Permission,
+}
+
+impl std::fmt::Display for AccessCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AccessCause::Tls => "TLS failed",
+            AccessCause::Authentication => "authentication failed",
+            AccessCause::Permission => "permission denied",
+        })
+    }
 }
 
 impl StoreError {
@@ -451,9 +475,8 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// A key-value store with etcd v3 semantics: the only way the allocator reaches storage.
 ///
 /// Implementations: [`embedded::EmbeddedStore`] (memory or a `redb` file, one machine),
-/// [`etcd::EtcdStore`] (a cluster), and the wrappers [`fault::FaultStore`] (seeded fault
-/// injection) and [`counting::CountingStore`] (round trips per request kind). Each method call is
-/// one round trip to the store.
+/// [`etcd::EtcdStore`] (a cluster). Test wrappers (fault injection, round-trip counting, request
+/// hooks) live in the `idalloc-testkit` crate. Each method call is one round trip to the store.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Applies `If compare Then success Else failure` atomically.
