@@ -98,14 +98,46 @@ impl Writer {
             !std::mem::replace(&mut q.writing, true)
         };
         if start {
-            let (shared, queue) = (shared.clone(), self.queue.clone());
+            let task =
+                Serve { shared: shared.clone(), queue: self.queue.clone(), keep, done: false };
             match tokio::runtime::Handle::try_current() {
                 // Detached: it answers through the oneshots.
-                Ok(rt) => drop(rt.spawn_blocking(move || serve(&shared, keep, &queue))),
-                Err(_) => serve(&shared, keep, &queue),
+                Ok(rt) => drop(rt.spawn_blocking(move || task.run())),
+                Err(_) => task.run(),
             }
         }
         answer.await.map_err(|_| stopped())?
+    }
+}
+
+/// A writer about to start. If it is dropped without having served the queue empty (its runtime
+/// shut down before the blocking task started, or the task panicked), it fails what is queued
+/// and lets the next caller start a writer, so no caller waits forever.
+struct Serve {
+    shared: Arc<Shared>,
+    queue: Arc<Mutex<Queue>>,
+    keep: i64,
+    done: bool,
+}
+
+impl Serve {
+    fn run(mut self) {
+        serve(&self.shared, self.keep, &self.queue);
+        // The queue was empty and `writing` cleared; a caller may since have started another
+        // writer, which `drop` must leave alone.
+        self.done = true;
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let mut q = lock(&self.queue);
+        q.writing = false;
+        // Dropping the jobs drops their reply senders: their callers get "writer stopped".
+        q.jobs.clear();
     }
 }
 
@@ -139,5 +171,36 @@ fn serve(shared: &Shared, keep: i64, queue: &Mutex<Queue>) {
             // etcd, where a request whose response is lost may have taken effect).
             let _ = job.reply.send(result);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::mvcc::Mvcc;
+    use super::*;
+    use crate::store::TxnOp;
+
+    /// A writer whose blocking task never ran (its runtime shut down first) must not leave its
+    /// callers waiting forever nor the queue marked busy.
+    #[test]
+    fn a_writer_dropped_before_it_ran_fails_queued_txns_and_frees_the_queue() {
+        let writer = Writer::default();
+        let (job, answer) =
+            Job::for_test(TxnRequest::new().and_then([TxnOp::put("k", "v")]), Instant::now());
+        {
+            let mut q = lock(&writer.queue);
+            q.jobs.push_back(job);
+            q.writing = true;
+        }
+        let task = Serve {
+            shared: Shared::new(Mvcc::new(), None),
+            queue: writer.queue.clone(),
+            keep: 0,
+            done: false,
+        };
+        drop(task);
+        assert!(answer.blocking_recv().is_err(), "the caller hears that the writer stopped");
+        let q = lock(&writer.queue);
+        assert!(!q.writing && q.jobs.is_empty(), "the next caller starts a writer");
     }
 }
