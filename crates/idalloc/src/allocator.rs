@@ -8,7 +8,7 @@
 //! tasks (keep-alive, per-pool sync, repairs, optional sweeper) hold only weak references, so dropping
 //! every handle without `close()` behaves like a crash: the keep-alive stops and the lease runs out.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -26,8 +26,8 @@ use crate::error::{Error, Result};
 use crate::layout::{IdRecord, Layout};
 use crate::pool::{validate_holder, validate_key, validate_pool_name, PoolSpec, Strategy};
 use crate::protocol::{
-    self, decide, init_pool_outcome, BindOutcome, BindPlan, Decision, LastRelease, RefTarget,
-    ReleasePlan,
+    self, decide, init_pool_outcome, BindOutcome, BindPlan, Decision, Fences, LastRelease,
+    RefTarget, ReleaseOutcome, ReleasePlan,
 };
 use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteView};
 use crate::store::{
@@ -136,6 +136,13 @@ struct Held {
 /// Per-pool state shared by the pool handles, the sync task and the repairs.
 pub(crate) struct PoolState {
     pub(crate) spec: PoolSpec,
+    /// The create revision of the spec record `spec` was read from: every write compares it
+    /// (DESIGN §11), so nothing is written into a deleted or re-created pool.
+    pub(crate) spec_rev: Revision,
+    /// Keys with a bind attempt of this process's leased holder whose outcome is unknown (timed
+    /// out): it may still be applied late, so the next release of the key bumps the holder's
+    /// fence record, which makes such an attempt fail (docs/design-notes.md, "Late commits").
+    doubt: Mutex<HashSet<String>>,
     cache: Mutex<PoolCache>,
     held: Mutex<HashMap<String, Held>>,
     key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -215,6 +222,9 @@ enum Repair {
     Key(Arc<PoolState>, String),
     /// Complete a release whose outcome was unknown.
     Release(Arc<PoolState>, String, u64),
+    /// An acquire failed with its outcome unknown: remove whatever reference it may have left
+    /// (and bump the holder's fence, so an attempt still in flight fails when it lands).
+    Abandon(Arc<PoolState>, String),
 }
 
 struct Session {
@@ -342,8 +352,8 @@ impl Allocator {
 
     /// [`Allocator::init_pool`], then a handle on the pool (no extra round trip for the spec).
     pub async fn ensure_pool(&self, spec: &PoolSpec) -> Result<Pool> {
-        let spec = self.inner.init_pool(spec).await?;
-        Ok(self.inner.open_state(spec))
+        let (spec, rev) = self.inner.init_pool(spec).await?;
+        Ok(self.inner.open_state(spec, rev))
     }
 
     /// A handle on an existing pool; `PoolNotFound` if there is none. Starts the pool's cache.
@@ -352,12 +362,12 @@ impl Allocator {
         if let Some(p) = lock(&self.inner.pools).get(name) {
             return Ok(Pool { inner: self.inner.clone(), state: p.clone() });
         }
-        let spec = self
+        let (spec, rev) = self
             .inner
             .read_spec(name)
             .await?
             .ok_or_else(|| Error::PoolNotFound { pool: name.to_string() })?;
-        Ok(self.inner.open_state(spec))
+        Ok(self.inner.open_state(spec, rev))
     }
 
     /// Deletes a pool's spec. Refuses (`InvalidInput`) while the pool has any record (binding,
@@ -368,20 +378,29 @@ impl Allocator {
         let inner = &self.inner;
         let spec_key = inner.layout.pool_spec_key(name);
         let data = KeyRange::prefix(inner.layout.pool_data_prefix(name));
-        let mut txn = TxnRequest::new().and_then([TxnOp::delete(spec_key.clone())]);
-        if force {
-            txn = txn.and_then([TxnOp::delete_range(data)]);
-        } else {
+        // One txn either way, so a delete is atomic against binds: every bind compares the spec's
+        // create revision, so a bind after the delete fails, and (without force) a bind committed
+        // before it makes a compared range non-empty. Holder fence records go with the pool.
+        let mut txn = TxnRequest::new()
+            .and_then([TxnOp::delete(spec_key.clone()), TxnOp::delete_range(data)]);
+        if !force {
+            let l = &inner.layout;
+            let ranges =
+                [l.id_prefix(name), l.key_prefix(name), l.refs_prefix(name)].map(KeyRange::prefix);
             txn = txn
-                .when([Compare::range_empty(data.clone())])
-                .or_else([TxnOp::get(GetRequest::new(data).count_only())]);
+                .when(ranges.iter().cloned().map(Compare::range_empty))
+                .or_else(ranges.map(|r| TxnOp::get(GetRequest::new(r).count_only())));
         }
         let resp = inner.txn(txn).await?;
         if !resp.succeeded {
-            let records = match resp.responses.first() {
-                Some(OpResponse::Get(g)) => g.count,
-                _ => 0,
-            };
+            let records: i64 = resp
+                .responses
+                .iter()
+                .map(|r| match r {
+                    OpResponse::Get(g) => g.count,
+                    _ => 0,
+                })
+                .sum();
             return Err(Error::invalid(
                 "pool to delete",
                 name,
@@ -491,41 +510,102 @@ impl Inner {
         Ok(resp)
     }
 
-    /// The fence for a bind of `pool` sent now: the newest revision seen in a response or applied
+    /// [`Inner::txn`] that also tells whether an attempt may have been applied without this
+    /// process learning it (an attempt timed out or failed after it may have been sent): such an
+    /// attempt can still commit late.
+    async fn txn_noting_doubt(&self, req: TxnRequest) -> (StoreResult<TxnResponse>, bool) {
+        // Attempts sent minus attempts answered: a timeout drops an attempt without an answer,
+        // and a retryable error may come after the request reached the store.
+        let unanswered = std::sync::atomic::AtomicUsize::new(0);
+        let result = self
+            .call(|| {
+                let req = req.clone();
+                let unanswered = &unanswered;
+                async move {
+                    unanswered.fetch_add(1, Ordering::Relaxed);
+                    let r = self.store.txn(req).await;
+                    if !matches!(&r, Err(e) if e.is_retryable()) {
+                        unanswered.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    r
+                }
+            })
+            .await;
+        if let Ok(resp) = &result {
+            self.seen.fetch_max(resp.revision, Ordering::AcqRel);
+        }
+        (result, unanswered.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Notes a store revision this process has seen (txn headers, reads).
+    fn note_seen(&self, revision: Revision) {
+        self.seen.fetch_max(revision, Ordering::AcqRel);
+    }
+
+    /// The fence for a write to `pool` sent now: the newest revision seen in a response or applied
     /// by the pool's cache (both happened before this send).
     fn fence(&self, pool: &PoolState) -> Revision {
         self.seen.load(Ordering::Acquire).max(*pool.applied.borrow())
     }
 
-    /// The spec of pool `name`, `None` if it has none. A spec record that cannot be used
-    /// (unreadable, or holding another pool's spec: issue 9, item 7) is an error naming the
-    /// record, never trusted.
-    async fn read_spec(&self, name: &str) -> Result<Option<PoolSpec>> {
+    /// Every fence of a write to `pool` sent now (see [`Fences`]).
+    fn fences(&self, pool: &PoolState) -> Fences {
+        Fences { spec_rev: Some(pool.spec_rev), seen: Some(self.fence(pool)) }
+    }
+
+    /// The error for a write that found `pool`'s spec changed (`spec_now`: the spec there now, if
+    /// the pool was re-created). Forgets the pool's state, so the next `pool()` reads it afresh.
+    fn pool_gone(&self, pool: &PoolState, spec_now: Option<Vec<u8>>) -> Error {
+        let name = pool.spec.name();
+        {
+            let mut pools = lock(&self.pools);
+            if pools.get(name).is_some_and(|p| std::ptr::eq(&**p, pool)) {
+                if let Some(p) = pools.remove(name) {
+                    p.relist.interrupt();
+                }
+            }
+        }
+        warn!(pool = %name, "the pool was deleted (or re-created) under this handle");
+        match spec_now.map(|b| PoolSpec::from_json(&b)) {
+            Some(Ok(existing)) if existing != pool.spec => Error::RangeMismatch {
+                pool: name.to_string(),
+                existing: Box::new(existing),
+                requested: Box::new(pool.spec.clone()),
+            },
+            _ => Error::PoolNotFound { pool: name.to_string() },
+        }
+    }
+
+    /// The spec of pool `name` and the create revision of its record (every write compares it),
+    /// `None` if it has none. A spec record that cannot be used (unreadable, or holding another
+    /// pool's spec: issue 9, item 7) is an error naming the record, never trusted.
+    async fn read_spec(&self, name: &str) -> Result<Option<(PoolSpec, Revision)>> {
         let key = self.layout.pool_spec_key(name);
         let resp = self.call(|| self.store.get(GetRequest::key(key.clone()))).await?;
+        self.note_seen(resp.revision);
         match resp.kvs.first() {
             None => Ok(None),
             Some(kv) => crate::records::parse_spec(&self.layout, kv)
-                .map(Some)
+                .map(|spec| Some((spec, kv.create_revision)))
                 .map_err(|p| Error::Unavailable { reason: format!("(not retryable) {p}") }),
         }
     }
 
-    async fn init_pool(&self, spec: &PoolSpec) -> Result<PoolSpec> {
+    async fn init_pool(&self, spec: &PoolSpec) -> Result<(PoolSpec, Revision)> {
         spec.validate()?;
         let json = spec.to_json();
         let resp = self.txn(protocol::init_pool_txn(&self.layout, spec.name(), json)).await?;
         match init_pool_outcome(&resp).map_err(protocol_error)? {
-            None => {
+            (None, rev) => {
                 info!(pool = %spec.name(), spec = %spec, "pool created");
-                Ok(spec.clone())
+                Ok((spec.clone(), rev))
             }
-            Some(existing) => {
+            (Some(existing), rev) => {
                 let existing = PoolSpec::from_json(&existing).map_err(|e| Error::Unavailable {
                     reason: format!("pool spec of {:?} is unreadable: {e}", spec.name()),
                 })?;
                 if existing == *spec {
-                    Ok(existing)
+                    Ok((existing, rev))
                 } else {
                     Err(Error::RangeMismatch {
                         pool: spec.name().to_string(),
@@ -537,10 +617,14 @@ impl Inner {
         }
     }
 
-    fn open_state(self: &Arc<Self>, spec: PoolSpec) -> Pool {
+    fn open_state(self: &Arc<Self>, spec: PoolSpec, spec_rev: Revision) -> Pool {
         let mut pools = lock(&self.pools);
         if let Some(p) = pools.get(spec.name()) {
-            return Pool { inner: self.clone(), state: p.clone() };
+            if p.spec_rev == spec_rev {
+                return Pool { inner: self.clone(), state: p.clone() };
+            }
+            // The pool was deleted and re-created since: a fresh state for the new one.
+            p.relist.interrupt();
         }
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (mesh, _) = broadcast::channel(self.opts.event_buffer.max(1));
@@ -550,6 +634,8 @@ impl Inner {
         let state = Arc::new(PoolState {
             cache: Mutex::new(PoolCache::new(spec.clone())),
             spec,
+            spec_rev,
+            doubt: Mutex::new(HashSet::new()),
             held: Mutex::new(HashMap::new()),
             key_locks: Mutex::new(HashMap::new()),
             events,
@@ -696,8 +782,13 @@ impl Inner {
             };
             let lease = if leased { self.session_lease().await? } else { 0 };
             let target = holder.map(|h| RefTarget { holder: h, lease });
-            let req = plan.txn_fenced(&self.layout, name, key, target, Some(self.fence(pool)));
-            let resp = match self.txn(req).await {
+            let fences = self.fences(pool);
+            let req = plan.txn_fenced(&self.layout, name, key, target, fences);
+            let (result, doubt) = self.txn_noting_doubt(req).await;
+            if doubt && leased {
+                lock(&pool.doubt).insert(key.to_string());
+            }
+            let resp = match result {
                 Ok(r) => r,
                 Err(StoreError::LeaseNotFound(l)) if leased => {
                     if claimed {
@@ -713,7 +804,13 @@ impl Inner {
                     return Err(e.into());
                 }
             };
-            match plan.outcome(&resp).map_err(protocol_error)? {
+            match plan.outcome_fenced(&resp, fences).map_err(protocol_error)? {
+                BindOutcome::PoolGone { spec_now } => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    return Err(self.pool_gone(pool, spec_now));
+                }
                 BindOutcome::Bound { id, .. } => {
                     pool.lock_cache().learn(id, true);
                     debug!(pool = %name, key, id, attempt, "bound");
@@ -749,6 +846,7 @@ impl Inner {
     async fn read_key_record(&self, pool: &PoolState, key: &str) -> Result<Option<u64>> {
         let k = self.layout.key_key(pool.spec.name(), key);
         let resp = self.call(|| self.store.get(GetRequest::key(k.clone()))).await?;
+        self.note_seen(resp.revision);
         match resp.kvs.first() {
             None => Ok(None),
             Some(kv) => {
@@ -840,7 +938,9 @@ impl Inner {
     }
 
     /// Sends a release txn for `holder`'s reference, retrying with a new quarantine lease if the
-    /// old one has run out.
+    /// old one has run out. `durable`: a durable holder (always bumps its fence record, since
+    /// other processes sharing the name may have binds in flight); a leased holder bumps it only
+    /// when one of its binds of `key` is in doubt.
     async fn release_ref(
         &self,
         pool: &PoolState,
@@ -852,7 +952,10 @@ impl Inner {
         let reclaim = pool.spec.idle_grace_duration().is_zero();
         let (mut id, mut require_own_ref) = (id, durable);
         let mut held: Option<bool> = None;
+        let mut fenced_out = 0;
         loop {
+            let bump = self.bump_lease(pool, key, durable).await;
+            let fences = self.fences(pool);
             let plan = |tombstone_lease| ReleasePlan {
                 key,
                 id,
@@ -863,13 +966,43 @@ impl Inner {
                     LastRelease::Touch
                 },
                 require_own_ref,
+                fences,
+                bump,
             };
-            let resp = self
-                .txn_with_quarantine(pool, reclaim, |lease| {
+            let session = bump.filter(|l| *l != 0);
+            let sent = self
+                .txn_with_leases(pool, reclaim, session, |lease| {
                     plan(lease).txn(&self.layout, pool.spec.name())
                 })
                 .await?;
-            let out = plan(None).outcome(&resp).map_err(protocol_error)?;
+            let Some(resp) = sent else {
+                // The session lease carrying the bump is gone, and with it every reference and
+                // every in-flight bind on it: nothing is left to fence.
+                if let Some(l) = session {
+                    self.session_lost(l).await;
+                }
+                lock(&pool.doubt).remove(key);
+                continue;
+            };
+            let out: ReleaseOutcome = plan(None).outcome(&resp).map_err(protocol_error)?;
+            if let Some(spec_now) = out.pool_gone {
+                return Err(self.pool_gone(pool, spec_now));
+            }
+            if out.fenced_out {
+                // Our reference was written after the revision we had seen: a bind of ours applied
+                // late, before this release. Decide again with what this response taught us.
+                fenced_out += 1;
+                if fenced_out > MAX_BIND_ATTEMPTS {
+                    return Err(Error::Unavailable {
+                        reason: format!("release of key {key:?} in pool {:?} kept finding its reference rewritten", pool.spec.name()),
+                    });
+                }
+                debug!(pool = %pool.spec.name(), key, "release fenced out by a newer reference; again");
+                continue;
+            }
+            if bump.is_some() && !durable {
+                lock(&pool.doubt).remove(key);
+            }
             let first = held.is_none();
             let had_ref = *held.get_or_insert(out.had_ref);
             if out.reclaimed {
@@ -889,6 +1022,63 @@ impl Inner {
         }
     }
 
+    /// The lease to bump the holder's fence record on in a release of `key` (see
+    /// [`ReleasePlan::bump`]): always for durable holders (lease 0); for this process's leased
+    /// holder only while a bind of `key` is in doubt, on the current session lease.
+    async fn bump_lease(&self, pool: &PoolState, key: &str, durable: bool) -> Option<LeaseId> {
+        if durable {
+            return Some(0);
+        }
+        if !lock(&pool.doubt).contains(key) {
+            return None;
+        }
+        let lease = self.session.lock().await.lease;
+        if lease.is_none() {
+            // No session lease: the one the doubtful attempt used is gone, so it cannot apply.
+            lock(&pool.doubt).remove(key);
+        }
+        lease
+    }
+
+    /// Removes `holder`'s reference to `key` when the key has no binding (a stray reference).
+    async fn release_stray_ref(
+        &self,
+        pool: &PoolState,
+        key: &str,
+        holder: &str,
+        durable: bool,
+    ) -> Result<Released> {
+        for _ in 0..MAX_BIND_ATTEMPTS {
+            let bump = self.bump_lease(pool, key, durable).await;
+            let fences = self.fences(pool);
+            let req = protocol::stray_ref_release_txn(
+                &self.layout,
+                pool.spec.name(),
+                key,
+                holder,
+                fences,
+                bump,
+            );
+            let resp = self.txn(req).await?;
+            let out = protocol::stray_ref_release_outcome(&resp, fences).map_err(protocol_error)?;
+            if let Some(spec_now) = out.pool_gone {
+                return Err(self.pool_gone(pool, spec_now));
+            }
+            if !out.fenced_out {
+                if bump.is_some() && !durable {
+                    lock(&pool.doubt).remove(key);
+                }
+                return Ok(Released { held: out.had_ref, reclaimed: false });
+            }
+        }
+        Err(Error::Unavailable {
+            reason: format!(
+                "release of key {key:?} in pool {:?} kept finding its reference rewritten",
+                pool.spec.name()
+            ),
+        })
+    }
+
     /// Sends a txn that may write tombstones, with the retry policy. Each attempt takes the
     /// quarantine lease afresh (`build` gets it), so a retry never writes a tombstone on a lease
     /// granted too long ago to cover the reuse delay (G5); a quarantine lease that has vanished is
@@ -899,6 +1089,21 @@ impl Inner {
         tombstones: bool,
         build: impl Fn(Option<LeaseId>) -> TxnRequest,
     ) -> Result<TxnResponse> {
+        match self.txn_with_leases(pool, tombstones, None, build).await? {
+            Some(resp) => Ok(resp),
+            None => Err(Error::Unavailable { reason: "unreachable: no session lease used".into() }),
+        }
+    }
+
+    /// [`Inner::txn_with_quarantine`] for a txn that also writes on the session lease `session`:
+    /// `Ok(None)` if the store says that lease is gone (nothing was written).
+    async fn txn_with_leases(
+        &self,
+        pool: &PoolState,
+        tombstones: bool,
+        session: Option<LeaseId>,
+        build: impl Fn(Option<LeaseId>) -> TxnRequest,
+    ) -> Result<Option<TxnResponse>> {
         let mut backoff = self.opts.retry.initial_backoff;
         let mut attempt = 1;
         loop {
@@ -908,8 +1113,9 @@ impl Inner {
             match result {
                 Ok(resp) => {
                     self.seen.fetch_max(resp.revision, Ordering::AcqRel);
-                    return Ok(resp);
+                    return Ok(Some(resp));
                 }
+                Err(StoreError::LeaseNotFound(l)) if session == Some(l) => return Ok(None),
                 Err(StoreError::LeaseNotFound(l)) if lease == Some(l) => {
                     let mut q = pool.quarantine.lock().await;
                     if matches!(*q, Some((ql, _)) if ql == l) {
@@ -951,6 +1157,27 @@ impl Inner {
                 self.release_ref(pool, key, id, &holder, false).await.map(|_| ())
             }
         };
+        pool.drop_key_lock(key, l);
+        result
+    }
+
+    /// Cleans up after a leased acquire of `key` that failed with attempts in doubt: unless the
+    /// process holds the key again, releases whatever reference those attempts may have left
+    /// (fenced, bumping the holder record so that an attempt still in flight fails when it lands).
+    async fn abandon(self: &Arc<Self>, pool: &Arc<PoolState>, key: &str) -> Result<()> {
+        let l = pool.key_lock(key);
+        let result = async {
+            let _g = l.lock().await;
+            if lock(&pool.held).contains_key(key) {
+                return Ok(());
+            }
+            let holder = self.holder.clone();
+            match self.read_key_record(pool, key).await? {
+                Some(id) => self.release_ref(pool, key, id, &holder, false).await.map(|_| ()),
+                None => self.release_stray_ref(pool, key, &holder, false).await.map(|_| ()),
+            }
+        }
+        .await;
         pool.drop_key_lock(key, l);
         result
     }
@@ -1084,6 +1311,9 @@ async fn repair_loop(inner: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Repair>
         };
         if let Repair::Release(p, k, id) = job {
             if let Err(e) = strong.finish_release(&p, &k, id).await {
+                if matches!(e, Error::PoolNotFound { .. } | Error::RangeMismatch { .. }) {
+                    continue;
+                }
                 warn!(pool = %p.spec.name(), key = %k, error = %e, "completing a release failed; will retry");
                 let _ = strong.repairs.send(Repair::Release(p, k, id));
                 drop(strong);
@@ -1092,8 +1322,21 @@ async fn repair_loop(inner: Weak<Inner>, mut rx: mpsc::UnboundedReceiver<Repair>
             }
             continue;
         }
+        if let Repair::Abandon(p, k) = job {
+            match strong.abandon(&p, &k).await {
+                Ok(()) | Err(Error::PoolNotFound { .. }) | Err(Error::RangeMismatch { .. }) => {}
+                Err(e) => {
+                    warn!(pool = %p.spec.name(), key = %k, error = %e, "cleaning up after a failed acquire failed; will retry");
+                    let _ = strong.repairs.send(Repair::Abandon(p, k));
+                    drop(strong);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+            continue;
+        }
         let jobs: Vec<(Arc<PoolState>, String)> = match job {
-            Repair::Release(..) => Vec::new(),
+            Repair::Release(..) | Repair::Abandon(..) => Vec::new(),
             Repair::Key(p, k) => vec![(p, k)],
             Repair::All => {
                 let mut all: Vec<(Arc<PoolState>, String)> = lock(&strong.pools)
@@ -1161,8 +1404,20 @@ impl Pool {
                 None => {
                     let holder = self.inner.holder.clone();
                     let r = self.inner.bind(&self.state, key, Some(&holder), true, None).await;
-                    if let Ok(a) = &r {
-                        lock(&self.state.held).insert(key.to_string(), Held { id: a.id, count: 1 });
+                    match &r {
+                        Ok(a) => {
+                            lock(&self.state.held)
+                                .insert(key.to_string(), Held { id: a.id, count: 1 });
+                        }
+                        Err(Error::Unavailable { .. }) if lock(&self.state.doubt).contains(key) => {
+                            // An attempt may still be applied: undo whatever it left, in the
+                            // background (the fence bump makes a later apply fail).
+                            let _ = self
+                                .inner
+                                .repairs
+                                .send(Repair::Abandon(self.state.clone(), key.to_string()));
+                        }
+                        Err(_) => {}
                     }
                     r
                 }
@@ -1241,6 +1496,10 @@ impl Pool {
                                 ),
                             })
                         }
+                        Err(e @ (Error::PoolNotFound { .. } | Error::RangeMismatch { .. })) => {
+                            // The pool is gone, and every reference with it.
+                            Err(e)
+                        }
                         Err(e) => {
                             // Rejected, so not applied: nothing changed, the caller may retry.
                             lock(&self.state.held).insert(key.to_string(), Held { id, count: 1 });
@@ -1262,18 +1521,16 @@ impl Pool {
         let l = self.state.key_lock(key);
         let result = async {
             let _g = l.lock().await;
-            let id = match self.inner.wait_synced(&self.state).await.ok().and_then(|_| self.get(key)) {
-                Some(id) => Some(id),
-                None => self.get_consistent(key).await?,
-            };
+            let id =
+                match self.inner.wait_synced(&self.state).await.ok().and_then(|_| self.get(key)) {
+                    Some(id) => Some(id),
+                    None => self.get_consistent(key).await?,
+                };
             match id {
                 Some(id) => self.inner.release_ref(&self.state, key, id, holder, true).await,
                 None => {
                     // No binding: at most a stray reference is left; remove it.
-                    let own = self.inner.layout.ref_key(self.state.spec.name(), key, holder);
-                    let resp = self.inner.txn(TxnRequest::new().and_then([TxnOp::delete(own)])).await?;
-                    let held = matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0);
-                    Ok(Released { held, reclaimed: false })
+                    self.inner.release_stray_ref(&self.state, key, holder, true).await
                 }
             }
         }

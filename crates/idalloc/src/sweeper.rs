@@ -107,10 +107,15 @@ pub(crate) async fn sweep(
     }
     for batch in orphans.chunks(SWEEP_BATCH) {
         let resp = inner
-            .txn_with_quarantine(pool, true, |lease| sweep_txn(&inner.layout, name, batch, lease))
+            .txn_with_quarantine(pool, true, |lease| {
+                sweep_txn(&inner.layout, name, batch, lease, Some(pool.spec_rev))
+            })
             .await?;
-        let done = sweep_outcome(&resp, batch.len())
-            .map_err(|e| Error::Unavailable { reason: e.to_string() })?;
+        let Some(done) = sweep_outcome(&resp, batch.len())
+            .map_err(|e| Error::Unavailable { reason: e.to_string() })?
+        else {
+            return Err(Error::PoolNotFound { pool: name.to_string() });
+        };
         for (o, ok) in batch.iter().zip(done) {
             if ok {
                 report.reclaimed.push((orphan_id(o), o.key.clone()));

@@ -374,6 +374,7 @@ impl EtcdStore {
             Failure::LeaseNotFound => StoreError::LeaseNotFound(ctx.lease),
             Failure::Invalid(m) => StoreError::InvalidRequest(m),
             Failure::Unavailable(m) => StoreError::Unavailable(m),
+            Failure::TooLarge(m) => StoreError::ResponseTooLarge(m),
             Failure::Access { endpoint, cause, detail } => {
                 access_error(&self.diag, endpoint, cause, detail)
             }
@@ -416,6 +417,7 @@ impl EtcdStore {
 enum Failure {
     Unavailable(String),
     Invalid(String),
+    TooLarge(String),
     Compacted,
     Future,
     LeaseNotFound,
@@ -482,6 +484,10 @@ fn classify(e: etcd_client::Error) -> Failure {
                 Failure::Future
             } else if msg.contains("requested lease not found") {
                 Failure::LeaseNotFound
+            } else if msg.contains("message length too large") {
+                // tonic's own limit on a response it receives (4 MiB by default): the read asked
+                // for too much at once, which is neither a bad request nor an outage.
+                Failure::TooLarge(format!("etcd's answer: {msg}"))
             } else if msg.contains("too many operations in txn")
                 || msg.contains("duplicate key given in txn request")
                 || msg.contains("request is too large")
@@ -911,6 +917,22 @@ impl Store for EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 9, item 5: a too-large answer was labelled "invalid store request" (a bug in the
+    /// caller). It is its own failure, which `list_all` answers with smaller pages.
+    #[test]
+    fn a_too_large_answer_is_not_an_invalid_request() {
+        let status = tonic::Status::out_of_range(
+            "Error, decoded message length too large: found 11489866 bytes, the limit is: 4194304 bytes",
+        );
+        match classify(etcd_client::Error::GRpcStatus(status)) {
+            Failure::TooLarge(m) => assert!(m.contains("found 11489866 bytes"), "{m}"),
+            _ => panic!("expected TooLarge"),
+        }
+        let status =
+            tonic::Status::invalid_argument("etcdserver: too many operations in txn request");
+        assert!(matches!(classify(etcd_client::Error::GRpcStatus(status)), Failure::Invalid(_)));
+    }
 
     #[tokio::test]
     async fn bad_options_are_rejected_with_the_offending_value() {
