@@ -42,9 +42,9 @@ pub use types::{Acquired, AllocatorOptions, Binding, Released, RetryPolicy};
 
 use pool_state::lock;
 use registry::Inner;
+use registry::Session;
 use repair_queue::RepairQueue;
 use request::Requester;
-use session::Session;
 
 /// The entry point: one per process and store. Cheap to clone.
 #[derive(Clone)]

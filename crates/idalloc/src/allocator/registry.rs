@@ -14,7 +14,6 @@ use tracing::{info, warn};
 use super::pool_state::{lock, PoolState};
 use super::repair_queue::RepairQueue;
 use super::request::Requester;
-use super::session::Session;
 use super::types::AllocatorOptions;
 use crate::cache::PoolCache;
 use crate::error::{Error, Result};
@@ -22,6 +21,13 @@ use crate::layout::Layout;
 use crate::pool::PoolSpec;
 use crate::protocol::{self, init_pool_outcome, Fences};
 use crate::store::{GetRequest, Revision};
+
+/// The session lease's state (its behaviour: `session.rs`).
+#[derive(Default)]
+pub(super) struct Session {
+    pub(super) lease: Option<LeaseId>,
+    pub(super) keepalive_started: bool,
+}
 
 /// Everything the allocator shares between its handles and background tasks.
 pub(crate) struct Inner {

@@ -14,7 +14,6 @@ use tokio::time::Instant;
 use tracing::warn;
 
 use super::pool_state::PoolState;
-use super::session::ttl_secs;
 use super::types::RetryPolicy;
 use crate::error::{Error, Result};
 use crate::store::{LeaseId, Revision, Store, StoreError, StoreResult, TxnRequest, TxnResponse};
@@ -239,4 +238,10 @@ impl Requester {
             }
         }
     }
+}
+
+pub(super) fn ttl_secs(d: Duration) -> i64 {
+    // Lease TTLs are whole seconds; round up so a lease never lives shorter than asked.
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.max(1) as i64
 }

@@ -3,7 +3,6 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use tokio::time::Instant;
 use tracing::{info, warn};
@@ -11,20 +10,9 @@ use tracing::{info, warn};
 use super::pool_state::lock;
 use super::registry::Inner;
 use super::repair_queue::Repair;
+use super::request::ttl_secs;
 use crate::error::{Error, Result};
 use crate::store::LeaseId;
-
-#[derive(Default)]
-pub(super) struct Session {
-    pub(super) lease: Option<LeaseId>,
-    pub(super) keepalive_started: bool,
-}
-
-pub(super) fn ttl_secs(d: Duration) -> i64 {
-    // Lease TTLs are whole seconds; round up so a lease never lives shorter than asked.
-    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
-    s.max(1) as i64
-}
 
 impl Inner {
     /// The session lease, granted (and its keep-alive started) on first use.
