@@ -10,6 +10,7 @@ mod connect;
 mod fail;
 mod open;
 mod parse;
+mod progress;
 mod remotes;
 mod render;
 mod watch;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use idalloc::layout::{IdRecord, Layout};
 use idalloc::store::{list_all, GetRequest, KeyRange, Store, TxnOp, TxnRequest};
 use idalloc::{Allocator, AllocatorOptions};
+use idalloc_testkit::g1::read_pool;
 
 pub const SESSION_TTL: Duration = Duration::from_secs(6);
 
@@ -98,16 +99,8 @@ pub async fn raw_bindings_in<S: Store + ?Sized>(
     l: &Layout,
     pool: &str,
 ) -> Vec<(u64, String)> {
-    let (kvs, _) = list_all(store, &KeyRange::prefix(l.id_prefix(pool)), 500).await.expect("list");
-    let mut out: Vec<(u64, String)> = kvs
-        .iter()
-        .filter_map(|kv| match IdRecord::decode(&kv.value) {
-            Some(IdRecord::Bound(k)) => Some((l.parse_id_key(pool, &kv.key).expect("id key"), k)),
-            _ => None,
-        })
-        .collect();
-    out.sort();
-    out
+    let snap = read_pool(store, l, pool).await.expect("read the pool's records");
+    snap.bound().map(|(id, k)| (id, k.to_string())).collect()
 }
 
 /// G1 on the raw store: ID records and key records form a bijection (the testkit's one checker).
@@ -124,9 +117,8 @@ pub async fn count_refs<S: Store + ?Sized>(store: &S, pool: &str) -> usize {
 }
 
 pub async fn count_refs_in<S: Store + ?Sized>(store: &S, l: &Layout, pool: &str) -> usize {
-    let (kvs, _) =
-        list_all(store, &KeyRange::prefix(l.refs_prefix(pool)), 500).await.expect("list");
-    kvs.len()
+    let snap = read_pool(store, l, pool).await.expect("read the pool's records");
+    snap.refs.values().map(|holders| holders.len()).sum()
 }
 
 /// A durable holder's fence record (`P/data/<pool>/holder/<h>`): G4 as amended in
