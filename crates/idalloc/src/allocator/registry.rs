@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::pool::PoolSpec;
 use crate::protocol::{self, init_pool_outcome, Fences};
-use crate::store::{GetRequest, Revision};
+use crate::store::{GetRequest, LeaseId, Revision};
 
 /// The session lease's state (its behaviour: `session.rs`).
 #[derive(Default)]
