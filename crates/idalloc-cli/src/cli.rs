@@ -96,9 +96,12 @@ Examples:
     /// also when nothing was held.
     #[command(after_help = "\
 JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"holder\":\"alice\",\"released\":true,\"reclaimed\":true}
+With --from: one such output per key, in input order (keys read as for acquire --from; a bad line
+is an error, exit 2, found before anything is released).
 
-Example:
-  idalloc release vni tenant-blue")]
+Examples:
+  idalloc release vni tenant-blue
+  idalloc release vni --from keys.txt")]
     Release(ReleaseArgs),
 
     /// Print the ID bound to KEY (exit 3 if none).
@@ -286,7 +289,7 @@ pub struct AcquireArgs {
     /// Create the pool with this range first if it does not exist.
     #[arg(long, value_parser = parse::id_range, value_name = "MIN-MAX")]
     pub range: Option<IdRange>,
-    /// Acquires in flight at once with --from.
+    /// Batches of keys (up to 100 keys, one store request each) in flight at once with --from.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub concurrency: u16,
 }
@@ -295,11 +298,18 @@ pub struct AcquireArgs {
 pub struct ReleaseArgs {
     /// Pool name.
     pub pool: String,
-    /// The key.
-    pub key: String,
+    /// The key. Omit with --from.
+    #[arg(required_unless_present = "from", conflicts_with = "from")]
+    pub key: Option<String>,
+    /// Read keys from FILE, one per line ('-' for stdin).
+    #[arg(long, value_name = "FILE|-")]
+    pub from: Option<PathBuf>,
     /// Owner of the reference [default: $USER, else $LOGNAME, else "idalloc"].
     #[arg(long, value_name = "H")]
     pub holder: Option<String>,
+    /// Batches of keys in flight at once with --from.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub concurrency: u16,
 }
 
 #[derive(Args, Debug)]
