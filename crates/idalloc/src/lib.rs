@@ -74,7 +74,7 @@ pub use allocator::{
     Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
     RetryPolicy,
 };
-pub use cache::Event;
+pub use cache::{Event, Foreign};
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
