@@ -1722,10 +1722,9 @@ impl Pool {
         if id >= lo && id <= hi {
             return self.key_of(id).map(|k| (Cluster::Local, k));
         }
-        let view = lock(&self.state.remotes)
-            .values()
-            .find(|v| id >= v.space().0 && id <= v.space().1)
-            .cloned()?;
+        // Lock order: the remotes map, then a view (as everywhere).
+        let remotes = lock(&self.state.remotes);
+        let view = remotes.values().find(|v| id >= v.space().0 && id <= v.space().1)?;
         let k = view.lock().cache.key_of(id).map(str::to_string)?;
         Some((view.cluster.clone(), k))
     }
