@@ -30,6 +30,9 @@ enum Backend {
     Memory,
     File,
     Etcd,
+    /// An etcd of its own with mutual TLS, user authentication with 2 s tokens, and a user whose
+    /// role covers only `idalloc-secure/` (issue 11, docs/security.md).
+    SecureEtcd,
 }
 
 struct Env {
@@ -63,6 +66,24 @@ async fn env(backend: Backend) -> Option<Env> {
             let layout = Layout::new(prefix.trim_end_matches('/')).expect("prefix");
             Some(Env { store: Arc::new(store), layout, _guard: Box::new(etcd) })
         }
+        Backend::SecureEtcd => {
+            use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
+            if !idalloc_testkit::etcd::etcd_on_path() {
+                assert!(std::env::var("CI").map_or(true, |v| v != "true"), "no etcd under CI");
+                return None;
+            }
+            let spec = SecureSpec {
+                tls: true,
+                client_cert_auth: true,
+                auth: true,
+                auth_token_ttl: Some(2),
+            };
+            let etcd = SecureEtcd::start(spec).await.unwrap_or_else(|e| panic!("{e}"));
+            let opts = etcd.options(Some(SecureEtcd::user_auth()));
+            let store = idalloc::store::etcd::EtcdStore::connect(opts).await.expect("connect");
+            let layout = Layout::new(format!("{}alloc", SecureEtcd::PREFIX)).expect("prefix");
+            Some(Env { store: Arc::new(store), layout, _guard: Box::new(etcd) })
+        }
     }
 }
 
@@ -85,6 +106,12 @@ macro_rules! on_every_backend {
             $(#[tokio::test]
             async fn $name() {
                 super::$name(super::Backend::Etcd).await
+            })*
+        }
+        mod secure_etcd {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::SecureEtcd).await
             })*
         }
     };

@@ -836,29 +836,31 @@ impl Store for EtcdStore {
     /// watch from revision 0 ("from now on") sees every write made after this call returned.
     async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
         let (mut stream, mut first) = self.open_watch(&range, start_revision).await?;
-        let denied = |first: &Option<etcd_client::WatchResponse>| {
-            first
-                .as_ref()
-                .is_some_and(|r| r.canceled() && r.cancel_reason().contains("permission denied"))
+        // etcd checks a watch's token only when the watch is created, and answers a stale one
+        // with a cancelled watch (reason "invalid auth token", or "permission denied" on some
+        // 3.x versions), not with an error status, so etcd-client does not renew it.
+        let refusal = |first: &Option<etcd_client::WatchResponse>| {
+            first.as_ref().filter(|r| r.canceled()).and_then(|r| {
+                let reason = r.cancel_reason();
+                if reason.contains("invalid auth token") {
+                    Some((AccessCause::Authentication, reason.to_string()))
+                } else if reason.contains("permission denied") {
+                    Some((AccessCause::Permission, reason.to_string()))
+                } else {
+                    None
+                }
+            })
         };
-        if denied(&first) && self.diag.user.is_some() {
-            // etcd checks a watch's token only when the watch is created, and refuses an expired
-            // one as "permission denied" rather than "invalid auth token", so etcd-client does
-            // not renew it. Renew once and retry: a real lack of permission is refused again.
+        if refusal(&first).is_some() && self.diag.user.is_some() {
+            // Renew once and retry: a real lack of permission is refused again.
             drop(stream);
             if let Err(f) = self.bounded("authenticate", self.client.refresh_token()).await {
                 return Err(self.resolve(f, ErrCtx::default()).await);
             }
             (stream, first) = self.open_watch(&range, start_revision).await?;
         }
-        if denied(&first) {
-            let reason = first.as_ref().map_or("", |r| r.cancel_reason()).to_string();
-            return Err(access_error(
-                &self.diag,
-                None,
-                AccessCause::Permission,
-                format!("watch: {reason}"),
-            ));
+        if let Some((cause, reason)) = refusal(&first) {
+            return Err(access_error(&self.diag, None, cause, format!("watch: {reason}")));
         }
         // A bare creation confirmation carries nothing; anything else is kept for the stream.
         let pending = first.filter(|r| {
