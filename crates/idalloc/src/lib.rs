@@ -81,6 +81,7 @@
 #![forbid(unsafe_code)]
 
 pub mod allocator;
+pub mod batch;
 pub mod bindings;
 pub mod cache;
 pub mod error;
