@@ -18,7 +18,7 @@ use crate::pool::{validate_holder, validate_key, PoolSpec};
 use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool};
 use crate::store::{GetRequest, KeyRange, Store};
 
-/// A handle on one pool of an [`Allocator`]. Cheap to clone.
+/// A handle on one pool of an [`Allocator`](super::Allocator). Cheap to clone.
 #[derive(Clone)]
 pub struct Pool {
     pub(super) inner: Arc<Inner>,
@@ -242,13 +242,20 @@ impl Pool {
             .collect())
     }
 
+    /// ID records of the pool that the cache does not use (unreadable values count as used;
+    /// records for IDs the pool never hands out are ignored), as the watch last showed them.
+    /// Each was also logged as a warning. `idalloc check` reports and repairs them.
+    pub fn unusable_id_records(&self) -> Vec<(u64, crate::cache::Foreign)> {
+        self.state.lock_cache().foreign()
+    }
+
     /// Every binding in the cache, sorted by ID.
     pub fn snapshot(&self) -> Vec<(u64, String)> {
         self.state.lock_cache().snapshot()
     }
 
     /// Subscribes to the pool's events. A subscriber that falls more than `event_buffer` events
-    /// behind gets [`Event::Lagged`] and should re-read [`Pool::snapshot`]; it never slows
+    /// behind gets [`Event::Lagged`](crate::Event::Lagged) and should re-read [`Pool::snapshot`]; it never slows
     /// allocation down.
     ///
     /// The subscription starts with the pool as the cache holds it: every binding as an `Upsert`
