@@ -205,6 +205,17 @@ enum Repair {
     Release(Arc<PoolState>, String, u64),
 }
 
+/// On which lease a bind puts the holder's reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RefLease {
+    /// No lease: a durable reference.
+    Durable,
+    /// The allocator's own session lease (granted on first use, kept alive by the library).
+    Session,
+    /// A client session's lease (kept alive by its client; see [`crate::ClientSession`]).
+    Client(LeaseId),
+}
+
 struct Session {
     lease: Option<LeaseId>,
     keepalive_started: bool,
@@ -279,6 +290,8 @@ impl Allocator {
             None => default_holder(),
         };
         validate_holder(&holder)?;
+        crate::metrics::describe();
+        let store: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore::new(store));
         if opts.session_ttl < Duration::from_secs(1) {
             return Err(Error::invalid(
                 "session TTL",
@@ -310,6 +323,14 @@ impl Allocator {
         let task = tokio::spawn(repair_loop(Arc::downgrade(&inner), repair_rx));
         lock(&inner.tasks).push(task.abort_handle());
         Ok(Allocator { inner })
+    }
+
+    /// A new client session with its own lease of `ttl` (whole seconds, at least 1 s), kept alive
+    /// by its caller ([`crate::ClientSession::keep_alive`]), not by this allocator: the session
+    /// of a remote client (`idalloc serve`) that must lose its references when the client stops
+    /// renewing, exactly as a crashed process does (G4). One round trip.
+    pub async fn client_session(&self, ttl: Duration) -> Result<crate::ClientSession> {
+        crate::client_session::open(&self.inner, ttl).await
     }
 
     /// This process's holder name (its leased references are `ref/<key>/<holder>`).
@@ -436,6 +457,30 @@ impl Allocator {
 }
 
 impl Inner {
+    /// Publishes the pool's gauges (bindings, free IDs, capacity, cache lag) from its cache.
+    pub(crate) fn publish_gauges(&self, pool: &PoolState) {
+        let (bindings, free, applied) = {
+            let mut c = pool.lock_cache();
+            (c.len(), c.free_ids().free_count(), c.revision())
+        };
+        let lag = self.seen.load(Ordering::Acquire) - applied;
+        crate::metrics::pool_gauges(pool.spec.name(), bindings, free, pool.spec.capacity(), lag);
+    }
+
+    /// The store and the bounded-retry request helper, for [`crate::ClientSession`].
+    pub(crate) async fn lease_call<T, F, Fut>(&self, f: F) -> StoreResult<T>
+    where
+        F: Fn(Arc<dyn Store>) -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        self.call(|| f(self.store.clone())).await
+    }
+
+    /// This allocator's holder name.
+    pub(crate) fn holder(&self) -> &str {
+        &self.holder
+    }
+
     /// One attempt of a store request, bounded by the request timeout (a timeout is `Unavailable`).
     async fn bounded<T>(&self, request: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
         match tokio::time::timeout(self.opts.request_timeout, request).await {
@@ -582,6 +627,7 @@ impl Inner {
         let mut s = self.session.lock().await;
         if s.lease == Some(lost) {
             warn!(holder = %self.holder, lease = lost, "session lease lost; re-referencing held keys on a new lease");
+            crate::metrics::session_lost(crate::metrics::SessionKind::Process);
             s.lease = None;
             let _ = self.repairs.send(Repair::All);
         }
@@ -622,7 +668,7 @@ impl Inner {
         pool: &PoolState,
         key: &str,
         holder: Option<&str>,
-        leased: bool,
+        leased: RefLease,
         preferred: Option<u64>,
     ) -> Result<Acquired> {
         self.wait_synced(pool).await?;
@@ -674,12 +720,22 @@ impl Inner {
                     }
                 }
             };
-            let lease = if leased { self.session_lease().await? } else { 0 };
+            let lease = match leased {
+                RefLease::Durable => 0,
+                RefLease::Session => self.session_lease().await?,
+                RefLease::Client(l) => l,
+            };
             let target = holder.map(|h| RefTarget { holder: h, lease });
             let req = plan.txn_fenced(&self.layout, name, key, target, Some(self.fence(pool)));
             let resp = match self.txn(req).await {
                 Ok(r) => r,
-                Err(StoreError::LeaseNotFound(l)) if leased => {
+                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    return Err(crate::client_session::lease_gone(l));
+                }
+                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
                     if claimed {
                         pool.lock_cache().learn(plan.id, false);
                     }
@@ -993,12 +1049,13 @@ impl Inner {
         old: u64,
     ) -> Result<()> {
         let holder = self.holder.clone();
-        let a = self.bind(pool, key, Some(&holder), true, Some(old)).await?;
+        let a = self.bind(pool, key, Some(&holder), RefLease::Session, Some(old)).await?;
         if let Some(h) = lock(&pool.held).get_mut(key) {
             h.id = a.id;
         }
         if a.id != old {
             warn!(pool = %pool.spec.name(), key, old_id = old, new_id = a.id, "held key lost its ID to another key; rebound");
+            crate::metrics::conflict(pool.spec.name());
             pool.emit(Event::Conflict { key: key.to_string(), old_id: old, new_id: a.id });
         } else {
             info!(pool = %pool.spec.name(), key, id = old, "held key re-referenced with its ID");
@@ -1030,17 +1087,23 @@ async fn keepalive_loop(inner: Weak<Inner>) {
             tokio::time::timeout(inner.opts.request_timeout, inner.store.lease_keep_alive(lease))
                 .await;
         match result {
-            Ok(Ok(Some(_))) => last_ok = Instant::now(),
+            Ok(Ok(Some(_))) => {
+                crate::metrics::renewal(crate::metrics::SessionKind::Process, Some(true));
+                last_ok = Instant::now()
+            }
             Ok(Ok(None)) => {
+                crate::metrics::renewal(crate::metrics::SessionKind::Process, Some(false));
                 inner.session_lost(lease).await;
                 last_ok = Instant::now();
             }
             Ok(Err(e)) if !e.is_retryable() => {
+                crate::metrics::renewal(crate::metrics::SessionKind::Process, Some(false));
                 warn!(lease, error = %e, "keep-alive rejected; treating the lease as lost");
                 inner.session_lost(lease).await;
                 last_ok = Instant::now();
             }
             other => {
+                crate::metrics::renewal(crate::metrics::SessionKind::Process, None);
                 let why = match other {
                     Ok(Err(e)) => e.to_string(),
                     _ => "timed out".to_string(),
@@ -1129,6 +1192,10 @@ impl Pool {
     /// acquire needs one release). Round trips: 0 if this process already holds the key, else 1
     /// when uncontended (DESIGN §5).
     pub async fn acquire(&self, key: &str) -> Result<Acquired> {
+        crate::metrics::timed(self.spec().name(), "acquire", self.acquire_untimed(key)).await
+    }
+
+    async fn acquire_untimed(&self, key: &str) -> Result<Acquired> {
         validate_key(key)?;
         if let Some(a) = self.count_up(key) {
             return Ok(a);
@@ -1140,7 +1207,10 @@ impl Pool {
                 Some(a) => Ok(a),
                 None => {
                     let holder = self.inner.holder.clone();
-                    let r = self.inner.bind(&self.state, key, Some(&holder), true, None).await;
+                    let r = self
+                        .inner
+                        .bind(&self.state, key, Some(&holder), RefLease::Session, None)
+                        .await;
                     if let Ok(a) = &r {
                         lock(&self.state.held).insert(key.to_string(), Held { id: a.id, count: 1 });
                     }
@@ -1163,12 +1233,35 @@ impl Pool {
     /// `release_durable(key, holder)` (Contiv's owner semantics; what the CLI uses). Idempotent per
     /// holder. One round trip when uncontended.
     pub async fn acquire_durable(&self, key: &str, holder: &str) -> Result<Acquired> {
+        let f = self.acquire_durable_untimed(key, holder);
+        crate::metrics::timed(self.spec().name(), "acquire_durable", f).await
+    }
+
+    async fn acquire_durable_untimed(&self, key: &str, holder: &str) -> Result<Acquired> {
         validate_key(key)?;
         validate_holder(holder)?;
         let l = self.state.key_lock(key);
         let result = {
             let _g = l.lock().await;
-            self.inner.bind(&self.state, key, Some(holder), false, None).await
+            self.inner.bind(&self.state, key, Some(holder), RefLease::Durable, None).await
+        };
+        self.state.drop_key_lock(key, l);
+        result
+    }
+
+    /// The ID of `key` with `holder`'s reference on `lease` (a client session's: see
+    /// [`crate::ClientSession::acquire`]). Idempotent per holder, like a durable reference.
+    pub(crate) async fn acquire_on_lease(
+        &self,
+        key: &str,
+        holder: &str,
+        lease: LeaseId,
+    ) -> Result<Acquired> {
+        validate_key(key)?;
+        let l = self.state.key_lock(key);
+        let result = {
+            let _g = l.lock().await;
+            self.inner.bind(&self.state, key, Some(holder), RefLease::Client(lease), None).await
         };
         self.state.drop_key_lock(key, l);
         result
@@ -1178,6 +1271,19 @@ impl Pool {
     /// round trip) and, if it was the last reference and the pool has no idle grace, the binding in
     /// the same txn. Releasing a key this process does not hold is a no-op (`held == false`).
     pub async fn release(&self, key: &str) -> Result<Released> {
+        let r =
+            crate::metrics::timed(self.spec().name(), "release", self.release_untimed(key)).await;
+        self.count_reclaim(&r);
+        r
+    }
+
+    fn count_reclaim(&self, r: &Result<Released>) {
+        if matches!(r, Ok(Released { reclaimed: true, .. })) {
+            crate::metrics::reclaimed(self.spec().name(), "release", 1);
+        }
+    }
+
+    async fn release_untimed(&self, key: &str) -> Result<Released> {
         validate_key(key)?;
         let l = self.state.key_lock(key);
         let result = {
@@ -1237,6 +1343,13 @@ impl Pool {
     /// Removes `holder`'s durable reference to `key`; reclaims the binding if it was the last
     /// reference and the pool has no idle grace. A no-op (`held == false`) if `holder` held nothing.
     pub async fn release_durable(&self, key: &str, holder: &str) -> Result<Released> {
+        let f = self.release_durable_untimed(key, holder);
+        let r = crate::metrics::timed(self.spec().name(), "release_durable", f).await;
+        self.count_reclaim(&r);
+        r
+    }
+
+    async fn release_durable_untimed(&self, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
         validate_holder(holder)?;
         let l = self.state.key_lock(key);
@@ -1357,7 +1470,13 @@ impl Pool {
     /// One sweep of the pool now: reclaims bindings that have had no reference for the pool's idle
     /// grace (DESIGN §8). Safe to run in many processes at once and alongside acquires.
     pub async fn sweep(&self) -> Result<crate::sweeper::SweepReport> {
-        crate::sweeper::sweep(&self.inner, &self.state, false).await
+        let f = crate::sweeper::sweep(&self.inner, &self.state, false);
+        let r = crate::metrics::timed(self.spec().name(), "sweep", f).await;
+        crate::metrics::swept(self.spec().name(), &r);
+        if let Ok(report) = &r {
+            crate::metrics::reclaimed(self.spec().name(), "sweep", report.reclaimed.len());
+        }
+        r
     }
 
     /// What a sweep would reclaim now, without reclaiming it.

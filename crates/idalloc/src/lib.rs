@@ -51,15 +51,19 @@
 //! - [`pool`], [`layout`], [`idset`], [`protocol`], [`cache`]: pure code — specs and validation,
 //!   store keys, free-ID choice, which txn to send and what its answer means, the watch-fed view.
 //! - [`allocator`], [`sweeper`]: the async driver that runs those decisions against a store.
+//! - [`client_session`]: leases kept alive by a remote client (what `idalloc serve` hands out).
+//! - [`metrics`]: the metric names and the helpers the driver records them with.
 
 #![forbid(unsafe_code)]
 
 pub mod allocator;
 pub mod bindings;
 pub mod cache;
+pub mod client_session;
 pub mod error;
 pub mod idset;
 pub mod layout;
+pub mod metrics;
 pub mod pool;
 pub mod protocol;
 pub mod store;
@@ -70,6 +74,7 @@ pub use allocator::{
     Acquired, Allocator, AllocatorOptions, Binding, Events, Pool, Released, RetryPolicy,
 };
 pub use cache::Event;
+pub use client_session::ClientSession;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use sweeper::SweepReport;

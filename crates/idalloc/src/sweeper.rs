@@ -134,8 +134,13 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>, interval: Dura
         let Some(strong) = inner.upgrade() else {
             return;
         };
-        if let Err(e) = sweep(&strong, &pool, false).await {
-            warn!(pool = %pool.spec.name(), error = %e, "background sweep failed");
+        let r = sweep(&strong, &pool, false).await;
+        crate::metrics::swept(pool.spec.name(), &r);
+        match r {
+            Ok(report) => {
+                crate::metrics::reclaimed(pool.spec.name(), "sweep", report.reclaimed.len())
+            }
+            Err(e) => warn!(pool = %pool.spec.name(), error = %e, "background sweep failed"),
         }
     }
 }

@@ -52,6 +52,7 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
                         pool.emit(e);
                     }
                     pool.note_applied(rev);
+                    strong.publish_gauges(&pool);
                     pool.mark_synced();
                     // A re-list may reveal that a held key's binding changed while we were away.
                     strong.check_held(&pool);
@@ -99,6 +100,7 @@ pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
                     }
                     let applied = pool.lock_cache().revision();
                     pool.note_applied(applied);
+                    strong.publish_gauges(&pool);
                 }
                 Some(Ok(WatchMessage::Compacted { compact_revision })) => {
                     debug!(pool = %pool.spec.name(), compact_revision, "watch compacted; re-listing");
