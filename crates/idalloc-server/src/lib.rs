@@ -185,6 +185,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), refuse_oversized))
         .layer(middleware::from_fn(http_metrics))
         .with_state(state)
 }
@@ -213,6 +214,30 @@ async fn refuse_when_shutting_down(
     if st.is_shutting_down() {
         return ApiError::unavailable("the service is shutting down; retry on another instance")
             .into_response();
+    }
+    next.run(req).await
+}
+
+/// Answers 413 at once when the announced body length is over the limit, without reading (or
+/// waiting for) the body; bodies without a length are cut at the limit while being read.
+async fn refuse_oversized(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let announced = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = announced {
+        if len > st.config.max_body_bytes as u64 {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "request body of {len} bytes is over the limit of {} bytes",
+                    st.config.max_body_bytes
+                ),
+            )
+            .into_response();
+        }
     }
     next.run(req).await
 }
@@ -368,5 +393,96 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = ctrl_c => {}
         _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request as HttpRequest;
+    use idalloc::store::embedded::EmbeddedStore;
+    use tower::ServiceExt;
+
+    fn state() -> Arc<AppState> {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::memory());
+        let alloc = Allocator::from_arc(store.clone(), Default::default()).expect("allocator");
+        AppState::new(alloc, store, "idalloc", Config::default(), None).expect("state")
+    }
+
+    /// Every route the router serves, as (method, template) pairs, read from this file's source
+    /// so that a route added to `router` without documenting it fails the test below.
+    fn routes_in_source() -> Vec<(String, String)> {
+        let src = include_str!("lib.rs");
+        let mut out = Vec::new();
+        for line in src.lines() {
+            let Some(rest) = line.trim().strip_prefix(".route(\"") else { continue };
+            let Some((path, handlers)) = rest.split_once('"') else { continue };
+            for m in ["get", "post", "put", "delete"] {
+                if handlers.contains(&format!("{m}(")) {
+                    out.push((m.to_string(), path.replace("{*key}", "{key}")));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_openapi_document_names_every_route_and_method() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("valid JSON");
+        let routes = routes_in_source();
+        assert!(routes.len() >= 16, "{routes:?}");
+        for (method, path) in &routes {
+            assert!(
+                doc["paths"][path][method].is_object(),
+                "{method} {path} is served but not in openapi.json"
+            );
+        }
+        let documented: usize = doc["paths"]
+            .as_object()
+            .expect("paths")
+            .values()
+            .map(|p| p.as_object().map_or(0, |o| o.len()))
+            .sum();
+        assert_eq!(documented, routes.len(), "openapi.json documents routes that do not exist");
+    }
+
+    #[tokio::test]
+    async fn requests_after_shutdown_began_get_503_and_readiness_fails() {
+        let st = state();
+        let app = router(st.clone());
+        let req = || HttpRequest::get("/v1/pools").body(Body::empty()).expect("request");
+        assert_eq!(app.clone().oneshot(req()).await.expect("response").status(), 200);
+        st.begin_shutdown();
+        let resp = app.clone().oneshot(req()).await.expect("response");
+        assert_eq!(resp.status(), 503);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16).await.expect("body");
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(v["kind"], "unavailable");
+        assert!(v["message"].as_str().is_some_and(|m| m.contains("shutting down")), "{v}");
+        let ready = HttpRequest::get("/readyz").body(Body::empty()).expect("request");
+        assert_eq!(app.clone().oneshot(ready).await.expect("response").status(), 503);
+        let alive = HttpRequest::get("/healthz").body(Body::empty()).expect("request");
+        assert_eq!(app.oneshot(alive).await.expect("response").status(), 200);
+    }
+
+    #[tokio::test]
+    async fn a_body_without_a_length_is_cut_at_the_limit_with_413() {
+        let st = AppState::new(
+            Allocator::new(EmbeddedStore::memory(), Default::default()).expect("allocator"),
+            Arc::new(EmbeddedStore::memory()),
+            "idalloc",
+            Config { max_body_bytes: 100, ..Config::default() },
+            None,
+        )
+        .expect("state");
+        let app = router(st);
+        let chunks = futures::stream::iter(
+            (0..10).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b' '; 50]))),
+        );
+        let req =
+            HttpRequest::post("/v1/sessions").body(Body::from_stream(chunks)).expect("request");
+        let resp = app.oneshot(req).await.expect("response");
+        assert_eq!(resp.status(), 413);
     }
 }

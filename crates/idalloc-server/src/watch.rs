@@ -22,7 +22,7 @@ use axum::response::{IntoResponse, Response};
 use futures::channel::mpsc;
 use futures::{SinkExt, StreamExt};
 use idalloc::layout::IdRecord;
-use idalloc::store::{list_all, KeyRange, StoreError, WatchEvent, WatchMessage};
+use idalloc::store::{list_all, GetRequest, KeyRange, StoreError, WatchEvent, WatchMessage};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -157,7 +157,12 @@ async fn produce(st: Arc<AppState>, pool: String, from: Option<i64>, mut tx: mps
                 }
                 (WatchEvent::Delete(_), _) if tombstoned.remove(&id) => continue,
                 (WatchEvent::Delete(_), _) => {
-                    let key = keys.remove(&id);
+                    // A stream resumed from a revision may not have seen the binding: the key is
+                    // the record's value just before the delete (null if compacted away).
+                    let key = match keys.remove(&id) {
+                        Some(k) => Some(k),
+                        None => key_before(&st, &kv.key, rev).await,
+                    };
                     event("delete", Some(rev), json!({"id": id, "key": key, "revision": rev}))
                 }
                 (WatchEvent::Put(_), None) => continue,
@@ -166,6 +171,16 @@ async fn produce(st: Arc<AppState>, pool: String, from: Option<i64>, mut tx: mps
                 return;
             }
         }
+    }
+}
+
+/// The key an ID record held just before revision `rev`.
+async fn key_before(st: &AppState, record: &[u8], rev: i64) -> Option<String> {
+    let req = GetRequest::key(record.to_vec()).at_revision(rev - 1);
+    let resp = st.store.get(req).await.ok()?;
+    match IdRecord::decode(&resp.kvs.first()?.value)? {
+        IdRecord::Bound(k) => Some(k),
+        IdRecord::Tombstone(_) => None,
     }
 }
 
