@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use idalloc::layout::{encode_id, IdRecord, Layout};
-use idalloc::store::counting::{CountingStore, RoundTrips};
 use idalloc::store::{Compare, KeyRange, OpResponse, Store, TxnOp, TxnRequest};
 use idalloc::{Allocator, AllocatorOptions, Pool, PoolSpec};
+use idalloc_testkit::counting::{CountingStore, RoundTrips};
 
 use crate::{cilium, contiv};
 

@@ -5,7 +5,7 @@
 //!
 //! Every store scenario starts its own single-member etcd on 127.0.0.1 (fresh data dir per
 //! contender and scenario, so no contender inherits another's database), and every node counts
-//! its requests with [`idalloc::store::counting::CountingStore`].
+//! its requests with [`idalloc_testkit::counting::CountingStore`].
 
 pub mod cilium;
 pub mod contender;
@@ -233,7 +233,7 @@ async fn cli(cfg: &Config, dir: &std::path::Path) -> Vec<(String, usize, Outcome
         n,
         scenarios::cli_acquire(&bin, &file, dir, n, cli_limit(cfg)).await,
     )];
-    let etcd = match idalloc::testing::EtcdServer::start().await {
+    let etcd = match idalloc_testkit::etcd::EtcdServer::start().await {
         Ok(e) => e,
         Err(e) => {
             out.push(("etcd".into(), n, Err(e)));

@@ -36,7 +36,7 @@ async fn main() -> Result<(), String> {
             other => return Err(usage(&format!("unknown argument {other:?}"))),
         }
     }
-    if !idalloc::testing::etcd_on_path() {
+    if !idalloc_testkit::etcd::etcd_on_path() {
         return Err("etcd is not on PATH: the benchmark starts its own etcd".into());
     }
     let mut cfg = if quick { Config::quick() } else { Config::full() };

@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idalloc::layout::{encode_id, IdRecord, Layout};
-use idalloc::store::counting::CountingStore;
 use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::{Store, TxnOp, TxnRequest};
-use idalloc::testing::EtcdServer;
 use idalloc::{Allocator, AllocatorOptions, PoolSpec};
+use idalloc_testkit::counting::CountingStore;
+use idalloc_testkit::etcd::EtcdServer;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 

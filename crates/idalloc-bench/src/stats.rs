@@ -2,7 +2,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use idalloc::store::counting::RoundTrips;
+use idalloc_testkit::counting::RoundTrips;
 
 /// What one contender did in one measured run.
 #[derive(Clone, Debug, Default)]

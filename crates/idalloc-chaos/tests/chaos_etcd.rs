@@ -22,11 +22,11 @@ use std::time::Duration;
 use idalloc::layout::Layout;
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
 use idalloc::store::{list_all, KeyRange};
-use idalloc::testing::{etcd_on_path, EtcdCluster};
 use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome};
 use idalloc_chaos::linearize::{check, CheckError, KeyOp};
 use idalloc_chaos::model::{Call, KeyState, Ret};
 use idalloc_chaos::scan::{analyze, Scan};
+use idalloc_testkit::etcd::{etcd_on_path, EtcdCluster};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 

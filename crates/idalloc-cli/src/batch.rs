@@ -108,7 +108,7 @@ pub async fn acquire_from(
                 json!({"pool": name, "key": key, "id": got.id, "new": got.new, "holder": holder});
             writeln!(w, "{line}").map_err(write_err)?;
         } else {
-            writeln!(w, "{}\t{}", got.id, key).map_err(write_err)?;
+            writeln!(w, "{}\t{}", got.id, crate::render::text(&key)).map_err(write_err)?;
         }
         done += 1;
         if progress && (last_draw.elapsed() >= Duration::from_millis(200) || done == total) {

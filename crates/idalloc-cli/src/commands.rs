@@ -106,15 +106,19 @@ async fn dispatch(
     match &cli.command {
         Command::Pool(PoolCommand::Create(a)) => pool_create(alloc, a, out).await,
         Command::Pool(PoolCommand::List) => {
-            let specs = alloc.list_pools().await?;
-            let mut usages = Vec::with_capacity(specs.len());
-            for spec in specs {
+            let listing = alloc.pool_listing().await?;
+            let mut usages = Vec::with_capacity(listing.pools.len());
+            for spec in listing.pools {
                 usages.push(usage(&*store, layout, spec).await?);
             }
             out.either(
-                || json!({"pools": usages.iter().map(Usage::to_json).collect::<Vec<_>>()}),
+                || {
+                    json!({"pools": usages.iter().map(Usage::to_json).collect::<Vec<_>>(),
+                           "broken": render::broken_json(&listing.broken)})
+                },
                 || render::pools_table(&usages),
             )?;
+            warn_broken(&listing.broken);
             Ok(0)
         }
         Command::Pool(PoolCommand::Show(p)) => {
@@ -227,7 +231,9 @@ async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Fai
                    "released": r.held, "reclaimed": r.reclaimed})
         },
         || match (r.held, r.reclaimed) {
-            (false, _) => format!("{holder} held nothing for {:?} in {}\n", a.key, a.pool),
+            (false, _) => {
+                format!("{} held nothing for {:?} in {}\n", render::text(&holder), a.key, a.pool)
+            }
             (true, true) => format!("released; {:?} was reclaimed\n", a.key),
             (true, false) => "released\n".to_string(),
         },
@@ -255,17 +261,33 @@ async fn lookup(alloc: &Allocator, a: &LookupArgs, out: Out) -> Result<u8, Failu
     let pool = alloc.pool(&a.pool).await?;
     match pool.key_of_consistent(a.id).await? {
         Some(key) => {
-            out.either(|| json!({"pool": a.pool, "id": a.id, "key": key}), || format!("{key}\n"))?;
+            out.either(
+                || json!({"pool": a.pool, "id": a.id, "key": key}),
+                || format!("{}\n", render::text(&key)),
+            )?;
             Ok(0)
         }
         None => Err(Failure::not_found(format!("ID {} is not bound in pool {:?}", a.id, a.pool))),
     }
 }
 
+/// One `warning: ` line on stderr per spec record that cannot be used, so text output stays
+/// clean for scripts and the problem is still seen.
+fn warn_broken(broken: &[idalloc::records::SpecProblem]) {
+    for p in broken {
+        eprintln!("warning: {}; run `idalloc check` for details", render::controls(&p.to_string()));
+    }
+}
+
 async fn gc(alloc: &Allocator, a: &GcArgs, out: Out) -> Result<u8, Failure> {
-    let names: Vec<String> = match &a.pool {
-        Some(p) => vec![p.clone()],
-        None => alloc.list_pools().await?.iter().map(|s| s.name().to_string()).collect(),
+    // All pools: one broken spec is reported and skipped, the others are swept (exit 1 at the
+    // end, since the broken pool's bindings were not looked at).
+    let (names, broken) = match &a.pool {
+        Some(p) => (vec![p.clone()], Vec::new()),
+        None => {
+            let listing = alloc.pool_listing().await?;
+            (listing.pools.iter().map(|s| s.name().to_string()).collect(), listing.broken)
+        }
     };
     let mut reports = Vec::new();
     for name in &names {
@@ -276,17 +298,19 @@ async fn gc(alloc: &Allocator, a: &GcArgs, out: Out) -> Result<u8, Failure> {
     out.either(
         || {
             json!({"dry_run": a.dry_run,
-                   "pools": reports.iter().map(|(n, r)| render::sweep_json(n, r)).collect::<Vec<_>>()})
+                   "pools": reports.iter().map(|(n, r)| render::sweep_json(n, r)).collect::<Vec<_>>(),
+                   "broken": render::broken_json(&broken)})
         },
         || {
-            if reports.is_empty() {
+            if reports.is_empty() && broken.is_empty() {
                 "no pools\n".to_string()
             } else {
                 reports.iter().map(|(n, r)| render::sweep_text(n, r, a.dry_run)).collect()
             }
         },
     )?;
-    Ok(0)
+    warn_broken(&broken);
+    Ok(if broken.is_empty() { 0 } else { crate::fail::RUNTIME })
 }
 
 /// Bound keys and all ID records (bound + quarantined) of a pool, counted in one txn so the two
@@ -333,29 +357,54 @@ async fn status(
         Ok(Err(e)) => (None, Some(e.to_string())),
         Err(_) => (None, Some(format!("no answer within {:?}", settings.timeout))),
     };
-    let pools: Vec<String> = if error.is_none() {
-        match alloc.list_pools().await {
-            Ok(p) => p.iter().map(|s| s.name().to_string()).collect(),
-            Err(_) => Vec::new(),
+    let reachable = error.is_none();
+    // `None`: the pools could not be listed (said as such, never as "none").
+    let (pools, broken, list_error) = if reachable {
+        match alloc.pool_listing().await {
+            Ok(l) => (
+                Some(l.pools.iter().map(|s| s.name().to_string()).collect::<Vec<_>>()),
+                l.broken,
+                None,
+            ),
+            Err(e) => (None, Vec::new(), Some(e.to_string())),
         }
     } else {
-        Vec::new()
+        (None, Vec::new(), None)
     };
-    let reachable = error.is_none();
+    let error = error.or(list_error);
+    let broken_names: Vec<String> =
+        broken.iter().map(|p| p.pool.clone().unwrap_or_else(|| p.record.clone())).collect();
     out.either(
         || {
             json!({"store": kind, "endpoint": endpoint, "prefix": settings.prefix,
-                   "reachable": reachable, "revision": revision, "pools": pools, "error": error})
+                   "reachable": reachable, "revision": revision, "pools": pools,
+                   "broken": render::broken_json(&broken), "error": error})
         },
         || {
-            format!(
+            let pools_line = match &pools {
+                None => "unknown".to_string(),
+                Some(p) if p.is_empty() && broken.is_empty() => "none".to_string(),
+                Some(p) => {
+                    let mut parts: Vec<String> = p.clone();
+                    parts.extend(broken_names.iter().map(|b| format!("{} (broken spec)", render::text(b))));
+                    parts.join(", ")
+                }
+            };
+            let mut t = format!(
                 "store:      {kind}\nendpoint:   {endpoint}\nprefix:     {}\nreachable:  {}\nrevision:   {}\npools:      {}\n",
                 settings.prefix,
                 if reachable { "yes".to_string() } else { format!("no ({})", error.clone().unwrap_or_default()) },
                 revision.map_or("-".to_string(), |r| r.to_string()),
-                if pools.is_empty() { "none".to_string() } else { pools.join(", ") },
-            )
+                pools_line,
+            );
+            if reachable {
+                if let Some(e) = &error {
+                    t.push_str(&format!("error:      {}\n", render::controls(e)));
+                }
+            }
+            t
         },
     )?;
-    Ok(if reachable { 0 } else { crate::fail::RUNTIME })
+    warn_broken(&broken);
+    Ok(if error.is_none() { 0 } else { crate::fail::RUNTIME })
 }

@@ -43,7 +43,8 @@ impl Failure {
             .filter(|s| !s.is_empty())
             .collect::<Vec<_>>()
             .join(" ");
-        format!("error: {one}")
+        // Messages quote values with `{:?}`, but a store's own reason may carry anything.
+        format!("error: {}", crate::render::controls(&one))
     }
 }
 
@@ -93,6 +94,8 @@ mod tests {
     fn one_line() {
         let f = Failure::runtime("a\nb\r\n c");
         assert_eq!(f.line(), "error: a b c");
+        let f = Failure::runtime("store said \x1b[2J \"k\\n\"");
+        assert_eq!(f.line(), "error: store said \\u{1b}[2J \"k\\n\"");
         assert_eq!(
             clap_line("error: unexpected argument '--x' found\n\n  tip: ...\n\nUsage: idalloc"),
             "unexpected argument '--x' found (see 'idalloc --help')"

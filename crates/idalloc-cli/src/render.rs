@@ -1,8 +1,52 @@
 //! Turning results into text: aligned tables for people, JSON values with stable field names for
 //! programs. Pure functions, so the shapes are unit-tested without a store.
 
+use std::borrow::Cow;
+
 use idalloc::{Binding, PoolSpec, SweepReport};
 use serde_json::{json, Value};
+
+/// True for characters a terminal may act on instead of showing: C0 and C1 controls and DEL
+/// (`ESC [ ... m` rewrites colours, titles, the clipboard with OSC 52), and the bidirectional
+/// overrides and isolates that reorder what is shown after them.
+fn acts_on_terminal(c: char) -> bool {
+    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// A key, holder or other store-supplied string made safe for text output (issue 9, item 10):
+/// every character a terminal would act on is written as a Rust-style escape (`\n`, `\t`, `\r`,
+/// `\u{1b}`), and a backslash as `\\` so the escaping stays reversible (two different keys never
+/// print the same). Keys are data other people wrote; printed raw, `ESC ] 52 ;` or `ESC [ 2 J`
+/// would act on the terminal of whoever runs `list`. `--json` output needs none of this: JSON
+/// escapes control characters itself.
+pub fn text(s: &str) -> Cow<'_, str> {
+    escape(s, true)
+}
+
+/// Only the characters a terminal acts on escaped, backslashes kept: for error lines, whose values
+/// are already quoted with `{:?}` (where doubling the backslashes would garble them) but whose
+/// store-supplied reasons may still carry anything.
+pub fn controls(s: &str) -> Cow<'_, str> {
+    escape(s, false)
+}
+
+fn escape(s: &str, backslash: bool) -> Cow<'_, str> {
+    if !s.chars().any(|c| (backslash && c == '\\') || acts_on_terminal(c)) {
+        return Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\\' if backslash => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if acts_on_terminal(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
 
 /// Usage figures of one pool.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,6 +91,17 @@ impl Usage {
 /// The spec in its stored JSON form (the same field names as in the store).
 pub fn spec_json(spec: &PoolSpec) -> Value {
     serde_json::to_value(spec).unwrap_or(Value::Null)
+}
+
+/// Spec records that cannot be used, as `[{"record","pool","problem"}]` (`pool` is null when the
+/// record's name is not a valid pool name).
+pub fn broken_json(broken: &[idalloc::records::SpecProblem]) -> Value {
+    Value::Array(
+        broken
+            .iter()
+            .map(|p| json!({"record": p.record, "pool": p.pool, "problem": p.to_string()}))
+            .collect(),
+    )
 }
 
 /// Left-aligned columns separated by two spaces; the last column is not padded.
@@ -136,8 +191,12 @@ pub fn bindings_table(bindings: &[Binding]) -> String {
         .map(|b| {
             vec![
                 b.id.to_string(),
-                b.key.clone(),
-                if b.holders.is_empty() { "-".to_string() } else { b.holders.join(",") },
+                text(&b.key).into_owned(),
+                if b.holders.is_empty() {
+                    "-".to_string()
+                } else {
+                    b.holders.iter().map(|h| text(h)).collect::<Vec<_>>().join(",")
+                },
             ]
         })
         .collect();
@@ -168,7 +227,7 @@ pub fn sweep_text(pool: &str, r: &SweepReport, dry_run: bool) -> String {
     let verb = if dry_run { "would reclaim" } else { "reclaimed" };
     let mut out = String::new();
     for (id, key) in &r.reclaimed {
-        out.push_str(&format!("{pool}: {verb} {id} {key}\n"));
+        out.push_str(&format!("{pool}: {verb} {id} {}\n", text(key)));
     }
     out.push_str(&format!("{pool}: {verb} {} of {} bindings", r.reclaimed.len(), r.bindings));
     if r.idle > 0 {
@@ -206,6 +265,33 @@ mod tests {
         let j = bindings_json("p", &b);
         assert_eq!(j["bindings"][0]["holders"][1], "y");
         assert_eq!(j["bindings"][1]["id"], 10);
+    }
+
+    #[test]
+    fn text_escapes_what_a_terminal_acts_on() {
+        assert!(matches!(text("plain key/é 😀"), Cow::Borrowed(_)));
+        assert_eq!(text("a\x1b[2Jb"), "a\\u{1b}[2Jb");
+        assert_eq!(text("\x1b]52;c;aGk=\x07"), "\\u{1b}]52;c;aGk=\\u{7}");
+        assert_eq!(text("l1\nl2\r\t"), "l1\\nl2\\r\\t");
+        assert_eq!(text("\u{9b}31m\u{7f}"), "\\u{9b}31m\\u{7f}");
+        assert_eq!(text("abc\u{202e}def"), "abc\\u{202e}def");
+        // Reversible: a key that already spells an escape prints differently from the control.
+        assert_eq!(text("\\n"), "\\\\n");
+        assert_ne!(text("\\n"), text("\n"));
+        for s in ["\x1b", "\u{85}", "\0", "x\u{2066}"] {
+            assert!(!text(s).chars().any(acts_on_terminal), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn tables_and_sweeps_escape_keys_and_holders() {
+        let b = vec![Binding { id: 1, key: "k\x1b[31m".into(), holders: vec!["h\x07".into()] }];
+        let t = bindings_table(&b);
+        assert!(!t.contains('\x1b') && !t.contains('\x07'), "{t:?}");
+        assert!(t.contains("k\\u{1b}[31m") && t.contains("h\\u{7}"), "{t:?}");
+        let r =
+            SweepReport { reclaimed: vec![(4, "\x1bk".into())], idle: 0, bindings: 1, revision: 1 };
+        assert!(sweep_text("p", &r, false).contains("reclaimed 4 \\u{1b}k\n"));
     }
 
     #[test]

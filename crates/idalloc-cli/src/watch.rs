@@ -15,6 +15,7 @@ use crate::cli::WatchArgs;
 use crate::commands::Out;
 use crate::fail::Failure;
 use crate::open::{self, Settings};
+use crate::render;
 
 /// One reported change.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,11 +61,11 @@ impl Printer {
         match c {
             Change::Bound { id, key } => self.out.either(
                 || json!({"event": "upsert", "pool": self.pool, "id": id, "key": key}),
-                || format!("bound {id} {key}\n"),
+                || format!("bound {id} {}\n", render::text(key)),
             )?,
             Change::Unbound { id, key } => self.out.either(
                 || json!({"event": "delete", "pool": self.pool, "id": id, "key": key}),
-                || format!("unbound {id} {key}\n"),
+                || format!("unbound {id} {}\n", render::text(key)),
             )?,
         }
         self.count()
@@ -113,7 +114,7 @@ pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Fa
             Event::Conflict { key, old_id, new_id } => {
                 out.either(
                     || json!({"event": "conflict", "pool": w.pool, "key": key, "old_id": old_id, "new_id": new_id}),
-                    || format!("conflict {key} lost {old_id}, now {new_id}\n"),
+                    || format!("conflict {} lost {old_id}, now {new_id}\n", render::text(&key)),
                 )?;
                 if p.count()? {
                     return Ok(());

@@ -2,7 +2,7 @@
 //! the file store: every endpoint, bad input, sessions that expire, `kill -9`, two instances on one
 //! etcd, concurrent clients from several processes, metrics, store outages and shutdown.
 //!
-//! etcd: `IDALLOC_TEST_ETCD` if set, else a private etcd (see `idalloc::testing`); each test uses
+//! etcd: `IDALLOC_TEST_ETCD` if set, else a private etcd (see `idalloc_testkit::etcd`); each test uses
 //! its own key prefix. Every process a test starts is stopped by PID when the test ends.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -18,7 +18,7 @@ fn bin() -> &'static str {
 }
 
 fn unique_prefix() -> String {
-    let p = String::from_utf8(idalloc::testing::unique_prefix()).expect("utf-8 prefix");
+    let p = String::from_utf8(idalloc_testkit::etcd::unique_prefix()).expect("utf-8 prefix");
     p.trim_matches('/').replace('/', "-")
 }
 
@@ -154,9 +154,9 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 /// A test etcd endpoint, or None (skip outside CI when etcd is missing).
-fn etcd() -> Option<(tokio::runtime::Runtime, idalloc::testing::TestEtcd)> {
+fn etcd() -> Option<(tokio::runtime::Runtime, idalloc_testkit::etcd::TestEtcd)> {
     let rt = rt();
-    let e = rt.block_on(idalloc::testing::test_etcd_endpoint())?;
+    let e = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint())?;
     Some((rt, e))
 }
 
@@ -668,11 +668,11 @@ fn metrics_parse_and_move_with_operations() {
 #[test]
 fn store_down_gives_503_and_not_ready_then_recovers_by_itself() {
     let rt = rt();
-    if !idalloc::testing::etcd_on_path() {
+    if !idalloc_testkit::etcd::etcd_on_path() {
         assert!(std::env::var("CI").is_err(), "etcd must be on PATH under CI");
         return;
     }
-    let mut cluster = rt.block_on(idalloc::testing::EtcdCluster::start(1)).expect("etcd");
+    let mut cluster = rt.block_on(idalloc_testkit::etcd::EtcdCluster::start(1)).expect("etcd");
     let endpoint = cluster.endpoints()[0].clone();
     let s = Serve::start(&endpoint, "idalloc", &[]);
     post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 100})).ok();

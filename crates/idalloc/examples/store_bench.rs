@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::{Compare, Store, TxnOp, TxnRequest};
-use idalloc::testing::{unique_prefix, EtcdServer};
+use idalloc_testkit::etcd::{unique_prefix, EtcdServer};
 
 /// Client counts to run for every store.
 const CLIENTS: [usize; 2] = [1, 16];

@@ -8,7 +8,7 @@
 //! tasks (keep-alive, per-pool sync, repairs, optional sweeper) hold only weak references, so dropping
 //! every handle without `close()` behaves like a crash: the keep-alive stops and the lease runs out.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -29,6 +29,7 @@ use crate::protocol::{
     self, decide, init_pool_outcome, BindOutcome, BindPlan, Decision, LastRelease, RefTarget,
     ReleasePlan,
 };
+use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteView};
 use crate::store::{
     Compare, GetRequest, KeyRange, LeaseId, OpResponse, Revision, Store, StoreError, StoreResult,
     TxnOp, TxnRequest, TxnResponse,
@@ -139,14 +140,21 @@ pub(crate) struct PoolState {
     held: Mutex<HashMap<String, Held>>,
     key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     events: broadcast::Sender<Event>,
+    /// Events of every cluster of the pool (local and remote views), tagged.
+    mesh: broadcast::Sender<ClusterEvent>,
+    /// Remote views of this pool by name (lock order: this map, then the cache, then each view).
+    remotes: Mutex<std::collections::BTreeMap<String, Arc<RemoteView>>>,
+    /// A listing has been applied to the cache (set under the cache lock): replays end with
+    /// `Synced`.
+    pub(crate) listed: AtomicBool,
     synced: tokio::sync::watch::Sender<bool>,
     /// The store revision the cache has applied (watch events and listings).
     applied: tokio::sync::watch::Sender<Revision>,
     /// Pages read by listings so far: `wait_synced` waits as long as this moves.
     pub(crate) list_progress: tokio::sync::watch::Sender<usize>,
     quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
-    pub(crate) force_relist: AtomicBool,
-    pub(crate) relist_requested: Notify,
+    /// Asks the pool's follower to re-list (resync, pool deleted).
+    pub(crate) relist: Arc<crate::feed::Relist>,
     pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
 }
 
@@ -161,9 +169,13 @@ impl PoolState {
         lock(&self.cache)
     }
 
+    /// Sends `e` to the pool's subscribers. Changes of the cache's bindings are emitted with the
+    /// cache lock held, so that a new subscriber's replay and its live events never overlap or
+    /// leave a gap.
     pub(crate) fn emit(&self, e: Event) {
         // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
-        let _ = self.events.send(e);
+        let _ = self.events.send(e.clone());
+        let _ = self.mesh.send(ClusterEvent { cluster: Cluster::Local, event: e });
     }
 
     /// Publishes how far the cache has caught up with the store.
@@ -177,9 +189,9 @@ impl PoolState {
         });
     }
 
+    /// Marks the first listing done (the `Synced` event goes out with the listing's changes).
     pub(crate) fn mark_synced(&self) {
         self.synced.send_replace(true);
-        self.emit(Event::Synced);
     }
 
     fn key_lock(&self, key: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -398,7 +410,7 @@ impl Allocator {
             ));
         }
         if let Some(p) = lock(&inner.pools).remove(name) {
-            p.relist_requested.notify_one();
+            p.relist.interrupt();
         }
         Ok(matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0))
     }
@@ -416,24 +428,26 @@ impl Allocator {
         }
     }
 
-    /// Every pool's spec, sorted by name.
+    /// Every usable pool spec, sorted by name. Spec records that cannot be used (unreadable, or
+    /// naming another pool than their record) are left out and logged; [`Allocator::pool_listing`]
+    /// returns them too. One broken spec never hides the others (issue 9, item 8).
     pub async fn list_pools(&self) -> Result<Vec<PoolSpec>> {
+        let listing = self.pool_listing().await?;
+        for p in &listing.broken {
+            warn!(problem = %p, "pool spec record skipped");
+        }
+        Ok(listing.pools)
+    }
+
+    /// Every spec record under `P/pools/`, read at one revision: the usable specs sorted by name,
+    /// and the records that cannot be used with the reason.
+    pub async fn pool_listing(&self) -> Result<crate::records::PoolListing> {
         let inner = &self.inner;
         let range = KeyRange::prefix(inner.layout.pools_prefix());
         let (kvs, _) = inner
             .call(|| crate::store::list_all(&*inner.store, &range, inner.opts.list_page))
             .await?;
-        let mut out = Vec::with_capacity(kvs.len());
-        for kv in kvs {
-            out.push(PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
-                reason: format!(
-                    "pool spec {:?} is unreadable: {e}",
-                    String::from_utf8_lossy(&kv.key)
-                ),
-            })?);
-        }
-        out.sort_by(|a, b| a.name().cmp(b.name()));
-        Ok(out)
+        Ok(crate::records::parse_pool_listing(&inner.layout, &kvs))
     }
 
     /// Ends the session: revokes the lease so every leased reference of this process vanishes at
@@ -528,14 +542,17 @@ impl Inner {
         self.seen.load(Ordering::Acquire).max(*pool.applied.borrow())
     }
 
+    /// The spec of pool `name`, `None` if it has none. A spec record that cannot be used
+    /// (unreadable, or holding another pool's spec: issue 9, item 7) is an error naming the
+    /// record, never trusted.
     async fn read_spec(&self, name: &str) -> Result<Option<PoolSpec>> {
         let key = self.layout.pool_spec_key(name);
         let resp = self.call(|| self.store.get(GetRequest::key(key.clone()))).await?;
         match resp.kvs.first() {
             None => Ok(None),
-            Some(kv) => Ok(Some(PoolSpec::from_json(&kv.value).map_err(|e| {
-                Error::Unavailable { reason: format!("pool spec of {name:?} is unreadable: {e}") }
-            })?)),
+            Some(kv) => crate::records::parse_spec(&self.layout, kv)
+                .map(Some)
+                .map_err(|p| Error::Unavailable { reason: format!("(not retryable) {p}") }),
         }
     }
 
@@ -571,6 +588,7 @@ impl Inner {
             return Pool { inner: self.clone(), state: p.clone() };
         }
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
+        let (mesh, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (synced, _) = tokio::sync::watch::channel(false);
         let (applied, _) = tokio::sync::watch::channel(0);
         let (list_progress, _) = tokio::sync::watch::channel(0);
@@ -580,12 +598,14 @@ impl Inner {
             held: Mutex::new(HashMap::new()),
             key_locks: Mutex::new(HashMap::new()),
             events,
+            mesh,
+            remotes: Mutex::new(std::collections::BTreeMap::new()),
+            listed: AtomicBool::new(false),
             synced,
             applied,
             list_progress,
             quarantine: tokio::sync::Mutex::new(None),
-            force_relist: AtomicBool::new(false),
-            relist_requested: Notify::new(),
+            relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),
         });
         pools.insert(state.spec.name().to_string(), state.clone());
@@ -1444,8 +1464,168 @@ impl Pool {
     /// Subscribes to the pool's events. A subscriber that falls more than `event_buffer` events
     /// behind gets [`Event::Lagged`] and should re-read [`Pool::snapshot`]; it never slows
     /// allocation down.
+    ///
+    /// The subscription starts with the pool as the cache holds it: every binding as an `Upsert`
+    /// (by ID) and, if the pool has been listed, one `Synced`; then every change after that, in
+    /// order, none twice and none missing. So a subscriber that arrives late, or on another
+    /// thread, still sees a complete picture.
     pub fn events(&self) -> Events {
-        Events { rx: self.state.events.subscribe() }
+        let cache = self.state.lock_cache();
+        let replay = remote::replay(&cache, self.state.listed.load(Ordering::Acquire));
+        let rx = self.state.events.subscribe();
+        drop(cache);
+        Events::new(replay, rx)
+    }
+
+    /// Like [`Pool::events`] for every cluster of the pool: the local cache and each remote view
+    /// replay their bindings (then one `Synced` each, if listed), then live events of all of them
+    /// follow, each tagged with its cluster; events of one cluster keep their order. A `Lagged`
+    /// (tagged `local`) means events of any cluster were missed: re-read
+    /// [`Pool::snapshot_all`].
+    pub fn cluster_events(&self) -> ClusterEvents {
+        let remotes = lock(&self.state.remotes);
+        let cache = self.state.lock_cache();
+        let views: Vec<_> = remotes.values().map(|v| (v.clone(), v.lock())).collect();
+        let mut replay = VecDeque::new();
+        let local = remote::replay(&cache, self.state.listed.load(Ordering::Acquire));
+        replay
+            .extend(local.into_iter().map(|event| ClusterEvent { cluster: Cluster::Local, event }));
+        for (v, g) in &views {
+            let r = remote::replay(&g.cache, g.listed);
+            replay.extend(
+                r.into_iter().map(|event| ClusterEvent { cluster: v.cluster.clone(), event }),
+            );
+        }
+        let rx = self.state.mesh.subscribe();
+        drop(views);
+        drop(cache);
+        drop(remotes);
+        ClusterEvents { replay, rx }
+    }
+
+    /// Starts a read-only view of this pool in another cluster's `store` (Cilium's
+    /// `WatchRemoteKVStore`): reads the remote pool's spec (one round trip; `PoolNotFound` if it has
+    /// none), refuses it if its ID space overlaps this pool's or another remote's, then follows its
+    /// bindings in the background. Never writes to `store`. Local operations never wait for it.
+    pub async fn watch_remote(
+        &self,
+        name: &str,
+        store: Arc<dyn Store>,
+        opts: RemoteOptions,
+    ) -> Result<RemotePool> {
+        remote::validate_remote_name(name)?;
+        if lock(&self.state.remotes).contains_key(name) {
+            return Err(Error::invalid_str(
+                "remote name",
+                name,
+                "this pool already has a remote view of that name; remove it first",
+            ));
+        }
+        let others = self.spaces();
+        let view =
+            remote::open(name, &self.state.spec, store, opts, &others, self.state.mesh.clone())
+                .await?;
+        let mut remotes = lock(&self.state.remotes);
+        // Checked again: another call may have added a remote while the spec was read.
+        let now: Vec<_> = remotes.values().map(|v| (v.cluster.clone(), v.space())).collect();
+        let clash = remotes.contains_key(name)
+            || now.iter().any(|(_, (lo, hi))| view.space().0 <= *hi && *lo <= view.space().1);
+        if clash {
+            view.abort_tasks();
+            return Err(Error::invalid_str(
+                "remote name",
+                name,
+                "another remote view of this pool was added meanwhile with this name or an overlapping ID space",
+            ));
+        }
+        remotes.insert(name.to_string(), view.clone());
+        Ok(RemotePool { view })
+    }
+
+    /// Drops remote view `name` (Cilium's `RemoveRemoteKVStore`): stops following it and emits a
+    /// `Delete` for every binding it contributed. False if there was none.
+    pub fn remove_remote(&self, name: &str) -> bool {
+        let mut remotes = lock(&self.state.remotes);
+        match remotes.remove(name) {
+            Some(v) => {
+                v.shut();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The remote views of this pool, by name.
+    pub fn remotes(&self) -> Vec<RemotePool> {
+        lock(&self.state.remotes).values().map(|v| RemotePool { view: v.clone() }).collect()
+    }
+
+    /// Remote view `name`, if this pool has one.
+    pub fn remote(&self, name: &str) -> Option<RemotePool> {
+        lock(&self.state.remotes).get(name).map(|v| RemotePool { view: v.clone() })
+    }
+
+    fn spaces(&self) -> Vec<(Cluster, (u64, u64))> {
+        let mut v = vec![(Cluster::Local, remote::id_space(&self.state.spec))];
+        v.extend(lock(&self.state.remotes).values().map(|r| (r.cluster.clone(), r.space())));
+        v
+    }
+
+    /// The key bound to `id` in any cluster, and which one (no round trip). ID spaces of the
+    /// clusters never overlap, so the ID alone picks the one view to ask.
+    pub fn key_of_any(&self, id: u64) -> Option<(Cluster, String)> {
+        let (lo, hi) = remote::id_space(&self.state.spec);
+        if id >= lo && id <= hi {
+            return self.key_of(id).map(|k| (Cluster::Local, k));
+        }
+        let view = lock(&self.state.remotes)
+            .values()
+            .find(|v| id >= v.space().0 && id <= v.space().1)
+            .cloned()?;
+        let k = view.lock().cache.key_of(id).map(str::to_string)?;
+        Some((view.cluster.clone(), k))
+    }
+
+    /// Every (cluster, ID) `key` is bound to: local first, then remotes by name (no round trip).
+    pub fn ids_of(&self, key: &str) -> Vec<(Cluster, u64)> {
+        let mut out = Vec::new();
+        if let Some(id) = self.get(key) {
+            out.push((Cluster::Local, id));
+        }
+        for v in lock(&self.state.remotes).values() {
+            if let Some(id) = v.lock().cache.get(key) {
+                out.push((v.cluster.clone(), id));
+            }
+        }
+        out
+    }
+
+    /// Every binding of every cluster (Cilium's `ForeachCache`): local first, then remotes by
+    /// name, each sorted by ID. Each view is read at one instant; views are read one after another.
+    pub fn snapshot_all(&self) -> Vec<(Cluster, u64, String)> {
+        let mut out: Vec<(Cluster, u64, String)> =
+            self.snapshot().into_iter().map(|(id, k)| (Cluster::Local, id, k)).collect();
+        let views: Vec<_> = lock(&self.state.remotes).values().cloned().collect();
+        for v in views {
+            let snap = v.lock().cache.snapshot();
+            out.extend(snap.into_iter().map(|(id, k)| (v.cluster.clone(), id, k)));
+        }
+        out
+    }
+
+    /// Calls `f` on every binding of every cluster, in [`Pool::snapshot_all`]'s order, without
+    /// copying keys; each view is locked while it is visited, so keep `f` short.
+    pub fn foreach_all(&self, mut f: impl FnMut(&Cluster, u64, &str)) {
+        for (id, k) in self.state.lock_cache().snapshot() {
+            f(&Cluster::Local, id, &k);
+        }
+        let views: Vec<_> = lock(&self.state.remotes).values().cloned().collect();
+        for v in views {
+            let g = v.lock();
+            for (id, k) in g.cache.snapshot() {
+                f(&v.cluster, id, &k);
+            }
+        }
     }
 
     /// Waits until the cache holds the whole pool (the first listing is done).
@@ -1456,8 +1636,7 @@ impl Pool {
     /// Re-lists the pool and re-references every key this process holds (DESIGN §7).
     pub async fn resync(&self) -> Result<()> {
         self.state.synced.send_replace(false);
-        self.state.force_relist.store(true, Ordering::Release);
-        self.state.relist_requested.notify_one();
+        self.state.relist.request();
         self.wait_synced().await?;
         let mut keys: Vec<String> = lock(&self.state.held).keys().cloned().collect();
         keys.sort(); // fixed repair order (reproducible simulations)
@@ -1493,14 +1672,22 @@ impl Pool {
     }
 }
 
-/// A subscription to one pool's events.
+/// A subscription to one pool's (or one remote view's) events: a replay, then live events.
 pub struct Events {
+    replay: VecDeque<Event>,
     rx: broadcast::Receiver<Event>,
 }
 
 impl Events {
+    pub(crate) fn new(replay: VecDeque<Event>, rx: broadcast::Receiver<Event>) -> Events {
+        Events { replay, rx }
+    }
+
     /// The next event; `None` once the allocator is gone.
     pub async fn recv(&mut self) -> Option<Event> {
+        if let Some(e) = self.replay.pop_front() {
+            return Some(e);
+        }
         match self.rx.recv().await {
             Ok(e) => Some(e),
             Err(broadcast::error::RecvError::Lagged(n)) => Some(Event::Lagged { missed: n }),
@@ -1510,6 +1697,9 @@ impl Events {
 
     /// The next event if one is ready.
     pub fn try_recv(&mut self) -> Option<Event> {
+        if let Some(e) = self.replay.pop_front() {
+            return Some(e);
+        }
         match self.rx.try_recv() {
             Ok(e) => Some(e),
             Err(broadcast::error::TryRecvError::Lagged(n)) => Some(Event::Lagged { missed: n }),
@@ -1523,5 +1713,41 @@ impl Events {
             self,
             |mut ev| async move { ev.recv().await.map(|e| (e, ev)) },
         ))
+    }
+}
+
+/// A subscription to the events of every cluster of a pool ([`Pool::cluster_events`]).
+pub struct ClusterEvents {
+    replay: VecDeque<ClusterEvent>,
+    rx: broadcast::Receiver<ClusterEvent>,
+}
+
+impl ClusterEvents {
+    fn lagged(missed: u64) -> ClusterEvent {
+        ClusterEvent { cluster: Cluster::Local, event: Event::Lagged { missed } }
+    }
+
+    /// The next event; `None` once the allocator is gone.
+    pub async fn recv(&mut self) -> Option<ClusterEvent> {
+        if let Some(e) = self.replay.pop_front() {
+            return Some(e);
+        }
+        match self.rx.recv().await {
+            Ok(e) => Some(e),
+            Err(broadcast::error::RecvError::Lagged(n)) => Some(Self::lagged(n)),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+
+    /// The next event if one is ready.
+    pub fn try_recv(&mut self) -> Option<ClusterEvent> {
+        if let Some(e) = self.replay.pop_front() {
+            return Some(e);
+        }
+        match self.rx.try_recv() {
+            Ok(e) => Some(e),
+            Err(broadcast::error::TryRecvError::Lagged(n)) => Some(Self::lagged(n)),
+            Err(_) => None,
+        }
     }
 }

@@ -142,7 +142,11 @@ pub fn show_value(value: &str) -> String {
 /// example with a `retryable` flag) once the driver exists.
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
-        if e.is_retryable() {
+        if let StoreError::Unavailable(reason) = e {
+            // Not `e.to_string()`: both Displays start with "store unavailable: ", and the
+            // message would say it twice.
+            Error::Unavailable { reason }
+        } else if e.is_retryable() {
             Error::Unavailable { reason: e.to_string() }
         } else {
             Error::Unavailable { reason: format!("(not retryable) {e}") }
@@ -214,10 +218,9 @@ mod tests {
     #[test]
     fn store_errors_become_unavailable_with_reason() {
         let e: Error = StoreError::Unavailable("connection refused".into()).into();
-        assert_eq!(
-            e,
-            Error::Unavailable { reason: "store unavailable: connection refused".into() }
-        );
+        assert_eq!(e, Error::Unavailable { reason: "connection refused".into() });
+        // Said once, not "store unavailable: store unavailable: ..." (issue 9, item 11).
+        assert_eq!(e.to_string(), "store unavailable: connection refused");
         let e: Error =
             StoreError::Corrupt { path: "/x.redb".into(), reason: "bad magic".into() }.into();
         match e {

@@ -50,6 +50,7 @@
 //! - [`store`]: the storage seam (one trait with etcd semantics) and its implementations.
 //! - [`pool`], [`layout`], [`idset`], [`protocol`], [`cache`]: pure code — specs and validation,
 //!   store keys, free-ID choice, which txn to send and what its answer means, the watch-fed view.
+//! - [`records`]: the one parser of a pool's raw records (typed snapshot, spec records).
 //! - [`allocator`], [`sweeper`]: the async driver that runs those decisions against a store.
 //! - [`client_session`]: leases kept alive by a remote client (what `idalloc serve` hands out).
 //! - [`metrics`]: the metric names and the helpers the driver records them with.
@@ -61,26 +62,28 @@ pub mod bindings;
 pub mod cache;
 pub mod client_session;
 pub mod error;
+mod feed;
 pub mod idset;
 pub mod layout;
 pub mod metrics;
 pub mod pool;
 pub mod protocol;
+pub mod records;
+pub mod remote;
 pub mod store;
 pub mod sweeper;
 mod sync;
 
 pub use allocator::{
-    Acquired, Allocator, AllocatorOptions, Binding, Events, Pool, Released, RetryPolicy,
+    Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
+    RetryPolicy,
 };
 pub use cache::Event;
 pub use client_session::ClientSession;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
+pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 pub use sweeper::SweepReport;
-
-#[cfg(feature = "testing")]
-pub mod testing;
 
 #[cfg(feature = "sabotage")]
 pub mod sabotage;

@@ -520,17 +520,35 @@ fn show_len(s: &str) -> String {
 }
 
 /// Parses a reserved-ID list such as `"5,7,10-20"`: comma-separated decimal IDs and inclusive
-/// `a-b` ranges, spaces around tokens allowed, an empty string meaning none. Returns the ranges
-/// sorted and merged. Errors name the bad token.
+/// `a-b` ranges, spaces around tokens allowed. Returns the ranges sorted and merged. Errors name
+/// the bad token.
+///
+/// Every item must be present: an empty list (`""`) is refused just like an empty item (`5,,7`,
+/// `,,,`), with the same kind of message, because both are the same typo (a variable that
+/// expanded to nothing). "No reserved IDs" is said by giving no list at all.
 pub fn parse_id_list(list: &str) -> Result<Vec<(u64, u64)>> {
     const RULE: &str = "a reserved ID list is comma-separated decimal IDs or inclusive ranges a-b with a <= b, e.g. 5,7,10-20";
     if list.trim().is_empty() {
-        return Ok(Vec::new());
+        return Err(Error::invalid_str(
+            "reserved ID list",
+            list,
+            format!("the list is empty (for no reserved IDs, give no list); {RULE}"),
+        ));
     }
     let mut out = Vec::new();
     for token in list.split(',') {
         let t = token.trim();
-        let bad = || Error::invalid_str("reserved ID list token", t, RULE);
+        let bad = || {
+            if t.is_empty() {
+                Error::invalid_str(
+                    "reserved ID list",
+                    list,
+                    format!("it has an empty item (a comma at either end or two in a row); {RULE}"),
+                )
+            } else {
+                Error::invalid_str("reserved ID list token", t, RULE)
+            }
+        };
         let parse = |s: &str| -> Result<u64> {
             let s = s.trim();
             if s.is_empty() || !s.bytes().all(|c| c.is_ascii_digit()) {
@@ -811,18 +829,21 @@ mod tests {
     fn id_lists() {
         assert_eq!(parse_id_list("5,7,10-20").unwrap(), vec![(5, 5), (7, 7), (10, 20)]);
         assert_eq!(parse_id_list(" 10 - 20 , 5,6,7 ").unwrap(), vec![(5, 7), (10, 20)]);
-        assert_eq!(parse_id_list("").unwrap(), vec![]);
-        assert_eq!(parse_id_list("  ").unwrap(), vec![]);
+        // Empty lists and empty items are the same mistake, refused alike (issue 9, item 11).
+        for input in ["", "  ", ",,,", "5,,7", "5,", ",5", " , "] {
+            let (what, value, rule) = rule_of(parse_id_list(input).unwrap_err());
+            assert_eq!(what, "reserved ID list", "{input:?}");
+            assert_eq!(value, format!("{input:?}"));
+            assert!(rule.contains("empty") && rule.contains("10-20"), "{input:?}: {rule}");
+        }
         assert_eq!(parse_id_list("18446744073709551615").unwrap(), vec![(u64::MAX, u64::MAX)]);
         for (input, token) in [
             ("5,x,7", "\"x\""),
-            ("5,,7", "\"\""),
             ("20-10", "\"20-10\""),
             ("1-2-3", "\"1-2-3\""),
             ("-5", "\"-5\""),
             ("+5", "\"+5\""),
             ("18446744073709551616", "\"18446744073709551616\""),
-            ("5,", "\"\""),
         ] {
             let (what, value, rule) = rule_of(parse_id_list(input).unwrap_err());
             assert_eq!(what, "reserved ID list token", "{input}");

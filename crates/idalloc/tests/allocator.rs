@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use idalloc::store::counting::CountingStore;
 use idalloc::store::embedded::EmbeddedStore;
-use idalloc::store::fault::{FaultConfig, FaultStore};
 use idalloc::store::{GetRequest, KeyRange, Store, TxnOp, TxnRequest};
 use idalloc::{Error, Event, PoolSpec, Strategy};
+use idalloc_testkit::counting::CountingStore;
+use idalloc_testkit::fault::{FaultConfig, FaultStore};
 
 #[tokio::test(start_paused = true)]
 async fn round_trip_budgets_are_exact() {
@@ -441,6 +441,10 @@ async fn compaction_while_behind_relists_and_cache_equals_store() {
     pb.wait_synced().await.expect("sync");
     wait_until(|| pb.get("before").is_some()).await;
     let mut events = pb.events();
+    // A late subscriber first gets the cache's picture, then exactly one Synced.
+    let before = pb.get("before").expect("seen");
+    assert_eq!(events.try_recv(), Some(Event::Upsert { id: before, key: "before".into() }));
+    assert_eq!(events.try_recv(), Some(Event::Synced));
 
     // b is cut off: its watch breaks and cannot resume. Meanwhile the pool changes and the store
     // compacts past everything b has seen.
@@ -465,6 +469,7 @@ async fn compaction_while_behind_relists_and_cache_equals_store() {
     assert_eq!(pb.snapshot(), pa.snapshot());
     let mut upserts = 0;
     let mut deletes = 0;
+    let mut synced = 0;
     while let Some(e) = events.try_recv() {
         match e {
             Event::Upsert { .. } => upserts += 1,
@@ -472,10 +477,12 @@ async fn compaction_while_behind_relists_and_cache_equals_store() {
                 assert_eq!(key, "before");
                 deletes += 1;
             }
+            Event::Synced => synced += 1,
             _ => {}
         }
     }
     assert_eq!((upserts, deletes), (25, 1), "the re-list reports exactly the difference");
+    assert_eq!(synced, 1, "one re-list, one Synced");
 }
 
 #[tokio::test(start_paused = true)]
@@ -485,6 +492,8 @@ async fn events_report_upserts_deletes_and_lag() {
     let p = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
     p.wait_synced().await.expect("sync");
     let mut events = p.events();
+    // The replay of an empty, listed pool: one Synced.
+    assert_eq!(events.try_recv(), Some(Event::Synced));
     let id = p.acquire("k").await.expect("acquire").id;
     p.release("k").await.expect("release");
     let mut seen = Vec::new();
@@ -503,6 +512,7 @@ async fn events_report_upserts_deletes_and_lag() {
     let ps = small.pool("p").await.expect("pool");
     ps.wait_synced().await.expect("sync");
     let mut slow = ps.events();
+    assert_eq!(slow.try_recv(), Some(Event::Synced));
     for i in 0..20 {
         p.acquire(&format!("e{i}")).await.expect("acquire");
     }

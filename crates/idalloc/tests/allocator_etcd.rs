@@ -9,11 +9,11 @@ use std::time::Duration;
 
 use common::*;
 use idalloc::layout::{IdRecord, Layout};
-use idalloc::store::counting::CountingStore;
 use idalloc::store::etcd::EtcdStore;
 use idalloc::store::{Store, TxnOp, TxnRequest};
-use idalloc::testing::{connect_test_store, test_etcd_endpoint, unique_prefix, TestEtcd};
 use idalloc::{Allocator, AllocatorOptions, Error, Event, PoolSpec, Strategy};
+use idalloc_testkit::counting::CountingStore;
+use idalloc_testkit::etcd::{connect_test_store, test_etcd_endpoint, unique_prefix, TestEtcd};
 
 const TTL: Duration = Duration::from_secs(3);
 

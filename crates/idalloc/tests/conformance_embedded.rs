@@ -5,8 +5,8 @@
 mod embedded {
     use std::sync::Arc;
 
-    use idalloc::store::conformance::{Need, TestStore};
     use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    use idalloc_testkit::conformance::{Need, TestStore};
 
     /// A fresh in-memory store per case (so `Need::Exclusive` is always met).
     async fn memory_factory(_need: Need) -> Option<TestStore> {
@@ -22,6 +22,6 @@ mod embedded {
         Some(TestStore::new(Arc::new(store), b"/t/".to_vec()).with_guard(dir))
     }
 
-    idalloc::conformance_tests!(memory, memory_factory, paused_time = true);
-    idalloc::conformance_tests!(file, file_factory, paused_time = true);
+    idalloc_testkit::conformance_tests!(memory, memory_factory, paused_time = true);
+    idalloc_testkit::conformance_tests!(file, file_factory, paused_time = true);
 }

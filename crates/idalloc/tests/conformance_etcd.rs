@@ -4,6 +4,6 @@
 //! per test if `etcd` is on `PATH`, else the tests are skipped with a notice (never under
 //! `CI=true`). Cases that compact or count revisions exactly always start their own etcd.
 
-use idalloc::store::conformance::etcd_factory;
+use idalloc_testkit::conformance::etcd_factory;
 
-idalloc::conformance_tests!(etcd, etcd_factory, paused_time = false);
+idalloc_testkit::conformance_tests!(etcd, etcd_factory, paused_time = false);

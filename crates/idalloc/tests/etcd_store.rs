@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
 use idalloc::store::{GetRequest, KeyRange, Store, StoreError, TxnOp, TxnRequest, WatchMessage};
-use idalloc::testing::{private_etcd, EtcdCluster};
+use idalloc_testkit::etcd::{private_etcd, EtcdCluster};
 
 /// Liveness bound for things that must happen; only a broken implementation reaches it.
 const PATIENCE: Duration = Duration::from_secs(30);
@@ -41,7 +41,7 @@ async fn killed_etcd_breaks_the_watch_and_requests_are_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_member_cluster_serves_one_history_on_every_member() {
-    if !idalloc::testing::etcd_on_path() {
+    if !idalloc_testkit::etcd::etcd_on_path() {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             panic!("etcd is not on PATH under CI");
         }
@@ -51,14 +51,14 @@ async fn three_member_cluster_serves_one_history_on_every_member() {
     let cluster = EtcdCluster::start(3).await.expect("3-member cluster");
     let endpoints = cluster.endpoints();
     assert_eq!(endpoints.len(), 3);
-    let first = idalloc::testing::connect_test_store(&endpoints[0]).await.expect("connect");
+    let first = idalloc_testkit::etcd::connect_test_store(&endpoints[0]).await.expect("connect");
     let rev = first
         .txn(TxnRequest::new().and_then([TxnOp::put("k", "v")]))
         .await
         .expect("put via member 0")
         .revision;
     for ep in &endpoints {
-        let store = idalloc::testing::connect_test_store(ep).await.expect("connect");
+        let store = idalloc_testkit::etcd::connect_test_store(ep).await.expect("connect");
         let resp = store.get(GetRequest::key("k")).await.expect("linearizable read");
         assert_eq!(resp.kvs.len(), 1, "member {ep} sees the write");
         assert_eq!(resp.kvs[0].mod_revision, rev);

@@ -25,11 +25,11 @@ use futures::StreamExt;
 use idalloc::layout::{parse_id_value, IdRecord, Layout};
 use idalloc::sabotage::{self, Sabotage};
 use idalloc::store::embedded::EmbeddedStore;
-use idalloc::store::fault::{FaultConfig, FaultStore};
 use idalloc::store::{
     list_all, GetRequest, KeyRange, Store, TxnOp, TxnRequest, WatchEvent, WatchMessage,
 };
 use idalloc::{Allocator, AllocatorOptions, Error, Event, Events, Pool, PoolSpec, Strategy};
+use idalloc_testkit::fault::{FaultConfig, FaultStore};
 use tokio::time::Instant;
 
 const NODES: usize = 8;

@@ -2,7 +2,7 @@
 //!
 //! The allocator never talks to etcd or to a file directly; it builds [`TxnRequest`]s and reads
 //! [`TxnResponse`]s through [`Store`]. Every implementation must behave exactly like etcd 3.4 for the
-//! subset defined here; the conformance suite (`conformance`, feature `testing`) checks that, with a
+//! subset defined here; the conformance suite (in the `idalloc-testkit` crate) checks that, with a
 //! real etcd as the reference. Where an embedded store and etcd differ, the embedded store is wrong.
 //!
 //! Types mirror etcd's protobuf messages closely (revisions are `i64`, a lease ID of `0` means "no
@@ -14,13 +14,8 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 
-pub mod counting;
 pub mod embedded;
 pub mod etcd;
-pub mod fault;
-
-#[cfg(feature = "testing")]
-pub mod conformance;
 
 /// etcd's default limit on the number of operations in one txn (`--max-txn-ops`), counted over the
 /// compares and each branch separately, as etcd does. Every store rejects more with
@@ -447,9 +442,8 @@ pub type StoreResult<T> = Result<T, StoreError>;
 /// A key-value store with etcd v3 semantics: the only way the allocator reaches storage.
 ///
 /// Implementations: [`embedded::EmbeddedStore`] (memory or a `redb` file, one machine),
-/// [`etcd::EtcdStore`] (a cluster), and the wrappers [`fault::FaultStore`] (seeded fault
-/// injection) and [`counting::CountingStore`] (round trips per request kind). Each method call is
-/// one round trip to the store.
+/// [`etcd::EtcdStore`] (a cluster). Test wrappers (fault injection, round-trip counting, request
+/// hooks) live in the `idalloc-testkit` crate. Each method call is one round trip to the store.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Applies `If compare Then success Else failure` atomically.

@@ -16,7 +16,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use tokio::sync::watch;
 
-use crate::store::{
+use idalloc::store::{
     GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreError, StoreResult,
     TxnRequest, TxnResponse, WatchStream,
 };
@@ -257,8 +257,8 @@ impl<S: Store> Store for FaultStore<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::embedded::EmbeddedStore;
-    use crate::store::{TxnOp, WatchMessage};
+    use idalloc::store::embedded::EmbeddedStore;
+    use idalloc::store::{TxnOp, WatchMessage};
 
     fn put(k: &str) -> TxnRequest {
         TxnRequest::new().and_then([TxnOp::put(k, "v")])

@@ -1,5 +1,4 @@
-//! Test helpers (feature `testing`): a real etcd process launcher and the choice of which etcd a
-//! test uses.
+//! A real etcd process launcher and the choice of which etcd a test uses.
 //!
 //! Tests that need etcd call [`test_etcd_endpoint`]: under `scripts/test.sh` (and in CI) one
 //! shared etcd is named by `IDALLOC_TEST_ETCD`, and tests keep apart by key prefix
@@ -16,8 +15,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::store::etcd::{EtcdOptions, EtcdStore};
-use crate::store::{GetRequest, Store};
+use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+use idalloc::store::{GetRequest, Store};
 
 /// The environment variable naming a shared test etcd (a client URL).
 pub const TEST_ETCD_ENV: &str = "IDALLOC_TEST_ETCD";

@@ -1,4 +1,4 @@
-//! The store conformance suite (feature `testing`): one set of cases, run against every [`Store`]
+//! The store conformance suite: one set of cases, run against every [`Store`]
 //! implementation, with a real etcd as the reference. A case that passes on etcd and fails on
 //! another store is a bug in that store.
 //!
@@ -10,8 +10,8 @@
 //! etcd is available).
 //!
 //! ```text
-//! idalloc::conformance_tests!(etcd, idalloc::store::conformance::etcd_factory, paused_time = false);
-//! idalloc::conformance_tests!(memory, |_need| async {
+//! idalloc_testkit::conformance_tests!(etcd, idalloc_testkit::conformance::etcd_factory, paused_time = false);
+//! idalloc_testkit::conformance_tests!(memory, |_need| async {
 //!     Some(TestStore::new(Arc::new(EmbeddedStore::memory()), b"t/".to_vec()))
 //! }, paused_time = true);
 //! ```
@@ -37,7 +37,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 
-use super::{
+use idalloc::store::{
     list_all, Compare, CompareOp, CompareTarget, GetRequest, GetResponse, KeyRange, KeyValue,
     Lease, LeaseId, OpResponse, Revision, Store, StoreError, StoreResult, TxnOp, TxnRequest,
     TxnResponse, WatchEvent, WatchMessage, WatchStream, MAX_REQUEST_BYTES, MAX_TXN_OPS,
@@ -83,9 +83,9 @@ impl TestStore {
 
 /// The factory for etcd: the shared test etcd (or a private one) for [`Need::Shared`], always a
 /// private server for [`Need::Exclusive`]; `None` (skip) if there is no etcd. See
-/// [`crate::testing::test_etcd_endpoint`].
+/// [`crate::etcd::test_etcd_endpoint`].
 pub async fn etcd_factory(need: Need) -> Option<TestStore> {
-    use crate::testing::{connect_test_store, private_etcd, test_etcd_endpoint, unique_prefix};
+    use crate::etcd::{connect_test_store, private_etcd, test_etcd_endpoint, unique_prefix};
     match need {
         Need::Shared => {
             let etcd = test_etcd_endpoint().await?;
@@ -156,22 +156,22 @@ macro_rules! conformance_tests {
             #[$attr]
             async fn $shared() {
                 let factory = $factory;
-                let Some(mut ts) = factory($crate::store::conformance::Need::Shared).await else {
+                let Some(mut ts) = factory($crate::conformance::Need::Shared).await else {
                     return;
                 };
                 ts.paused_time = $paused;
-                $crate::store::conformance::$shared(ts).await;
+                $crate::conformance::$shared(ts).await;
             }
         )*
         $(
             #[$attr]
             async fn $excl() {
                 let factory = $factory;
-                let Some(mut ts) = factory($crate::store::conformance::Need::Exclusive).await else {
+                let Some(mut ts) = factory($crate::conformance::Need::Exclusive).await else {
                     return;
                 };
                 ts.paused_time = $paused;
-                $crate::store::conformance::$excl(ts).await;
+                $crate::conformance::$excl(ts).await;
             }
         )*
     };

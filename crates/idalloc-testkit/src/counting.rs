@@ -7,7 +7,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::store::{
+use idalloc::store::{
     GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreResult, TxnRequest,
     TxnResponse, WatchStream,
 };
@@ -144,8 +144,8 @@ impl<S: Store> Store for CountingStore<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::embedded::EmbeddedStore;
-    use crate::store::TxnOp;
+    use idalloc::store::embedded::EmbeddedStore;
+    use idalloc::store::TxnOp;
 
     #[tokio::test]
     async fn counts_each_call_once_per_kind_including_errors() {

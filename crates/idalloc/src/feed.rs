@@ -1,0 +1,208 @@
+//! Following one key range of a store (DESIGN §6): list it at one revision, watch from the next,
+//! resume from the last seen revision when the stream breaks, re-list when that revision was
+//! compacted away (or when asked to). The one watch loop of the crate: the local pool's cache
+//! (`sync.rs`) and every remote view (`remote.rs`) are fed by it.
+//!
+//! The loop knows nothing about pools or caches. It hands what it reads to a [`Sink`] — a complete
+//! listing, or a batch of watch events — and tells it when the store could not be reached. What a
+//! listing or an event means (diffing it against a view, validating it, repairing held keys) is
+//! the sink's business, so that part stays plain code that tests can drive without a store.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tracing::{debug, warn};
+
+use crate::store::{
+    list_all_with_progress, GetRequest, KeyRange, KeyValue, Revision, Store, StoreError,
+    StoreResult, WatchEvent, WatchMessage,
+};
+
+/// Back-off between reconnect attempts (doubles up to the maximum).
+const RECONNECT_MIN: Duration = Duration::from_millis(50);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// The sink is gone (its owner was dropped): the follower stops.
+#[derive(Debug)]
+pub(crate) struct Gone;
+
+/// What a follower feeds. Every call returns `Err(Gone)` once the owner of the view is gone.
+pub(crate) trait Sink: Send + Sync + 'static {
+    /// The store revision the view reflects; the watch resumes right after it.
+    fn revision(&self) -> Result<Revision, Gone>;
+
+    /// A page of a listing was read (listings of big ranges take a while: this tells progress
+    /// from a hang). Counts pages, never resets: a failing retry must not look like progress.
+    fn list_page(&self) {}
+
+    /// A complete listing of the range at `revision`: the view becomes exactly this.
+    fn listed(&self, kvs: &[KeyValue], revision: Revision) -> Result<(), Gone>;
+
+    /// Watch events, in store order, all after the view's revision.
+    fn watched(&self, events: &[WatchEvent]) -> Result<(), Gone>;
+
+    /// The store could not be reached (a listing, a watch or a probe failed, or the stream
+    /// broke). The follower keeps retrying with back-off.
+    fn unreachable(&self, _error: &StoreError) {}
+}
+
+/// A request to re-list, shared between a follower and whoever may ask for one.
+#[derive(Debug, Default)]
+pub(crate) struct Relist {
+    forced: AtomicBool,
+    notify: Notify,
+}
+
+impl Relist {
+    /// Re-list at the next opportunity (interrupts a running watch).
+    pub(crate) fn request(&self) {
+        self.forced.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+
+    /// Interrupts a running watch; a re-list follows.
+    pub(crate) fn interrupt(&self) {
+        self.notify.notify_one();
+    }
+}
+
+/// How a follower reads its range.
+#[derive(Clone)]
+pub(crate) struct FeedConfig {
+    pub store: Arc<dyn Store>,
+    pub range: KeyRange,
+    /// Keys per page when listing.
+    pub page: i64,
+    /// Re-list (rather than resume the watch) after the store was unreachable, so the view's
+    /// catching up is one exact difference and one `Synced`.
+    pub relist_after_outage: bool,
+    /// While watching, check every this long that the store still answers. A paused server
+    /// (SIGSTOP, a hung VM) keeps its TCP connections open and sends nothing, so a watch alone
+    /// cannot tell it from a quiet one.
+    pub probe: Option<Duration>,
+    /// Bound on each list, watch creation and probe (`None`: the store's own bounds only).
+    pub request_timeout: Option<Duration>,
+}
+
+async fn bounded<T>(
+    timeout: Option<Duration>,
+    fut: impl std::future::Future<Output = StoreResult<T>>,
+) -> StoreResult<T> {
+    match timeout {
+        None => fut.await,
+        Some(t) => match tokio::time::timeout(t, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Unavailable(format!("no answer within {t:?}"))),
+        },
+    }
+}
+
+/// Runs until the sink is gone.
+pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: S) {
+    let store = cfg.store.clone();
+    let mut backoff = RECONNECT_MIN;
+    let mut need_list = true;
+    loop {
+        let forced = relist.forced.swap(false, Ordering::AcqRel);
+        if need_list || forced {
+            let listed = bounded(
+                cfg.request_timeout,
+                list_all_with_progress(&*store, &cfg.range, cfg.page, |_| sink.list_page()),
+            )
+            .await;
+            match listed {
+                Ok((kvs, rev)) => {
+                    if sink.listed(&kvs, rev).is_err() {
+                        return;
+                    }
+                    need_list = false;
+                    backoff = RECONNECT_MIN;
+                }
+                Err(e) => {
+                    warn!(range = ?cfg.range, error = %e, "listing failed; retrying");
+                    sink.unreachable(&e);
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                    continue;
+                }
+            }
+        }
+
+        let Ok(from) = sink.revision() else {
+            return;
+        };
+        let mut stream =
+            match bounded(cfg.request_timeout, store.watch(cfg.range.clone(), from + 1)).await {
+                Ok(s) => s,
+                Err(StoreError::Compacted { .. }) => {
+                    need_list = true;
+                    continue;
+                }
+                Err(e) => {
+                    warn!(range = ?cfg.range, error = %e, "watch failed; retrying");
+                    sink.unreachable(&e);
+                    need_list |= cfg.relist_after_outage;
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                    continue;
+                }
+            };
+        backoff = RECONNECT_MIN;
+        let mut probe = cfg.probe.map(|p| {
+            let mut i = tokio::time::interval_at(tokio::time::Instant::now() + p, p);
+            i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            i
+        });
+        loop {
+            // `biased`: a fixed polling order keeps simulation runs reproducible from their seed.
+            let msg = tokio::select! {
+                biased;
+                m = stream.next() => m,
+                _ = relist.notify.notified() => { need_list = true; break; }
+                _ = async {
+                    match probe.as_mut() {
+                        Some(p) => { p.tick().await; }
+                        None => std::future::pending::<()>().await,
+                    }
+                } => {
+                    let req = GetRequest::new(cfg.range.clone()).count_only();
+                    let t = cfg.request_timeout.or(cfg.probe);
+                    match bounded(t, store.get(req)).await {
+                        Ok(_) => continue,
+                        Err(e) => {
+                            debug!(range = ?cfg.range, error = %e, "probe failed; reconnecting");
+                            sink.unreachable(&e);
+                            need_list |= cfg.relist_after_outage;
+                            break;
+                        }
+                    }
+                }
+            };
+            match msg {
+                Some(Ok(WatchMessage::Events(events))) => {
+                    if sink.watched(&events).is_err() {
+                        return;
+                    }
+                }
+                Some(Ok(WatchMessage::Compacted { compact_revision })) => {
+                    debug!(range = ?cfg.range, compact_revision, "watch compacted; re-listing");
+                    need_list = true;
+                    break;
+                }
+                Some(Err(e)) => {
+                    debug!(range = ?cfg.range, error = %e, "watch stream broke; resuming");
+                    sink.unreachable(&e);
+                    need_list |= cfg.relist_after_outage;
+                    break;
+                }
+                None => {
+                    need_list |= cfg.relist_after_outage;
+                    break;
+                }
+            }
+        }
+    }
+}
