@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::parse::{self, IdRange, StoreUrl};
+use crate::remotes::RemoteArgs;
 
 const TOP_HELP: &str = "\
 Exit codes: 0 success; 1 runtime error (store unavailable or locked, pool exhausted, spec mismatch,
@@ -107,16 +108,24 @@ Example:
     #[command(after_help = "\
 JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"id\":4242}
 
+With --remote NAME=URL (repeatable): one CLUSTER<TAB>ID line per cluster where KEY has an ID
+(local first); JSON adds \"clusters\":[{\"cluster\":\"local\",\"id\":4242},...]. See docs/multi-cluster.md.
+
 Example:
-  idalloc get vni tenant-blue")]
+  idalloc get vni tenant-blue
+  idalloc get vni tenant-blue --remote b=etcd://10.0.1.5:2379")]
     Get(GetArgs),
 
     /// Print the key bound to ID (exit 3 if none).
     #[command(after_help = "\
 JSON: {\"pool\":\"vni\",\"id\":4242,\"key\":\"tenant-blue\"}
 
+With --remote NAME=URL (repeatable): CLUSTER<TAB>KEY, from the one cluster whose ID space
+(prefix bits) holds ID; JSON adds \"cluster\".
+
 Example:
-  idalloc lookup vni 4242")]
+  idalloc lookup vni 4242
+  idalloc lookup vni 135170 --remote b=etcd://10.0.1.5:2379")]
     Lookup(LookupArgs),
 
     /// List POOL's bindings with their holders, sorted by ID.
@@ -124,8 +133,10 @@ Example:
 JSON: {\"pool\":\"vni\",\"bindings\":[{\"id\":4242,\"key\":\"tenant-blue\",\"holders\":[\"alice\"]}]}
 
 Example:
-  idalloc list vni")]
-    List(PoolArg),
+  idalloc list vni
+  idalloc list vni --remote b=etcd://10.0.1.5:2379   # adds a CLUSTER column; remote rows
+                                                      # have no holders (views hold bindings only)")]
+    List(ListArgs),
 
     /// Print POOL's binding changes as they happen, until interrupted (ctrl-c exits 0).
     #[command(after_help = "\
@@ -142,7 +153,10 @@ JSON lines: {\"event\":\"synced\",\"pool\":\"vni\",\"bindings\":3}
 
 Examples:
   idalloc watch vni
-  idalloc --json watch vni --count 1    # stop after the first change")]
+  idalloc --json watch vni --count 1    # stop after the first change
+  idalloc watch vni --remote b=etcd://10.0.1.5:2379
+      # 'synced CLUSTER N bindings' per cluster, then 'CLUSTER bound ID KEY' lines; JSON lines
+      # carry \"cluster\". Needs an etcd (or memory) local store.")]
     Watch(WatchArgs),
 
     /// Reclaim bindings that nobody references (all pools if none is named).
@@ -326,6 +340,8 @@ pub struct GetArgs {
     pub pool: String,
     /// The key.
     pub key: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 #[derive(Args, Debug)]
@@ -334,6 +350,8 @@ pub struct LookupArgs {
     pub pool: String,
     /// The ID (as handed out, prefix bits included).
     pub id: u64,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 #[derive(Args, Debug)]
@@ -346,6 +364,16 @@ pub struct WatchArgs {
     /// How often a file store is polled.
     #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "500ms")]
     pub interval: Duration,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct ListArgs {
+    /// Pool name: [a-z0-9][a-z0-9._-]{0,62}.
+    pub pool: String,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
 }
 
 #[derive(Args, Debug)]

@@ -17,7 +17,7 @@ use crate::fail::Failure;
 use crate::open::{self, Settings};
 use crate::parse::default_holder;
 use crate::render::{self, Usage};
-use crate::{batch, watch};
+use crate::{batch, remotes, watch};
 
 /// Where results go: text or JSON on stdout.
 #[derive(Clone, Copy)]
@@ -81,6 +81,12 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     }
     if let Command::Watch(w) = &cli.command {
         if let crate::parse::StoreUrl::File(_) = settings.url {
+            if w.remote.any() {
+                return Err(Failure::usage(
+                    "watch --remote follows the local pool's events and so needs an etcd:// (or memory:) --store; \
+                     a file store is only polled (use get, lookup or list with --remote on a file store)",
+                ));
+            }
             return watch::poll_file(&settings, w, out).await.map(|_| 0);
         }
     }
@@ -130,6 +136,23 @@ async fn dispatch(
         Command::Pool(PoolCommand::Delete(a)) => pool_delete(alloc, a, out).await,
         Command::Acquire(a) => acquire(alloc, a, out).await,
         Command::Release(a) => release(alloc, a, out).await,
+        Command::Get(a) if a.remote.any() => {
+            idalloc::pool::validate_key(&a.key)?;
+            let pool = alloc.pool(&a.pool).await?;
+            remotes::get(settings, &pool, &a.key, &a.remote, out).await
+        }
+        Command::Lookup(a) if a.remote.any() => {
+            let pool = alloc.pool(&a.pool).await?;
+            remotes::lookup(settings, &pool, a.id, &a.remote, out).await
+        }
+        Command::List(p) if p.remote.any() => {
+            let pool = alloc.pool(&p.pool).await?;
+            remotes::list(settings, &pool, &p.remote, out).await
+        }
+        Command::Watch(w) if w.remote.any() => {
+            let pool = alloc.pool(&w.pool).await?;
+            remotes::watch(settings, &pool, &w.remote, w.count, out).await
+        }
         Command::Get(a) => get(alloc, a, out).await,
         Command::Lookup(a) => lookup(alloc, a, out).await,
         Command::List(p) => {

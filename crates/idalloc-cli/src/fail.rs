@@ -59,7 +59,8 @@ impl From<Error> for Failure {
             Error::RangeMismatch { .. }
             | Error::Exhausted { .. }
             | Error::Unavailable { .. }
-            | Error::Conflict { .. } => RUNTIME,
+            | Error::Conflict { .. }
+            | Error::AccessDenied { .. } => RUNTIME,
         };
         Failure { code, message: e.to_string() }
     }

@@ -9,6 +9,7 @@ mod commands;
 mod fail;
 mod open;
 mod parse;
+mod remotes;
 mod render;
 mod serve;
 mod watch;

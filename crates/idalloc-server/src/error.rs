@@ -10,6 +10,7 @@
 //! | `too_large` | 413 | request body over the limit |
 //! | `method_not_allowed` | 405 | |
 //! | `unavailable` | 503 | the store did not answer in time, or the service is shutting down |
+//! | `access_denied` | 503 | the store refused the service's credentials (fix its configuration) |
 //!
 //! Exhausted is 409, not 507: a 5xx tells proxies and client libraries to retry, and retrying a
 //! full pool only adds load; 409 says "the state of the resource forbids this now".
@@ -73,7 +74,9 @@ impl From<idalloc::Error> for ApiError {
             E::RangeMismatch { .. } | E::Conflict { .. } | E::Exhausted { .. } => {
                 StatusCode::CONFLICT
             }
-            E::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            // The store refused this service's credentials: the service cannot serve (503), and
+            // the kind tells an operator that waiting will not help.
+            E::Unavailable { .. } | E::AccessDenied { .. } => StatusCode::SERVICE_UNAVAILABLE,
         };
         ApiError { status, kind: e.kind(), message: e.to_string() }
     }

@@ -31,17 +31,18 @@
 //! so they are few and use the shortest TTL etcd grants.
 
 use std::any::Any;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-
 use idalloc::store::{
     list_all, Compare, CompareOp, CompareTarget, GetRequest, GetResponse, KeyRange, KeyValue,
-    Lease, LeaseId, OpResponse, Revision, Store, StoreError, StoreResult, TxnOp, TxnRequest,
-    TxnResponse, WatchEvent, WatchMessage, WatchStream, MAX_REQUEST_BYTES, MAX_TXN_OPS,
+    Lease, LeaseId, OpResponse, Revision, Store, StoreError, TxnOp, TxnRequest, TxnResponse,
+    WatchEvent, WatchMessage, WatchStream, MAX_REQUEST_BYTES, MAX_TXN_OPS,
 };
+
+use crate::hooked::{Answer, Hook, HookedStore, Kind};
 
 /// What a case needs from the factory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -988,59 +989,39 @@ pub async fn list_all_is_pinned_to_one_revision(ts: TestStore) {
     for n in &names {
         put(&*ts.store, &ts.key(n), n).await;
     }
-    // A store that, after answering the first page, deletes a listed key and adds a new one.
+    // After answering each page, deletes a listed key and adds a new one.
     struct WriteBetweenPages {
-        inner: Arc<dyn Store>,
-        first_done: AtomicBool,
-        delete: Vec<u8>,
-        add: Vec<u8>,
+        prefix: Vec<u8>,
+        pages: AtomicUsize,
     }
     #[async_trait::async_trait]
-    impl Store for WriteBetweenPages {
-        async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-            self.inner.txn(req).await
-        }
-        async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-            let resp = self.inner.get(req).await?;
-            if !self.first_done.swap(true, Ordering::SeqCst) {
-                self.inner
+    impl Hook<Arc<dyn Store>> for WriteBetweenPages {
+        async fn after(&self, inner: &Arc<Arc<dyn Store>>, kind: Kind, result: Answer) -> Answer {
+            if kind == Kind::Get && result.is_ok() {
+                let n = self.pages.fetch_add(1, Ordering::SeqCst);
+                let key = |name: String| [self.prefix.as_slice(), name.as_bytes()].concat();
+                inner
                     .txn(TxnRequest::new().and_then([
-                        TxnOp::delete(self.delete.clone()),
-                        TxnOp::put(self.add.clone(), "new"),
+                        TxnOp::delete(key(format!("l/{}", 6 - n))),
+                        TxnOp::put(key(format!("l/{n}a")), "new"),
                     ]))
                     .await?;
             }
-            Ok(resp)
-        }
-        async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-            self.inner.lease_grant(ttl).await
-        }
-        async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-            self.inner.lease_keep_alive(id).await
-        }
-        async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-            self.inner.lease_revoke(id).await
-        }
-        async fn watch(&self, range: KeyRange, start: Revision) -> StoreResult<WatchStream> {
-            self.inner.watch(range, start).await
-        }
-        async fn compact(&self, revision: Revision) -> StoreResult<()> {
-            self.inner.compact(revision).await
+            result
         }
     }
-    let wrapped = WriteBetweenPages {
-        inner: ts.store.clone(),
-        first_done: AtomicBool::new(false),
-        delete: ts.key("l/5"),
-        add: ts.key("l/3a"),
-    };
+    let wrapped = HookedStore::with_hook(
+        ts.store.clone(),
+        WriteBetweenPages { prefix: ts.prefix.clone(), pages: AtomicUsize::new(0) },
+    );
     let (kvs, rev) =
         list_all(&wrapped, &KeyRange::prefix(ts.key("l/")), 2).await.expect("list_all");
     let expected: Vec<Vec<u8>> = names.iter().map(|n| ts.key(n)).collect();
     assert_eq!(keys(&kvs), expected, "pages after the first must not see later writes");
     assert!(kvs.iter().all(|kv| kv.mod_revision <= rev));
+    assert_eq!(wrapped.hook().pages.load(Ordering::SeqCst), 4, "7 keys in pages of 2");
     // The writes did happen.
-    assert_eq!(get1(&*ts.store, &ts.key("l/5")).await, None);
+    assert_eq!(get1(&*ts.store, &ts.key("l/6")).await, None);
     assert!(get1(&*ts.store, &ts.key("l/3a")).await.is_some());
     // Page size 1 and a page size larger than the range give the same listing.
     let (kvs1, _) =
@@ -1048,7 +1029,7 @@ pub async fn list_all_is_pinned_to_one_revision(ts: TestStore) {
     let (kvs100, _) =
         list_all(&*ts.store, &KeyRange::prefix(ts.key("l/")), 100).await.expect("list_all");
     assert_eq!(keys(&kvs1), keys(&kvs100));
-    assert_eq!(kvs1.len(), 7);
+    assert_eq!(kvs1.len(), 7, "4 of the 7 deleted, 4 added");
 }
 
 /// After a compaction, reads at older revisions fail with `Compacted` (naming the oldest

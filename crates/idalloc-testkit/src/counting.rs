@@ -6,11 +6,11 @@
 //! was sent). A watch counts once when it is opened, not per message.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
-use idalloc::store::{
-    GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreResult, TxnRequest,
-    TxnResponse, WatchStream,
-};
+use idalloc::store::{Store, StoreResult};
+
+use crate::hooked::{Hook, HookedStore, Kind, Request};
 
 /// Round trips per request kind, as counted by a [`CountingStore`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -44,8 +44,9 @@ impl RoundTrips {
     }
 }
 
+/// The [`Hook`] of a [`CountingStore`]: one lock-free counter per request kind.
 #[derive(Default)]
-struct Counters {
+pub struct Counter {
     txn: AtomicU64,
     get: AtomicU64,
     lease_grant: AtomicU64,
@@ -55,27 +56,41 @@ struct Counters {
     compact: AtomicU64,
 }
 
-/// Wraps a store and counts each request (see the module docs). Counting is lock-free and never
-/// changes what the inner store sees or returns.
-pub struct CountingStore<S> {
-    inner: S,
-    counters: Counters,
+impl Counter {
+    fn slot(&self, kind: Kind) -> &AtomicU64 {
+        match kind {
+            Kind::Txn => &self.txn,
+            Kind::Get => &self.get,
+            Kind::LeaseGrant => &self.lease_grant,
+            Kind::LeaseKeepAlive => &self.lease_keep_alive,
+            Kind::LeaseRevoke => &self.lease_revoke,
+            Kind::Watch => &self.watch,
+            Kind::Compact => &self.compact,
+        }
+    }
 }
+
+#[async_trait::async_trait]
+impl<S: Store> Hook<S> for Counter {
+    async fn before(&self, _inner: &Arc<S>, req: Request) -> StoreResult<Request> {
+        self.slot(req.kind()).fetch_add(1, Ordering::Relaxed);
+        Ok(req)
+    }
+}
+
+/// Wraps a store and counts each request (see the module docs). Counting never changes what the
+/// inner store sees or returns.
+pub type CountingStore<S> = HookedStore<S, Counter>;
 
 impl<S: Store> CountingStore<S> {
     /// Wraps `inner` with all counts at zero.
     pub fn new(inner: S) -> Self {
-        CountingStore { inner, counters: Counters::default() }
-    }
-
-    /// The wrapped store (requests made through it are not counted).
-    pub fn inner(&self) -> &S {
-        &self.inner
+        HookedStore::with_hook(inner, Counter::default())
     }
 
     /// The counts so far.
     pub fn counts(&self) -> RoundTrips {
-        let c = &self.counters;
+        let c = self.hook();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         RoundTrips {
             txn: get(&c.txn),
@@ -90,7 +105,7 @@ impl<S: Store> CountingStore<S> {
 
     /// Sets every count back to zero (e.g. after a test's setup).
     pub fn reset(&self) {
-        let c = &self.counters;
+        let c = self.hook();
         for a in [
             &c.txn,
             &c.get,
@@ -105,47 +120,11 @@ impl<S: Store> CountingStore<S> {
     }
 }
 
-fn bump(a: &AtomicU64) {
-    a.fetch_add(1, Ordering::Relaxed);
-}
-
-#[async_trait::async_trait]
-impl<S: Store> Store for CountingStore<S> {
-    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        bump(&self.counters.txn);
-        self.inner.txn(req).await
-    }
-    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-        bump(&self.counters.get);
-        self.inner.get(req).await
-    }
-    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-        bump(&self.counters.lease_grant);
-        self.inner.lease_grant(ttl).await
-    }
-    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        bump(&self.counters.lease_keep_alive);
-        self.inner.lease_keep_alive(id).await
-    }
-    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        bump(&self.counters.lease_revoke);
-        self.inner.lease_revoke(id).await
-    }
-    async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
-        bump(&self.counters.watch);
-        self.inner.watch(range, start_revision).await
-    }
-    async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        bump(&self.counters.compact);
-        self.inner.compact(revision).await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use idalloc::store::embedded::EmbeddedStore;
-    use idalloc::store::TxnOp;
+    use idalloc::store::{GetRequest, KeyRange, TxnOp, TxnRequest};
 
     #[tokio::test]
     async fn counts_each_call_once_per_kind_including_errors() {

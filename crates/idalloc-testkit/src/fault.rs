@@ -9,17 +9,15 @@
 //! Each request draws the same number of random values whatever its kind and fate, so the
 //! decisions depend only on the seed and the order of requests.
 
-use std::future::Future;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt;
 use tokio::sync::watch;
 
-use idalloc::store::{
-    GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreError, StoreResult,
-    TxnRequest, TxnResponse, WatchStream,
-};
+use idalloc::store::{Store, StoreError, StoreResult, WatchStream};
+
+use crate::hooked::{send, Answer, Hook, HookedStore, Kind, Request, Response};
 
 /// Probabilities (each in `0.0..=1.0`) of each fault, per request.
 #[derive(Clone, Debug, PartialEq)]
@@ -102,14 +100,17 @@ struct Fate {
     lose_response: bool,
 }
 
-/// Wraps a store and injects faults (see the module docs). Besides the random faults of its
-/// [`FaultConfig`], tests can force failures with [`FaultStore::fail_next`] and cut the store
-/// off with [`FaultStore::partition`].
-pub struct FaultStore<S> {
-    inner: S,
+/// The [`Hook`] of a [`FaultStore`]: the seeded PRNG, the fault probabilities and the partition
+/// switch.
+pub struct Faults {
     state: Mutex<State>,
     partitioned: watch::Sender<bool>,
 }
+
+/// Wraps a store and injects faults (see the module docs). Besides the random faults of its
+/// [`FaultConfig`], tests can force failures with [`FaultStore::fail_next`] and cut the store
+/// off with [`FaultStore::partition`].
+pub type FaultStore<S> = HookedStore<S, Faults>;
 
 impl<S: Store> FaultStore<S> {
     /// Wraps `inner`; faults follow `config`, decided by a PRNG seeded with `seed`. Fails with
@@ -117,41 +118,40 @@ impl<S: Store> FaultStore<S> {
     pub fn new(inner: S, seed: u64, config: FaultConfig) -> StoreResult<Self> {
         config.validate()?;
         let (partitioned, _) = watch::channel(false);
-        Ok(FaultStore {
+        Ok(HookedStore::with_hook(
             inner,
-            state: Mutex::new(State { rng: SplitMix64(seed), config, fail_next: 0 }),
-            partitioned,
-        })
-    }
-
-    /// The wrapped store, without faults (to check what really happened).
-    pub fn inner(&self) -> &S {
-        &self.inner
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // The state is a PRNG and counters: always consistent, even after a panic elsewhere.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+            Faults {
+                state: Mutex::new(State { rng: SplitMix64(seed), config, fail_next: 0 }),
+                partitioned,
+            },
+        ))
     }
 
     /// Replaces the fault probabilities (the PRNG continues its sequence).
     pub fn set_config(&self, config: FaultConfig) -> StoreResult<()> {
         config.validate()?;
-        self.lock().config = config;
+        self.hook().lock().config = config;
         Ok(())
     }
 
     /// The next `n` requests fail with `Unavailable` before being sent (on top of random
     /// faults).
     pub fn fail_next(&self, n: u64) {
-        self.lock().fail_next = n;
+        self.hook().lock().fail_next = n;
     }
 
     /// While on, every request fails with `Unavailable` (not sent) and every open watch stream
     /// breaks with `Err(Unavailable)`. A request already sent when the partition starts takes
     /// effect but its response is lost.
     pub fn partition(&self, on: bool) {
-        self.partitioned.send_replace(on);
+        self.hook().partitioned.send_replace(on);
+    }
+}
+
+impl Faults {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is a PRNG and counters: always consistent, even after a panic elsewhere.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn is_partitioned(&self) -> bool {
@@ -184,26 +184,6 @@ impl<S: Store> FaultStore<S> {
         })
     }
 
-    async fn run<T>(
-        &self,
-        keep_alive: bool,
-        request: impl Future<Output = StoreResult<T>>,
-    ) -> StoreResult<T> {
-        let fate = self.fate(keep_alive)?;
-        if !fate.delay.is_zero() {
-            tokio::time::sleep(fate.delay).await;
-        }
-        if fate.fail_before_send || self.is_partitioned() {
-            return Err(StoreError::Unavailable("injected fault: request not sent".into()));
-        }
-        // `request` is a lazy future: the inner store sees nothing until here.
-        let result = request.await;
-        if fate.lose_response || self.is_partitioned() {
-            return Err(StoreError::Unavailable("injected fault: response lost".into()));
-        }
-        result
-    }
-
     /// Ends `stream` with `Err(Unavailable)` as soon as a partition starts.
     fn breakable(&self, stream: WatchStream) -> WatchStream {
         let rx = self.partitioned.subscribe();
@@ -229,28 +209,25 @@ impl<S: Store> FaultStore<S> {
 }
 
 #[async_trait::async_trait]
-impl<S: Store> Store for FaultStore<S> {
-    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        self.run(false, self.inner.txn(req)).await
-    }
-    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-        self.run(false, self.inner.get(req)).await
-    }
-    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-        self.run(false, self.inner.lease_grant(ttl)).await
-    }
-    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        self.run(true, self.inner.lease_keep_alive(id)).await
-    }
-    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        self.run(false, self.inner.lease_revoke(id)).await
-    }
-    async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
-        let stream = self.run(false, self.inner.watch(range, start_revision)).await?;
-        Ok(self.breakable(stream))
-    }
-    async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        self.run(false, self.inner.compact(revision)).await
+impl<S: Store> Hook<S> for Faults {
+    /// One decision per request, drawn before it is sent, covers both sides: whether it is sent
+    /// at all, and whether its answer is lost.
+    async fn call(&self, inner: &Arc<S>, req: Request) -> Answer {
+        let fate = self.fate(req.kind() == Kind::LeaseKeepAlive)?;
+        if !fate.delay.is_zero() {
+            tokio::time::sleep(fate.delay).await;
+        }
+        if fate.fail_before_send || self.is_partitioned() {
+            return Err(StoreError::Unavailable("injected fault: request not sent".into()));
+        }
+        let result = send(&**inner, req).await;
+        if fate.lose_response || self.is_partitioned() {
+            return Err(StoreError::Unavailable("injected fault: response lost".into()));
+        }
+        match result {
+            Ok(Response::Watch(stream)) => Ok(Response::Watch(self.breakable(stream))),
+            other => other,
+        }
     }
 }
 
@@ -258,7 +235,7 @@ impl<S: Store> Store for FaultStore<S> {
 mod tests {
     use super::*;
     use idalloc::store::embedded::EmbeddedStore;
-    use idalloc::store::{TxnOp, WatchMessage};
+    use idalloc::store::{GetRequest, KeyRange, Revision, TxnOp, TxnRequest, WatchMessage};
 
     fn put(k: &str) -> TxnRequest {
         TxnRequest::new().and_then([TxnOp::put(k, "v")])

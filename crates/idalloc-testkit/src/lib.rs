@@ -3,11 +3,18 @@
 //!
 //! - [`etcd`]: real etcd processes on loopback (one member or a cluster) and the choice of which
 //!   etcd a test uses (`IDALLOC_TEST_ETCD` or a private server).
+//! - [`secure`]: certificates made at run time and an etcd with TLS, client-certificate and user
+//!   authentication (the security tests of issue 11).
 //! - [`conformance`]: the store conformance suite, one set of cases run against every `Store`
 //!   implementation with a real etcd as the reference ([`conformance_tests!`]).
 //! - [`fault`]: a store wrapper that injects faults, reproducibly from a seed.
 //! - [`counting`]: a store wrapper that counts round trips per request kind (the budgets of
 //!   DESIGN.md §5).
+//! - [`hooked`]: the ONE forwarding store wrapper, with a [`hooked::Hook`] around each request;
+//!   the fault, counting, sabotage and regression wrappers are hooks on it.
+//! - [`hooks`]: frozen watches and late commits, for regression tests of cluster misbehaviour.
+//! - [`sabotage`]: rewrites the allocator's txns to break a guarantee on purpose, so the
+//!   simulation can show its checker notices.
 //!
 //! The library's integration tests, the CLI's tests, the chaos test and the bench harness depend
 //! on this crate; the library's own unit tests do not (a dev-dependency cycle would give them a
@@ -19,3 +26,7 @@ pub mod conformance;
 pub mod counting;
 pub mod etcd;
 pub mod fault;
+pub mod hooked;
+pub mod hooks;
+pub mod sabotage;
+pub mod secure;

@@ -69,6 +69,14 @@ pub enum Error {
         /// What went wrong, for humans.
         reason: String,
     },
+    /// The store refused this client (TLS, authentication or permissions: see
+    /// [`StoreError::Access`]). Unlike [`Error::Unavailable`], retrying cannot help: the
+    /// configuration must change. The reason names the endpoint and never holds a secret.
+    #[error("{reason}")]
+    AccessDenied {
+        /// Which endpoint refused what, and why, for humans.
+        reason: String,
+    },
     /// The key held by a holder lost its ID (store data lost or edited by hand) and another key got
     /// that ID in between; the key was bound to a new ID. DESIGN G2: never silently.
     #[error(
@@ -92,7 +100,7 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     /// A short, stable name of the variant (`invalid_input`, `range_mismatch`, `pool_not_found`,
-    /// `exhausted`, `unavailable`, `conflict`): the `kind` of the HTTP API's error bodies and the
+    /// `exhausted`, `unavailable`, `access_denied`, `conflict`): the `kind` of the HTTP API's error bodies and the
     /// `outcome` label of metrics.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -101,6 +109,7 @@ impl Error {
             Error::PoolNotFound { .. } => "pool_not_found",
             Error::Exhausted { .. } => "exhausted",
             Error::Unavailable { .. } => "unavailable",
+            Error::AccessDenied { .. } => "access_denied",
             Error::Conflict { .. } => "conflict",
         }
     }
@@ -142,6 +151,9 @@ pub fn show_value(value: &str) -> String {
 /// example with a `retryable` flag) once the driver exists.
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
+        if let StoreError::Access { .. } = e {
+            return Error::AccessDenied { reason: e.to_string() };
+        }
         if let StoreError::Unavailable(reason) = e {
             // Not `e.to_string()`: both Displays start with "store unavailable: ", and the
             // message would say it twice.

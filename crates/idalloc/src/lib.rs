@@ -84,12 +84,3 @@ pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 pub use sweeper::SweepReport;
-
-#[cfg(feature = "sabotage")]
-pub mod sabotage;
-
-/// True if the test-only sabotage `s` is on for this thread (always false without the feature).
-#[cfg(feature = "sabotage")]
-pub(crate) fn sabotaged(s: sabotage::Sabotage) -> bool {
-    sabotage::is(s)
-}

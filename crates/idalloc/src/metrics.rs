@@ -195,6 +195,7 @@ fn store_result<T>(r: &StoreResult<T>) -> &'static str {
         Err(StoreError::LeaseNotFound(_)) => "lease_not_found",
         Err(StoreError::Locked { .. }) => "locked",
         Err(StoreError::Corrupt { .. }) => "corrupt",
+        Err(StoreError::Access { .. }) => "access_denied",
     }
 }
 

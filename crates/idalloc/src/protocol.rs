@@ -173,7 +173,6 @@ impl BindPlan {
                 h.lease,
             ));
         }
-        #[allow(unused_mut)]
         let mut compare = vec![
             key_compare(layout, pool, key, self.expect_key),
             id_compare(layout, pool, self.id, &self.expect_id),
@@ -192,12 +191,6 @@ impl BindPlan {
         if let Some((from, rec)) = &self.moved_from {
             compare.push(id_compare(layout, pool, *from, &Some(rec.clone())));
             read_back.push(TxnOp::get_key(layout.id_key(pool, *from)));
-        }
-        #[cfg(feature = "sabotage")]
-        if self.expect_key.is_none()
-            && crate::sabotaged(crate::sabotage::Sabotage::SkipKeyAbsentCompare)
-        {
-            compare.remove(0);
         }
         TxnRequest::new().when(compare).and_then(then).or_else(read_back)
     }
@@ -419,9 +412,6 @@ fn retire_id(
     key: &str,
     tombstone_lease: Option<LeaseId>,
 ) -> TxnOp {
-    #[cfg(feature = "sabotage")]
-    let tombstone_lease = tombstone_lease
-        .filter(|_| !crate::sabotaged(crate::sabotage::Sabotage::SkipReuseTombstone));
     match tombstone_lease {
         None => TxnOp::delete(layout.id_key(pool, id)),
         Some(lease) => TxnOp::put_on_lease(

@@ -6,56 +6,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use idalloc::store::embedded::EmbeddedStore;
-use idalloc::store::{
-    GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreResult, TxnRequest,
-    TxnResponse, WatchStream,
-};
 use idalloc::{PoolSpec, Released, Strategy};
+use idalloc_testkit::hooks::{freezable, late_commit};
 
 use common::{allocator, check_g1, count_refs, raw_binding, wait_until};
-
-/// A store whose watches can be frozen: while frozen, watch messages are held back (delivered
-/// after the thaw), as when the etcd member serving a client's watch is paused or partitioned
-/// while its unary requests go to healthy members.
-struct FreezableWatch {
-    inner: EmbeddedStore,
-    frozen: tokio::sync::watch::Sender<bool>,
-}
-
-#[async_trait::async_trait]
-impl Store for FreezableWatch {
-    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        self.inner.txn(req).await
-    }
-    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-        self.inner.get(req).await
-    }
-    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-        self.inner.lease_grant(ttl).await
-    }
-    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        self.inner.lease_keep_alive(id).await
-    }
-    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        self.inner.lease_revoke(id).await
-    }
-    async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
-        let stream = self.inner.watch(range, start_revision).await?;
-        let rx = self.frozen.subscribe();
-        Ok(futures::stream::unfold((stream, rx), |(mut stream, mut rx)| async move {
-            let m = stream.next().await?;
-            // Hold the message while frozen; a closed channel means nobody can freeze any more.
-            let _ = rx.wait_for(|f| !*f).await;
-            Some((m, (stream, rx)))
-        })
-        .boxed())
-    }
-    async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        self.inner.compact(revision).await
-    }
-}
 
 /// Bug: `release_durable` takes the key's ID from the watch-fed cache. When the cache lags (the
 /// watch stalls) and the key was re-bound to another ID meanwhile, the release txn's compare on the
@@ -67,8 +22,7 @@ async fn durable_release_with_a_stale_cache_still_reclaims() {
     let shared = EmbeddedStore::memory();
     let store = Arc::new(shared.clone());
     // Only B's watch freezes; A sees every change.
-    let (frozen, _) = tokio::sync::watch::channel(false);
-    let b_store = Arc::new(FreezableWatch { inner: shared, frozen });
+    let b_store = Arc::new(freezable(shared));
     let a = allocator(store.clone(), "node-a");
     let b = allocator(b_store.clone(), "node-b");
     let spec = PoolSpec::new("p", 1, 10).strategy(Strategy::Lowest);
@@ -80,7 +34,7 @@ async fn durable_release_with_a_stale_cache_still_reclaims() {
     // B binds k -> 1 and its cache sees it; then B's watch stalls.
     assert_eq!(pb.acquire_durable("k", "hb").await.unwrap().id, 1);
     wait_until(|| pb.get("k") == Some(1) && pa.get("k") == Some(1)).await;
-    b_store.frozen.send_replace(true);
+    b_store.hook().freeze(true);
 
     // B releases k (reclaimed), A binds another key to the freed ID 1, and B binds k again: the
     // store moves it to ID 2, but B's cache still says k -> 1.
@@ -100,7 +54,7 @@ async fn durable_release_with_a_stale_cache_still_reclaims() {
     assert_eq!(count_refs(&*store, "p").await, 1, "only A's reference to f is left");
     check_g1(&*store, "p").await;
 
-    b_store.frozen.send_replace(false);
+    b_store.hook().freeze(false);
     tokio::time::sleep(Duration::from_millis(50)).await;
     wait_until(|| pb.get("k").is_none()).await;
 }
@@ -114,8 +68,7 @@ async fn durable_release_with_a_stale_cache_still_reclaims() {
 async fn stale_cache_must_not_move_a_key_off_its_id() {
     let shared = EmbeddedStore::memory();
     let store = Arc::new(shared.clone());
-    let (frozen, _) = tokio::sync::watch::channel(false);
-    let a_store = Arc::new(FreezableWatch { inner: shared, frozen });
+    let a_store = Arc::new(freezable(shared));
     let spec = PoolSpec::new("p", 1, 10).strategy(Strategy::Lowest);
     let b = allocator(store.clone(), "b");
     let pb = b.ensure_pool(&spec).await.unwrap();
@@ -123,7 +76,7 @@ async fn stale_cache_must_not_move_a_key_off_its_id() {
     let a = allocator(a_store.clone(), "a");
     let pa = a.pool("p").await.unwrap();
     wait_until(|| pa.key_of(1).as_deref() == Some("other")).await;
-    a_store.frozen.send_replace(true);
+    a_store.hook().freeze(true);
 
     // ID 1 changes hands behind a's back.
     assert!(pb.release("other").await.unwrap().reclaimed);
@@ -135,48 +88,7 @@ async fn stale_cache_must_not_move_a_key_off_its_id() {
     assert_eq!((got.id, got.new), (1, false), "a joins the binding the store has");
     assert_eq!(raw_binding(&*store, "p", "k").await, Some(1));
     check_g1(&*store, "p").await;
-    a_store.frozen.send_replace(false);
-}
-
-/// A store that holds back one txn: the caller never gets an answer, and the txn is applied later
-/// (like a request queued in a paused etcd member that processes it after its resume).
-struct LateCommit {
-    inner: EmbeddedStore,
-    armed: std::sync::atomic::AtomicBool,
-    delay: Duration,
-}
-
-#[async_trait::async_trait]
-impl Store for LateCommit {
-    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            let (inner, delay) = (self.inner.clone(), self.delay);
-            tokio::spawn(async move {
-                tokio::time::sleep(delay).await;
-                let _ = inner.txn(req).await;
-            });
-            return std::future::pending().await;
-        }
-        self.inner.txn(req).await
-    }
-    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-        self.inner.get(req).await
-    }
-    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-        self.inner.lease_grant(ttl).await
-    }
-    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        self.inner.lease_keep_alive(id).await
-    }
-    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        self.inner.lease_revoke(id).await
-    }
-    async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
-        self.inner.watch(range, start_revision).await
-    }
-    async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        self.inner.compact(revision).await
-    }
+    a_store.hook().freeze(false);
 }
 
 /// Found by the chaos test with etcd members paused longer than the client's request timeout: a
@@ -187,11 +99,7 @@ impl Store for LateCommit {
 #[tokio::test(start_paused = true)]
 async fn late_commit_of_a_timed_out_acquire_does_not_resurrect_a_released_reference() {
     let shared = EmbeddedStore::memory();
-    let store = Arc::new(LateCommit {
-        inner: shared.clone(),
-        armed: false.into(),
-        delay: Duration::from_secs(5),
-    });
+    let store = Arc::new(late_commit(shared.clone(), Duration::from_secs(5)));
     let a = common::allocator_with(store.clone(), "node-a", |o| {
         o.request_timeout = Duration::from_secs(1)
     });
@@ -200,7 +108,7 @@ async fn late_commit_of_a_timed_out_acquire_does_not_resurrect_a_released_refere
     // The cache knows the binding, so the bind is a join: `If key/k == id ∧ id/id == k`.
     wait_until(|| pool.get("k") == Some(id)).await;
 
-    store.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    store.hook().arm();
     // The first attempt hangs and is retried after the timeout; the retry succeeds.
     assert_eq!(pool.acquire_durable("k", "h").await.unwrap().id, id);
     assert_eq!(

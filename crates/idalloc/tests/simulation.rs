@@ -23,13 +23,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use idalloc::layout::{parse_id_value, IdRecord, Layout};
-use idalloc::sabotage::{self, Sabotage};
 use idalloc::store::embedded::EmbeddedStore;
 use idalloc::store::{
     list_all, GetRequest, KeyRange, Store, TxnOp, TxnRequest, WatchEvent, WatchMessage,
 };
 use idalloc::{Allocator, AllocatorOptions, Error, Event, Events, Pool, PoolSpec, Strategy};
 use idalloc_testkit::fault::{FaultConfig, FaultStore};
+use idalloc_testkit::sabotage::{sabotaged, Sabotage, SabotagedStore};
 use tokio::time::Instant;
 
 const NODES: usize = 8;
@@ -99,9 +99,13 @@ fn faults() -> FaultConfig {
 
 type Raw = Arc<EmbeddedStore>;
 
+/// What a node talks to: its own fault injector over the shared store, through a saboteur that
+/// leaves txns alone unless a test breaks the protocol on purpose.
+type NodeStore = FaultStore<SabotagedStore<Raw>>;
+
 struct Node {
     holder: String,
-    fault: Arc<FaultStore<Raw>>,
+    fault: Arc<NodeStore>,
     alloc: Option<Allocator>,
     pools: Vec<Option<(Pool, Events)>>,
     incarnation: u64,
@@ -195,6 +199,11 @@ pub struct RunResult {
 
 /// Runs one seed to the end (or its first violation) on a fresh paused-time runtime.
 pub fn run_seed(seed: u64, steps: usize) -> RunResult {
+    run_seed_sabotaged(seed, steps, None)
+}
+
+/// [`run_seed`] with the nodes' txns rewritten by `sabotage` (see `idalloc_testkit::sabotage`).
+pub fn run_seed_sabotaged(seed: u64, steps: usize, sabotage: Option<Sabotage>) -> RunResult {
     install_panic_counter();
     PANICS.with(|p| p.set(0));
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -204,7 +213,7 @@ pub fn run_seed(seed: u64, steps: usize) -> RunResult {
         .expect("runtime");
     let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         rt.block_on(async move {
-            let mut sim = Sim::new(seed, steps).await;
+            let mut sim = Sim::new(seed, steps, sabotage).await;
             let r = sim.run().await;
             (sim.trace, r)
         })
@@ -236,7 +245,7 @@ pub fn run_seed(seed: u64, steps: usize) -> RunResult {
 }
 
 impl Sim {
-    async fn new(seed: u64, steps: usize) -> Sim {
+    async fn new(seed: u64, steps: usize, sabotage: Option<Sabotage>) -> Sim {
         let raw: Raw = Arc::new(EmbeddedStore::memory());
         let specs = pools();
         let setup = Allocator::from_arc(
@@ -266,8 +275,9 @@ impl Sim {
         });
         let mut nodes = Vec::new();
         for i in 0..NODES {
+            let node_store = sabotaged(raw.clone(), layout(), sabotage);
             let fault = Arc::new(
-                FaultStore::new(raw.clone(), mix(seed, 1000 + i as u64), faults()).expect("faults"),
+                FaultStore::new(node_store, mix(seed, 1000 + i as u64), faults()).expect("faults"),
             );
             nodes.push(Node {
                 holder: format!("node{i}"),
@@ -1106,18 +1116,17 @@ fn one_seed_replays_the_same_history() {
     assert_ne!(a.trace_hash, c.trace_hash, "different seeds, different histories");
 }
 
-/// Runs seeds with `s` on (on this thread only) until one reports a violation naming `guarantee`.
+/// Runs seeds with the nodes' txns sabotaged by `s` until one reports a violation naming
+/// `guarantee`.
 fn sabotage_is_caught(s: Sabotage, guarantee: &str) {
-    sabotage::set(s);
     let mut found = None;
     for seed in 0..200 {
-        let r = run_seed(seed, DEFAULT_STEPS);
+        let r = run_seed_sabotaged(seed, DEFAULT_STEPS, Some(s));
         if let Some(msg) = r.violation {
             found = Some((seed, msg));
             break;
         }
     }
-    sabotage::set(Sabotage::None);
     let (seed, msg) = found.unwrap_or_else(|| panic!("{s:?} went unnoticed for 200 seeds"));
     eprintln!("{s:?} caught at seed {seed}: {msg}");
     assert!(msg.contains(guarantee), "{s:?} should break {guarantee}, seed {seed} said: {msg}");

@@ -111,6 +111,7 @@ fn error_kind(e: &Error) -> &'static str {
         Error::Exhausted { .. } => "Exhausted",
         Error::Unavailable { .. } => "Unavailable",
         Error::Conflict { .. } => "Conflict",
+        Error::AccessDenied { .. } => "AccessDenied",
     }
 }
 

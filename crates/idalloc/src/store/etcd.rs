@@ -11,10 +11,25 @@
 //!   timeout, and a `tokio::time::timeout` around the whole call (tonic's only covers the wait for
 //!   response headers, and a balanced channel with no reachable endpoint waits forever for one to
 //!   become ready);
-//! - connecting is lazy: [`EtcdStore::connect`] does not touch the network, so an unreachable
-//!   endpoint shows up as [`StoreError::Unavailable`] on the first request, within the timeouts.
+//! - connecting is lazy: [`EtcdStore::connect`] does not touch the network (except to
+//!   authenticate, when a user is configured), so an unreachable endpoint shows up as
+//!   [`StoreError::Unavailable`] on the first request, within the timeouts.
+//!
+//! Security (DESIGN §12, docs/security.md): `https://` endpoints with a CA, a client certificate
+//! and key ([`EtcdTls`]); a user and password ([`EtcdAuth`]), whose token etcd-client renews when
+//! etcd says it expired or is unknown (after `--auth-token-ttl` idle seconds, or an etcd
+//! restart). A refusal (TLS, credentials, permissions) is [`StoreError::Access`], not
+//! `Unavailable`: when a store that never had an answer times out, [`diagnose`] probes the
+//! endpoints to name the cause. Passwords never appear in `Debug` output or errors.
+
+mod diagnose;
+mod tls;
+
+pub use tls::EtcdTls;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -23,10 +38,12 @@ use etcd_client::{
 };
 use futures::StreamExt;
 
+use self::diagnose::Finding;
+use self::tls::Target;
 use super::{
-    Compare, CompareOp, CompareTarget, GetRequest, GetResponse, KeyRange, KeyValue, Lease, LeaseId,
-    OpResponse, Revision, Store, StoreError, StoreResult, TxnOp, TxnRequest, TxnResponse,
-    WatchEvent, WatchMessage, WatchStream,
+    AccessCause, Compare, CompareOp, CompareTarget, GetRequest, GetResponse, KeyRange, KeyValue,
+    Lease, LeaseId, OpResponse, Revision, Store, StoreError, StoreResult, TxnOp, TxnRequest,
+    TxnResponse, WatchEvent, WatchMessage, WatchStream,
 };
 
 /// How to reach etcd.
@@ -44,6 +61,48 @@ pub struct EtcdOptions {
     pub keep_alive_interval: Duration,
     /// How long to wait for a ping's answer before declaring the connection dead.
     pub keep_alive_timeout: Duration,
+    /// TLS settings. `None` with `https://` endpoints: the system's trust store, no client
+    /// certificate. With TLS settings every endpoint must be `https://`.
+    pub tls: Option<EtcdTls>,
+    /// A user to authenticate as (etcd with `auth enable`).
+    pub auth: Option<EtcdAuth>,
+}
+
+/// An etcd user and password. The password is kept out of `Debug` output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EtcdAuth {
+    pub user: String,
+    pub password: Password,
+}
+
+impl std::fmt::Debug for EtcdAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdAuth")
+            .field("user", &self.user)
+            .field("password", &self.password)
+            .finish()
+    }
+}
+
+/// A secret that is shown as `<redacted>` by `Debug` and has no `Display`, so that it cannot end
+/// up in a log line, an error message or `status` output by accident.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Password(String);
+
+impl Password {
+    pub fn new(secret: impl Into<String>) -> Self {
+        Password(secret.into())
+    }
+    /// The secret itself, for the one place that sends it to etcd.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Password {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 impl EtcdOptions {
@@ -56,6 +115,8 @@ impl EtcdOptions {
             request_timeout: Duration::from_secs(5),
             keep_alive_interval: Duration::from_secs(10),
             keep_alive_timeout: Duration::from_secs(5),
+            tls: None,
+            auth: None,
         }
     }
 
@@ -71,6 +132,33 @@ impl EtcdOptions {
             return Err(StoreError::InvalidRequest(format!(
                 "etcd endpoint {bad:?} is empty: expected a client URL such as http://127.0.0.1:2379"
             )));
+        }
+        let https = self.endpoints.iter().filter(|e| e.starts_with("https://")).count();
+        if https > 0 && https < self.endpoints.len() {
+            let plain = self.endpoints.iter().find(|e| !e.starts_with("https://"));
+            return Err(StoreError::InvalidRequest(format!(
+                "etcd endpoints mix https:// and plain {plain:?}: use https:// for every member"
+            )));
+        }
+        if let Some(tls) = &self.tls {
+            if let Some(plain) = self.endpoints.iter().find(|e| !e.starts_with("https://")) {
+                let what = if tls.insecure_skip_verify {
+                    "--insecure-skip-tls-verify"
+                } else {
+                    "TLS settings (--cacert, --cert, --key)"
+                };
+                return Err(StoreError::InvalidRequest(format!(
+                    "etcd endpoint {plain:?} is not https:// but {what} were given: use \
+                     https://HOST:PORT"
+                )));
+            }
+        }
+        if let Some(auth) = &self.auth {
+            if auth.user.trim().is_empty() {
+                return Err(StoreError::InvalidRequest(
+                    "the etcd user name is empty: give a user name (--user NAME)".into(),
+                ));
+            }
         }
         for (name, value) in [
             ("connect_timeout", self.connect_timeout),
@@ -94,68 +182,181 @@ impl EtcdOptions {
 pub struct EtcdStore {
     client: Client,
     request_timeout: Duration,
+    diag: Arc<Diagnosis>,
+}
+
+/// What the store needs to explain a failure: the endpoints, the TLS configs to replay a
+/// handshake with, the user (named in refusals), and whether etcd has ever answered.
+struct Diagnosis {
+    targets: Vec<Target>,
+    tls: Option<Arc<rustls::ClientConfig>>,
+    permissive: Option<Arc<rustls::ClientConfig>>,
+    budget: Duration,
+    user: Option<String>,
+    answered: AtomicBool,
+}
+
+impl Diagnosis {
+    fn endpoints(&self) -> String {
+        self.targets.iter().map(|t| t.url.as_str()).collect::<Vec<_>>().join(",")
+    }
+
+    /// Probes every endpoint (see [`diagnose`]) and turns an `Unavailable` into the refusal it
+    /// really is, or adds what each endpoint showed. Only until etcd has answered once.
+    async fn explain(&self, failure: Failure) -> Failure {
+        let Failure::Unavailable(msg) = failure else { return failure };
+        if self.answered.load(Ordering::Relaxed) {
+            return Failure::Unavailable(msg);
+        }
+        let probes = self
+            .targets
+            .iter()
+            .map(|t| diagnose::probe(t, self.tls.as_ref(), self.permissive.as_ref(), self.budget));
+        let findings = futures::future::join_all(probes).await;
+        let mut seen = Vec::new();
+        for f in findings {
+            match f {
+                Finding::Refused { endpoint, cause, detail } => {
+                    return Failure::Access { endpoint: Some(endpoint), cause, detail }
+                }
+                Finding::Unreachable { endpoint, detail } => {
+                    seen.push(format!("{endpoint}: {detail}"))
+                }
+                Finding::Fine => {}
+            }
+        }
+        if seen.is_empty() {
+            Failure::Unavailable(msg)
+        } else {
+            Failure::Unavailable(format!("{msg} ({})", seen.join("; ")))
+        }
+    }
 }
 
 impl std::fmt::Debug for EtcdStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdStore").field("request_timeout", &self.request_timeout).finish()
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.diag.endpoints())
+            .field("user", &self.diag.user)
+            .field("request_timeout", &self.request_timeout)
+            .finish()
     }
 }
 
 impl EtcdStore {
     /// Creates a client for `options.endpoints`. Does not wait for a connection (see the module
-    /// docs): an unreachable cluster is reported by the first request, as
-    /// [`StoreError::Unavailable`]. Fails with [`StoreError::InvalidRequest`] on bad options (no
-    /// endpoint, a malformed URL, a zero timeout).
+    /// docs), except to authenticate when `options.auth` is set: an unreachable cluster is
+    /// reported by the first request, as [`StoreError::Unavailable`]. Fails with
+    /// [`StoreError::InvalidRequest`] on bad options (no endpoint, a malformed URL, a zero
+    /// timeout, an unreadable certificate file), and with [`StoreError::Access`] when the
+    /// credentials are refused.
     pub async fn connect(options: EtcdOptions) -> StoreResult<Self> {
         options.validate()?;
-        let connect = ConnectOptions::new()
+        let targets =
+            options.endpoints.iter().map(|e| Target::parse(e)).collect::<StoreResult<Vec<_>>>()?;
+        let https = options.endpoints.iter().all(|e| e.starts_with("https://"));
+        let tls_settings = options.tls.clone().or_else(|| https.then(EtcdTls::default));
+        let insecure = tls_settings.as_ref().is_some_and(|t| t.insecure_skip_verify);
+        if insecure {
+            tracing::warn!(
+                endpoints = ?options.endpoints,
+                "TLS server verification is OFF (insecure_skip_tls_verify): anyone on the path \
+                 can impersonate etcd; use this for testing only"
+            );
+        }
+        let loaded = tls_settings.as_ref().map(tls::load).transpose()?;
+        let mut connect = ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
             .with_timeout(options.request_timeout)
             .with_keep_alive(options.keep_alive_interval, options.keep_alive_timeout)
             .with_keep_alive_while_idle(false);
-        // `Client::connect` only builds a lazy balanced channel (no network without auth), but it
-        // is async, so bound it anyway.
-        let client = tokio::time::timeout(
-            options.connect_timeout,
-            Client::connect(&options.endpoints, Some(connect)),
-        )
-        .await
-        .map_err(|_| {
-            StoreError::Unavailable(format!(
-                "connecting to etcd at {:?} took longer than {:?}",
-                options.endpoints, options.connect_timeout
-            ))
-        })?
-        .map_err(|e| match e {
-            etcd_client::Error::InvalidUri(_) | etcd_client::Error::InvalidArgs(_) => {
-                StoreError::InvalidRequest(format!(
-                    "bad etcd endpoints {:?}: {e}",
-                    options.endpoints
-                ))
+        if let Some(auth) = &options.auth {
+            // etcd-client re-authenticates and retries once when etcd answers "invalid auth
+            // token" (the token expired after --auth-token-ttl, or etcd restarted).
+            connect = connect
+                .with_user(auth.user.clone(), auth.password.expose().to_string())
+                .with_auto_token_refresh(true);
+        }
+        if let (Some(l), false) = (&loaded, insecure) {
+            connect = connect.with_tls(l.tonic.clone());
+        }
+        let diag = Arc::new(Diagnosis {
+            targets: targets.clone(),
+            tls: loaded.map(|l| l.rustls),
+            permissive: tls::permissive(),
+            budget: options.connect_timeout.min(options.request_timeout),
+            user: options.auth.as_ref().map(|a| a.user.clone()),
+            answered: AtomicBool::new(false),
+        });
+        let endpoints = options.endpoints.clone();
+        // `insecure` implies TLS settings, hence a loaded config.
+        let insecure_config = if insecure { diag.tls.clone() } else { None };
+        let connecting = async {
+            if let Some(config) = insecure_config {
+                let channel = tls::InsecureChannel {
+                    targets,
+                    config,
+                    connect_timeout: options.connect_timeout,
+                    request_timeout: options.request_timeout,
+                    keep_alive: (options.keep_alive_interval, options.keep_alive_timeout),
+                };
+                Client::connect_with_balanced_channel(&endpoints, Some(connect), channel).await
+            } else {
+                Client::connect(&endpoints, Some(connect)).await
             }
-            other => StoreError::Unavailable(format!(
-                "connecting to etcd at {:?}: {other}",
-                options.endpoints
+        };
+        // `Client::connect` only builds a lazy balanced channel (no network without auth), but
+        // it is async, so bound it anyway; with a user it authenticates, over the network.
+        let bound = options.connect_timeout.max(options.request_timeout);
+        let failure = match tokio::time::timeout(bound, connecting).await {
+            Ok(Ok(client)) => {
+                if options.auth.is_some() {
+                    diag.answered.store(true, Ordering::Relaxed);
+                }
+                return Ok(EtcdStore { client, request_timeout: options.request_timeout, diag });
+            }
+            Ok(Err(etcd_client::Error::InvalidUri(_) | etcd_client::Error::InvalidArgs(_))) => {
+                return Err(StoreError::InvalidRequest(format!(
+                    "bad etcd endpoints {:?}",
+                    options.endpoints
+                )))
+            }
+            Ok(Err(e)) => classify(e),
+            Err(_) => Failure::Unavailable(format!(
+                "connecting to etcd at {} took longer than {bound:?}",
+                diag.endpoints()
             )),
-        })?;
-        Ok(EtcdStore { client, request_timeout: options.request_timeout })
+        };
+        Err(match diag.explain(failure).await {
+            Failure::Access { endpoint, cause, detail } => {
+                access_error(&diag, endpoint, cause, detail)
+            }
+            Failure::Invalid(m) => StoreError::InvalidRequest(m),
+            other => {
+                StoreError::Unavailable(format!("connecting to etcd: {}", failure_text(other)))
+            }
+        })
     }
 
-    /// Runs one request under the request timeout, mapping a timeout to `Unavailable`.
+    /// Runs one request under the request timeout, mapping a timeout to `Unavailable` (or, before
+    /// etcd ever answered, to the refusal the endpoints' probe finds).
     async fn bounded<T>(
         &self,
         what: &str,
         fut: impl Future<Output = Result<T, etcd_client::Error>>,
     ) -> Result<T, Failure> {
-        match tokio::time::timeout(self.request_timeout, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(classify(e)),
-            Err(_) => Err(Failure::Unavailable(format!(
+        let failure = match tokio::time::timeout(self.request_timeout, fut).await {
+            Ok(Ok(v)) => {
+                self.diag.answered.store(true, Ordering::Relaxed);
+                return Ok(v);
+            }
+            Ok(Err(e)) => classify(e),
+            Err(_) => Failure::Unavailable(format!(
                 "etcd {what} did not answer within {:?}",
                 self.request_timeout
-            ))),
-        }
+            )),
+        };
+        Err(self.diag.explain(failure).await)
     }
 
     /// Turns a classified failure into the trait's error, looking up the revision numbers that
@@ -164,22 +365,25 @@ impl EtcdStore {
         match failure {
             Failure::Compacted => StoreError::Compacted {
                 requested: ctx.revision,
-                compact_revision: self.compact_revision_hint(ctx.revision).await,
+                compact_revision: self.compact_revision_hint(ctx.revision, &ctx.key).await,
             },
             Failure::Future => StoreError::FutureRevision {
                 requested: ctx.revision,
-                current: self.current_revision().await,
+                current: self.current_revision(&ctx.key).await,
             },
             Failure::LeaseNotFound => StoreError::LeaseNotFound(ctx.lease),
             Failure::Invalid(m) => StoreError::InvalidRequest(m),
             Failure::Unavailable(m) => StoreError::Unavailable(m),
+            Failure::Access { endpoint, cause, detail } => {
+                access_error(&self.diag, endpoint, cause, detail)
+            }
         }
     }
 
     /// The current revision, or 0 if it cannot be read (used only to enrich an error).
-    async fn current_revision(&self) -> Revision {
+    async fn current_revision(&self, key: &[u8]) -> Revision {
         let mut kv = self.client.kv_client();
-        let req = kv.get(vec![0u8], Some(GetOptions::new().with_count_only()));
+        let req = kv.get(probe_key(key), Some(GetOptions::new().with_count_only()));
         match self.bounded("get", req).await {
             Ok(resp) => resp.header().map_or(0, |h| h.revision()),
             Err(_) => 0,
@@ -188,11 +392,11 @@ impl EtcdStore {
 
     /// The oldest revision still available, found by asking for a watch at `requested` (etcd's
     /// watch reports the compaction point; reads do not). 0 if it cannot be found out.
-    async fn compact_revision_hint(&self, requested: Revision) -> Revision {
+    async fn compact_revision_hint(&self, requested: Revision, key: &[u8]) -> Revision {
         let mut watch = self.client.watch_client();
         let lookup = async move {
             let opts = WatchOptions::new().with_start_revision(requested);
-            let mut stream = watch.watch(vec![0u8], Some(opts)).await?;
+            let mut stream = watch.watch(probe_key(key), Some(opts)).await?;
             while let Some(resp) = stream.message().await? {
                 if resp.compact_revision() > 0 {
                     return Ok(resp.compact_revision());
@@ -215,13 +419,51 @@ enum Failure {
     Compacted,
     Future,
     LeaseNotFound,
+    /// A refusal; `endpoint` when a probe knows which member refused.
+    Access {
+        endpoint: Option<String>,
+        cause: AccessCause,
+        detail: String,
+    },
+}
+
+fn failure_text(f: Failure) -> String {
+    match f {
+        Failure::Unavailable(m) | Failure::Invalid(m) => m,
+        Failure::Access { cause, detail, .. } => format!("{cause}: {detail}"),
+        other => format!("{other:?}"),
+    }
+}
+
+/// Builds [`StoreError::Access`], naming the user (never the password) and how to fix it.
+fn access_error(
+    diag: &Diagnosis,
+    endpoint: Option<String>,
+    cause: AccessCause,
+    detail: String,
+) -> StoreError {
+    let endpoint = endpoint.unwrap_or_else(|| diag.endpoints());
+    let detail = match (cause, &diag.user) {
+        (AccessCause::Permission, Some(user)) => format!(
+            "user {user:?} lacks a role for this request ({detail}); idalloc needs readwrite on \
+             its prefix, see docs/security.md"
+        ),
+        (AccessCause::Permission, None) => format!("{detail} (no user given: --user)"),
+        (AccessCause::Authentication, Some(user)) => format!("user {user:?}: {detail}"),
+        _ => detail,
+    };
+    StoreError::Access { endpoint, cause, detail }
 }
 
 /// The request's revision and lease, to name them in errors.
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 struct ErrCtx {
     revision: Revision,
     lease: LeaseId,
+    /// A key the request touched: the look-ups that enrich an error read that key, so that a
+    /// user whose role covers only idalloc's prefix is not refused (nothing outside the prefix
+    /// is ever read).
+    key: Vec<u8>,
 }
 
 /// Sorts an etcd-client error into the trait's error kinds. etcd reports its own errors as gRPC
@@ -232,7 +474,9 @@ fn classify(e: etcd_client::Error) -> Failure {
     match e {
         etcd_client::Error::GRpcStatus(status) => {
             let msg = status.message();
-            if msg.contains("required revision has been compacted") {
+            if let Some(access) = access_failure(status.code(), msg) {
+                access
+            } else if msg.contains("required revision has been compacted") {
                 Failure::Compacted
             } else if msg.contains("required revision is a future revision") {
                 Failure::Future
@@ -260,6 +504,51 @@ fn classify(e: etcd_client::Error) -> Failure {
         etcd_client::Error::InvalidUri(u) => Failure::Invalid(format!("invalid etcd URI: {u}")),
         other => Failure::Unavailable(format!("etcd: {other}")),
     }
+}
+
+/// The key an error look-up reads: the request's own key, or (for requests without one, such as
+/// a compaction, which needs root anyway) the lowest key.
+fn probe_key(key: &[u8]) -> Vec<u8> {
+    if key.is_empty() {
+        vec![0u8]
+    } else {
+        key.to_vec()
+    }
+}
+
+/// etcd's refusals: wrong credentials, no credentials, no permission. Matched on etcd's stable
+/// `etcdserver: ...` texts (api/v3rpc/rpctypes) as well as the code, because etcd answers several
+/// of them with `InvalidArgument` or `FailedPrecondition`.
+fn access_failure(code: tonic::Code, msg: &str) -> Option<Failure> {
+    let auth = |detail: String| {
+        Some(Failure::Access { endpoint: None, cause: AccessCause::Authentication, detail })
+    };
+    if code == tonic::Code::PermissionDenied || msg.contains("permission denied") {
+        return Some(Failure::Access {
+            endpoint: None,
+            cause: AccessCause::Permission,
+            detail: msg.to_string(),
+        });
+    }
+    if msg.contains("user name is empty") {
+        return auth(format!("etcd requires a user and none was given: --user NAME ({msg})"));
+    }
+    if msg.contains("authentication is not enabled") {
+        return auth(format!("a user was given but etcd has authentication disabled ({msg})"));
+    }
+    if msg.contains("invalid user ID or password")
+        || msg.contains("authentication failed")
+        || msg.contains("user name not found")
+    {
+        return auth(format!("wrong user name or password ({msg})"));
+    }
+    if code == tonic::Code::Unauthenticated || msg.contains("invalid auth token") {
+        return auth(format!(
+            "etcd refused the authentication token even after \
+                             re-authenticating ({msg})"
+        ));
+    }
+    None
 }
 
 fn etcd_op(op: CompareOp) -> EtcdCompareOp {
@@ -338,7 +627,10 @@ fn txn_ctx(req: &TxnRequest) -> ErrCtx {
         for op in req.success.iter().chain(&req.failure) {
             match op {
                 TxnOp::Put(p) if ctx.lease == 0 => ctx.lease = p.lease,
-                TxnOp::Get(g) if ctx.revision == 0 => ctx.revision = g.revision,
+                TxnOp::Get(g) if ctx.revision == 0 => {
+                    ctx.revision = g.revision;
+                    ctx.key = g.range.key.clone();
+                }
                 TxnOp::Txn(t) => walk(t, ctx),
                 _ => {}
             }
@@ -416,6 +708,33 @@ fn watch_message(resp: &etcd_client::WatchResponse) -> Option<Result<WatchMessag
     Some(Ok(WatchMessage::Events(events)))
 }
 
+impl EtcdStore {
+    /// Opens an etcd watch and reads its first answer (the creation confirmation, or a refusal).
+    async fn open_watch(
+        &self,
+        range: &KeyRange,
+        start_revision: Revision,
+    ) -> StoreResult<(etcd_client::WatchStream, Option<etcd_client::WatchResponse>)> {
+        let mut client = self.client.watch_client();
+        let mut opts = WatchOptions::new().with_start_revision(start_revision);
+        if !range.range_end.is_empty() {
+            opts = opts.with_range(range.range_end.clone());
+        }
+        let key = range.key.clone();
+        let open = async move {
+            let mut stream = client.watch(key, Some(opts)).await?;
+            let first = stream.message().await?;
+            Ok((stream, first))
+        };
+        match self.bounded("watch", open).await {
+            Ok(v) => Ok(v),
+            Err(f) => Err(self
+                .resolve(f, ErrCtx { revision: start_revision, lease: 0, key: range.key.clone() })
+                .await),
+        }
+    }
+}
+
 /// State of a watch stream: the etcd stream (its request half keeps the watch open; dropping the
 /// whole state resets the HTTP/2 stream, which makes etcd drop the watcher), a response read
 /// while waiting for the creation confirmation, and whether the stream has ended.
@@ -444,7 +763,9 @@ impl Store for EtcdStore {
         let fut = kv.get(req.range.key.clone(), Some(get_options(&req)));
         match self.bounded("get", fut).await {
             Ok(resp) => Ok(get_response(&resp)),
-            Err(f) => Err(self.resolve(f, ErrCtx { revision: req.revision, lease: 0 }).await),
+            Err(f) => Err(self
+                .resolve(f, ErrCtx { revision: req.revision, lease: 0, key: req.range.key.clone() })
+                .await),
         }
     }
 
@@ -487,7 +808,9 @@ impl Store for EtcdStore {
         match self.bounded("lease keep-alive", fut).await {
             Ok(ttl) => Ok(ttl),
             Err(Failure::LeaseNotFound) => Ok(None),
-            Err(f) => Err(self.resolve(f, ErrCtx { revision: 0, lease: id }).await),
+            Err(f) => {
+                Err(self.resolve(f, ErrCtx { revision: 0, lease: id, key: Vec::new() }).await)
+            }
         }
     }
 
@@ -497,30 +820,40 @@ impl Store for EtcdStore {
         match self.bounded("lease revoke", fut).await {
             Ok(_) => Ok(true),
             Err(Failure::LeaseNotFound) => Ok(false),
-            Err(f) => Err(self.resolve(f, ErrCtx { revision: 0, lease: id }).await),
+            Err(f) => {
+                Err(self.resolve(f, ErrCtx { revision: 0, lease: id, key: Vec::new() }).await)
+            }
         }
     }
 
     /// Opens the watch and waits for etcd's "created" confirmation before returning, so that a
     /// watch from revision 0 ("from now on") sees every write made after this call returned.
     async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
-        let mut client = self.client.watch_client();
-        let mut opts = WatchOptions::new().with_start_revision(start_revision);
-        if !range.range_end.is_empty() {
-            opts = opts.with_range(range.range_end.clone());
-        }
-        let key = range.key.clone();
-        let open = async move {
-            let mut stream = client.watch(key, Some(opts)).await?;
-            let first = stream.message().await?;
-            Ok((stream, first))
+        let (mut stream, mut first) = self.open_watch(&range, start_revision).await?;
+        let denied = |first: &Option<etcd_client::WatchResponse>| {
+            first
+                .as_ref()
+                .is_some_and(|r| r.canceled() && r.cancel_reason().contains("permission denied"))
         };
-        let (stream, first) = match self.bounded("watch", open).await {
-            Ok(v) => v,
-            Err(f) => {
-                return Err(self.resolve(f, ErrCtx { revision: start_revision, lease: 0 }).await)
+        if denied(&first) && self.diag.user.is_some() {
+            // etcd checks a watch's token only when the watch is created, and refuses an expired
+            // one as "permission denied" rather than "invalid auth token", so etcd-client does
+            // not renew it. Renew once and retry: a real lack of permission is refused again.
+            drop(stream);
+            if let Err(f) = self.bounded("authenticate", self.client.refresh_token()).await {
+                return Err(self.resolve(f, ErrCtx::default()).await);
             }
-        };
+            (stream, first) = self.open_watch(&range, start_revision).await?;
+        }
+        if denied(&first) {
+            let reason = first.as_ref().map_or("", |r| r.cancel_reason()).to_string();
+            return Err(access_error(
+                &self.diag,
+                None,
+                AccessCause::Permission,
+                format!("watch: {reason}"),
+            ));
+        }
         // A bare creation confirmation carries nothing; anything else is kept for the stream.
         let pending = first.filter(|r| {
             !(r.created() && r.events().is_empty() && r.compact_revision() == 0 && !r.canceled())
@@ -570,7 +903,7 @@ impl Store for EtcdStore {
         let fut = kv.compact(revision, None);
         match self.bounded("compact", fut).await {
             Ok(_) => Ok(()),
-            Err(f) => Err(self.resolve(f, ErrCtx { revision, lease: 0 }).await),
+            Err(f) => Err(self.resolve(f, ErrCtx { revision, lease: 0, key: Vec::new() }).await),
         }
     }
 }

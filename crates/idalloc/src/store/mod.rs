@@ -428,6 +428,35 @@ pub enum StoreError {
     /// silently.
     #[error("store file {path} cannot be used: {reason}")]
     Corrupt { path: String, reason: String },
+    /// The store refused this client, or this client refused the store: a TLS handshake that
+    /// failed, credentials that were rejected, a key outside the user's permissions. Waiting
+    /// will not help; the configuration must change. `endpoint` is the one that refused (or the
+    /// list, when etcd's answer does not say which member gave it). Never holds a secret.
+    #[error("etcd at {endpoint}: {cause}: {detail}")]
+    Access { endpoint: String, cause: AccessCause, detail: String },
+}
+
+/// What kind of refusal a [`StoreError::Access`] is, for callers that react differently (a CLI
+/// pointing at the right flag, a service reporting "not ready" with the reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AccessCause {
+    /// The TLS handshake failed: untrusted or wrong server certificate, a client certificate the
+    /// server rejected or did not get, TLS on one side only.
+    Tls,
+    /// The user or password was rejected, or etcd requires a user and none was given.
+    Authentication,
+    /// The user is authenticated but its roles do not cover the key.
+    Permission,
+}
+
+impl std::fmt::Display for AccessCause {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            AccessCause::Tls => "TLS failed",
+            AccessCause::Authentication => "authentication failed",
+            AccessCause::Permission => "permission denied",
+        })
+    }
 }
 
 impl StoreError {

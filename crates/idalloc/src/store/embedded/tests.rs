@@ -1,13 +1,12 @@
 //! Tests of the embedded store through the [`Store`] trait: leases on tokio's paused clock,
-//! watches, pagination, and the file mode (reopen, corruption, locking). The semantics of single
-//! operations are unit-tested in `mvcc`; the generic conformance suite runs elsewhere.
-
-use std::sync::atomic::{AtomicUsize, Ordering};
+//! watches, and the file mode (reopen, corruption, locking). The semantics of single
+//! operations are unit-tested in `mvcc`; the generic conformance suite (pagination at a pinned
+//! revision included) runs from `tests/conformance_embedded.rs`.
 
 use futures::StreamExt;
 
 use super::*;
-use crate::store::{list_all, Compare, TxnOp};
+use crate::store::{Compare, TxnOp};
 
 fn put(k: &str, v: &str) -> TxnRequest {
     TxnRequest::new().and_then([TxnOp::put(k, v)])
@@ -157,60 +156,6 @@ async fn watch_below_compaction_point_gets_compacted_then_ends() {
         Err(StoreError::Compacted { requested: 4, compact_revision: 4 })
     );
     assert_eq!(s.compact(9).await, Err(StoreError::FutureRevision { requested: 9, current: 6 }));
-}
-
-/// A store that writes a new key after every read: proves that `list_all` pages stay at the
-/// revision of the first page.
-struct WritesBetweenPages {
-    store: EmbeddedStore,
-    reads: AtomicUsize,
-}
-
-#[async_trait::async_trait]
-impl Store for WritesBetweenPages {
-    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        self.store.txn(req).await
-    }
-    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-        let resp = self.store.get(req).await?;
-        let n = self.reads.fetch_add(1, Ordering::SeqCst);
-        self.store.txn(put(&format!("l/new{n:03}"), "x")).await?;
-        self.store.txn(TxnRequest::new().and_then([TxnOp::delete(format!("l/{n:03}"))])).await?;
-        Ok(resp)
-    }
-    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-        self.store.lease_grant(ttl).await
-    }
-    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        self.store.lease_keep_alive(id).await
-    }
-    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        self.store.lease_revoke(id).await
-    }
-    async fn watch(&self, range: KeyRange, start: Revision) -> StoreResult<WatchStream> {
-        self.store.watch(range, start).await
-    }
-    async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        self.store.compact(revision).await
-    }
-}
-
-#[tokio::test]
-async fn list_all_paginates_at_one_pinned_revision() {
-    let store = EmbeddedStore::memory();
-    let mut req = TxnRequest::new();
-    for i in 0..25 {
-        req = req.and_then([TxnOp::put(format!("l/{i:03}"), i.to_string())]);
-    }
-    store.txn(req).await.unwrap(); // rev 2
-    let s = WritesBetweenPages { store: store.clone(), reads: AtomicUsize::new(0) };
-    let (kvs, rev) = list_all(&s, &KeyRange::prefix("l/"), 10).await.unwrap();
-    assert_eq!(rev, 2);
-    let keys: Vec<String> =
-        kvs.iter().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()).collect();
-    let expected: Vec<String> = (0..25).map(|i| format!("l/{i:03}")).collect();
-    assert_eq!(keys, expected, "exactly the keys at revision 2, despite writes between pages");
-    assert_eq!(s.reads.load(Ordering::SeqCst), 3, "three pages");
 }
 
 #[tokio::test]

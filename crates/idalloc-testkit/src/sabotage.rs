@@ -1,0 +1,168 @@
+//! Protocol sabotage on the wire: a store hook that rewrites the allocator's txns so that they
+//! break a guarantee on purpose. The simulation runs with it to prove that its checker catches
+//! real violations (a checker that never fails proves nothing).
+//!
+//! The library carries no switch for this: the sabotage happens between the allocator and the
+//! store, on the txns themselves, exactly as a buggy protocol would send them.
+
+use std::sync::Arc;
+
+use idalloc::layout::{IdRecord, Layout};
+use idalloc::store::{CompareOp, CompareTarget, Store, StoreResult, TxnOp, TxnRequest};
+
+use crate::hooked::{Hook, HookedStore, Request};
+
+/// Which part of the protocol to break.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sabotage {
+    /// Binds of a new key lose their "key record absent" compare: two nodes binding one new key
+    /// at once both succeed, with different IDs (breaks G1).
+    SkipKeyAbsentCompare,
+    /// Reclaims delete the ID record instead of writing a tombstone: the ID is reusable at once,
+    /// ignoring the pool's reuse delay (breaks G5).
+    SkipReuseTombstone,
+}
+
+/// The [`Hook`] that applies one [`Sabotage`] (or none) to every txn, nested txns included.
+pub struct Saboteur {
+    layout: Layout,
+    sabotage: Option<Sabotage>,
+}
+
+/// A store whose txns are rewritten by a [`Saboteur`].
+pub type SabotagedStore<S> = HookedStore<S, Saboteur>;
+
+/// Wraps `inner` so that txns on records under `layout` suffer `sabotage` (`None`: untouched).
+pub fn sabotaged<S: Store>(
+    inner: S,
+    layout: Layout,
+    sabotage: Option<Sabotage>,
+) -> SabotagedStore<S> {
+    HookedStore::with_hook(inner, Saboteur { layout, sabotage })
+}
+
+impl Saboteur {
+    /// The pool a record of the layout's data belongs to (`P/data/<pool>/...`).
+    fn pool_of(&self, record: &[u8]) -> Option<String> {
+        let data = format!("{}/data/", self.layout.prefix());
+        let rest = std::str::from_utf8(record.strip_prefix(data.as_bytes())?).ok()?;
+        rest.split_once('/').map(|(pool, _)| pool.to_string())
+    }
+
+    fn is_key_record(&self, record: &[u8]) -> bool {
+        self.pool_of(record).is_some_and(|p| self.layout.parse_key_key(&p, record).is_some())
+    }
+
+    fn is_id_record(&self, record: &[u8]) -> bool {
+        self.pool_of(record).is_some_and(|p| self.layout.parse_id_key(&p, record).is_some())
+    }
+
+    /// `req` as the sabotaged protocol would have sent it.
+    pub fn rewrite(&self, mut req: TxnRequest) -> TxnRequest {
+        match self.sabotage {
+            None => return req,
+            Some(Sabotage::SkipKeyAbsentCompare) => req.compare.retain(|c| {
+                let absent = c.op == CompareOp::Equal
+                    && c.target == CompareTarget::CreateRevision(0)
+                    && c.range.range_end.is_empty();
+                !(absent && self.is_key_record(&c.range.key))
+            }),
+            Some(Sabotage::SkipReuseTombstone) => {}
+        }
+        let ops = |ops: Vec<TxnOp>| -> Vec<TxnOp> {
+            ops.into_iter()
+                .map(|op| match op {
+                    TxnOp::Txn(nested) => TxnOp::Txn(self.rewrite(nested)),
+                    TxnOp::Put(p)
+                        if self.sabotage == Some(Sabotage::SkipReuseTombstone)
+                            && self.is_id_record(&p.key)
+                            && matches!(
+                                IdRecord::decode(&p.value),
+                                Some(IdRecord::Tombstone(_))
+                            ) =>
+                    {
+                        TxnOp::delete(p.key)
+                    }
+                    other => other,
+                })
+                .collect()
+        };
+        req.success = ops(req.success);
+        req.failure = ops(req.failure);
+        req
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Hook<S> for Saboteur {
+    async fn before(&self, _inner: &Arc<S>, req: Request) -> StoreResult<Request> {
+        Ok(match req {
+            Request::Txn(txn) => Request::Txn(self.rewrite(txn)),
+            other => other,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use idalloc::store::Compare;
+
+    fn saboteur(s: Option<Sabotage>) -> Saboteur {
+        Saboteur { layout: Layout::new("idalloc").unwrap(), sabotage: s }
+    }
+
+    fn bind(l: &Layout) -> TxnRequest {
+        TxnRequest::new()
+            .when([
+                Compare::absent(l.key_key("p", "k")),
+                Compare::absent(l.id_key("p", 3)),
+                Compare::absent("other/data/p/key/k"),
+            ])
+            .and_then([TxnOp::put(l.id_key("p", 3), "k")])
+    }
+
+    fn release(l: &Layout) -> TxnRequest {
+        let tomb =
+            TxnOp::put_on_lease(l.id_key("p", 3), IdRecord::Tombstone("k".into()).encode(), 7);
+        TxnRequest::new().and_then([
+            tomb.clone(),
+            TxnOp::put_on_lease(l.id_key("p", 4), IdRecord::Bound("k".into()).encode(), 7),
+            TxnOp::Txn(TxnRequest::new().and_then([tomb])),
+        ])
+    }
+
+    #[test]
+    fn no_sabotage_changes_nothing() {
+        let l = Layout::new("idalloc").unwrap();
+        let s = saboteur(None);
+        assert_eq!(s.rewrite(bind(&l)), bind(&l));
+        assert_eq!(s.rewrite(release(&l)), release(&l));
+    }
+
+    #[test]
+    fn skip_key_absent_compare_drops_only_that_compare() {
+        let l = Layout::new("idalloc").unwrap();
+        let got = saboteur(Some(Sabotage::SkipKeyAbsentCompare)).rewrite(bind(&l));
+        let mut want = bind(&l);
+        want.compare.remove(0);
+        assert_eq!(got, want, "the ID compare and a foreign prefix's compare stay");
+        assert_eq!(
+            saboteur(Some(Sabotage::SkipKeyAbsentCompare)).rewrite(release(&l)),
+            release(&l)
+        );
+    }
+
+    #[test]
+    fn skip_reuse_tombstone_deletes_instead_of_every_tombstone_put() {
+        let l = Layout::new("idalloc").unwrap();
+        let got = saboteur(Some(Sabotage::SkipReuseTombstone)).rewrite(release(&l));
+        let want = TxnRequest::new().and_then([
+            TxnOp::delete(l.id_key("p", 3)),
+            TxnOp::put_on_lease(l.id_key("p", 4), IdRecord::Bound("k".into()).encode(), 7),
+            TxnOp::Txn(TxnRequest::new().and_then([TxnOp::delete(l.id_key("p", 3))])),
+        ]);
+        assert_eq!(got, want, "bound records stay, nested tombstones go too");
+        assert_eq!(saboteur(Some(Sabotage::SkipReuseTombstone)).rewrite(bind(&l)), bind(&l));
+    }
+}
