@@ -1,16 +1,18 @@
-//! A raw scan of one pool's records, read independently of any allocator's cache: checks G1 (the
-//! ID records and key records form a bijection) and that every reference names its key's ID, and
-//! gives the per-key state (binding and holders) the linearizability check compares with.
+//! A raw scan of one pool's records, read independently of any allocator's cache: the testkit's
+//! one record checker (`idalloc_testkit::g1`: G1, half-written bindings, references naming their
+//! key's ID) on the library's one record parser, plus the per-key state (binding and holders) the
+//! linearizability check compares with.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use idalloc::layout::{IdRecord, Layout};
-use idalloc::store::KeyValue;
+use idalloc::layout::IdRecord;
+use idalloc::records::PoolSnapshot;
+use idalloc_testkit::g1::{check, check_references};
 
 /// What one scan found.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Scan {
-    /// key -> ID, from key records that passed every check.
+    /// key -> ID, from readable key records.
     pub bindings: BTreeMap<String, u64>,
     /// key -> holders with a reference.
     pub holders: BTreeMap<String, BTreeSet<String>>,
@@ -20,64 +22,34 @@ pub struct Scan {
     pub problems: Vec<String>,
 }
 
-/// Analyses every record under the pool's data prefix, as read at one revision.
-pub fn analyze(layout: &Layout, pool: &str, kvs: &[KeyValue]) -> Scan {
-    let mut scan = Scan::default();
-    let mut id_to_key: BTreeMap<u64, String> = BTreeMap::new();
-    let mut key_to_id: BTreeMap<String, u64> = BTreeMap::new();
-    let mut refs: Vec<(String, String, Vec<u8>)> = Vec::new();
-    for kv in kvs {
-        let name = String::from_utf8_lossy(&kv.key);
-        if let Some(id) = layout.parse_id_key(pool, &kv.key) {
-            match IdRecord::decode(&kv.value) {
-                Some(IdRecord::Bound(k)) => {
-                    id_to_key.insert(id, k);
-                }
-                Some(IdRecord::Tombstone(_)) => scan.tombstones += 1,
-                None => scan.problems.push(format!("unreadable ID record {name}")),
-            }
-        } else if let Some(k) = layout.parse_key_key(pool, &kv.key) {
-            match idalloc::layout::parse_id_value(&kv.value) {
-                Some(id) => {
-                    key_to_id.insert(k, id);
-                }
-                None => scan.problems.push(format!("unreadable key record {name}")),
-            }
-        } else if let Some((k, h)) = layout.parse_ref_key(pool, &kv.key) {
-            refs.push((k, h, kv.value.clone()));
-        } else {
-            scan.problems.push(format!("unexpected record {name}"));
-        }
+/// Analyses every record of the pool, as read at one revision.
+pub fn analyze(snap: &PoolSnapshot) -> Scan {
+    let problems = check(snap).into_iter().chain(check_references(snap));
+    Scan {
+        bindings: snap.keys.iter().filter_map(|(k, e)| Some((k.clone(), e.id?))).collect(),
+        holders: snap
+            .refs
+            .iter()
+            .map(|(k, hs)| (k.clone(), hs.keys().cloned().collect()))
+            .collect(),
+        tombstones: snap
+            .ids
+            .values()
+            .filter(|e| matches!(e.record, Some(IdRecord::Tombstone(_))))
+            .count(),
+        problems: problems.map(|p| p.to_string()).collect(),
     }
-    for (k, id) in &key_to_id {
-        if id_to_key.get(id) != Some(k) {
-            scan.problems
-                .push(format!("G1: key {k:?} -> {id}, but ID {id} -> {:?}", id_to_key.get(id)));
-        }
-    }
-    for (id, k) in &id_to_key {
-        if key_to_id.get(k) != Some(id) {
-            scan.problems
-                .push(format!("G1: ID {id} -> {k:?}, but key {k:?} -> {:?}", key_to_id.get(k)));
-        }
-    }
-    for (k, h, value) in refs {
-        match key_to_id.get(&k) {
-            Some(id) if idalloc::layout::parse_id_value(&value) == Some(*id) => {}
-            other => scan.problems.push(format!(
-                "reference of {h:?} to {k:?} holds {:?} but the key's ID is {other:?}",
-                String::from_utf8_lossy(&value)
-            )),
-        }
-        scan.holders.entry(k).or_default().insert(h);
-    }
-    scan.bindings = key_to_id;
-    scan
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idalloc::layout::Layout;
+    use idalloc::store::KeyValue;
+
+    fn analyze(l: &Layout, pool: &str, kvs: &[KeyValue]) -> Scan {
+        super::analyze(&PoolSnapshot::parse(l, pool, kvs, 1))
+    }
 
     fn kv(k: Vec<u8>, v: &[u8]) -> KeyValue {
         KeyValue {

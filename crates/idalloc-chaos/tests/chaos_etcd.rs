@@ -21,12 +21,12 @@ use std::time::Duration;
 
 use idalloc::layout::Layout;
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
-use idalloc::store::{list_all, KeyRange};
 use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome};
 use idalloc_chaos::linearize::{check, CheckError, KeyOp};
 use idalloc_chaos::model::{Call, KeyState, Ret};
 use idalloc_chaos::scan::{analyze, Scan};
 use idalloc_testkit::etcd::{etcd_on_path, EtcdCluster};
+use idalloc_testkit::g1::read_pool;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -132,11 +132,10 @@ struct Report {
 }
 
 async fn scan(store: &EtcdStore, layout: &Layout) -> Result<Scan, String> {
-    let range = KeyRange::prefix(layout.pool_data_prefix(POOL));
-    let (kvs, rev) = list_all(store, &range, 500).await.map_err(|e| e.to_string())?;
-    let mut s = analyze(layout, POOL, &kvs);
+    let snap = read_pool(store, layout, POOL).await.map_err(|e| e.to_string())?;
+    let mut s = analyze(&snap);
     for p in &mut s.problems {
-        *p = format!("scan at revision {rev}: {p}");
+        *p = format!("scan at revision {}: {p}", snap.revision);
     }
     Ok(s)
 }

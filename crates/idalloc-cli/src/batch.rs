@@ -5,9 +5,8 @@
 //! yields results in input order, so output line N belongs to input line N and is written as soon
 //! as it and all before it are done.
 
-use std::io::{IsTerminal, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
 use idalloc::Pool;
@@ -15,9 +14,7 @@ use serde_json::json;
 
 use crate::commands::Out;
 use crate::fail::Failure;
-
-/// Inputs at least this long get a progress line on a terminal.
-const PROGRESS_MIN_KEYS: usize = 1000;
+use crate::progress::Progress;
 
 /// Splits input into keys: lines end at `\n`, a `\r` right before it is dropped (files written on
 /// Windows), nothing else is trimmed (keys may have spaces). A final line without `\n` counts.
@@ -73,7 +70,7 @@ pub async fn acquire_from(
 ) -> Result<(), Failure> {
     let keys = parse_keys(&read_input(from)?)?;
     let total = keys.len();
-    let progress = std::io::stderr().is_terminal() && total >= PROGRESS_MIN_KEYS;
+    let mut progress = Progress::stderr("acquired", total);
     let name = pool.spec().name().to_string();
     let mut results = stream::iter(keys.into_iter().map(|key| {
         let pool = pool.clone();
@@ -88,16 +85,13 @@ pub async fn acquire_from(
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
     let mut done = 0usize;
-    let mut last_draw = Instant::now();
     let write_err = |e: std::io::Error| Failure::runtime(format!("writing to stdout: {e}"));
     while let Some((key, r)) = results.next().await {
         let got = match r {
             Ok(g) => g,
             Err(e) => {
                 let _ = w.flush();
-                if progress {
-                    eprintln!();
-                }
+                progress.finish();
                 let mut f: Failure = e.into();
                 f.message = format!("after {done} of {total} keys: {}", f.message);
                 return Err(f);
@@ -111,17 +105,9 @@ pub async fn acquire_from(
             writeln!(w, "{}\t{}", got.id, crate::render::text(&key)).map_err(write_err)?;
         }
         done += 1;
-        if progress && (last_draw.elapsed() >= Duration::from_millis(200) || done == total) {
-            last_draw = Instant::now();
-            let pct = done as f64 * 100.0 / total as f64;
-            let mut e = std::io::stderr().lock();
-            let _ = write!(e, "\racquired {done}/{total} ({pct:.0}%)");
-            let _ = e.flush();
-        }
+        progress.tick();
     }
-    if progress {
-        eprintln!();
-    }
+    progress.finish();
     w.flush().map_err(write_err)
 }
 

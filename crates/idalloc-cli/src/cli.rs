@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::connect::EtcdArgs;
 use crate::parse::{self, IdRange, StoreUrl};
 use crate::remotes::RemoteArgs;
 
 const TOP_HELP: &str = "\
-Exit codes: 0 success; 1 runtime error (store unavailable or locked, pool exhausted, spec mismatch,
-conflict); 2 invalid input or usage; 3 not found (pool, key or ID).
+Exit codes: 0 success; 1 runtime error (store unavailable, locked or refusing access: TLS,
+credentials, permissions; pool exhausted, spec mismatch, conflict); 2 invalid input or usage; 3 not found (pool, key or ID).
 Errors go to stderr as one line starting with 'error: '.
 
 --json gives one JSON document on stdout (JSON lines for `watch` and `acquire --from`); the shapes
@@ -22,17 +23,23 @@ Examples:
   idalloc acquire vni tenant-blue            # prints the ID
   idalloc --json get vni tenant-blue         # {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"id\":...}
   idalloc --store etcd://127.0.0.1:2379 pool list
+  idalloc --endpoints https://10.0.0.1:2379 --cacert ca.pem --cert me.pem --key me-key.pem \\
+          --user idalloc pool list           # password: IDALLOC_PASSWORD, --password-file or prompt
+  idalloc --etcd-config /var/lib/etcd-config/etcd.config status   # Cilium's etcd client config
   IDALLOC_STORE=memory: idalloc acquire p k --range 1-100";
 
 /// idalloc: small numeric IDs for string keys, the same in every process, on etcd or a local file.
 #[derive(Parser, Debug)]
 #[command(name = "idalloc", version, after_help = TOP_HELP)]
 pub struct Cli {
-    /// Where the data lives: file:PATH, memory: (throwaway), etcd://HOST:PORT[,HOST:PORT...] or
-    /// http://HOST:PORT.
-    #[arg(long, global = true, env = "IDALLOC_STORE", default_value = "file:idalloc.redb",
-          value_parser = parse::store_url, value_name = "URL")]
-    pub store: StoreUrl,
+    /// Where the data lives: file:PATH, memory: (throwaway), etcd://[USER@]HOST:PORT[,HOST:PORT...],
+    /// http[s]://HOST:PORT[,...] [default: file:idalloc.redb, or etcd with --endpoints or
+    /// --etcd-config].
+    #[arg(long, global = true, env = "IDALLOC_STORE", hide_env_values = true, value_parser = parse::store_url, value_name = "URL")]
+    pub store: Option<StoreUrl>,
+
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
 
     /// Root of every store key (several independent allocators can share one etcd).
     #[arg(

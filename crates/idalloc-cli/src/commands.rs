@@ -56,8 +56,12 @@ impl Out {
 
 /// Runs the parsed command line; returns the exit code on success paths that are not 0 (status).
 pub async fn run(cli: Cli) -> Result<u8, Failure> {
+    // Which store and how to reach it (etcd flags, config file, URL credentials); a password
+    // prompt, if any, happens here, before anything else.
+    let (url, etcd) = crate::connect::resolve_here(cli.store.clone(), &cli.etcd)?;
     let settings = Settings {
-        url: cli.store.clone(),
+        url,
+        etcd,
         prefix: cli.prefix.clone(),
         timeout: cli.timeout,
         lock_timeout: cli.lock_timeout.unwrap_or(cli.timeout * 6),

@@ -72,6 +72,8 @@ pub fn clap_line(rendered: &str) -> String {
     let first =
         rendered.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("invalid command line");
     let first = first.strip_prefix("error: ").unwrap_or(first);
+    // clap quotes the offending value: never a password from an etcd:// URL.
+    let first = crate::parse::redact_urls(first);
     format!("{first} (see 'idalloc --help')")
 }
 

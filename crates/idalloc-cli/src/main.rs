@@ -6,9 +6,11 @@
 mod batch;
 mod cli;
 mod commands;
+mod connect;
 mod fail;
 mod open;
 mod parse;
+mod progress;
 mod remotes;
 mod render;
 mod serve;

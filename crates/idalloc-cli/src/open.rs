@@ -17,6 +17,7 @@ use idalloc::store::etcd::{EtcdOptions, EtcdStore};
 use idalloc::store::{Store, StoreError};
 use idalloc::{Allocator, AllocatorOptions, RetryPolicy};
 
+use crate::connect::EtcdSecurity;
 use crate::fail::Failure;
 use crate::parse::StoreUrl;
 
@@ -27,6 +28,8 @@ const ATTEMPTS: u32 = 3;
 #[derive(Clone, Debug)]
 pub struct Settings {
     pub url: StoreUrl,
+    /// TLS and user for an etcd store (see `connect`).
+    pub etcd: EtcdSecurity,
     pub prefix: String,
     pub timeout: Duration,
     pub lock_timeout: Duration,
@@ -70,13 +73,17 @@ pub async fn open_store(s: &Settings, writes: bool) -> Result<Opened, Failure> {
                 Err(e) => Err(Failure::runtime(format!("cannot open store file {path:?}: {e}"))),
             }
         }
-        StoreUrl::Etcd(endpoints) => {
+        StoreUrl::Etcd { endpoints, .. } => {
             let mut opts = EtcdOptions::new(endpoints.clone());
             opts.connect_timeout = s.attempt_timeout();
             opts.request_timeout = s.attempt_timeout();
+            opts.tls = s.etcd.tls.clone();
+            opts.auth = s.etcd.auth.clone();
             match EtcdStore::connect(opts).await {
                 Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
+                // Bad endpoints, unreadable certificate files: the command line is wrong.
                 Err(StoreError::InvalidRequest(m)) => Err(Failure::usage(m)),
+                // Refusals (TLS, credentials) and outages: exit 1, the message names the cause.
                 Err(e) => Err(Failure::runtime(e.to_string())),
             }
         }

@@ -76,7 +76,9 @@ pub async fn attach(
             )));
         }
         names.push(&r.name);
-        let s = Settings { url: r.url.clone(), ..settings.clone() };
+        let (url, etcd) = crate::connect::remote_connection(&r.url, &settings.etcd)
+            .map_err(|f| Failure { message: format!("--remote {}: {}", r.name, f.message), ..f })?;
+        let s = Settings { url, etcd, ..settings.clone() };
         let opened = open::open_store(&s, false).await?;
         let opts = RemoteOptions {
             prefix: settings.prefix.clone(),
@@ -342,7 +344,11 @@ mod tests {
             remote("b=etcd://127.0.0.1:2379"),
             Ok(Remote {
                 name: "b".into(),
-                url: StoreUrl::Etcd(vec!["http://127.0.0.1:2379".into()])
+                url: StoreUrl::Etcd {
+                    endpoints: vec!["127.0.0.1:2379".into()],
+                    user: None,
+                    password: None
+                }
             })
         );
         assert!(remote("etcd://127.0.0.1:2379").expect_err("no name").contains("NAME=URL"));

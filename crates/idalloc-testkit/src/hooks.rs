@@ -89,3 +89,53 @@ impl<S: Store> Hook<S> for LateCommit {
         send(&**inner, req).await
     }
 }
+
+/// Holds back one txn once armed, until the test applies it: the caller never gets an answer (it
+/// times out and retries), and [`HoldBack::apply_held`] applies the request whenever the test
+/// wants it late — after the retry, after later operations — as a paused etcd member does with a
+/// request queued in it when it resumes (issue #9: late releases, late creates, binds racing a
+/// pool delete).
+#[derive(Default)]
+pub struct HoldBack {
+    armed: AtomicBool,
+    held: std::sync::Mutex<Option<idalloc::store::TxnRequest>>,
+}
+
+impl HoldBack {
+    /// Holds back the next txn.
+    pub fn hold_next(&self) {
+        self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// Applies the held txn to `store` now; its result. Fails if nothing was held.
+    pub async fn apply_held<S: Store + ?Sized>(
+        &self,
+        store: &S,
+    ) -> idalloc::store::StoreResult<idalloc::store::TxnResponse> {
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner()).take();
+        match held {
+            Some(req) => store.txn(req).await,
+            None => Err(idalloc::store::StoreError::InvalidRequest(
+                "HoldBack: no txn was held back".into(),
+            )),
+        }
+    }
+}
+
+/// `inner` whose next txn after [`HoldBack::hold_next`] is held until [`HoldBack::apply_held`].
+pub fn hold_back<S: Store>(inner: S) -> HookedStore<S, HoldBack> {
+    HookedStore::with_hook(inner, HoldBack::default())
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Hook<S> for HoldBack {
+    async fn call(&self, inner: &Arc<S>, req: Request) -> Answer {
+        if let Request::Txn(txn) = &req {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                *self.held.lock().unwrap_or_else(|e| e.into_inner()) = Some(txn.clone());
+                return std::future::pending().await;
+            }
+        }
+        send(&**inner, req).await
+    }
+}

@@ -10,6 +10,9 @@
 //! - [`fault`]: a store wrapper that injects faults, reproducibly from a seed.
 //! - [`counting`]: a store wrapper that counts round trips per request kind (the budgets of
 //!   DESIGN.md §5).
+//! - [`g1`]: the ONE checker of a pool's raw records (G1, half-written bindings, references),
+//!   on the library's one record parser (`idalloc::records::PoolSnapshot`); the allocator
+//!   tests, the simulation and the chaos scan all use it.
 //! - [`hooked`]: the ONE forwarding store wrapper, with a [`hooked::Hook`] around each request;
 //!   the fault, counting, sabotage and regression wrappers are hooks on it.
 //! - [`hooks`]: frozen watches and late commits, for regression tests of cluster misbehaviour.
@@ -26,6 +29,7 @@ pub mod conformance;
 pub mod counting;
 pub mod etcd;
 pub mod fault;
+pub mod g1;
 pub mod hooked;
 pub mod hooks;
 pub mod sabotage;

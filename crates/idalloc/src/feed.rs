@@ -131,11 +131,18 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
             }
         }
 
-        let Ok(from) = sink.revision() else {
+        let Ok(at) = sink.revision() else {
             return;
         };
+        // The watch starts AT the view's revision, not after it, and what it replays of that
+        // revision is skipped (the view has it). A store accepts a watch from its compaction
+        // revision; etcd 3.4 then still replays a delete made at that revision, but a store that
+        // dropped it (the embedded store does, see docs/design-notes.md) would leave the view
+        // showing a binding that is gone. From `at`, a compaction at `at + 1` is refused as
+        // compacted and re-listed, so the view is right on either.
+        let start = at.max(1);
         let mut stream =
-            match bounded(cfg.request_timeout, store.watch(cfg.range.clone(), from + 1)).await {
+            match bounded(cfg.request_timeout, store.watch(cfg.range.clone(), start)).await {
                 Ok(s) => s,
                 Err(StoreError::Compacted { .. }) => {
                     need_list = true;
@@ -182,8 +189,9 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
                 }
             };
             match msg {
-                Some(Ok(WatchMessage::Events(events))) => {
-                    if sink.watched(&events).is_err() {
+                Some(Ok(WatchMessage::Events(mut events))) => {
+                    events.retain(|e| e.kv().mod_revision > at);
+                    if !events.is_empty() && sink.watched(&events).is_err() {
                         return;
                     }
                 }
@@ -204,5 +212,119 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::AtomicUsize;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::store::embedded::EmbeddedStore;
+    use crate::store::{Lease, LeaseId, StoreResult, TxnOp, TxnRequest, TxnResponse, WatchStream};
+
+    /// A real store where, in the gap between the follower's first listing and its first watch,
+    /// key `b` is deleted and the store compacted at exactly that delete's revision.
+    struct GapStore {
+        inner: EmbeddedStore,
+        armed: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for GapStore {
+        async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+            self.inner.txn(req).await
+        }
+        async fn get(&self, req: GetRequest) -> StoreResult<crate::store::GetResponse> {
+            self.inner.get(req).await
+        }
+        async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
+            self.inner.lease_grant(ttl).await
+        }
+        async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
+            self.inner.lease_keep_alive(id).await
+        }
+        async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
+            self.inner.lease_revoke(id).await
+        }
+        async fn watch(&self, range: KeyRange, start: Revision) -> StoreResult<WatchStream> {
+            if self.armed.swap(false, Ordering::SeqCst) {
+                let r = self.inner.txn(TxnRequest::new().and_then([TxnOp::delete("p/b")])).await?;
+                self.inner.compact(r.revision).await?;
+            }
+            self.inner.watch(range, start).await
+        }
+        async fn compact(&self, revision: Revision) -> StoreResult<()> {
+            self.inner.compact(revision).await
+        }
+    }
+
+    #[derive(Default)]
+    struct View {
+        keys: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
+        rev: Mutex<Revision>,
+        listings: AtomicUsize,
+    }
+
+    struct ViewSink(Arc<View>);
+
+    impl Sink for ViewSink {
+        fn revision(&self) -> Result<Revision, Gone> {
+            Ok(*self.0.rev.lock().expect("lock"))
+        }
+        fn listed(&self, kvs: &[KeyValue], revision: Revision) -> Result<(), Gone> {
+            *self.0.keys.lock().expect("lock") =
+                kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
+            *self.0.rev.lock().expect("lock") = revision;
+            self.0.listings.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+        fn watched(&self, events: &[WatchEvent]) -> Result<(), Gone> {
+            let mut keys = self.0.keys.lock().expect("lock");
+            for e in events {
+                match e {
+                    WatchEvent::Put(kv) => keys.insert(kv.key.clone(), kv.value.clone()),
+                    WatchEvent::Delete(kv) => keys.remove(&kv.key),
+                };
+                *self.0.rev.lock().expect("lock") = e.kv().mod_revision;
+            }
+            Ok(())
+        }
+    }
+
+    /// Regression (found by the remote-view simulation): the follower watched from the listing's
+    /// revision + 1; after a compaction at exactly that revision the embedded store accepted the
+    /// watch but had dropped the delete made there (etcd 3.4 replays it), and the view kept the
+    /// deleted key forever.
+    #[tokio::test(start_paused = true)]
+    async fn a_delete_compacted_away_right_after_the_listing_is_not_lost() {
+        let inner = EmbeddedStore::memory();
+        inner
+            .txn(TxnRequest::new().and_then([TxnOp::put("p/a", "1"), TxnOp::put("p/b", "2")]))
+            .await
+            .expect("seed");
+        let store = Arc::new(GapStore { inner, armed: AtomicBool::new(true) });
+        let view = Arc::new(View::default());
+        let cfg = FeedConfig {
+            store: store.clone(),
+            range: KeyRange::prefix("p/"),
+            page: 10,
+            relist_after_outage: false,
+            probe: None,
+            request_timeout: None,
+        };
+        let task = tokio::spawn(follow(cfg, Arc::default(), ViewSink(view.clone())));
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            if view.listings.load(Ordering::SeqCst) >= 2 {
+                break;
+            }
+        }
+        task.abort();
+        let keys: Vec<Vec<u8>> = view.keys.lock().expect("lock").keys().cloned().collect();
+        assert_eq!(keys, vec![b"p/a".to_vec()], "the deleted key must be gone from the view");
+        assert_eq!(view.listings.load(Ordering::SeqCst), 2, "the compacted watch re-lists");
     }
 }

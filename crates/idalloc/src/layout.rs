@@ -126,6 +126,28 @@ impl Layout {
         format!("{}/data/{pool}/ref/", self.prefix).into_bytes()
     }
 
+    /// `P/data/p/holder/<enc(h)>`: holder `h`'s fence record in pool `p`. Its mod revision is
+    /// bumped by releases of `h`, and every create or join of `h` requires it unchanged since a
+    /// revision `h` had seen before sending, so a bind that the store applies late (after `h`
+    /// released the key again) fails (docs/design-notes.md, "Late commits").
+    pub fn holder_key(&self, pool: &str, holder: &str) -> Vec<u8> {
+        let mut s = format!("{}/data/{pool}/holder/", self.prefix);
+        enc_into(&mut s, holder);
+        s.into_bytes()
+    }
+
+    /// `P/data/p/holder/`: every holder fence record of the pool.
+    pub fn holders_prefix(&self, pool: &str) -> Vec<u8> {
+        format!("{}/data/{pool}/holder/", self.prefix).into_bytes()
+    }
+
+    /// The holder of a holder fence record name of pool `pool`, or `None` if `record` is not one.
+    pub fn parse_holder_key(&self, pool: &str, record: &[u8]) -> Option<String> {
+        let rest = record.strip_prefix(self.holders_prefix(pool).as_slice())?;
+        let holder = dec(std::str::from_utf8(rest).ok()?)?;
+        (!holder.is_empty()).then_some(holder)
+    }
+
     /// The pool name of a record under [`Layout::pools_prefix`], if it is a valid pool name.
     pub fn parse_pool_spec_key(&self, record: &[u8]) -> Option<String> {
         let rest = record.strip_prefix(self.pools_prefix().as_slice())?;
@@ -351,6 +373,8 @@ mod tests {
                 l.id_prefix(pool),
                 l.key_prefix(pool),
                 l.refs_prefix(pool),
+                l.holder_key(pool, "h"),
+                l.holders_prefix(pool),
             ] {
                 assert!(rec.starts_with(&data));
                 assert!(!rec.starts_with(&l.pools_prefix()));
@@ -359,6 +383,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn holder_records_round_trip_and_are_no_other_record() {
+        let l = l();
+        for h in ["h", "a/b", "100%", "x y"] {
+            let rec = l.holder_key("p", h);
+            assert_eq!(l.parse_holder_key("p", &rec).as_deref(), Some(h));
+            assert_eq!(l.parse_id_key("p", &rec), None);
+            assert_eq!(l.parse_key_key("p", &rec), None);
+            assert_eq!(l.parse_ref_key("p", &rec), None);
+            assert_eq!(l.parse_holder_key("q", &rec), None);
+        }
+        assert_eq!(l.parse_holder_key("p", &l.ref_key("p", "k", "h")), None);
+        assert_eq!(l.parse_holder_key("p", &l.holders_prefix("p")), None);
     }
 
     #[test]

@@ -196,6 +196,7 @@ fn store_result<T>(r: &StoreResult<T>) -> &'static str {
         Err(StoreError::Locked { .. }) => "locked",
         Err(StoreError::Corrupt { .. }) => "corrupt",
         Err(StoreError::Access { .. }) => "access_denied",
+        Err(StoreError::ResponseTooLarge(_)) => "response_too_large",
     }
 }
 

@@ -125,6 +125,49 @@ fn key_compare(layout: &Layout, pool: &str, key: &str, expect: Option<u64>) -> C
     }
 }
 
+/// What every write of a pool is conditioned on besides the records it touches (DESIGN §11).
+///
+/// - `spec_rev`: the create revision of the pool's spec record that the decision was made against.
+///   Specs are immutable and a deleted and re-created pool gets a new create revision, so
+///   `create_revision(pools/p) == spec_rev` in the same txn means "the pool I decided for still
+///   exists, unchanged": a write can never land in a deleted pool or in its successor.
+/// - `seen`: the newest store revision the sender had seen before sending (`L`: txn headers, reads,
+///   the cache's applied revision). Records compared `mod_revision <= L` were not written after the
+///   send, so an attempt the store applies late fails against anything written after it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Fences {
+    pub spec_rev: Option<Revision>,
+    pub seen: Option<Revision>,
+}
+
+/// `create_revision(pools/p) == rev`.
+pub fn spec_compare(layout: &Layout, pool: &str, rev: Revision) -> Compare {
+    Compare::new(
+        KeyRange::key(layout.pool_spec_key(pool)),
+        CompareOp::Equal,
+        CompareTarget::CreateRevision(rev),
+    )
+}
+
+/// `mod_revision(key) <= seen` (true for an absent record, whose mod revision compares as 0).
+pub fn unchanged_since(key: Vec<u8>, seen: Revision) -> Compare {
+    Compare::new(
+        KeyRange::key(key),
+        CompareOp::Less,
+        CompareTarget::ModRevision(seen.saturating_add(1)),
+    )
+}
+
+/// Reads a spec record that a failed txn read back: `None` if it is the one the txn was decided
+/// against, else `Some(bytes)` of the spec there now (`Some(None)`: the pool is gone).
+fn spec_changed(kv: Option<&KeyValue>, spec_rev: Revision) -> Option<Option<Vec<u8>>> {
+    match kv {
+        Some(kv) if kv.create_revision == spec_rev => None,
+        Some(kv) => Some(Some(kv.value.clone())),
+        None => Some(None),
+    }
+}
+
 impl BindPlan {
     /// True if a success of this plan creates the key's binding (rather than joining or repairing
     /// an existing one): what `acquire` reports as `new`.
@@ -141,21 +184,26 @@ impl BindPlan {
         key: &str,
         holder: Option<RefTarget<'_>>,
     ) -> TxnRequest {
-        self.txn_fenced(layout, pool, key, holder, None)
+        self.txn_fenced(layout, pool, key, holder, Fences::default())
     }
 
-    /// [`BindPlan::txn`] with a fence: when the plan expects an existing key record, the txn also
-    /// requires that record unchanged since revision `fence` (a revision the caller had seen before
-    /// sending). Every release rewrites the key record, so an attempt that the store applies late —
-    /// after its own retry succeeded and the holder released again — fails instead of bringing the
-    /// reference back (docs/design-notes.md, "a write that commits after its own retry").
+    /// [`BindPlan::txn`] with fences (see [`Fences`]):
+    /// - the pool's spec record is the one decided against (`spec_rev`);
+    /// - when the plan expects an existing key record, that record is unchanged since `seen`: every
+    ///   release rewrites or deletes it, so a join the store applies late fails;
+    /// - with a holder, the holder's fence record is unchanged since `seen`: releases of that
+    ///   holder bump it, so a create applied late — after the key's last release deleted every
+    ///   record it compares — fails too (docs/design-notes.md, "Late commits").
+    ///
+    /// The else branch reads back the key and ID records (and the moved-from ID, the spec and the
+    /// holder record when compared), which [`BindPlan::outcome_fenced`] turns into the next input.
     pub fn txn_fenced(
         &self,
         layout: &Layout,
         pool: &str,
         key: &str,
         holder: Option<RefTarget<'_>>,
-        fence: Option<Revision>,
+        fences: Fences,
     ) -> TxnRequest {
         let bound = IdRecord::Bound(key.to_string());
         let mut then = Vec::with_capacity(3);
@@ -181,24 +229,44 @@ impl BindPlan {
             TxnOp::get_key(layout.key_key(pool, key)),
             TxnOp::get_key(layout.id_key(pool, self.id)),
         ];
-        if let (Some(_), Some(fence)) = (self.expect_key, fence) {
-            compare.push(Compare::new(
-                KeyRange::key(layout.key_key(pool, key)),
-                CompareOp::Less,
-                CompareTarget::ModRevision(fence.saturating_add(1)),
-            ));
+        if let (Some(_), Some(seen)) = (self.expect_key, fences.seen) {
+            compare.push(unchanged_since(layout.key_key(pool, key), seen));
         }
         if let Some((from, rec)) = &self.moved_from {
             compare.push(id_compare(layout, pool, *from, &Some(rec.clone())));
             read_back.push(TxnOp::get_key(layout.id_key(pool, *from)));
         }
+        if let Some(rev) = fences.spec_rev {
+            compare.push(spec_compare(layout, pool, rev));
+            read_back.push(TxnOp::get_key(layout.pool_spec_key(pool)));
+        }
+        if let (Some(h), Some(seen)) = (holder, fences.seen) {
+            compare.push(unchanged_since(layout.holder_key(pool, h.holder), seen));
+        }
         TxnRequest::new().when(compare).and_then(then).or_else(read_back)
     }
 
-    /// Reads a bind txn's response: bound, or what the records hold now.
+    /// Reads the response of [`BindPlan::txn`]: bound, or what the records hold now.
     pub fn outcome(&self, resp: &TxnResponse) -> Result<BindOutcome, ProtocolError> {
+        self.outcome_fenced(resp, Fences::default())
+    }
+
+    /// Reads the response of [`BindPlan::txn_fenced`] sent with `fences`: bound, the pool gone
+    /// (or replaced), or what the records hold now. An unreadable ID record read back counts as
+    /// taken by another key (never as free, never as an error: DESIGN §11).
+    pub fn outcome_fenced(
+        &self,
+        resp: &TxnResponse,
+        fences: Fences,
+    ) -> Result<BindOutcome, ProtocolError> {
         if resp.succeeded {
             return Ok(BindOutcome::Bound { id: self.id, revision: resp.revision });
+        }
+        if let Some(rev) = fences.spec_rev {
+            let at = 2 + usize::from(self.moved_from.is_some());
+            if let Some(spec_now) = spec_changed(single(resp, at)?, rev) {
+                return Ok(BindOutcome::PoolGone { spec_now });
+            }
         }
         let key_kv = single(resp, 0)?;
         let id_kv = single(resp, 1)?;
@@ -208,22 +276,12 @@ impl BindPlan {
                 Some(parse_id_value(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
             }
         };
-        let id_rec = match id_kv {
-            None => None,
-            Some(kv) => {
-                Some(IdRecord::decode(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
-            }
-        };
+        let id_rec = id_kv.map(|kv| read_id_record(&kv.value));
         let records_revision = id_kv.map_or(0, |kv| kv.mod_revision);
         let moved_from = match &self.moved_from {
             None => None,
             Some((from, _)) => {
-                let rec = match single(resp, 2)? {
-                    None => None,
-                    Some(kv) => Some(
-                        IdRecord::decode(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?,
-                    ),
-                };
+                let rec = single(resp, 2)?.map(|kv| read_id_record(&kv.value));
                 Some((*from, rec))
             }
         };
@@ -245,7 +303,21 @@ pub enum BindOutcome {
     Bound { id: u64, revision: Revision },
     /// The compares failed; these are the records as of `revision`.
     Observed(Observation),
+    /// The pool's spec record is no longer the one decided against: `None`, the pool was deleted;
+    /// `Some(spec)`, it was deleted and re-created (with this spec). Nothing was written.
+    PoolGone { spec_now: Option<Vec<u8>> },
 }
+
+/// An ID record as a bind reads it back: a record idalloc cannot read (edited by hand, truncated)
+/// is treated as bound to a key no real key can equal, so the ID counts as taken and the bind
+/// picks another (DESIGN §11: an unreadable ID record counts as used; it never aborts a bind).
+pub fn read_id_record(value: &[u8]) -> IdRecord {
+    IdRecord::decode(value).unwrap_or_else(|| IdRecord::Bound(UNREADABLE.to_string()))
+}
+
+/// The key an unreadable ID record stands for in decisions: empty, which no valid key is, so it
+/// never equals the key being bound.
+pub const UNREADABLE: &str = "";
 
 /// The records a failed bind read back.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -313,21 +385,44 @@ pub struct ReleasePlan<'a> {
     /// so a holder that never held the key cannot reclaim a binding others left idle; a process's own
     /// leased release does not, since a lost lease may have taken its reference already.
     pub require_own_ref: bool,
+    /// The spec and the sender's seen revision (see [`Fences`]). With `seen`, the release acts only
+    /// if the holder's reference is unchanged since then: a re-acquire re-puts the reference, so a
+    /// release the store applies late (after the holder acquired the key again) does nothing.
+    pub fences: Fences,
+    /// Bump the holder's fence record (`Some(lease)`: put it, on that lease, 0 for durable), so
+    /// that binds of this holder sent before this release and applied after it fail.
+    pub bump: Option<LeaseId>,
 }
 
 impl ReleasePlan<'_> {
-    /// `If key/k == ID ∧ id/ID == k ∧ no other reference [∧ own reference exists] Then delete ref,
-    /// reclaim-or-touch Else delete ref, get key/k`.
+    /// ```text
+    /// If key/k == ID ∧ no other reference [∧ own reference exists] [∧ id/ID == k]
+    ///    [∧ spec unchanged] [∧ mod_revision(own reference) <= seen]
+    /// Then delete own reference, reclaim-or-touch, [bump holder record]
+    /// Else get key/k, get own reference, [get spec],
+    ///      txn(If [spec unchanged] [∧ mod_revision(own reference) <= seen]
+    ///          Then delete own reference, [bump holder record],
+    ///               txn(If key/k == ID Then put key/k = ID))
+    /// ```
     ///
-    /// The else branch reads the key record back because `ID` may come from a cache that lags: if
-    /// the key was re-bound to another ID meanwhile, the caller learns it from the outcome
-    /// ([`ReleaseOutcome::key_now`]) and can finish the last-holder reclaim (see `release_ref` in
-    /// the allocator) instead of leaving a binding without references.
+    /// Nothing in the else branch writes unless the same fences hold, so a release applied late
+    /// is harmless. The else branch reads the key record back because `ID` may come from a cache
+    /// that lags: if the key was re-bound to another ID meanwhile, the caller learns it from the
+    /// outcome ([`ReleaseOutcome::key_now`]) and can finish the last-holder reclaim (see
+    /// `release_ref` in the allocator) instead of leaving a binding without references. A release
+    /// that is not the last rewrites the key record (same value), the fence of late joins.
     pub fn txn(&self, layout: &Layout, pool: &str) -> TxnRequest {
         let own = layout.ref_key(pool, self.key, self.holder);
         let refs = layout.ref_prefix(pool, self.key);
         let mut after_own = own.clone();
         after_own.push(0);
+        let mut guards = Vec::new();
+        if let Some(rev) = self.fences.spec_rev {
+            guards.push(spec_compare(layout, pool, rev));
+        }
+        if let Some(seen) = self.fences.seen {
+            guards.push(unchanged_since(own.clone(), seen));
+        }
         let mut compare = vec![
             key_compare(layout, pool, self.key, Some(self.id)),
             Compare::range_empty(KeyRange::range(refs.clone(), own.clone())),
@@ -340,6 +435,9 @@ impl ReleasePlan<'_> {
                 CompareTarget::CreateRevision(0),
             ));
         }
+        let bump = self.bump.map(|lease| {
+            TxnOp::put_on_lease(layout.holder_key(pool, self.holder), Vec::new(), lease)
+        });
         let mut then = vec![TxnOp::delete(own.clone())];
         match self.last {
             LastRelease::Reclaim { tombstone_lease } => {
@@ -352,46 +450,81 @@ impl ReleasePlan<'_> {
                 then.push(TxnOp::put(layout.key_key(pool, self.key), id_value(self.id)))
             }
         }
-        TxnRequest::new().when(compare).and_then(then).or_else([
-            TxnOp::delete(own),
-            TxnOp::get_key(layout.key_key(pool, self.key)),
-            // Not the last holder: rewrite the key record (same value) so that a bind of
-            // this key sent before now and applied later fails its fence (see `txn_fenced`).
-            TxnOp::Txn(
-                TxnRequest::new()
-                    .when([key_compare(layout, pool, self.key, Some(self.id))])
-                    .and_then([TxnOp::put(layout.key_key(pool, self.key), id_value(self.id))]),
-            ),
-        ])
+        then.extend(bump.clone());
+        compare.extend(guards.iter().cloned());
+        let mut not_last = vec![TxnOp::delete(own.clone())];
+        not_last.extend(bump);
+        // Not the last holder: rewrite the key record (same value) so that a bind of this key
+        // sent before now and applied later fails its fence (see `txn_fenced`).
+        not_last.push(TxnOp::Txn(
+            TxnRequest::new()
+                .when([key_compare(layout, pool, self.key, Some(self.id))])
+                .and_then([TxnOp::put(layout.key_key(pool, self.key), id_value(self.id))]),
+        ));
+        let mut otherwise =
+            vec![TxnOp::get_key(layout.key_key(pool, self.key)), TxnOp::get_key(own)];
+        if self.fences.spec_rev.is_some() {
+            otherwise.push(TxnOp::get_key(layout.pool_spec_key(pool)));
+        }
+        otherwise.push(TxnOp::Txn(TxnRequest::new().when(guards).and_then(not_last)));
+        TxnRequest::new().when(compare).and_then(then).or_else(otherwise)
     }
 
     /// Reads a release txn's response.
     pub fn outcome(&self, resp: &TxnResponse) -> Result<ReleaseOutcome, ProtocolError> {
-        let had_ref = match resp.responses.first() {
-            Some(OpResponse::Delete { deleted }) => *deleted > 0,
+        let reclaimed = resp.succeeded && matches!(self.last, LastRelease::Reclaim { .. });
+        let mut out = ReleaseOutcome {
+            had_ref: false,
+            reclaimed,
+            key_now: Some(self.id),
+            revision: resp.revision,
+            fenced_out: false,
+            pool_gone: None,
+        };
+        if resp.succeeded {
+            out.had_ref = match resp.responses.first() {
+                Some(OpResponse::Delete { deleted }) => *deleted > 0,
+                other => {
+                    return Err(ProtocolError::Shape(format!(
+                        "expected a delete result, got {other:?}"
+                    )))
+                }
+            };
+            return Ok(out);
+        }
+        out.key_now = match single(resp, 0)? {
+            None => None,
+            Some(kv) => {
+                Some(parse_id_value(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
+            }
+        };
+        let own = single(resp, 1)?;
+        let nested = match resp.responses.last() {
+            Some(OpResponse::Txn(t)) => t.succeeded,
             other => {
                 return Err(ProtocolError::Shape(format!(
-                    "expected a delete result, got {other:?}"
+                    "expected a nested txn result, got {other:?}"
                 )))
             }
         };
-        let reclaimed = resp.succeeded && matches!(self.last, LastRelease::Reclaim { .. });
-        let key_now = if resp.succeeded {
-            Some(self.id)
-        } else {
-            match single(resp, 1)? {
-                None => None,
-                Some(kv) => {
-                    Some(parse_id_value(&kv.value).ok_or_else(|| ProtocolError::bad_record(kv))?)
-                }
+        if nested {
+            out.had_ref = own.is_some();
+            return Ok(out);
+        }
+        if let Some(rev) = self.fences.spec_rev {
+            if let Some(spec_now) = spec_changed(single(resp, 2)?, rev) {
+                out.pool_gone = Some(spec_now);
+                return Ok(out);
             }
-        };
-        Ok(ReleaseOutcome { had_ref, reclaimed, key_now, revision: resp.revision })
+        }
+        // The spec holds, so the reference changed after `seen`.
+        out.fenced_out = true;
+        Ok(out)
     }
 }
 
 /// What a release did.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ReleaseOutcome {
     /// The holder's reference existed (and is gone now).
     pub had_ref: bool,
@@ -401,6 +534,70 @@ pub struct ReleaseOutcome {
     /// differs from the plan's ID, the plan was made on stale knowledge.
     pub key_now: Option<u64>,
     pub revision: Revision,
+    /// Nothing was written: the holder's reference was written after the plan's `seen` revision
+    /// (by a bind of this holder the sender had not seen answered). A fresh attempt, sent with a
+    /// `seen` at least this response's revision, decides again.
+    pub fenced_out: bool,
+    /// Nothing was written: the pool's spec is not the one decided against (see
+    /// [`BindOutcome::PoolGone`]).
+    pub pool_gone: Option<Option<Vec<u8>>>,
+}
+
+/// A reference without a binding (`release_durable` found no key record): `If [spec unchanged]
+/// [∧ mod_revision(ref) <= seen] Then delete ref, [bump holder record] Else get spec`. Fenced like
+/// every release, so a late apply never deletes a reference acquired after it.
+pub fn stray_ref_release_txn(
+    layout: &Layout,
+    pool: &str,
+    key: &str,
+    holder: &str,
+    fences: Fences,
+    bump: Option<LeaseId>,
+) -> TxnRequest {
+    let own = layout.ref_key(pool, key, holder);
+    let mut guards = Vec::new();
+    if let Some(rev) = fences.spec_rev {
+        guards.push(spec_compare(layout, pool, rev));
+    }
+    if let Some(seen) = fences.seen {
+        guards.push(unchanged_since(own.clone(), seen));
+    }
+    let mut then = vec![TxnOp::delete(own.clone())];
+    if let Some(lease) = bump {
+        then.push(TxnOp::put_on_lease(layout.holder_key(pool, holder), Vec::new(), lease));
+    }
+    TxnRequest::new()
+        .when(guards)
+        .and_then(then)
+        .or_else([TxnOp::get_key(own), TxnOp::get_key(layout.pool_spec_key(pool))])
+}
+
+/// What [`stray_ref_release_txn`] did: like [`ReleasePlan::outcome`] (`key_now` always `None`).
+pub fn stray_ref_release_outcome(
+    resp: &TxnResponse,
+    fences: Fences,
+) -> Result<ReleaseOutcome, ProtocolError> {
+    let mut out = ReleaseOutcome {
+        had_ref: false,
+        reclaimed: false,
+        key_now: None,
+        revision: resp.revision,
+        fenced_out: false,
+        pool_gone: None,
+    };
+    if resp.succeeded {
+        out.had_ref =
+            matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0);
+        return Ok(out);
+    }
+    if let Some(rev) = fences.spec_rev {
+        if let Some(spec_now) = spec_changed(single(resp, 1)?, rev) {
+            out.pool_gone = Some(spec_now);
+            return Ok(out);
+        }
+    }
+    out.fenced_out = true;
+    Ok(out)
 }
 
 /// Frees an ID record: delete it, or (reuse delay) replace it by a tombstone that still names the key
@@ -436,11 +633,15 @@ pub struct Orphan {
 /// A sweep batch: one outer txn holding one nested txn per orphan. etcd evaluates every nested
 /// compare against the state before the txn, so each orphan is reclaimed only if its records are
 /// exactly as the snapshot saw them and it still has no reference; the others are untouched.
+///
+/// With `spec_rev`, the whole batch is conditional on the pool's spec (`Else get spec`), so a sweep
+/// never writes into a deleted or re-created pool.
 pub fn sweep_txn(
     layout: &Layout,
     pool: &str,
     orphans: &[Orphan],
     tombstone_lease: Option<LeaseId>,
+    spec_rev: Option<Revision>,
 ) -> TxnRequest {
     let nested = orphans.iter().map(|o| {
         let mut compare =
@@ -459,11 +660,21 @@ pub fn sweep_txn(
         }
         TxnOp::Txn(TxnRequest::new().when(compare).and_then(then))
     });
-    TxnRequest::new().and_then(nested)
+    let txn = TxnRequest::new().and_then(nested);
+    match spec_rev {
+        None => txn,
+        Some(rev) => txn
+            .when([spec_compare(layout, pool, rev)])
+            .or_else([TxnOp::get_key(layout.pool_spec_key(pool))]),
+    }
 }
 
-/// Which orphans of a sweep batch were reclaimed.
-pub fn sweep_outcome(resp: &TxnResponse, batch: usize) -> Result<Vec<bool>, ProtocolError> {
+/// Which orphans of a sweep batch were reclaimed; `None` if the pool's spec was not the one the
+/// sweep was decided against (nothing was written).
+pub fn sweep_outcome(resp: &TxnResponse, batch: usize) -> Result<Option<Vec<bool>>, ProtocolError> {
+    if !resp.succeeded {
+        return Ok(None);
+    }
     if resp.responses.len() != batch {
         return Err(ProtocolError::Shape(format!(
             "sweep expected {batch} nested results, got {}",
@@ -478,7 +689,8 @@ pub fn sweep_outcome(resp: &TxnResponse, batch: usize) -> Result<Vec<bool>, Prot
                 Err(ProtocolError::Shape(format!("expected a nested txn result, got {other:?}")))
             }
         })
-        .collect()
+        .collect::<Result<Vec<bool>, ProtocolError>>()
+        .map(Some)
 }
 
 /// `init_pool`: `If pools/p absent Then put spec Else get pools/p`.
@@ -490,13 +702,14 @@ pub fn init_pool_txn(layout: &Layout, pool: &str, spec_json: Vec<u8>) -> TxnRequ
         .or_else([TxnOp::get_key(key)])
 }
 
-/// The existing spec's bytes when `init_pool` found the pool already there (`None`: it created it).
-pub fn init_pool_outcome(resp: &TxnResponse) -> Result<Option<Vec<u8>>, ProtocolError> {
+/// What `init_pool` found: `Ok((None, rev))` if it created the pool (its spec's create revision is
+/// the txn's), `Ok((Some(existing spec bytes), create revision))` if the pool was there already.
+pub fn init_pool_outcome(resp: &TxnResponse) -> Result<(Option<Vec<u8>>, Revision), ProtocolError> {
     if resp.succeeded {
-        return Ok(None);
+        return Ok((None, resp.revision));
     }
     match single(resp, 0)? {
-        Some(kv) => Ok(Some(kv.value.clone())),
+        Some(kv) => Ok((Some(kv.value.clone()), kv.create_revision)),
         None => {
             Err(ProtocolError::Shape("init_pool: compare failed but the spec is missing".into()))
         }
@@ -736,6 +949,8 @@ mod tests {
             holder: "h",
             last: LastRelease::Reclaim { tombstone_lease: None },
             require_own_ref: false,
+            fences: Fences::default(),
+            bump: None,
         };
         let txn = plan.txn(&l, "p");
         let own = l.ref_key("p", "k", "h");
@@ -760,16 +975,157 @@ mod tests {
         assert_eq!(
             txn.failure,
             vec![
-                TxnOp::delete(own),
                 TxnOp::get_key(l.key_key("p", "k")),
-                // Not the last holder: the key record is rewritten (the fence of late binds).
+                TxnOp::get_key(own.clone()),
                 TxnOp::Txn(
-                    TxnRequest::new()
-                        .when([Compare::value_is(l.key_key("p", "k"), b"5".to_vec())])
-                        .and_then([TxnOp::put(l.key_key("p", "k"), b"5".to_vec())])
+                    TxnRequest::new().and_then([
+                        TxnOp::delete(own),
+                        // Not the last holder: the key record is rewritten (the fence of late binds).
+                        TxnOp::Txn(
+                            TxnRequest::new()
+                                .when([Compare::value_is(l.key_key("p", "k"), b"5".to_vec())])
+                                .and_then([TxnOp::put(l.key_key("p", "k"), b"5".to_vec())])
+                        ),
+                    ])
                 ),
             ]
         );
+    }
+
+    #[test]
+    fn a_release_writes_nothing_unless_its_reference_and_spec_are_as_seen() {
+        let l = layout();
+        let fences = Fences { spec_rev: Some(3), seen: Some(42) };
+        let plan = ReleasePlan {
+            key: "k",
+            id: 5,
+            holder: "h",
+            last: LastRelease::Reclaim { tombstone_lease: None },
+            require_own_ref: true,
+            fences,
+            bump: Some(0),
+        };
+        let txn = plan.txn(&l, "p");
+        let own = l.ref_key("p", "k", "h");
+        let spec = spec_compare(&l, "p", 3);
+        let ref_fence = Compare::new(
+            KeyRange::key(own.clone()),
+            CompareOp::Less,
+            CompareTarget::ModRevision(43),
+        );
+        assert!(txn.compare.contains(&spec) && txn.compare.contains(&ref_fence));
+        let bump = TxnOp::put(l.holder_key("p", "h"), Vec::new());
+        assert!(txn.success.contains(&bump));
+        // The else branch writes only inside a nested txn guarded by the same fences.
+        let mut writes_outside = 0;
+        for op in &txn.failure {
+            match op {
+                TxnOp::Txn(t) => {
+                    assert_eq!(t.compare, vec![spec.clone(), ref_fence.clone()]);
+                    assert!(t.success.contains(&TxnOp::delete(own.clone())));
+                    assert!(t.success.contains(&bump));
+                }
+                TxnOp::Get(_) => {}
+                _ => writes_outside += 1,
+            }
+        }
+        assert_eq!(writes_outside, 0);
+
+        // Outcomes: nested txn failed with the spec in place -> fenced out; spec gone -> pool gone.
+        let spec_kv = |create: Revision| KeyValue {
+            key: l.pool_spec_key("p"),
+            value: b"{}".to_vec(),
+            create_revision: create,
+            mod_revision: create,
+            version: 1,
+            lease: 0,
+        };
+        let failed = |spec: Option<KeyValue>, nested: bool| TxnResponse {
+            succeeded: false,
+            responses: vec![
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(l.key_key("p", "k"), b"5".to_vec())],
+                    ..Default::default()
+                }),
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(own.clone(), b"5".to_vec())],
+                    ..Default::default()
+                }),
+                OpResponse::Get(GetResponse {
+                    kvs: spec.into_iter().collect(),
+                    ..Default::default()
+                }),
+                OpResponse::Txn(TxnResponse { succeeded: nested, ..Default::default() }),
+            ],
+            revision: 50,
+        };
+        let out = plan.outcome(&failed(Some(spec_kv(3)), false)).unwrap();
+        assert!(out.fenced_out && !out.had_ref && out.pool_gone.is_none());
+        let out = plan.outcome(&failed(None, false)).unwrap();
+        assert_eq!(out.pool_gone, Some(None));
+        let out = plan.outcome(&failed(Some(spec_kv(9)), false)).unwrap();
+        assert_eq!(out.pool_gone, Some(Some(b"{}".to_vec())));
+        let out = plan.outcome(&failed(Some(spec_kv(3)), true)).unwrap();
+        assert!(out.had_ref && !out.fenced_out && !out.reclaimed);
+    }
+
+    #[test]
+    fn binds_compare_the_spec_and_the_holder_fence_and_read_the_spec_back() {
+        let l = layout();
+        let fences = Fences { spec_rev: Some(3), seen: Some(42) };
+        let create = BindPlan { expect_key: None, id: 5, expect_id: None, moved_from: None };
+        let txn =
+            create.txn_fenced(&l, "p", "k", Some(RefTarget { holder: "h", lease: 0 }), fences);
+        assert!(txn.compare.contains(&spec_compare(&l, "p", 3)));
+        assert!(txn.compare.contains(&Compare::new(
+            KeyRange::key(l.holder_key("p", "h")),
+            CompareOp::Less,
+            CompareTarget::ModRevision(43)
+        )));
+        assert_eq!(txn.failure.last(), Some(&TxnOp::get_key(l.pool_spec_key("p"))));
+        let resp = TxnResponse {
+            succeeded: false,
+            responses: vec![
+                OpResponse::Get(GetResponse::default()),
+                OpResponse::Get(GetResponse::default()),
+                OpResponse::Get(GetResponse::default()),
+            ],
+            revision: 50,
+        };
+        assert_eq!(
+            create.outcome_fenced(&resp, fences),
+            Ok(BindOutcome::PoolGone { spec_now: None })
+        );
+        // Without a holder there is no holder fence.
+        let txn = create.txn_fenced(&l, "p", "k", None, fences);
+        assert_eq!(txn.compare.len(), 3);
+    }
+
+    #[test]
+    fn an_unreadable_id_record_read_back_counts_as_taken() {
+        let l = layout();
+        let plan = BindPlan { expect_key: None, id: 5, expect_id: None, moved_from: None };
+        for garbage in [&b""[..], &[0xFF][..], &[0xC3, 0x28][..]] {
+            let resp = TxnResponse {
+                succeeded: false,
+                responses: vec![
+                    OpResponse::Get(GetResponse::default()),
+                    OpResponse::Get(GetResponse {
+                        kvs: vec![kv(l.id_key("p", 5), garbage.to_vec())],
+                        ..Default::default()
+                    }),
+                ],
+                revision: 9,
+            };
+            match plan.outcome(&resp) {
+                Ok(BindOutcome::Observed(obs)) => {
+                    let rec = obs.id_rec.expect("taken");
+                    assert_ne!(rec.key(), "k");
+                    assert_eq!(rec.key(), UNREADABLE);
+                }
+                other => panic!("expected an observation, got {other:?}"),
+            }
+        }
     }
 
     #[test]
@@ -782,11 +1138,12 @@ mod tests {
         );
         let join =
             BindPlan { expect_key: Some(5), id: 5, expect_id: Some(bound("k")), moved_from: None };
-        assert!(join.txn_fenced(&l, "p", "k", None, Some(42)).compare.contains(&fence));
+        let fences = Fences { spec_rev: None, seen: Some(42) };
+        assert!(join.txn_fenced(&l, "p", "k", None, fences).compare.contains(&fence));
         assert!(!join.txn(&l, "p", "k", None).compare.contains(&fence));
         // A create compares the key record's absence already; a fence adds nothing there.
         let create = BindPlan { expect_key: None, id: 5, expect_id: None, moved_from: None };
-        assert_eq!(create.txn_fenced(&l, "p", "k", None, Some(42)).compare.len(), 2);
+        assert_eq!(create.txn_fenced(&l, "p", "k", None, fences).compare.len(), 2);
     }
 
     #[test]
@@ -798,6 +1155,8 @@ mod tests {
             holder: "h",
             last: LastRelease::Reclaim { tombstone_lease: Some(77) },
             require_own_ref: true,
+            fences: Fences::default(),
+            bump: None,
         };
         let txn = plan.txn(&l, "p");
         assert!(txn.success.contains(&TxnOp::put_on_lease(
@@ -820,6 +1179,8 @@ mod tests {
             holder: "h",
             last: LastRelease::Touch,
             require_own_ref: false,
+            fences: Fences::default(),
+            bump: None,
         };
         let resp = TxnResponse {
             succeeded: true,
@@ -828,39 +1189,66 @@ mod tests {
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, key_now: Some(5), revision: 4 })
+            Ok(ReleaseOutcome {
+                had_ref: true,
+                reclaimed: false,
+                key_now: Some(5),
+                revision: 4,
+                fenced_out: false,
+                pool_gone: None
+            })
         );
         let plan = ReleasePlan { last: LastRelease::Reclaim { tombstone_lease: None }, ..plan };
+        let nested_ok = OpResponse::Txn(TxnResponse { succeeded: true, ..Default::default() });
         let resp = TxnResponse {
             succeeded: false,
             responses: vec![
-                OpResponse::Delete { deleted: 0 },
                 OpResponse::Get(GetResponse::default()),
+                OpResponse::Get(GetResponse::default()),
+                nested_ok.clone(),
             ],
             revision: 4,
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome { had_ref: false, reclaimed: false, key_now: None, revision: 4 })
+            Ok(ReleaseOutcome {
+                had_ref: false,
+                reclaimed: false,
+                key_now: None,
+                revision: 4,
+                fenced_out: false,
+                pool_gone: None
+            })
         );
         // The key was re-bound to another ID than the plan assumed: the outcome says which.
         let l = layout();
         let resp = TxnResponse {
             succeeded: false,
             responses: vec![
-                OpResponse::Delete { deleted: 1 },
                 OpResponse::Get(GetResponse {
                     kvs: vec![kv(l.key_key("p", "k"), b"7".to_vec())],
                     count: 1,
                     more: false,
                     revision: 4,
                 }),
+                OpResponse::Get(GetResponse {
+                    kvs: vec![kv(l.ref_key("p", "k", "h"), b"7".to_vec())],
+                    ..Default::default()
+                }),
+                nested_ok,
             ],
             revision: 4,
         };
         assert_eq!(
             plan.outcome(&resp),
-            Ok(ReleaseOutcome { had_ref: true, reclaimed: false, key_now: Some(7), revision: 4 })
+            Ok(ReleaseOutcome {
+                had_ref: true,
+                reclaimed: false,
+                key_now: Some(7),
+                revision: 4,
+                fenced_out: false,
+                pool_gone: None
+            })
         );
     }
 
@@ -871,8 +1259,11 @@ mod tests {
             Orphan { key: "a".into(), key_rec: Some((1, 10)), id_rec: Some((1, 10)) },
             Orphan { key: "b".into(), key_rec: None, id_rec: Some((2, 11)) },
         ];
-        let txn = sweep_txn(&l, "p", &orphans, None);
+        let txn = sweep_txn(&l, "p", &orphans, None, None);
         assert!(txn.compare.is_empty());
+        let guarded = sweep_txn(&l, "p", &orphans, None, Some(3));
+        assert_eq!(guarded.compare, vec![spec_compare(&l, "p", 3)]);
+        assert_eq!(guarded.failure, vec![TxnOp::get_key(l.pool_spec_key("p"))]);
         assert_eq!(txn.success.len(), 2);
         match &txn.success[1] {
             TxnOp::Txn(t) => {
@@ -889,7 +1280,8 @@ mod tests {
             ],
             revision: 12,
         };
-        assert_eq!(sweep_outcome(&resp, 2), Ok(vec![true, false]));
+        assert_eq!(sweep_outcome(&resp, 2), Ok(Some(vec![true, false])));
+        assert_eq!(sweep_outcome(&TxnResponse::default(), 2), Ok(None));
         assert!(sweep_outcome(&resp, 3).is_err());
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! Everything that looks at a pool's records as a whole (the `check` audit, the test kit's G1
 //! checker, chaos scans, the simulation's invariant checks) starts from a [`PoolSnapshot`]: every
-//! record under `P/data/<pool>/` read at one revision, sorted into ID, key and reference records.
+//! record under `P/data/<pool>/` read at one revision, sorted into ID, key, reference and holder
+//! fence records.
 //! Nothing is dropped silently: a record whose name or value no allocator writes is kept as an
 //! [`Unreadable`] entry (an unreadable ID record still occupies its ID, DESIGN §11), and records that
 //! look like another idalloc deployment's (its `pools/` or `data/` under this pool's prefix) are
@@ -158,7 +159,9 @@ pub struct PoolSnapshot {
     pub keys: BTreeMap<String, KeyEntry>,
     /// key -> holder -> reference.
     pub refs: BTreeMap<String, BTreeMap<String, RefEntry>>,
-    /// Records whose names are not ID, key or reference names.
+    /// Records whose names are not ID, key, reference or fence names.
+    /// Durable holders' fence records (`holder/<enc(h)>`): holder -> the record's mod revision.
+    pub fences: BTreeMap<String, Revision>,
     pub unreadable: Vec<Unreadable>,
 }
 
@@ -195,6 +198,8 @@ impl PoolSnapshot {
                         lease: kv.lease,
                     },
                 );
+            } else if let Some(holder) = layout.parse_holder_key(pool, &kv.key) {
+                s.fences.insert(holder, kv.mod_revision);
             } else {
                 s.unreadable.push(Unreadable {
                     name: kv.key.clone(),
@@ -304,10 +309,12 @@ mod tests {
             kv(b"idalloc/data/p/pools/q".to_vec(), "{}", 17),
             kv(b"idalloc/data/p/data/q/id/1".to_vec(), "k", 18),
             kv(l.id_key("other", 1), "k", 19),
+            kv(l.holder_key(p, "h/1"), "", 19),
         ];
         let s = PoolSnapshot::parse(&l, p, &kvs, 20);
         assert_eq!(s.revision, 20);
         assert_eq!(s.ids.len(), 4);
+        assert_eq!(s.fences.get("h/1"), Some(&19), "a fence record is no unreadable record");
         assert_eq!(s.ids[&7].record, Some(IdRecord::Bound("a/b".into())));
         assert_eq!(s.ids[&8].record, Some(IdRecord::Tombstone("old".into())));
         assert_eq!(s.ids[&9].record, None, "empty value: unreadable but present");

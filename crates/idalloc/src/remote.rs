@@ -614,6 +614,11 @@ impl RemotePool {
         self.view.lock().cache.snapshot()
     }
 
+    /// The remote store revision the view reflects (0 before the first listing).
+    pub fn revision(&self) -> Revision {
+        self.view.lock().cache.revision()
+    }
+
     /// Number of bindings in the view.
     pub fn len(&self) -> usize {
         self.view.lock().cache.len()

@@ -17,9 +17,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::allocator::{Inner, PoolState};
+use crate::allocator::pool_state::PoolState;
+use crate::allocator::request::Requester;
 use crate::error::{Error, Result};
-use crate::layout::IdRecord;
+use crate::layout::{IdRecord, Layout};
 use crate::protocol::{parse_id_value, sweep_outcome, sweep_txn, Orphan, SWEEP_BATCH};
 use crate::store::{list_all, KeyRange, Revision};
 
@@ -37,28 +38,28 @@ pub struct SweepReport {
 }
 
 pub(crate) async fn sweep(
-    inner: &Arc<Inner>,
+    req: &Requester,
+    layout: &Layout,
     pool: &PoolState,
     dry_run: bool,
 ) -> Result<SweepReport> {
     let name = pool.spec.name();
-    let range = KeyRange::prefix(inner.layout.pool_data_prefix(name));
-    let (kvs, revision) =
-        inner.call(|| list_all(&*inner.store, &range, inner.opts.list_page)).await?;
+    let range = KeyRange::prefix(layout.pool_data_prefix(name));
+    let (kvs, revision) = req.call(|| list_all(&*req.store, &range, req.list_page)).await?;
 
     let mut ids: HashMap<u64, (IdRecord, Revision)> = HashMap::new();
     let mut keys: HashMap<String, (u64, Revision)> = HashMap::new();
     let mut referenced: HashSet<String> = HashSet::new();
     for kv in &kvs {
-        if let Some(id) = inner.layout.parse_id_key(name, &kv.key) {
+        if let Some(id) = layout.parse_id_key(name, &kv.key) {
             if let Some(rec) = IdRecord::decode(&kv.value) {
                 ids.insert(id, (rec, kv.mod_revision));
             }
-        } else if let Some(key) = inner.layout.parse_key_key(name, &kv.key) {
+        } else if let Some(key) = layout.parse_key_key(name, &kv.key) {
             if let Some(id) = parse_id_value(&kv.value) {
                 keys.insert(key, (id, kv.mod_revision));
             }
-        } else if let Some((key, _holder)) = inner.layout.parse_ref_key(name, &kv.key) {
+        } else if let Some((key, _holder)) = layout.parse_ref_key(name, &kv.key) {
             referenced.insert(key);
         }
     }
@@ -106,11 +107,16 @@ pub(crate) async fn sweep(
         return Ok(report);
     }
     for batch in orphans.chunks(SWEEP_BATCH) {
-        let resp = inner
-            .txn_with_quarantine(pool, true, |lease| sweep_txn(&inner.layout, name, batch, lease))
+        let resp = req
+            .txn_with_quarantine(pool, true, |lease| {
+                sweep_txn(layout, name, batch, lease, Some(pool.spec_rev))
+            })
             .await?;
-        let done = sweep_outcome(&resp, batch.len())
-            .map_err(|e| Error::Unavailable { reason: e.to_string() })?;
+        let Some(done) = sweep_outcome(&resp, batch.len())
+            .map_err(|e| Error::Unavailable { reason: e.to_string() })?
+        else {
+            return Err(Error::PoolNotFound { pool: name.to_string() });
+        };
         for (o, ok) in batch.iter().zip(done) {
             if ok {
                 report.reclaimed.push((orphan_id(o), o.key.clone()));
@@ -128,13 +134,18 @@ fn orphan_id(o: &Orphan) -> u64 {
 }
 
 /// The background sweeper: one sweep per `interval` until the allocator is gone.
-pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>, interval: Duration) {
+pub(crate) async fn run(
+    req: Weak<Requester>,
+    layout: Layout,
+    pool: Arc<PoolState>,
+    interval: Duration,
+) {
     loop {
         tokio::time::sleep(interval).await;
-        let Some(strong) = inner.upgrade() else {
+        let Some(strong) = req.upgrade() else {
             return;
         };
-        let r = sweep(&strong, &pool, false).await;
+        let r = sweep(&strong, &layout, &pool, false).await;
         crate::metrics::swept(pool.spec.name(), &r);
         match r {
             Ok(report) => {

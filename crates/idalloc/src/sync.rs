@@ -5,45 +5,56 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use crate::allocator::{Inner, PoolState};
+use crate::allocator::pool_state::PoolState;
+use crate::allocator::repair_queue::RepairQueue;
+use crate::allocator::request::Requester;
 use crate::cache::Event;
 use crate::feed::{self, FeedConfig, Gone, Sink};
+use crate::layout::Layout;
 use crate::store::{KeyRange, KeyValue, Revision, WatchEvent};
 
-/// Runs until the allocator is gone. Holds only weak references while it waits, so dropping the
-/// allocator ends it.
-pub(crate) async fn run(inner: Weak<Inner>, pool: Arc<PoolState>) {
-    let Some(strong) = inner.upgrade() else {
+/// Runs until the allocator is gone (its requester, held only weakly here, is dropped with it).
+/// Needs only the request path, the key layout and the repair queue: never the allocator itself.
+pub(crate) async fn run(
+    req: Weak<Requester>,
+    layout: Layout,
+    repairs: RepairQueue,
+    pool: Arc<PoolState>,
+) {
+    let Some(strong) = req.upgrade() else {
         return;
     };
     let cfg = FeedConfig {
         store: strong.store.clone(),
-        range: KeyRange::prefix(strong.layout.id_prefix(pool.spec.name())),
-        page: strong.opts.list_page,
+        range: KeyRange::prefix(layout.id_prefix(pool.spec.name())),
+        page: strong.list_page,
         relist_after_outage: false,
         probe: None,
         request_timeout: None,
     };
     drop(strong);
     let relist = pool.relist.clone();
-    feed::follow(cfg, relist, LocalSink { inner, pool }).await;
+    feed::follow(cfg, relist, LocalSink { req, layout, repairs, pool }).await;
 }
 
 /// Feeds the local pool's cache.
 struct LocalSink {
-    inner: Weak<Inner>,
+    req: Weak<Requester>,
+    layout: Layout,
+    repairs: RepairQueue,
     pool: Arc<PoolState>,
 }
 
 impl LocalSink {
-    fn inner(&self) -> Result<Arc<Inner>, Gone> {
-        self.inner.upgrade().ok_or(Gone)
+    /// `Gone` once the allocator is.
+    fn alive(&self) -> Result<(), Gone> {
+        self.req.upgrade().map(|_| ()).ok_or(Gone)
     }
 }
 
 impl Sink for LocalSink {
     fn revision(&self) -> Result<Revision, Gone> {
-        self.inner()?;
+        self.alive()?;
         Ok(self.pool.lock_cache().revision())
     }
 
@@ -52,12 +63,12 @@ impl Sink for LocalSink {
     }
 
     fn listed(&self, kvs: &[KeyValue], rev: Revision) -> Result<(), Gone> {
-        let strong = self.inner()?;
+        self.alive()?;
         let pool = &self.pool;
         {
             let mut cache = pool.lock_cache();
             let events =
-                cache.replace_all(kvs, rev, |k| strong.layout.parse_id_key(pool.spec.name(), k));
+                cache.replace_all(kvs, rev, |k| self.layout.parse_id_key(pool.spec.name(), k));
             // Emitted under the cache lock (see `PoolState::emit`), with exactly one `Synced`
             // per listing, after its changes.
             for e in events {
@@ -69,37 +80,41 @@ impl Sink for LocalSink {
             pool.listed.store(true, Ordering::Release);
         }
         pool.note_applied(rev);
-        strong.publish_gauges(pool);
+        if let Some(req) = self.req.upgrade() {
+            pool.publish_gauges(req.seen());
+        }
         pool.mark_synced();
         // A re-list may reveal that a held key's binding changed while we were away.
-        strong.check_held(pool);
+        self.repairs.check_held(pool);
         Ok(())
     }
 
     fn watched(&self, events: &[WatchEvent]) -> Result<(), Gone> {
-        let strong = self.inner()?;
+        self.alive()?;
         for ev in events {
-            apply_event(&strong, &self.pool, ev);
+            apply_event(&self.layout, &self.repairs, &self.pool, ev);
         }
         let applied = self.pool.lock_cache().revision();
         self.pool.note_applied(applied);
-        strong.publish_gauges(&self.pool);
+        if let Some(req) = self.req.upgrade() {
+            self.pool.publish_gauges(req.seen());
+        }
         Ok(())
     }
 }
 
-fn apply_event(inner: &Arc<Inner>, pool: &Arc<PoolState>, ev: &WatchEvent) {
+fn apply_event(layout: &Layout, repairs: &RepairQueue, pool: &Arc<PoolState>, ev: &WatchEvent) {
     let (event, before) = {
         let mut cache = pool.lock_cache();
-        let id = inner.layout.parse_id_key(pool.spec.name(), &ev.kv().key);
+        let id = layout.parse_id_key(pool.spec.name(), &ev.kv().key);
         let before = id.and_then(|id| cache.key_of(id).map(|k| (id, k.to_string())));
-        let event = cache.apply(ev, |k| inner.layout.parse_id_key(pool.spec.name(), k));
+        let event = cache.apply(ev, |k| layout.parse_id_key(pool.spec.name(), k));
         if let Some(e) = &event {
             pool.emit(e.clone());
         }
         (event, before)
     };
     if let Some(e) = event {
-        inner.after_cache_event(pool, &e, before);
+        repairs.after_cache_event(pool, &e, before);
     }
 }

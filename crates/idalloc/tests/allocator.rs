@@ -1,4 +1,8 @@
-//! The allocator against the embedded memory store, with paused time where time matters.
+//! The allocator against the embedded memory store, on tokio's paused clock: the tests that need
+//! time to jump (reuse delays, idle grace, TTLs of minutes), faults injected by the fault store, or
+//! the embedded store's own internals. Paused time works only on the embedded store (etcd expires
+//! leases on its own wall clock), so these cannot run on etcd. The core set that can runs on every
+//! backend (memory, file, etcd) from one source: `tests/allocator_backends.rs`.
 //! Round-trip budgets (DESIGN §5) are asserted exactly with the counting store.
 
 mod common;

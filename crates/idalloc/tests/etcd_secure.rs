@@ -11,8 +11,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
-use idalloc::store::{AccessCause, GetRequest, KeyRange, Store, StoreError, TxnOp, TxnRequest};
+use idalloc::store::{
+    AccessCause, GetRequest, KeyRange, Store, StoreError, TxnOp, TxnRequest, WatchMessage,
+};
 use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
 use idalloc_testkit::conformance::{self, TestStore};
 use idalloc_testkit::etcd::etcd_on_path;
@@ -232,6 +235,21 @@ async fn restricted_user_works_inside_its_prefix_only_across_token_expiry_and_re
         .await
         .expect("read after token expiry");
     assert!(!got.kvs.is_empty());
+
+    // A watch as the first request after the token expired: etcd refuses the stale token of a
+    // new watch as "permission denied" (not "invalid auth token"), so the store renews it.
+    tokio::time::sleep(Duration::from_secs(2 * TOKEN_TTL_S + 1)).await;
+    let mut w = store
+        .watch(KeyRange::prefix("idalloc-secure/w/"), 0)
+        .await
+        .expect("watch after token expiry");
+    store
+        .txn(TxnRequest::new().and_then([TxnOp::put("idalloc-secure/w/1", "x")]))
+        .await
+        .expect("put");
+    let msg = tokio::time::timeout(HANG, w.next()).await.expect("watch event in time");
+    assert!(matches!(msg, Some(Ok(WatchMessage::Events(ref ev))) if ev.len() == 1), "{msg:?}");
+    drop(w);
 
     // etcd restarts: every token is gone; the same store renews its own.
     etcd.restart().await.expect("restart");

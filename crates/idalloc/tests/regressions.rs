@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use idalloc::store::embedded::EmbeddedStore;
+use idalloc::store::{GetRequest, KeyRange, Store};
 use idalloc::{PoolSpec, Released, Strategy};
-use idalloc_testkit::hooks::{freezable, late_commit};
+use idalloc_testkit::hooks::{freezable, hold_back, late_commit, HoldBack};
 
 use common::{allocator, check_g1, count_refs, raw_binding, wait_until};
 
@@ -118,4 +119,166 @@ async fn late_commit_of_a_timed_out_acquire_does_not_resurrect_a_released_refere
     // The held-back first attempt lands now.
     tokio::time::sleep(Duration::from_secs(10)).await;
     assert_eq!(count_refs(&shared, "p").await, 1, "only the other holder's reference may be left");
+}
+
+type HeldBack = idalloc_testkit::hooked::HookedStore<EmbeddedStore, HoldBack>;
+
+/// Applies the txn `store` held back, now (late); whether its compares held.
+async fn apply_held(store: &HeldBack) -> bool {
+    store.hook().apply_held(store.inner()).await.expect("late apply").succeeded
+}
+
+fn held_back_allocator(store: &Arc<HeldBack>, holder: &str) -> idalloc::Allocator {
+    common::allocator_with(store.clone(), holder, |o| o.request_timeout = Duration::from_secs(1))
+}
+
+async fn ref_exists(store: &EmbeddedStore, pool: &str, key: &str, holder: &str) -> bool {
+    let k = common::layout().ref_key(pool, key, holder);
+    !store.get(GetRequest::key(k)).await.unwrap().kvs.is_empty()
+}
+
+/// Issue #9 item 1 (G2): a release whose first attempt got stuck, applied after its own retry
+/// and after the holder acquired the key again, undid that acquire: as the last holder it
+/// reclaimed the binding, otherwise its else branch deleted the new reference unconditionally.
+/// Releases now act only if the reference is unchanged since a revision the sender had seen.
+#[tokio::test(start_paused = true)]
+async fn late_release_does_not_undo_a_later_acquire() {
+    for other_holder in [false, true] {
+        let shared = EmbeddedStore::memory();
+        let store = Arc::new(hold_back(shared.clone()));
+        let a = held_back_allocator(&store, "node-a");
+        let spec = PoolSpec::new("p", 1, 10).strategy(Strategy::Lowest);
+        let pool = a.ensure_pool(&spec).await.unwrap();
+        if other_holder {
+            pool.acquire_durable("k", "bob").await.unwrap();
+        }
+        let id = pool.acquire_durable("k", "alice").await.unwrap().id;
+        wait_until(|| pool.get("k") == Some(id)).await;
+
+        store.hook().hold_next();
+        // The first attempt hangs; the retry after the timeout succeeds.
+        let r = pool.release_durable("k", "alice").await.unwrap();
+        assert_eq!(r, Released { held: true, reclaimed: !other_holder });
+        // alice takes k again.
+        let id = pool.acquire_durable("k", "alice").await.unwrap().id;
+        // The stuck first release is applied now.
+        apply_held(&store).await;
+        assert!(
+            ref_exists(&shared, "p", "k", "alice").await,
+            "alice's new reference survives the late release (other holder: {other_holder})"
+        );
+        assert_eq!(raw_binding(&shared, "p", "k").await, Some(id));
+        check_g1(&shared, "p").await;
+    }
+}
+
+/// Issue #9 item 2 (G4): a create whose first attempt got stuck, applied after its retry created
+/// the binding and the holder's last release deleted every record of the key, found its
+/// compares (key and ID records absent) true again and leaked a binding with a reference nobody
+/// holds. Creates now compare the holder's fence record, which such a release bumps.
+#[tokio::test(start_paused = true)]
+async fn late_create_after_the_last_release_leaks_nothing() {
+    // Durable holder (the CLI): every release bumps the fence.
+    let shared = EmbeddedStore::memory();
+    let store = Arc::new(hold_back(shared.clone()));
+    let a = held_back_allocator(&store, "node-a");
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.unwrap();
+    pool.wait_synced().await.unwrap();
+    store.hook().hold_next();
+    pool.acquire_durable("k", "alice").await.unwrap();
+    let r = pool.release_durable("k", "alice").await.unwrap();
+    assert_eq!(r, Released { held: true, reclaimed: true });
+    assert!(!apply_held(&store).await, "the late create must fail its compares");
+    assert_eq!(raw_binding(&shared, "p", "k").await, None);
+    assert_eq!(count_refs(&shared, "p").await, 0);
+    common::assert_only_specs_left(&shared).await;
+
+    // Leased holder (a process): its release bumps the fence because the acquire was in doubt.
+    let shared = EmbeddedStore::memory();
+    let store = Arc::new(hold_back(shared.clone()));
+    let b = held_back_allocator(&store, "node-b");
+    let pool = b.ensure_pool(&PoolSpec::new("p", 1, 10)).await.unwrap();
+    pool.wait_synced().await.unwrap();
+    pool.acquire("warm-up").await.unwrap(); // the session lease exists before the held attempt
+    store.hook().hold_next();
+    pool.acquire("k").await.unwrap();
+    assert!(pool.release("k").await.unwrap().reclaimed);
+    assert!(!apply_held(&store).await, "the late create must fail its compares");
+    assert_eq!(raw_binding(&shared, "p", "k").await, None);
+    assert_eq!(count_refs(&shared, "p").await, 1, "only warm-up's reference is left");
+    assert!(pool.release("warm-up").await.unwrap().reclaimed);
+    b.close().await.unwrap();
+    common::assert_only_specs_left(&shared).await;
+}
+
+/// Issue #9 item 3 (G3, G4): a bind racing `pool delete` (even without force) committed after
+/// the delete and left records without a spec; re-creating the pool with another range then
+/// handed the key its old, out-of-range ID. Every write now compares the spec's create revision.
+#[tokio::test(start_paused = true)]
+async fn a_bind_racing_pool_delete_writes_nothing_into_the_deleted_pool() {
+    let shared = EmbeddedStore::memory();
+    let store = Arc::new(hold_back(shared.clone()));
+    let a = held_back_allocator(&store, "node-a");
+    let admin = common::allocator(Arc::new(shared.clone()), "admin");
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.unwrap();
+    pool.wait_synced().await.unwrap();
+
+    store.hook().hold_next();
+    let acquiring = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.acquire_durable("k1", "alice").await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The pool is still empty in the store: a non-force delete succeeds.
+    assert!(admin.delete_pool("p", false).await.unwrap());
+    // The held bind lands after the delete; the acquire's own retry follows.
+    assert!(!apply_held(&store).await, "a bind after the delete must fail its spec compare");
+    let r = acquiring.await.unwrap();
+    assert!(matches!(r, Err(idalloc::Error::PoolNotFound { .. })), "{r:?}");
+    common::assert_only_specs_left(&shared).await;
+    let (kvs, _) =
+        idalloc::store::list_all(&shared, &KeyRange::prefix("idalloc/"), 100).await.unwrap();
+    assert!(kvs.is_empty(), "no record outlives the spec: {kvs:?}");
+
+    // Re-created with another range: k1 gets an ID in the new range.
+    let spec2 = PoolSpec::new("p", 200, 300);
+    let pool2 = admin.ensure_pool(&spec2).await.unwrap();
+    let id = pool2.acquire_durable("k1", "alice").await.unwrap().id;
+    assert!((200..=300).contains(&id), "{id}");
+    // The old handle cannot write into the new pool either.
+    let r = pool.acquire_durable("k2", "alice").await;
+    assert!(matches!(r, Err(idalloc::Error::RangeMismatch { .. })), "{r:?}");
+    assert_eq!(raw_binding(&shared, "p", "k2").await, None);
+}
+
+/// Issue #9 item 3: `pool delete --force` during a long run of acquires: the acquirer kept
+/// writing bindings after the delete. Now its next write fails with `PoolNotFound` and nothing is
+/// left; releases and sweeps on the old handle write nothing either.
+#[tokio::test(start_paused = true)]
+async fn force_delete_stops_a_running_acquirer() {
+    let shared = EmbeddedStore::memory();
+    let a = common::allocator(Arc::new(shared.clone()), "a");
+    let admin = common::allocator(Arc::new(shared.clone()), "admin");
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 1000)).await.unwrap();
+    for i in 0..20 {
+        pool.acquire_durable(&format!("k{i}"), "cli").await.unwrap();
+    }
+    let leased = pool.acquire("mine").await.unwrap().id;
+    assert!(admin.delete_pool("p", true).await.unwrap());
+    for i in 20..25 {
+        let r = pool.acquire_durable(&format!("k{i}"), "cli").await;
+        assert!(matches!(r, Err(idalloc::Error::PoolNotFound { .. })), "{r:?}");
+    }
+    let r = pool.release("mine").await;
+    assert!(matches!(r, Err(idalloc::Error::PoolNotFound { .. })), "{r:?}: {leased}");
+    let r = pool.release_durable("k1", "cli").await;
+    assert!(
+        matches!(r, Err(idalloc::Error::PoolNotFound { .. }) | Ok(Released { held: false, .. })),
+        "{r:?}"
+    );
+    let r = pool.sweep().await;
+    assert!(r.is_ok() || matches!(r, Err(idalloc::Error::PoolNotFound { .. })), "{r:?}");
+    let (kvs, _) =
+        idalloc::store::list_all(&shared, &KeyRange::prefix("idalloc/"), 100).await.unwrap();
+    assert!(kvs.is_empty(), "no record outlives the spec: {kvs:?}");
 }

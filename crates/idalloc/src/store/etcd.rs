@@ -374,6 +374,7 @@ impl EtcdStore {
             Failure::LeaseNotFound => StoreError::LeaseNotFound(ctx.lease),
             Failure::Invalid(m) => StoreError::InvalidRequest(m),
             Failure::Unavailable(m) => StoreError::Unavailable(m),
+            Failure::TooLarge(m) => StoreError::ResponseTooLarge(m),
             Failure::Access { endpoint, cause, detail } => {
                 access_error(&self.diag, endpoint, cause, detail)
             }
@@ -416,6 +417,7 @@ impl EtcdStore {
 enum Failure {
     Unavailable(String),
     Invalid(String),
+    TooLarge(String),
     Compacted,
     Future,
     LeaseNotFound,
@@ -482,6 +484,10 @@ fn classify(e: etcd_client::Error) -> Failure {
                 Failure::Future
             } else if msg.contains("requested lease not found") {
                 Failure::LeaseNotFound
+            } else if msg.contains("message length too large") {
+                // tonic's own limit on a response it receives (4 MiB by default): the read asked
+                // for too much at once, which is neither a bad request nor an outage.
+                Failure::TooLarge(format!("etcd's answer: {msg}"))
             } else if msg.contains("too many operations in txn")
                 || msg.contains("duplicate key given in txn request")
                 || msg.contains("request is too large")
@@ -830,29 +836,31 @@ impl Store for EtcdStore {
     /// watch from revision 0 ("from now on") sees every write made after this call returned.
     async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
         let (mut stream, mut first) = self.open_watch(&range, start_revision).await?;
-        let denied = |first: &Option<etcd_client::WatchResponse>| {
-            first
-                .as_ref()
-                .is_some_and(|r| r.canceled() && r.cancel_reason().contains("permission denied"))
+        // etcd checks a watch's token only when the watch is created, and answers a stale one
+        // with a cancelled watch (reason "invalid auth token", or "permission denied" on some
+        // 3.x versions), not with an error status, so etcd-client does not renew it.
+        let refusal = |first: &Option<etcd_client::WatchResponse>| {
+            first.as_ref().filter(|r| r.canceled()).and_then(|r| {
+                let reason = r.cancel_reason();
+                if reason.contains("invalid auth token") {
+                    Some((AccessCause::Authentication, reason.to_string()))
+                } else if reason.contains("permission denied") {
+                    Some((AccessCause::Permission, reason.to_string()))
+                } else {
+                    None
+                }
+            })
         };
-        if denied(&first) && self.diag.user.is_some() {
-            // etcd checks a watch's token only when the watch is created, and refuses an expired
-            // one as "permission denied" rather than "invalid auth token", so etcd-client does
-            // not renew it. Renew once and retry: a real lack of permission is refused again.
+        if refusal(&first).is_some() && self.diag.user.is_some() {
+            // Renew once and retry: a real lack of permission is refused again.
             drop(stream);
             if let Err(f) = self.bounded("authenticate", self.client.refresh_token()).await {
                 return Err(self.resolve(f, ErrCtx::default()).await);
             }
             (stream, first) = self.open_watch(&range, start_revision).await?;
         }
-        if denied(&first) {
-            let reason = first.as_ref().map_or("", |r| r.cancel_reason()).to_string();
-            return Err(access_error(
-                &self.diag,
-                None,
-                AccessCause::Permission,
-                format!("watch: {reason}"),
-            ));
+        if let Some((cause, reason)) = refusal(&first) {
+            return Err(access_error(&self.diag, None, cause, format!("watch: {reason}")));
         }
         // A bare creation confirmation carries nothing; anything else is kept for the stream.
         let pending = first.filter(|r| {
@@ -911,6 +919,22 @@ impl Store for EtcdStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 9, item 5: a too-large answer was labelled "invalid store request" (a bug in the
+    /// caller). It is its own failure, which `list_all` answers with smaller pages.
+    #[test]
+    fn a_too_large_answer_is_not_an_invalid_request() {
+        let status = tonic::Status::out_of_range(
+            "Error, decoded message length too large: found 11489866 bytes, the limit is: 4194304 bytes",
+        );
+        match classify(etcd_client::Error::GRpcStatus(status)) {
+            Failure::TooLarge(m) => assert!(m.contains("found 11489866 bytes"), "{m}"),
+            _ => panic!("expected TooLarge"),
+        }
+        let status =
+            tonic::Status::invalid_argument("etcdserver: too many operations in txn request");
+        assert!(matches!(classify(etcd_client::Error::GRpcStatus(status)), Failure::Invalid(_)));
+    }
 
     #[tokio::test]
     async fn bad_options_are_rejected_with_the_offending_value() {

@@ -25,6 +25,13 @@ pub const MAX_TXN_OPS: usize = 128;
 /// etcd's default limit on the size of one request (`--max-request-bytes`, 1.5 MiB).
 pub const MAX_REQUEST_BYTES: usize = 1536 * 1024;
 
+/// How many bytes of records [`list_all`] aims to read per page. A page is also at most `page`
+/// records, but a count alone is not enough: a record name holds an escaped key (up to 3 × 4096
+/// bytes, since escaping triples `/`), so 1,000 records can weigh 12 MB, over the 4 MiB a gRPC
+/// client accepts by default. Half that limit leaves room for framing and for one page of records
+/// bigger than the ones seen so far.
+pub const LIST_PAGE_BYTES: usize = 2 * 1024 * 1024;
+
 /// A store revision. Every write (a txn with at least one mutation that succeeded in changing
 /// something, or a lease expiry that deleted keys) bumps the global revision by one.
 pub type Revision = i64;
@@ -421,6 +428,11 @@ pub enum StoreError {
     /// A put named a lease that does not exist (never granted, revoked or expired).
     #[error("lease {0:x} not found")]
     LeaseNotFound(LeaseId),
+    /// The answer to a read was larger than the client accepts (gRPC's 4 MiB message limit on
+    /// etcd). Not the request's fault and not an outage: the same data read in smaller pages works,
+    /// which [`list_all`] does by itself. Retrying the same request cannot help.
+    #[error("the store's answer is too large for one response ({0}); read it in smaller pages")]
+    ResponseTooLarge(String),
     /// The embedded store's file is in use by another process and did not become free in time.
     #[error("store file {path} is in use by another process (waited {waited:?})")]
     Locked { path: String, waited: Duration },
@@ -526,15 +538,50 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
 }
 
-/// Reads all of `range` as of one revision, `page` keys per request, so that a large range is listed
-/// consistently without one huge response. Returns the key-values and the revision they are valid
-/// at. Later writes are not seen. (One round trip per page.)
+/// Reads all of `range` as of one revision, in pages of at most `page` keys and about
+/// [`LIST_PAGE_BYTES`] bytes, so that a large range is listed consistently without one huge
+/// response. Returns the key-values and the revision they are valid at. Later writes are not seen.
+/// (One round trip per page.)
 pub async fn list_all<S: Store + ?Sized>(
     store: &S,
     range: &KeyRange,
     page: i64,
 ) -> StoreResult<(Vec<KeyValue>, Revision)> {
     list_all_with_progress(store, range, page, |_| {}).await
+}
+
+/// Bytes one record takes in a read's answer: its name and value plus a little framing (revisions,
+/// version, lease and protobuf tags).
+fn record_bytes(kv: &KeyValue) -> usize {
+    kv.key.len() + kv.value.len() + 48
+}
+
+/// How many records the next page asks for: as many of the largest record seen so far as fit in
+/// [`LIST_PAGE_BYTES`], at least 1 and at most `page`.
+fn next_page_limit(page: i64, largest: usize) -> i64 {
+    let fit = (LIST_PAGE_BYTES / largest.max(1)) as i64;
+    fit.clamp(1, page.max(1))
+}
+
+/// After a page of `limit` records came back too large (`message` is the client's error, which
+/// names the size it found when it comes from gRPC), the limit to try instead: scaled down to fit
+/// [`LIST_PAGE_BYTES`] when the size is known, else a quarter. `None` when a single record is
+/// already too large (nothing smaller to ask for).
+fn shrink_page_limit(limit: i64, message: &str) -> Option<i64> {
+    if limit <= 1 {
+        return None;
+    }
+    let found = message
+        .split("found ")
+        .nth(1)
+        .and_then(|r| r.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse::<u64>().ok())
+        .filter(|&n| n > 0);
+    let next = match found {
+        Some(n) => ((limit as u128 * LIST_PAGE_BYTES as u128) / n as u128) as i64,
+        None => limit / 4,
+    };
+    Some(next.clamp(1, limit - 1))
 }
 
 /// [`list_all`], calling `on_page` with the number of keys read so far after every page, so a
@@ -547,27 +594,46 @@ pub async fn list_all_with_progress<S: Store + ?Sized>(
 ) -> StoreResult<(Vec<KeyValue>, Revision)> {
     let page = page.max(1);
     let mut out = Vec::new();
-    let mut req = GetRequest::new(range.clone()).with_limit(page);
+    let mut limit = page;
+    let mut largest = 0usize;
+    let mut start = range.key.clone();
     let mut pinned = 0;
     loop {
-        let resp = store.get(req.clone()).await?;
+        let req = if out.is_empty() && pinned == 0 {
+            GetRequest::new(range.clone()).with_limit(limit)
+        } else {
+            GetRequest::new(KeyRange { key: start.clone(), range_end: range_end_of(range) })
+                .with_limit(limit)
+                .at_revision(pinned)
+        };
+        let resp = match store.get(req).await {
+            Ok(r) => r,
+            Err(StoreError::ResponseTooLarge(m)) => match shrink_page_limit(limit, &m) {
+                Some(smaller) => {
+                    limit = smaller;
+                    continue;
+                }
+                None => return Err(StoreError::ResponseTooLarge(m)),
+            },
+            Err(e) => return Err(e),
+        };
         if pinned == 0 {
             pinned = resp.revision;
         }
         let more = resp.more;
-        let last = resp.kvs.last().map(|kv| kv.key.clone());
+        largest = resp.kvs.iter().map(record_bytes).fold(largest, usize::max);
+        if let Some(last) = resp.kvs.last() {
+            // Next page starts right after the last key seen, at the same revision.
+            start = last.key.clone();
+            start.push(0);
+        }
+        let got = !resp.kvs.is_empty();
         out.extend(resp.kvs);
         on_page(out.len());
-        match (more, last) {
-            (true, Some(mut last)) => {
-                // Next page starts right after the last key seen, at the same revision.
-                last.push(0);
-                req = GetRequest::new(KeyRange { key: last, range_end: range_end_of(range) })
-                    .with_limit(page)
-                    .at_revision(pinned);
-            }
-            _ => return Ok((out, pinned)),
+        if !(more && got) {
+            return Ok((out, pinned));
         }
+        limit = next_page_limit(page, largest);
     }
 }
 
@@ -592,6 +658,98 @@ mod tests {
         assert_eq!(prefix_end(b"a\xff"), b"b".to_vec());
         assert_eq!(prefix_end(b"\xff\xff"), vec![0]);
         assert_eq!(prefix_end(b""), vec![0]);
+    }
+
+    /// etcd's client refuses answers over 4 MiB; this wrapper does the same over a real embedded
+    /// store, and records the size of every answer it let through.
+    struct ResponseLimit {
+        store: embedded::EmbeddedStore,
+        limit: usize,
+        sizes: std::sync::Mutex<Vec<usize>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Store for ResponseLimit {
+        async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+            self.store.txn(req).await
+        }
+        async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
+            let resp = self.store.get(req).await?;
+            let size: usize = resp.kvs.iter().map(|kv| kv.key.len() + kv.value.len() + 20).sum();
+            if size > self.limit {
+                return Err(StoreError::ResponseTooLarge(format!(
+                    "decoded message length too large: found {size} bytes, the limit is: {} bytes",
+                    self.limit
+                )));
+            }
+            self.sizes.lock().unwrap().push(size);
+            Ok(resp)
+        }
+        async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
+            self.store.lease_grant(ttl).await
+        }
+        async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
+            self.store.lease_keep_alive(id).await
+        }
+        async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
+            self.store.lease_revoke(id).await
+        }
+        async fn watch(&self, range: KeyRange, start: Revision) -> StoreResult<WatchStream> {
+            self.store.watch(range, start).await
+        }
+        async fn compact(&self, revision: Revision) -> StoreResult<()> {
+            self.store.compact(revision).await
+        }
+    }
+
+    /// Issue 9, item 5: 1,000 records per page whatever their size made listings of long keys
+    /// fail forever. Records of 12 KB names (a 4,096-byte key of `/`, escaped) and 4 KB values:
+    /// the listing completes, every answer under the limit, every record exactly once.
+    #[tokio::test]
+    async fn list_all_pages_by_bytes_under_a_response_limit() {
+        let inner = embedded::EmbeddedStore::memory();
+        let name = |i: usize| format!("big/{}{i:06}", "%2F".repeat(4090));
+        for chunk in (0..400).collect::<Vec<_>>().chunks(40) {
+            let ops = chunk.iter().map(|&i| TxnOp::put(name(i), vec![b'v'; 4096]));
+            assert!(inner.txn(TxnRequest::new().and_then(ops)).await.unwrap().succeeded);
+        }
+        let limit = 4 * 1024 * 1024;
+        let s = ResponseLimit { store: inner, limit, sizes: Default::default() };
+        let (kvs, _) = list_all(&s, &KeyRange::prefix("big/"), 1000).await.unwrap();
+        let names: Vec<String> =
+            kvs.iter().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()).collect();
+        assert_eq!(names, (0..400).map(name).collect::<Vec<_>>());
+        let sizes = s.sizes.lock().unwrap().clone();
+        assert!(sizes.len() > 1 && sizes.iter().all(|&n| n <= limit), "{sizes:?}");
+        // A single record over the limit cannot be paged around: the error says so.
+        let tiny = ResponseLimit { store: s.store.clone(), limit: 100, sizes: Default::default() };
+        match list_all(&tiny, &KeyRange::prefix("big/"), 1000).await {
+            Err(StoreError::ResponseTooLarge(m)) => assert!(m.contains("found"), "{m}"),
+            other => panic!("expected ResponseTooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn page_limits_follow_record_sizes() {
+        // Small records: the count limit rules.
+        assert_eq!(next_page_limit(1000, 100), 1000);
+        // Keys of 4096 '/' escape to 12,288 bytes: far fewer per page.
+        let big = 3 * 4096 + 200;
+        let n = next_page_limit(1000, big);
+        assert!(n > 1 && (n as usize) * big <= LIST_PAGE_BYTES, "{n}");
+        // A record bigger than the whole budget still makes progress, one at a time.
+        assert_eq!(next_page_limit(1000, LIST_PAGE_BYTES * 2), 1);
+        assert_eq!(next_page_limit(0, 10), 1);
+    }
+
+    #[test]
+    fn shrinking_after_a_too_large_answer() {
+        let m = "Error, decoded message length too large: found 11489866 bytes, the limit is: 4194304 bytes";
+        let n = shrink_page_limit(1000, m).unwrap();
+        assert!(n < 1000 && n as u64 * 11489866 / 1000 <= LIST_PAGE_BYTES as u64, "{n}");
+        assert_eq!(shrink_page_limit(100, "too large, size unknown"), Some(25));
+        assert_eq!(shrink_page_limit(2, "found 999999999999 bytes"), Some(1));
+        assert_eq!(shrink_page_limit(1, m), None, "one record is as small as a page gets");
     }
 
     #[test]

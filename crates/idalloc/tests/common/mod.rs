@@ -2,7 +2,6 @@
 //! that check the guarantees independently of the allocator's own cache.
 #![allow(dead_code)]
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,6 +9,7 @@ use std::time::Duration;
 use idalloc::layout::{IdRecord, Layout};
 use idalloc::store::{list_all, GetRequest, KeyRange, Store, TxnOp, TxnRequest};
 use idalloc::{Allocator, AllocatorOptions};
+use idalloc_testkit::g1::read_pool;
 
 pub const SESSION_TTL: Duration = Duration::from_secs(6);
 
@@ -99,53 +99,17 @@ pub async fn raw_bindings_in<S: Store + ?Sized>(
     l: &Layout,
     pool: &str,
 ) -> Vec<(u64, String)> {
-    let (kvs, _) = list_all(store, &KeyRange::prefix(l.id_prefix(pool)), 500).await.expect("list");
-    let mut out: Vec<(u64, String)> = kvs
-        .iter()
-        .filter_map(|kv| match IdRecord::decode(&kv.value) {
-            Some(IdRecord::Bound(k)) => Some((l.parse_id_key(pool, &kv.key).expect("id key"), k)),
-            _ => None,
-        })
-        .collect();
-    out.sort();
-    out
+    let snap = read_pool(store, l, pool).await.expect("read the pool's records");
+    snap.bound().map(|(id, k)| (id, k.to_string())).collect()
 }
 
-/// G1 on the raw store: ID records and key records form a bijection between bound IDs and keys.
+/// G1 on the raw store: ID records and key records form a bijection (the testkit's one checker).
 pub async fn check_g1<S: Store + ?Sized>(store: &S, pool: &str) {
     check_g1_in(store, &layout(), pool).await
 }
 
 pub async fn check_g1_in<S: Store + ?Sized>(store: &S, l: &Layout, pool: &str) {
-    let (kvs, rev) =
-        list_all(store, &KeyRange::prefix(l.pool_data_prefix(pool)), 500).await.expect("list");
-    let mut id_to_key: HashMap<u64, String> = HashMap::new();
-    let mut key_to_id: HashMap<String, u64> = HashMap::new();
-    for kv in &kvs {
-        if let Some(id) = l.parse_id_key(pool, &kv.key) {
-            if let Some(IdRecord::Bound(k)) = IdRecord::decode(&kv.value) {
-                id_to_key.insert(id, k);
-            }
-        } else if let Some(k) = l.parse_key_key(pool, &kv.key) {
-            let id: u64 = std::str::from_utf8(&kv.value).expect("utf8").parse().expect("decimal");
-            assert!(key_to_id.insert(k.clone(), id).is_none(), "G1 at {rev}: key {k:?} twice");
-        }
-    }
-    for (k, id) in &key_to_id {
-        assert_eq!(
-            id_to_key.get(id),
-            Some(k),
-            "G1 at {rev}: key {k:?} -> {id}, but id {id} -> {:?}",
-            id_to_key.get(id)
-        );
-    }
-    for (id, k) in &id_to_key {
-        assert_eq!(
-            key_to_id.get(k),
-            Some(id),
-            "G1 at {rev}: id {id} -> {k:?}, but the key record says otherwise"
-        );
-    }
+    idalloc_testkit::g1::assert_g1(store, l, pool).await
 }
 
 pub async fn count_refs<S: Store + ?Sized>(store: &S, pool: &str) -> usize {
@@ -153,12 +117,21 @@ pub async fn count_refs<S: Store + ?Sized>(store: &S, pool: &str) -> usize {
 }
 
 pub async fn count_refs_in<S: Store + ?Sized>(store: &S, l: &Layout, pool: &str) -> usize {
-    let (kvs, _) =
-        list_all(store, &KeyRange::prefix(l.refs_prefix(pool)), 500).await.expect("list");
-    kvs.len()
+    let snap = read_pool(store, l, pool).await.expect("read the pool's records");
+    snap.refs.values().map(|holders| holders.len()).sum()
 }
 
-/// G4: nothing but pool specs under the prefix.
+/// A durable holder's fence record (`P/data/<pool>/holder/<h>`): G4 as amended in
+/// docs/design-notes.md lets these stay (one per durable holder name and pool, gone with the pool).
+pub fn is_holder_fence(l: &Layout, record: &[u8]) -> bool {
+    let data = format!("{}/data/", l.prefix());
+    let Some(rest) = record.strip_prefix(data.as_bytes()) else { return false };
+    let Some(slash) = rest.iter().position(|b| *b == b'/') else { return false };
+    let pool = String::from_utf8_lossy(&rest[..slash]).into_owned();
+    l.parse_holder_key(&pool, record).is_some()
+}
+
+/// G4: nothing but pool specs (and durable holders' fence records) under the prefix.
 pub async fn assert_only_specs_left<S: Store + ?Sized>(store: &S) {
     assert_only_specs_left_in(store, &layout()).await
 }
@@ -169,7 +142,7 @@ pub async fn assert_only_specs_left_in<S: Store + ?Sized>(store: &S, l: &Layout)
     let pools = l.pools_prefix();
     let extra: Vec<String> = kvs
         .iter()
-        .filter(|kv| !kv.key.starts_with(&pools))
+        .filter(|kv| !kv.key.starts_with(&pools) && !is_holder_fence(l, &kv.key))
         .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
         .collect();
     assert!(extra.is_empty(), "left in the store: {extra:?}");

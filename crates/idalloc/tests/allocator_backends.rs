@@ -1,38 +1,131 @@
-//! The allocator's core behaviour on a real etcd (started by `scripts/test.sh`, or privately when
-//! run alone). Each test uses its own key prefix, so they share one etcd. Real time: TTLs are short.
+//! The allocator's core behaviour, written once and run on every backend: the in-memory store,
+//! the file store and a real etcd (started by `scripts/test.sh`, or privately when run alone; each
+//! test uses its own key prefix, so they share one etcd).
+//!
+//! Time: the embedded backends (memory, file) run on tokio's paused clock, so TTL waits are instant
+//! and deterministic; etcd's leases expire in real time, which a paused clock cannot advance, so
+//! on etcd the same tests run in real time with short TTLs. Tests that need the clock to jump
+//! (reuse delays, idle grace, hours-long waits) cannot run on etcd: they stay embedded-only in
+//! `tests/allocator.rs`.
 
 mod common;
 
+use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
 use idalloc::layout::{IdRecord, Layout};
-use idalloc::store::etcd::EtcdStore;
+use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::{Store, TxnOp, TxnRequest};
 use idalloc::{Allocator, AllocatorOptions, Error, Event, PoolSpec, Strategy};
 use idalloc_testkit::counting::CountingStore;
-use idalloc_testkit::etcd::{connect_test_store, test_etcd_endpoint, unique_prefix, TestEtcd};
+use idalloc_testkit::etcd::{connect_test_store, test_etcd_endpoint, unique_prefix};
 
 const TTL: Duration = Duration::from_secs(3);
 
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    File,
+    Etcd,
+    /// An etcd of its own with mutual TLS, user authentication with 2 s tokens, and a user whose
+    /// role covers only `idalloc-secure/` (issue 11, docs/security.md).
+    SecureEtcd,
+}
+
 struct Env {
-    _etcd: TestEtcd,
-    store: Arc<EtcdStore>,
+    store: Arc<dyn Store>,
     layout: Layout,
+    /// What must outlive the store: the etcd server or the file's temp dir.
+    _guard: Box<dyn Any + Send>,
 }
 
-/// The test's etcd and prefix, or `None` if the test is skipped (no etcd outside CI).
-async fn env() -> Option<Env> {
-    let etcd = test_etcd_endpoint().await?;
-    let store = Arc::new(connect_test_store(&etcd.endpoint()).await.expect("connect"));
-    let prefix = String::from_utf8(unique_prefix()).expect("utf8");
-    let layout = Layout::new(prefix.trim_end_matches('/')).expect("prefix");
-    Some(Env { _etcd: etcd, store, layout })
+/// The backend's store and a prefix of the test's own, or `None` if the test is skipped (no
+/// etcd outside CI).
+async fn env(backend: Backend) -> Option<Env> {
+    match backend {
+        Backend::Memory => Some(Env {
+            store: Arc::new(EmbeddedStore::memory()),
+            layout: layout(),
+            _guard: Box::new(()),
+        }),
+        Backend::File => {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let store =
+                EmbeddedStore::open(dir.path().join("store.redb"), EmbeddedOptions::default())
+                    .await
+                    .expect("open file store");
+            Some(Env { store: Arc::new(store), layout: layout(), _guard: Box::new(dir) })
+        }
+        Backend::Etcd => {
+            let etcd = test_etcd_endpoint().await?;
+            let store = connect_test_store(&etcd.endpoint()).await.expect("connect");
+            let prefix = String::from_utf8(unique_prefix()).expect("utf8");
+            let layout = Layout::new(prefix.trim_end_matches('/')).expect("prefix");
+            Some(Env { store: Arc::new(store), layout, _guard: Box::new(etcd) })
+        }
+        Backend::SecureEtcd => {
+            use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
+            if !idalloc_testkit::etcd::etcd_on_path() {
+                assert!(std::env::var("CI").map_or(true, |v| v != "true"), "no etcd under CI");
+                return None;
+            }
+            let spec = SecureSpec {
+                tls: true,
+                client_cert_auth: true,
+                auth: true,
+                auth_token_ttl: Some(2),
+            };
+            let etcd = SecureEtcd::start(spec).await.unwrap_or_else(|e| panic!("{e}"));
+            let opts = etcd.options(Some(SecureEtcd::user_auth()));
+            let store = idalloc::store::etcd::EtcdStore::connect(opts).await.expect("connect");
+            let layout = Layout::new(format!("{}alloc", SecureEtcd::PREFIX)).expect("prefix");
+            Some(Env { store: Arc::new(store), layout, _guard: Box::new(etcd) })
+        }
+    }
 }
 
-fn alloc<S: Store>(store: Arc<S>, l: &Layout, holder: &str) -> Allocator {
+/// One `#[tokio::test]` per backend for each listed test, in modules `memory`, `file`, `etcd`.
+macro_rules! on_every_backend {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test(start_paused = true)]
+            async fn $name() {
+                super::$name(super::Backend::Memory).await
+            })*
+        }
+        mod file {
+            $(#[tokio::test(start_paused = true)]
+            async fn $name() {
+                super::$name(super::Backend::File).await
+            })*
+        }
+        mod etcd {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::Etcd).await
+            })*
+        }
+        mod secure_etcd {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::SecureEtcd).await
+            })*
+        }
+    };
+}
+
+on_every_backend!(
+    round_trip_budgets_are_exact,
+    cilium_and_contiv_behaviour,
+    many_allocators_overlapping_keys_agree,
+    lost_lease_lost_data_and_conflict,
+    crashed_process_is_reclaimed_after_its_ttl,
+);
+
+fn alloc(store: Arc<dyn Store>, l: &Layout, holder: &str) -> Allocator {
     let opts = AllocatorOptions {
         prefix: l.prefix().to_string(),
         holder: Some(holder.to_string()),
@@ -42,9 +135,8 @@ fn alloc<S: Store>(store: Arc<S>, l: &Layout, holder: &str) -> Allocator {
     Allocator::from_arc(store, opts).expect("allocator")
 }
 
-#[tokio::test]
-async fn etcd_round_trip_budgets_are_exact() {
-    let Some(env) = env().await else { return };
+async fn round_trip_budgets_are_exact(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
     let counted = Arc::new(CountingStore::new(env.store.clone()));
     let a = alloc(counted.clone(), &env.layout, "a");
     let b = alloc(counted.clone(), &env.layout, "b");
@@ -82,9 +174,8 @@ async fn etcd_round_trip_budgets_are_exact() {
     assert_eq!(raw_binding_in(&*env.store, &env.layout, "p", "x").await, None);
 }
 
-#[tokio::test]
-async fn etcd_cilium_and_contiv_behaviour() {
-    let Some(env) = env().await else { return };
+async fn cilium_and_contiv_behaviour(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
     let (store, l) = (env.store.clone(), &env.layout);
     let a = alloc(store.clone(), l, "a");
     let b = alloc(store.clone(), l, "b");
@@ -119,9 +210,8 @@ async fn etcd_cilium_and_contiv_behaviour() {
     check_g1_in(&*store, l, "p").await;
 }
 
-#[tokio::test]
-async fn etcd_many_allocators_overlapping_keys_agree() {
-    let Some(env) = env().await else { return };
+async fn many_allocators_overlapping_keys_agree(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
     let l = env.layout.clone();
     let setup = alloc(env.store.clone(), &l, "setup");
     setup.init_pool(&PoolSpec::new("p", 1, 1000).strategy(Strategy::Lowest)).await.expect("init");
@@ -161,9 +251,8 @@ async fn etcd_many_allocators_overlapping_keys_agree() {
     assert_only_specs_left_in(&*env.store, &l).await;
 }
 
-#[tokio::test]
-async fn etcd_lost_lease_lost_data_and_conflict() {
-    let Some(env) = env().await else { return };
+async fn lost_lease_lost_data_and_conflict(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
     let (store, l) = (env.store.clone(), &env.layout);
     let a = alloc(store.clone(), l, "a");
     let p = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
@@ -208,9 +297,8 @@ async fn etcd_lost_lease_lost_data_and_conflict() {
     check_g1_in(&*store, l, "p").await;
 }
 
-#[tokio::test]
-async fn etcd_crashed_process_is_reclaimed_after_its_ttl() {
-    let Some(env) = env().await else { return };
+async fn crashed_process_is_reclaimed_after_its_ttl(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
     let (store, l) = (env.store.clone(), &env.layout);
     let crashing = alloc(store.clone(), l, "crashing");
     let id = crashing

@@ -1,0 +1,263 @@
+//! The bind loop (DESIGN §5): decide, send one txn, learn from the answer, until the key is bound.
+//! Enforces G1 (one ID per key, one key per ID) through the protocol's compares and G2 (every
+//! process sees the same binding) by binding only through the store.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::Rng;
+use tracing::{debug, warn};
+
+use super::pool_state::{lock, PoolState};
+use super::registry::{protocol_error, Inner};
+use super::types::Acquired;
+use crate::error::{Error, Result};
+use crate::layout::IdRecord;
+use crate::pool::Strategy;
+use crate::protocol::{self, decide, BindOutcome, BindPlan, Decision, RefTarget};
+use crate::store::{GetRequest, Revision, StoreError};
+
+/// Attempts of one bind loop before giving up with `Unavailable` (each attempt is one round trip and
+/// only repeats because another writer changed the records in between).
+pub(super) const MAX_BIND_ATTEMPTS: usize = 64;
+
+/// On which lease a bind puts the holder's reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RefLease {
+    /// No lease: a durable reference.
+    Durable,
+    /// The allocator's own session lease (granted on first use, kept alive by the library).
+    Session,
+    /// A client session's lease (kept alive by its client; see [`crate::ClientSession`]).
+    Client(crate::store::LeaseId),
+}
+
+impl Inner {
+    /// Runs the bind loop for `key` until it is bound (with `holder`'s reference, if given).
+    /// `preferred` is the ID to keep if at all possible (repairs). Returns the ID and whether this
+    /// call created the binding.
+    pub(super) async fn bind(
+        self: &Arc<Self>,
+        pool: &PoolState,
+        key: &str,
+        holder: Option<&str>,
+        leased: RefLease,
+        preferred: Option<u64>,
+    ) -> Result<Acquired> {
+        self.wait_synced(pool).await?;
+        let name = pool.spec.name();
+        let mut key_rec = pool.lock_cache().get(key);
+        // Whether `key_rec` comes from the store (a failed attempt's read-back or a direct read)
+        // rather than from the cache, which may not have seen the key's binding yet.
+        let mut key_rec_read = false;
+        let mut observed: HashMap<u64, Option<IdRecord>> = HashMap::new();
+        // Candidates that turned out taken: spreads `lowest` picks after collisions.
+        let mut lost = 0u32;
+        for attempt in 0..MAX_BIND_ATTEMPTS {
+            let decision = {
+                let cache = pool.lock_cache();
+                decide(
+                    key,
+                    key_rec,
+                    |id| match observed.get(&id) {
+                        Some(rec) => Some(rec.clone()),
+                        // The cache may lag behind the store (a broken watch, a partition): it
+                        // may still show an ID under a key it no longer belongs to. Only a record
+                        // read from the store may prove that an ID belongs to another key (which
+                        // moves this key to a fresh ID); an unverified "not ours" counts as
+                        // unknown, so the next txn compares on it and reads it back.
+                        None => match cache.record(id) {
+                            Some(rec) if rec.key() == key => Some(Some(rec)),
+                            _ => None,
+                        },
+                    },
+                    preferred,
+                )
+            };
+            let (plan, claimed) = match decision {
+                Decision::Send(plan) => (plan, false),
+                Decision::NeedCandidate { expect_key, moved_from } => {
+                    match self.pick_candidate(pool, lost) {
+                        Ok(id) => (BindPlan { expect_key, id, expect_id: None, moved_from }, true),
+                        Err(exhausted) if key_rec_read => return Err(exhausted),
+                        Err(exhausted) => {
+                            // A full pool is only final once the store confirms the key has no
+                            // binding yet (the cache may lag behind another node's bind of it).
+                            key_rec = self.read_key_record(pool, key).await?;
+                            key_rec_read = true;
+                            if key_rec.is_none() && preferred.is_none() {
+                                return Err(exhausted);
+                            }
+                            continue;
+                        }
+                    }
+                }
+            };
+            let lease = match leased {
+                RefLease::Durable => 0,
+                RefLease::Session => self.session_lease().await?,
+                RefLease::Client(l) => l,
+            };
+            let target = holder.map(|h| RefTarget { holder: h, lease });
+            let fences = self.fences(pool);
+            let req = plan.txn_fenced(&self.layout, name, key, target, fences);
+            let (result, doubt) = self.req.txn_noting_doubt(req).await;
+            if doubt && leased == RefLease::Session {
+                lock(&pool.doubt).insert(key.to_string());
+            }
+            let resp = match result {
+                Ok(r) => r,
+                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    return Err(crate::client_session::lease_gone(l));
+                }
+                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    self.session_lost(l).await;
+                    continue;
+                }
+                Err(e) => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    return Err(e.into());
+                }
+            };
+            match plan.outcome_fenced(&resp, fences).map_err(protocol_error)? {
+                BindOutcome::PoolGone { spec_now } => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    return Err(self.pool_gone(pool, spec_now));
+                }
+                BindOutcome::Bound { id, .. } => {
+                    pool.lock_cache().learn(id, true);
+                    debug!(pool = %name, key, id, attempt, "bound");
+                    return Ok(Acquired { id, new: plan.creates_binding() });
+                }
+                BindOutcome::Observed(obs) => {
+                    debug!(pool = %name, key, ?obs, attempt, "bind compare failed; deciding again");
+                    pool.lock_cache().learn(obs.id, obs.id_rec.is_some());
+                    if claimed && obs.id_rec.is_some() {
+                        lost += 1;
+                    }
+                    // Let the cache catch up with what the failed attempt saw before choosing
+                    // again: a collision usually means others are binding too, and the watch
+                    // teaches all their IDs at once where the read-back teaches one.
+                    self.wait_applied(pool, obs.records_revision).await;
+                    observed.insert(obs.id, obs.id_rec);
+                    if let Some((from, rec)) = obs.moved_from {
+                        observed.insert(from, rec);
+                    }
+                    key_rec = obs.key_rec;
+                    key_rec_read = true;
+                }
+            }
+        }
+        warn!(pool = %name, key, "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
+        Err(Error::Unavailable {
+            reason: format!(
+                "key {key:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts"
+            ),
+        })
+    }
+
+    pub(super) async fn read_key_record(&self, pool: &PoolState, key: &str) -> Result<Option<u64>> {
+        let k = self.layout.key_key(pool.spec.name(), key);
+        let resp = self.req.call(|| self.req.store.get(GetRequest::key(k.clone()))).await?;
+        self.req.note_seen(resp.revision);
+        match resp.kvs.first() {
+            None => Ok(None),
+            Some(kv) => {
+                protocol::parse_id_value(&kv.value).map(Some).ok_or_else(|| Error::Unavailable {
+                    reason: format!(
+                        "key record of {key:?} holds {:?}, not an ID",
+                        String::from_utf8_lossy(&kv.value)
+                    ),
+                })
+            }
+        }
+    }
+
+    /// Waits (briefly, bounded) until the pool's cache has applied `revision`.
+    pub(super) async fn wait_applied(&self, pool: &PoolState, revision: Revision) {
+        if revision == 0 {
+            return;
+        }
+        let mut rx = pool.applied.subscribe();
+        let bound = self.opts.request_timeout.min(Duration::from_millis(500));
+        let _ =
+            tokio::time::timeout(bound, async { rx.wait_for(|r| *r >= revision).await.is_ok() })
+                .await;
+    }
+
+    /// Picks a free ID and marks it used locally, so concurrent binds in this process do not race
+    /// for the same candidate. After `lost` collisions, `lowest` picks among the lowest
+    /// `2^lost` (at most 64) free IDs instead of always the lowest, so nodes that keep choosing the
+    /// same ID spread out.
+    pub(super) fn pick_candidate(&self, pool: &PoolState, lost: u32) -> Result<u64> {
+        let mut cache = pool.lock_cache();
+        let raw = {
+            let mut rng = lock(&self.rng);
+            let free = cache.free_ids();
+            match pool.spec.strategy_kind() {
+                Strategy::Lowest if lost > 0 => {
+                    let spread = (1u64 << lost.min(6)).min(free.free_count());
+                    if spread == 0 {
+                        None
+                    } else {
+                        free.nth_free(rng.random_range(0..spread))
+                    }
+                }
+                strategy => free.pick(strategy, &mut *rng),
+            }
+        };
+        match raw {
+            Some(raw) => {
+                cache.free_ids().insert(raw);
+                Ok(pool.spec.apply_prefix(raw))
+            }
+            None => Err(Error::Exhausted {
+                pool: pool.spec.name().to_string(),
+                min: pool.spec.min(),
+                max: pool.spec.max(),
+                capacity: pool.spec.capacity(),
+            }),
+        }
+    }
+
+    /// Waits until the pool's cache holds the whole pool. A large pool takes many pages to list;
+    /// the wait gives up only when no page has arrived for a whole request budget (timeout ×
+    /// attempts), not after a fixed total.
+    pub(super) async fn wait_synced(&self, pool: &PoolState) -> Result<()> {
+        let mut synced = pool.synced.subscribe();
+        let mut progress = pool.list_progress.subscribe();
+        let bound = self.opts.request_timeout * self.opts.retry.max_attempts;
+        loop {
+            if *synced.borrow_and_update() {
+                return Ok(());
+            }
+            let moved = tokio::time::timeout(bound, async {
+                tokio::select! {
+                    biased;
+                    r = synced.changed() => r.is_ok(),
+                    r = progress.changed() => r.is_ok(),
+                }
+            })
+            .await;
+            if !matches!(moved, Ok(true)) {
+                return Err(Error::Unavailable {
+                    reason: format!(
+                        "pool {:?} could not be listed from the store: no progress within {bound:?}",
+                        pool.spec.name()
+                    ),
+                });
+            }
+        }
+    }
+}

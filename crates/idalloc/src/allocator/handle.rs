@@ -1,0 +1,504 @@
+//! [`Pool`]: the handle on one pool, the public face of acquire, release, reads, events and remote
+//! views. Each operation takes the key's single-flight guard and runs the bind or release path.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use tracing::warn;
+
+use super::events::{ClusterEvents, Events};
+use super::pool_state::{lock, Held, PoolState};
+use super::registry::Inner;
+use super::repair_queue::Repair;
+use super::types::{Acquired, Binding, Released};
+use crate::error::{Error, Result};
+use crate::layout::IdRecord;
+use crate::pool::{validate_holder, validate_key, PoolSpec};
+use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool};
+use crate::store::{GetRequest, KeyRange, Store};
+
+/// A handle on one pool of an [`Allocator`]. Cheap to clone.
+#[derive(Clone)]
+pub struct Pool {
+    pub(super) inner: Arc<Inner>,
+    pub(super) state: Arc<PoolState>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool").field("spec", &self.state.spec).finish()
+    }
+}
+
+impl Pool {
+    pub(super) fn new(inner: Arc<Inner>, state: Arc<PoolState>) -> Pool {
+        Pool { inner, state }
+    }
+
+    /// The pool's spec.
+    pub fn spec(&self) -> &PoolSpec {
+        &self.state.spec
+    }
+
+    /// The ID of `key`, with a reference of this process on its session lease (refcounted: each
+    /// acquire needs one release). Round trips: 0 if this process already holds the key, else 1
+    /// when uncontended (DESIGN §5).
+    pub async fn acquire(&self, key: &str) -> Result<Acquired> {
+        crate::metrics::timed(self.spec().name(), "acquire", self.acquire_untimed(key)).await
+    }
+
+    async fn acquire_untimed(&self, key: &str) -> Result<Acquired> {
+        validate_key(key)?;
+        if let Some(a) = self.count_up(key) {
+            return Ok(a);
+        }
+        let _key = self.state.lock_key(key).await;
+        {
+            match self.count_up(key) {
+                Some(a) => Ok(a),
+                None => {
+                    let holder = self.inner.holder.clone();
+                    let r = self
+                        .inner
+                        .bind(&self.state, key, Some(&holder), super::RefLease::Session, None)
+                        .await;
+                    match &r {
+                        Ok(a) => {
+                            lock(&self.state.held)
+                                .insert(key.to_string(), Held { id: a.id, count: 1 });
+                        }
+                        Err(Error::Unavailable { .. }) if lock(&self.state.doubt).contains(key) => {
+                            // An attempt may still be applied: undo whatever it left, in the
+                            // background (the fence bump makes a later apply fail).
+                            self.inner
+                                .repairs
+                                .push(Repair::Abandon(self.state.clone(), key.to_string()));
+                        }
+                        Err(_) => {}
+                    }
+                    r
+                }
+            }
+        }
+    }
+
+    pub(super) fn count_up(&self, key: &str) -> Option<Acquired> {
+        let mut held = lock(&self.state.held);
+        let h = held.get_mut(key)?;
+        h.count += 1;
+        Some(Acquired { id: h.id, new: false })
+    }
+
+    /// The ID of `key` with a durable reference of `holder`: not on any lease, it stays until
+    /// `release_durable(key, holder)` (Contiv's owner semantics; what the CLI uses). Idempotent per
+    /// holder. One round trip when uncontended.
+    pub async fn acquire_durable(&self, key: &str, holder: &str) -> Result<Acquired> {
+        let f = self.acquire_durable_untimed(key, holder);
+        crate::metrics::timed(self.spec().name(), "acquire_durable", f).await
+    }
+
+    /// The ID of `key` with `holder`'s reference on `lease` (a client session's: see
+    /// [`crate::ClientSession::acquire`]). Idempotent per holder, like a durable reference.
+    pub(crate) async fn acquire_on_lease(
+        &self,
+        key: &str,
+        holder: &str,
+        lease: crate::store::LeaseId,
+    ) -> Result<Acquired> {
+        validate_key(key)?;
+        let _key = self.state.lock_key(key).await;
+        self.inner.bind(&self.state, key, Some(holder), super::RefLease::Client(lease), None).await
+    }
+
+    async fn acquire_durable_untimed(&self, key: &str, holder: &str) -> Result<Acquired> {
+        validate_key(key)?;
+        validate_holder(holder)?;
+        let _key = self.state.lock_key(key).await;
+        {
+            self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, None).await
+        }
+    }
+
+    /// Drops one local use of `key`. The last local use removes this process's reference (one
+    /// round trip) and, if it was the last reference and the pool has no idle grace, the binding in
+    /// the same txn. Releasing a key this process does not hold is a no-op (`held == false`).
+    pub async fn release(&self, key: &str) -> Result<Released> {
+        let r =
+            crate::metrics::timed(self.spec().name(), "release", self.release_untimed(key)).await;
+        self.count_reclaim(&r);
+        r
+    }
+
+    fn count_reclaim(&self, r: &Result<Released>) {
+        if matches!(r, Ok(Released { reclaimed: true, .. })) {
+            crate::metrics::reclaimed(self.spec().name(), "release", 1);
+        }
+    }
+
+    async fn release_untimed(&self, key: &str) -> Result<Released> {
+        validate_key(key)?;
+        let _key = self.state.lock_key(key).await;
+        {
+            let last_id = {
+                let mut held = lock(&self.state.held);
+                match held.get_mut(key) {
+                    None => Err(false),
+                    Some(h) if h.count > 1 => {
+                        h.count -= 1;
+                        Err(true)
+                    }
+                    Some(h) => {
+                        let id = h.id;
+                        held.remove(key);
+                        Ok(id)
+                    }
+                }
+            };
+            match last_id {
+                Err(held) => Ok(Released { held, reclaimed: false }),
+                Ok(id) => {
+                    let holder = self.inner.holder.clone();
+                    match self.inner.release_ref(&self.state, key, id, &holder, false).await {
+                        Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
+                        Err(Error::Unavailable { reason }) => {
+                            // The store may or may not have applied the release. Restoring the
+                            // local hold could claim a key whose reference is gone (and whose
+                            // ID another key may take); keeping nothing could leak the
+                            // reference. So the key stays released here and the release is
+                            // completed in the background, idempotently.
+                            warn!(pool = %self.state.spec.name(), key, id, %reason, "release outcome unknown; completing it in the background");
+                            self.inner.repairs.push(Repair::Release(
+                                self.state.clone(),
+                                key.to_string(),
+                                id,
+                            ));
+                            Err(Error::Unavailable {
+                                reason: format!(
+                                    "{reason}; the release is completed in the background"
+                                ),
+                            })
+                        }
+                        Err(e @ (Error::PoolNotFound { .. } | Error::RangeMismatch { .. })) => {
+                            // The pool is gone, and every reference with it.
+                            Err(e)
+                        }
+                        Err(e) => {
+                            // Rejected, so not applied: nothing changed, the caller may retry.
+                            lock(&self.state.held).insert(key.to_string(), Held { id, count: 1 });
+                            Err(e)
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Removes `holder`'s durable reference to `key`; reclaims the binding if it was the last
+    /// reference and the pool has no idle grace. A no-op (`held == false`) if `holder` held nothing.
+    pub async fn release_durable(&self, key: &str, holder: &str) -> Result<Released> {
+        let f = self.release_durable_untimed(key, holder);
+        let r = crate::metrics::timed(self.spec().name(), "release_durable", f).await;
+        self.count_reclaim(&r);
+        r
+    }
+
+    async fn release_durable_untimed(&self, key: &str, holder: &str) -> Result<Released> {
+        validate_key(key)?;
+        validate_holder(holder)?;
+        let _key = self.state.lock_key(key).await;
+        async {
+            let id =
+                match self.inner.wait_synced(&self.state).await.ok().and_then(|_| self.get(key)) {
+                    Some(id) => Some(id),
+                    None => self.get_consistent(key).await?,
+                };
+            match id {
+                Some(id) => self.inner.release_ref(&self.state, key, id, holder, true).await,
+                None => {
+                    // No binding: at most a stray reference is left; remove it.
+                    self.inner.release_stray_ref(&self.state, key, holder, true).await
+                }
+            }
+        }
+        .await
+    }
+
+    /// The ID bound to `key`, from the cache (no round trip; this process's own keys are seen at
+    /// once, other nodes' as soon as the watch delivers them).
+    pub fn get(&self, key: &str) -> Option<u64> {
+        if let Some(h) = lock(&self.state.held).get(key) {
+            return Some(h.id);
+        }
+        self.state.lock_cache().get(key)
+    }
+
+    /// The key bound to `id`, from the cache (no round trip).
+    pub fn key_of(&self, id: u64) -> Option<String> {
+        self.state.lock_cache().key_of(id).map(str::to_string)
+    }
+
+    /// [`Pool::get`] read from the store (one round trip).
+    pub async fn get_consistent(&self, key: &str) -> Result<Option<u64>> {
+        validate_key(key)?;
+        self.inner.read_key_record(&self.state, key).await
+    }
+
+    /// [`Pool::key_of`] read from the store (one round trip).
+    pub async fn key_of_consistent(&self, id: u64) -> Result<Option<String>> {
+        let k = self.inner.layout.id_key(self.state.spec.name(), id);
+        let resp =
+            self.inner.req.call(|| self.inner.req.store.get(GetRequest::key(k.clone()))).await?;
+        Ok(resp.kvs.first().and_then(|kv| match IdRecord::decode(&kv.value) {
+            Some(IdRecord::Bound(key)) => Some(key),
+            _ => None,
+        }))
+    }
+
+    /// Every binding with its holders, read from the store at one revision (one round trip per
+    /// page), sorted by ID. Tombstones are not bindings and are left out.
+    pub async fn list(&self) -> Result<Vec<Binding>> {
+        let inner = &self.inner;
+        let name = self.state.spec.name();
+        let range = KeyRange::prefix(inner.layout.pool_data_prefix(name));
+        let (kvs, _) = inner
+            .req
+            .call(|| crate::store::list_all(&*inner.req.store, &range, inner.opts.list_page))
+            .await?;
+        let mut holders: HashMap<String, Vec<String>> = HashMap::new();
+        let mut bound = Vec::new();
+        for kv in &kvs {
+            if let Some(id) = inner.layout.parse_id_key(name, &kv.key) {
+                if let Some(IdRecord::Bound(key)) = IdRecord::decode(&kv.value) {
+                    bound.push((id, key));
+                }
+            } else if let Some((key, holder)) = inner.layout.parse_ref_key(name, &kv.key) {
+                holders.entry(key).or_default().push(holder);
+            }
+        }
+        bound.sort();
+        Ok(bound
+            .into_iter()
+            .map(|(id, key)| {
+                let mut h = holders.remove(&key).unwrap_or_default();
+                h.sort();
+                Binding { id, key, holders: h }
+            })
+            .collect())
+    }
+
+    /// Every binding in the cache, sorted by ID.
+    pub fn snapshot(&self) -> Vec<(u64, String)> {
+        self.state.lock_cache().snapshot()
+    }
+
+    /// Subscribes to the pool's events. A subscriber that falls more than `event_buffer` events
+    /// behind gets [`Event::Lagged`] and should re-read [`Pool::snapshot`]; it never slows
+    /// allocation down.
+    ///
+    /// The subscription starts with the pool as the cache holds it: every binding as an `Upsert`
+    /// (by ID) and, if the pool has been listed, one `Synced`; then every change after that, in
+    /// order, none twice and none missing. So a subscriber that arrives late, or on another
+    /// thread, still sees a complete picture.
+    pub fn events(&self) -> Events {
+        let cache = self.state.lock_cache();
+        let replay = remote::replay(&cache, self.state.listed.load(Ordering::Acquire));
+        let rx = self.state.events.subscribe();
+        drop(cache);
+        Events::new(replay, rx)
+    }
+
+    /// Like [`Pool::events`] for every cluster of the pool: the local cache and each remote view
+    /// replay their bindings (then one `Synced` each, if listed), then live events of all of them
+    /// follow, each tagged with its cluster; events of one cluster keep their order. A `Lagged`
+    /// (tagged `local`) means events of any cluster were missed: re-read
+    /// [`Pool::snapshot_all`].
+    pub fn cluster_events(&self) -> ClusterEvents {
+        let remotes = lock(&self.state.remotes);
+        let cache = self.state.lock_cache();
+        let views: Vec<_> = remotes.values().map(|v| (v.clone(), v.lock())).collect();
+        let mut replay = VecDeque::new();
+        let local = remote::replay(&cache, self.state.listed.load(Ordering::Acquire));
+        replay
+            .extend(local.into_iter().map(|event| ClusterEvent { cluster: Cluster::Local, event }));
+        for (v, g) in &views {
+            let r = remote::replay(&g.cache, g.listed);
+            replay.extend(
+                r.into_iter().map(|event| ClusterEvent { cluster: v.cluster.clone(), event }),
+            );
+        }
+        let rx = self.state.mesh.subscribe();
+        drop(views);
+        drop(cache);
+        drop(remotes);
+        ClusterEvents::new(replay, rx)
+    }
+
+    /// Starts a read-only view of this pool in another cluster's `store` (Cilium's
+    /// `WatchRemoteKVStore`): reads the remote pool's spec (one round trip; `PoolNotFound` if it has
+    /// none), refuses it if its ID space overlaps this pool's or another remote's, then follows its
+    /// bindings in the background. Never writes to `store`. Local operations never wait for it.
+    pub async fn watch_remote(
+        &self,
+        name: &str,
+        store: Arc<dyn Store>,
+        opts: RemoteOptions,
+    ) -> Result<RemotePool> {
+        remote::validate_remote_name(name)?;
+        if lock(&self.state.remotes).contains_key(name) {
+            return Err(Error::invalid_str(
+                "remote name",
+                name,
+                "this pool already has a remote view of that name; remove it first",
+            ));
+        }
+        let others = self.spaces();
+        let view =
+            remote::open(name, &self.state.spec, store, opts, &others, self.state.mesh.clone())
+                .await?;
+        let mut remotes = lock(&self.state.remotes);
+        // Checked again: another call may have added a remote while the spec was read.
+        let now: Vec<_> = remotes.values().map(|v| (v.cluster.clone(), v.space())).collect();
+        let clash = remotes.contains_key(name)
+            || now.iter().any(|(_, (lo, hi))| view.space().0 <= *hi && *lo <= view.space().1);
+        if clash {
+            view.abort_tasks();
+            return Err(Error::invalid_str(
+                "remote name",
+                name,
+                "another remote view of this pool was added meanwhile with this name or an overlapping ID space",
+            ));
+        }
+        remotes.insert(name.to_string(), view.clone());
+        Ok(RemotePool { view })
+    }
+
+    /// Drops remote view `name` (Cilium's `RemoveRemoteKVStore`): stops following it and emits a
+    /// `Delete` for every binding it contributed. False if there was none.
+    pub fn remove_remote(&self, name: &str) -> bool {
+        let mut remotes = lock(&self.state.remotes);
+        match remotes.remove(name) {
+            Some(v) => {
+                v.shut();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The remote views of this pool, by name.
+    pub fn remotes(&self) -> Vec<RemotePool> {
+        lock(&self.state.remotes).values().map(|v| RemotePool { view: v.clone() }).collect()
+    }
+
+    /// Remote view `name`, if this pool has one.
+    pub fn remote(&self, name: &str) -> Option<RemotePool> {
+        lock(&self.state.remotes).get(name).map(|v| RemotePool { view: v.clone() })
+    }
+
+    pub(super) fn spaces(&self) -> Vec<(Cluster, (u64, u64))> {
+        let mut v = vec![(Cluster::Local, remote::id_space(&self.state.spec))];
+        v.extend(lock(&self.state.remotes).values().map(|r| (r.cluster.clone(), r.space())));
+        v
+    }
+
+    /// The key bound to `id` in any cluster, and which one (no round trip). ID spaces of the
+    /// clusters never overlap, so the ID alone picks the one view to ask.
+    pub fn key_of_any(&self, id: u64) -> Option<(Cluster, String)> {
+        let (lo, hi) = remote::id_space(&self.state.spec);
+        if id >= lo && id <= hi {
+            return self.key_of(id).map(|k| (Cluster::Local, k));
+        }
+        let view = lock(&self.state.remotes)
+            .values()
+            .find(|v| id >= v.space().0 && id <= v.space().1)
+            .cloned()?;
+        let k = view.lock().cache.key_of(id).map(str::to_string)?;
+        Some((view.cluster.clone(), k))
+    }
+
+    /// Every (cluster, ID) `key` is bound to: local first, then remotes by name (no round trip).
+    pub fn ids_of(&self, key: &str) -> Vec<(Cluster, u64)> {
+        let mut out = Vec::new();
+        if let Some(id) = self.get(key) {
+            out.push((Cluster::Local, id));
+        }
+        for v in lock(&self.state.remotes).values() {
+            if let Some(id) = v.lock().cache.get(key) {
+                out.push((v.cluster.clone(), id));
+            }
+        }
+        out
+    }
+
+    /// Every binding of every cluster (Cilium's `ForeachCache`): local first, then remotes by
+    /// name, each sorted by ID. Each view is read at one instant; views are read one after another.
+    pub fn snapshot_all(&self) -> Vec<(Cluster, u64, String)> {
+        let mut out: Vec<(Cluster, u64, String)> =
+            self.snapshot().into_iter().map(|(id, k)| (Cluster::Local, id, k)).collect();
+        let views: Vec<_> = lock(&self.state.remotes).values().cloned().collect();
+        for v in views {
+            let snap = v.lock().cache.snapshot();
+            out.extend(snap.into_iter().map(|(id, k)| (v.cluster.clone(), id, k)));
+        }
+        out
+    }
+
+    /// Calls `f` on every binding of every cluster, in [`Pool::snapshot_all`]'s order, without
+    /// copying keys; each view is locked while it is visited, so keep `f` short.
+    pub fn foreach_all(&self, mut f: impl FnMut(&Cluster, u64, &str)) {
+        for (id, k) in self.state.lock_cache().snapshot() {
+            f(&Cluster::Local, id, &k);
+        }
+        let views: Vec<_> = lock(&self.state.remotes).values().cloned().collect();
+        for v in views {
+            let g = v.lock();
+            for (id, k) in g.cache.snapshot() {
+                f(&v.cluster, id, &k);
+            }
+        }
+    }
+
+    /// Waits until the cache holds the whole pool (the first listing is done).
+    pub async fn wait_synced(&self) -> Result<()> {
+        self.inner.wait_synced(&self.state).await
+    }
+
+    /// Re-lists the pool and re-references every key this process holds (DESIGN §7).
+    pub async fn resync(&self) -> Result<()> {
+        self.state.synced.send_replace(false);
+        self.state.relist.request();
+        self.wait_synced().await?;
+        let mut keys: Vec<String> = lock(&self.state.held).keys().cloned().collect();
+        keys.sort(); // fixed repair order (reproducible simulations)
+        for k in keys {
+            self.inner.repair_key(&self.state, &k).await?;
+        }
+        Ok(())
+    }
+
+    /// One sweep of the pool now: reclaims bindings that have had no reference for the pool's idle
+    /// grace (DESIGN §8). Safe to run in many processes at once and alongside acquires.
+    pub async fn sweep(&self) -> Result<crate::sweeper::SweepReport> {
+        let f = crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false);
+        let r = crate::metrics::timed(self.spec().name(), "sweep", f).await;
+        crate::metrics::swept(self.spec().name(), &r);
+        if let Ok(report) = &r {
+            crate::metrics::reclaimed(self.spec().name(), "sweep", report.reclaimed.len());
+        }
+        r
+    }
+
+    /// What a sweep would reclaim now, without reclaiming it.
+    pub async fn sweep_dry_run(&self) -> Result<crate::sweeper::SweepReport> {
+        crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, true).await
+    }
+
+    /// Keys this process holds through its session, with their IDs and local counts.
+    pub fn held(&self) -> Vec<(String, u64, u64)> {
+        let mut v: Vec<_> =
+            lock(&self.state.held).iter().map(|(k, h)| (k.clone(), h.id, h.count)).collect();
+        v.sort();
+        v
+    }
+}

@@ -1,0 +1,157 @@
+//! Per-pool state shared by the pool handles, the sync task and the repairs, and the per-key
+//! single-flight lock ([`KeyGuard`]): one async mutex per key makes concurrent acquires of the same
+//! key share one request and orders acquire against release of it; the guard removes the key's
+//! entry when the last user is gone, also when the future holding it is dropped mid-flight.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use crate::cache::{Event, PoolCache};
+use crate::pool::PoolSpec;
+use crate::remote::{Cluster, ClusterEvent, RemoteView};
+use crate::store::{LeaseId, Revision};
+
+/// A key this process holds through its session.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Held {
+    pub(super) id: u64,
+    pub(super) count: u64,
+}
+
+/// Per-pool state shared by the pool handles, the sync task and the repairs.
+pub(crate) struct PoolState {
+    pub(crate) spec: PoolSpec,
+    /// The create revision of the spec record `spec` was read from: every write compares it
+    /// (DESIGN §11), so nothing is written into a deleted or re-created pool.
+    pub(crate) spec_rev: Revision,
+    /// Keys with a bind attempt of this process's leased holder whose outcome is unknown (timed
+    /// out): it may still be applied late, so the next release of the key bumps the holder's
+    /// fence record, which makes such an attempt fail (docs/design-notes.md, "Late commits").
+    pub(super) doubt: Mutex<HashSet<String>>,
+    pub(super) cache: Mutex<PoolCache>,
+    pub(super) held: Mutex<HashMap<String, Held>>,
+    pub(super) key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    pub(super) events: broadcast::Sender<Event>,
+    /// Events of every cluster of the pool (local and remote views), tagged.
+    pub(super) mesh: broadcast::Sender<ClusterEvent>,
+    /// Remote views of this pool by name (lock order: this map, then the cache, then each view).
+    pub(super) remotes: Mutex<std::collections::BTreeMap<String, Arc<RemoteView>>>,
+    /// A listing has been applied to the cache (set under the cache lock): replays end with
+    /// `Synced`.
+    pub(crate) listed: AtomicBool,
+    pub(super) synced: tokio::sync::watch::Sender<bool>,
+    /// The store revision the cache has applied (watch events and listings).
+    pub(super) applied: tokio::sync::watch::Sender<Revision>,
+    /// Pages read by listings so far: `wait_synced` waits as long as this moves.
+    pub(crate) list_progress: tokio::sync::watch::Sender<usize>,
+    pub(super) quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
+    /// Asks the pool's follower to re-list (resync, pool deleted).
+    pub(crate) relist: Arc<crate::feed::Relist>,
+    pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
+}
+
+pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these short, non-async critical sections would be a bug in this
+    // crate; the data is still consistent at every await-free step, so keep going.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl PoolState {
+    /// Publishes the pool's gauges (bindings, free IDs, capacity, and cache lag behind `seen`, the
+    /// newest revision this process has seen) from its cache.
+    pub(crate) fn publish_gauges(&self, seen: crate::store::Revision) {
+        let (bindings, free, applied) = {
+            let mut c = self.lock_cache();
+            (c.len(), c.free_ids().free_count(), c.revision())
+        };
+        crate::metrics::pool_gauges(
+            self.spec.name(),
+            bindings,
+            free,
+            self.spec.capacity(),
+            seen - applied,
+        );
+    }
+}
+
+impl PoolState {
+    pub(crate) fn lock_cache(&self) -> MutexGuard<'_, PoolCache> {
+        lock(&self.cache)
+    }
+
+    /// Sends `e` to the pool's subscribers. Changes of the cache's bindings are emitted with the
+    /// cache lock held, so that a new subscriber's replay and its live events never overlap or
+    /// leave a gap.
+    pub(crate) fn emit(&self, e: Event) {
+        // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
+        let _ = self.events.send(e.clone());
+        let _ = self.mesh.send(ClusterEvent { cluster: Cluster::Local, event: e });
+    }
+
+    /// Publishes how far the cache has caught up with the store.
+    pub(crate) fn note_applied(&self, revision: Revision) {
+        self.applied.send_if_modified(|r| {
+            let newer = revision > *r;
+            if newer {
+                *r = revision;
+            }
+            newer
+        });
+    }
+
+    /// Marks the first listing done (the `Synced` event goes out with the listing's changes).
+    pub(crate) fn mark_synced(&self) {
+        self.synced.send_replace(true);
+    }
+
+    /// Takes the single-flight lock of `key` (waits for the current holder). The entry in the
+    /// per-key map lives exactly as long as someone holds or waits for it: the returned guard, and
+    /// the future while it waits, remove it when dropped, also when the caller is cancelled
+    /// mid-flight (a dropped future, a `timeout`).
+    pub(crate) async fn lock_key(&self, key: &str) -> KeyGuard<'_> {
+        let entry = KeyEntry {
+            pool: self,
+            key: key.to_string(),
+            lock: lock(&self.key_locks).entry(key.to_string()).or_default().clone(),
+        };
+        let held = entry.lock.clone().lock_owned().await;
+        KeyGuard { _held: held, _entry: entry }
+    }
+
+    /// Keys with a single-flight lock held or waited for (tests: the map must not leak).
+    #[cfg(test)]
+    pub(crate) fn key_locks_len(&self) -> usize {
+        lock(&self.key_locks).len()
+    }
+}
+
+/// One user's claim on a key's entry in the per-key lock map; removes the entry on drop if no
+/// one else holds or waits for it.
+struct KeyEntry<'a> {
+    pool: &'a PoolState,
+    key: String,
+    lock: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl Drop for KeyEntry<'_> {
+    fn drop(&mut self) {
+        let mut locks = lock(&self.pool.key_locks);
+        // Two references: ours and the map's (others clone theirs under the map lock, which we
+        // hold). Nobody else holds or waits, so the entry can go.
+        if Arc::strong_count(&self.lock) == 2 {
+            locks.remove(&self.key);
+        }
+    }
+}
+
+/// The per-key single-flight lock of one key, held (see [`PoolState::lock_key`]).
+pub(crate) struct KeyGuard<'a> {
+    // Field order matters: the mutex guard (which holds a reference to the mutex) goes first, so
+    // the entry's drop sees only its own and the map's reference when nobody else is there.
+    _held: tokio::sync::OwnedMutexGuard<()>,
+    _entry: KeyEntry<'a>,
+}

@@ -1,0 +1,205 @@
+//! The allocator's shared state ([`Inner`]) and its pool registry: one [`PoolState`] per open pool,
+//! each with its sync task (and sweeper), read from and checked against its spec record
+//! (DESIGN §11: nothing is written into a deleted or re-created pool).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use rand::rngs::StdRng;
+use tokio::sync::broadcast;
+use tokio::task::AbortHandle;
+use tracing::{info, warn};
+
+use super::pool_state::{lock, PoolState};
+use super::repair_queue::RepairQueue;
+use super::request::Requester;
+use super::types::AllocatorOptions;
+use crate::cache::PoolCache;
+use crate::error::{Error, Result};
+use crate::layout::Layout;
+use crate::pool::PoolSpec;
+use crate::protocol::{self, init_pool_outcome, Fences};
+use crate::store::{GetRequest, LeaseId, Revision};
+
+/// The session lease's state (its behaviour: `session.rs`).
+#[derive(Default)]
+pub(super) struct Session {
+    pub(super) lease: Option<LeaseId>,
+    pub(super) keepalive_started: bool,
+}
+
+/// Everything the allocator shares between its handles and background tasks.
+pub(crate) struct Inner {
+    /// The one request path (timeouts, retries, revisions seen).
+    pub(crate) req: Arc<Requester>,
+    pub(crate) layout: Layout,
+    pub(crate) opts: AllocatorOptions,
+    pub(super) holder: String,
+    pub(super) session: tokio::sync::Mutex<Session>,
+    pub(super) pools: Mutex<HashMap<String, Arc<PoolState>>>,
+    pub(super) rng: Mutex<StdRng>,
+    pub(super) tasks: Mutex<Vec<AbortHandle>>,
+    pub(super) repairs: RepairQueue,
+    pub(super) closed: AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+    }
+}
+
+impl Inner {
+    /// A store request with the allocator's timeout and retries, for [`crate::ClientSession`].
+    pub(crate) async fn lease_call<T, F, Fut>(&self, f: F) -> crate::store::StoreResult<T>
+    where
+        F: Fn(Arc<dyn crate::store::Store>) -> Fut,
+        Fut: std::future::Future<Output = crate::store::StoreResult<T>>,
+    {
+        self.req.call(|| f(self.req.store.clone())).await
+    }
+
+    /// This allocator's holder name.
+    pub(crate) fn holder(&self) -> &str {
+        &self.holder
+    }
+
+    /// The fence for a write to `pool` sent now: the newest revision seen in a response or applied
+    /// by the pool's cache (both happened before this send).
+    pub(super) fn fence(&self, pool: &PoolState) -> Revision {
+        self.req.seen().max(*pool.applied.borrow())
+    }
+
+    /// Every fence of a write to `pool` sent now (see [`Fences`]).
+    pub(super) fn fences(&self, pool: &PoolState) -> Fences {
+        Fences { spec_rev: Some(pool.spec_rev), seen: Some(self.fence(pool)) }
+    }
+
+    /// The error for a write that found `pool`'s spec changed (`spec_now`: the spec there now, if
+    /// the pool was re-created). Forgets the pool's state, so the next `pool()` reads it afresh.
+    pub(super) fn pool_gone(&self, pool: &PoolState, spec_now: Option<Vec<u8>>) -> Error {
+        let name = pool.spec.name();
+        {
+            let mut pools = lock(&self.pools);
+            if pools.get(name).is_some_and(|p| std::ptr::eq(&**p, pool)) {
+                if let Some(p) = pools.remove(name) {
+                    p.relist.interrupt();
+                }
+            }
+        }
+        warn!(pool = %name, "the pool was deleted (or re-created) under this handle");
+        match spec_now.map(|b| PoolSpec::from_json(&b)) {
+            Some(Ok(existing)) if existing != pool.spec => Error::RangeMismatch {
+                pool: name.to_string(),
+                existing: Box::new(existing),
+                requested: Box::new(pool.spec.clone()),
+            },
+            _ => Error::PoolNotFound { pool: name.to_string() },
+        }
+    }
+
+    /// The spec of pool `name` and the create revision of its record (every write compares it),
+    /// `None` if it has none. A spec record that cannot be used (unreadable, or holding another
+    /// pool's spec: issue 9, item 7) is an error naming the record, never trusted.
+    pub(super) async fn read_spec(&self, name: &str) -> Result<Option<(PoolSpec, Revision)>> {
+        let key = self.layout.pool_spec_key(name);
+        let resp = self.req.call(|| self.req.store.get(GetRequest::key(key.clone()))).await?;
+        self.req.note_seen(resp.revision);
+        match resp.kvs.first() {
+            None => Ok(None),
+            Some(kv) => crate::records::parse_spec(&self.layout, kv)
+                .map(|spec| Some((spec, kv.create_revision)))
+                .map_err(|p| Error::Unavailable { reason: format!("(not retryable) {p}") }),
+        }
+    }
+
+    pub(super) async fn init_pool(&self, spec: &PoolSpec) -> Result<(PoolSpec, Revision)> {
+        spec.validate()?;
+        let json = spec.to_json();
+        let resp = self.req.txn(protocol::init_pool_txn(&self.layout, spec.name(), json)).await?;
+        match init_pool_outcome(&resp).map_err(protocol_error)? {
+            (None, rev) => {
+                info!(pool = %spec.name(), spec = %spec, "pool created");
+                Ok((spec.clone(), rev))
+            }
+            (Some(existing), rev) => {
+                let existing = PoolSpec::from_json(&existing).map_err(|e| Error::Unavailable {
+                    reason: format!("pool spec of {:?} is unreadable: {e}", spec.name()),
+                })?;
+                if existing == *spec {
+                    Ok((existing, rev))
+                } else {
+                    Err(Error::RangeMismatch {
+                        pool: spec.name().to_string(),
+                        existing: Box::new(existing),
+                        requested: Box::new(spec.clone()),
+                    })
+                }
+            }
+        }
+    }
+
+    pub(super) fn open_state(
+        self: &Arc<Self>,
+        spec: PoolSpec,
+        spec_rev: Revision,
+    ) -> Arc<PoolState> {
+        let mut pools = lock(&self.pools);
+        if let Some(p) = pools.get(spec.name()) {
+            if p.spec_rev == spec_rev {
+                return p.clone();
+            }
+            // The pool was deleted and re-created since: a fresh state for the new one.
+            p.relist.interrupt();
+        }
+        let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
+        let (mesh, _) = broadcast::channel(self.opts.event_buffer.max(1));
+        let (synced, _) = tokio::sync::watch::channel(false);
+        let (applied, _) = tokio::sync::watch::channel(0);
+        let (list_progress, _) = tokio::sync::watch::channel(0);
+        let state = Arc::new(PoolState {
+            cache: Mutex::new(PoolCache::new(spec.clone())),
+            spec,
+            spec_rev,
+            doubt: Mutex::new(HashSet::new()),
+            held: Mutex::new(HashMap::new()),
+            key_locks: Mutex::new(HashMap::new()),
+            events,
+            mesh,
+            remotes: Mutex::new(std::collections::BTreeMap::new()),
+            listed: AtomicBool::new(false),
+            synced,
+            applied,
+            list_progress,
+            quarantine: tokio::sync::Mutex::new(None),
+            relist: Arc::default(),
+            idle_since: Mutex::new(HashMap::new()),
+        });
+        pools.insert(state.spec.name().to_string(), state.clone());
+        drop(pools);
+        let task = tokio::spawn(crate::sync::run(
+            Arc::downgrade(&self.req),
+            self.layout.clone(),
+            self.repairs.clone(),
+            state.clone(),
+        ));
+        lock(&self.tasks).push(task.abort_handle());
+        if let Some(interval) = self.opts.sweep_interval {
+            let task = tokio::spawn(crate::sweeper::run(
+                Arc::downgrade(&self.req),
+                self.layout.clone(),
+                state.clone(),
+                interval,
+            ));
+            lock(&self.tasks).push(task.abort_handle());
+        }
+        state
+    }
+}
+
+pub(super) fn protocol_error(e: protocol::ProtocolError) -> Error {
+    Error::Unavailable { reason: e.to_string() }
+}

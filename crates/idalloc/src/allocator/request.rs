@@ -1,0 +1,247 @@
+//! The one request path: every store request of the driver goes through a [`Requester`], which
+//! bounds each attempt by the request timeout and retries `Unavailable` with ONE backoff policy
+//! ([`Backoff`], from [`RetryPolicy`]). It also keeps the newest store revision seen in a response
+//! (the fence of binds, docs/design-notes.md "Late commits") and the per-pool quarantine lease for
+//! tombstones (DESIGN §8, G5). It knows nothing of pools' registry, sessions or repairs, so the sync
+//! task and the sweeper can use it without reaching into the allocator.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tracing::warn;
+
+use super::pool_state::PoolState;
+use super::types::RetryPolicy;
+use crate::error::{Error, Result};
+use crate::store::{LeaseId, Revision, Store, StoreError, StoreResult, TxnRequest, TxnResponse};
+
+/// The store and how to talk to it: timeout, retries, page size.
+pub(crate) struct Requester {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) request_timeout: Duration,
+    pub(crate) retry: RetryPolicy,
+    /// Keys per page when listing.
+    pub(crate) list_page: i64,
+    /// The newest store revision seen in a response: the fence of this process's binds.
+    seen: AtomicI64,
+}
+
+/// The retry schedule of one request: at most `max_attempts` attempts, waiting `initial_backoff`
+/// before the second and doubling up to `max_backoff`. The only backoff of the request path.
+pub(crate) struct Backoff {
+    next: Duration,
+    max: Duration,
+    attempt: u32,
+    max_attempts: u32,
+}
+
+impl Backoff {
+    pub(crate) fn new(policy: &RetryPolicy) -> Backoff {
+        Backoff {
+            next: policy.initial_backoff,
+            max: policy.max_backoff,
+            attempt: 1,
+            max_attempts: policy.max_attempts,
+        }
+    }
+
+    /// The attempt about to be made or just made (1-based).
+    pub(crate) fn attempt(&self) -> u32 {
+        self.attempt
+    }
+
+    /// After a failed attempt with retryable error `e`: waits and returns true if another attempt
+    /// is allowed, else false (without waiting).
+    pub(crate) async fn retry(&mut self, e: &StoreError) -> bool {
+        if !e.is_retryable() || self.attempt >= self.max_attempts {
+            return false;
+        }
+        warn!(attempt = self.attempt, error = %e, "store request failed; retrying");
+        tokio::time::sleep(self.next).await;
+        self.next = (self.next * 2).min(self.max);
+        self.attempt += 1;
+        true
+    }
+
+    /// Counts an attempt that is repeated without waiting (a vanished quarantine lease).
+    pub(crate) fn again(&mut self) {
+        self.attempt += 1;
+    }
+}
+
+impl Requester {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        request_timeout: Duration,
+        retry: RetryPolicy,
+        list_page: i64,
+    ) -> Requester {
+        Requester { store, request_timeout, retry, list_page, seen: AtomicI64::new(0) }
+    }
+
+    /// The newest store revision seen in a response.
+    pub(crate) fn seen(&self) -> Revision {
+        self.seen.load(Ordering::Acquire)
+    }
+
+    /// One attempt of a store request, bounded by the request timeout (a timeout is `Unavailable`).
+    pub(super) async fn bounded<T>(
+        &self,
+        request: impl Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        match tokio::time::timeout(self.request_timeout, request).await {
+            Ok(r) => r,
+            Err(_) => {
+                Err(StoreError::Unavailable(format!("no answer within {:?}", self.request_timeout)))
+            }
+        }
+    }
+
+    /// One store request with the timeout and retry policy. Only `Unavailable` is retried; every
+    /// request the allocator sends is safe to repeat (its compares make a second apply a no-op or
+    /// a fresh decision).
+    pub(crate) async fn call<T, F, Fut>(&self, f: F) -> StoreResult<T>
+    where
+        F: Fn() -> Fut,
+        Fut: Future<Output = StoreResult<T>>,
+    {
+        let mut backoff = Backoff::new(&self.retry);
+        loop {
+            match self.bounded(f()).await {
+                Err(e) if backoff.retry(&e).await => {}
+                other => return other,
+            }
+        }
+    }
+
+    pub(crate) async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
+        let resp = self.call(|| self.store.txn(req.clone())).await?;
+        self.seen.fetch_max(resp.revision, Ordering::AcqRel);
+        Ok(resp)
+    }
+
+    /// [`Requester::txn`] that also tells whether an attempt may have been applied without this
+    /// process learning it (an attempt timed out or failed after it may have been sent): such an
+    /// attempt can still commit late.
+    pub(crate) async fn txn_noting_doubt(
+        &self,
+        req: TxnRequest,
+    ) -> (StoreResult<TxnResponse>, bool) {
+        // Attempts sent minus attempts answered: a timeout drops an attempt without an answer,
+        // and a retryable error may come after the request reached the store.
+        let unanswered = std::sync::atomic::AtomicUsize::new(0);
+        let result = self
+            .call(|| {
+                let req = req.clone();
+                let unanswered = &unanswered;
+                async move {
+                    unanswered.fetch_add(1, Ordering::Relaxed);
+                    let r = self.store.txn(req).await;
+                    if !matches!(&r, Err(e) if e.is_retryable()) {
+                        unanswered.fetch_sub(1, Ordering::Relaxed);
+                    }
+                    r
+                }
+            })
+            .await;
+        if let Ok(resp) = &result {
+            self.seen.fetch_max(resp.revision, Ordering::AcqRel);
+        }
+        (result, unanswered.load(Ordering::Relaxed) > 0)
+    }
+
+    /// Notes a store revision this process has seen (txn headers, reads).
+    pub(crate) fn note_seen(&self, revision: Revision) {
+        self.seen.fetch_max(revision, Ordering::AcqRel);
+    }
+    /// The pool's quarantine lease for tombstones: shared by every release in one time bucket, so
+    /// tombstones cost no extra round trip but the first of each bucket (DESIGN §8).
+    pub(crate) async fn quarantine_lease(&self, pool: &PoolState) -> Result<Option<LeaseId>> {
+        let delay = pool.spec.reuse_delay_duration();
+        if delay.is_zero() {
+            return Ok(None);
+        }
+        let mut q = pool.quarantine.lock().await;
+        let now = Instant::now();
+        if let Some((lease, usable_until)) = *q {
+            if now < usable_until {
+                return Ok(Some(lease));
+            }
+        }
+        // A tombstone sent at any time in [now, now + bucket] lives at least `delay`: the lease
+        // expires no earlier than now + delay + bucket + timeout (its TTL is counted from after
+        // `now`). Callers fetch the lease for every attempt (`txn_with_quarantine`), never reuse
+        // one across retries.
+        // The request carrying a tombstone is sent within the bucket but may be applied up to a
+        // request timeout later, so the TTL covers that too.
+        let bucket = (delay / 8).max(Duration::from_secs(1));
+        let ttl = ttl_secs(delay + bucket + self.request_timeout);
+        let lease = self.call(|| self.store.lease_grant(ttl)).await?;
+        *q = Some((lease.id, now + bucket));
+        Ok(Some(lease.id))
+    }
+
+    /// Sends a txn that may write tombstones, with the retry policy. Each attempt takes the
+    /// quarantine lease afresh (`build` gets it), so a retry never writes a tombstone on a lease
+    /// granted too long ago to cover the reuse delay (G5); a quarantine lease that has vanished is
+    /// replaced.
+    pub(crate) async fn txn_with_quarantine(
+        &self,
+        pool: &PoolState,
+        tombstones: bool,
+        build: impl Fn(Option<LeaseId>) -> TxnRequest,
+    ) -> Result<TxnResponse> {
+        match self.txn_with_leases(pool, tombstones, None, build).await? {
+            Some(resp) => Ok(resp),
+            None => Err(Error::Unavailable { reason: "unreachable: no session lease used".into() }),
+        }
+    }
+
+    /// [`Requester::txn_with_quarantine`] for a txn that also writes on the session lease `session`:
+    /// `Ok(None)` if the store says that lease is gone (nothing was written).
+    pub(crate) async fn txn_with_leases(
+        &self,
+        pool: &PoolState,
+        tombstones: bool,
+        session: Option<LeaseId>,
+        build: impl Fn(Option<LeaseId>) -> TxnRequest,
+    ) -> Result<Option<TxnResponse>> {
+        let mut backoff = Backoff::new(&self.retry);
+        loop {
+            let lease = if tombstones { self.quarantine_lease(pool).await? } else { None };
+            let req = build(lease);
+            let result = self.bounded(self.store.txn(req)).await;
+            match result {
+                Ok(resp) => {
+                    self.seen.fetch_max(resp.revision, Ordering::AcqRel);
+                    return Ok(Some(resp));
+                }
+                Err(StoreError::LeaseNotFound(l)) if session == Some(l) => return Ok(None),
+                Err(StoreError::LeaseNotFound(l)) if lease == Some(l) => {
+                    let mut q = pool.quarantine.lock().await;
+                    if matches!(*q, Some((ql, _)) if ql == l) {
+                        *q = None;
+                    }
+                }
+                Err(e) if backoff.retry(&e).await => continue,
+                Err(e) => return Err(e.into()),
+            }
+            // A vanished quarantine lease: again at once, with a fresh one.
+            backoff.again();
+            if backoff.attempt() > self.retry.max_attempts + 2 {
+                return Err(Error::Unavailable {
+                    reason: format!("pool {:?}: quarantine lease kept vanishing", pool.spec.name()),
+                });
+            }
+        }
+    }
+}
+
+pub(super) fn ttl_secs(d: Duration) -> i64 {
+    // Lease TTLs are whole seconds; round up so a lease never lives shorter than asked.
+    let s = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    s.max(1) as i64
+}

@@ -1,0 +1,90 @@
+//! The plain data of the driver's public API: options and results. No behaviour.
+
+use std::time::Duration;
+
+/// How store requests are retried when the store is unreachable or times out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Attempts per request, including the first (at least 1).
+    pub max_attempts: u32,
+    /// Wait before the second attempt; doubles each time up to `max_backoff`.
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            max_attempts: 4,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(1),
+        }
+    }
+}
+
+/// How an [`Allocator`] is set up.
+#[derive(Clone, Debug)]
+pub struct AllocatorOptions {
+    /// Root of every store key (DESIGN §4).
+    pub prefix: String,
+    /// This process's holder name, used for its leased references. Default: the host name plus a
+    /// random suffix, so two processes on one host never share references.
+    pub holder: Option<String>,
+    /// TTL of the session lease; keep-alives go out every third of it.
+    pub session_ttl: Duration,
+    /// Bound on every single store request.
+    pub request_timeout: Duration,
+    pub retry: RetryPolicy,
+    /// Seed for candidate choice; `None` seeds from the OS. A fixed seed makes a run reproducible.
+    pub seed: Option<u64>,
+    /// Keys per page when listing a pool.
+    pub list_page: i64,
+    /// Events buffered per subscriber before it is told it lagged.
+    pub event_buffer: usize,
+    /// Run a sweeper in the background for every pool this allocator opens, at this interval.
+    pub sweep_interval: Option<Duration>,
+}
+
+impl Default for AllocatorOptions {
+    fn default() -> Self {
+        AllocatorOptions {
+            prefix: "idalloc".into(),
+            holder: None,
+            session_ttl: Duration::from_secs(15),
+            request_timeout: Duration::from_secs(5),
+            retry: RetryPolicy::default(),
+            seed: None,
+            list_page: 1000,
+            event_buffer: 4096,
+            sweep_interval: None,
+        }
+    }
+}
+
+/// The result of an acquire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Acquired {
+    pub id: u64,
+    /// True if this call created the binding (the key had no ID before).
+    pub new: bool,
+}
+
+/// The result of a release. Releasing what is not held is not an error: `held` says so.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Released {
+    /// The caller held the key (a local count for leased references; the reference record for
+    /// durable ones). For a durable release, `false` can also mean that a request retried after
+    /// its answer was lost found the reference already removed by its own first attempt.
+    pub held: bool,
+    /// This release removed the binding (it was the last reference and the pool has no idle grace).
+    pub reclaimed: bool,
+}
+
+/// One binding as [`Pool::list`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Binding {
+    pub id: u64,
+    pub key: String,
+    /// Holders with a reference (leased or durable), sorted.
+    pub holders: Vec<String>,
+}
