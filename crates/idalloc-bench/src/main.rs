@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use idalloc_bench::{run, Config};
 
 fn usage(msg: &str) -> String {
-    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
+    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -29,6 +29,30 @@ async fn main() -> Result<(), String> {
                 idalloc_bench::micro::picks(cfg.micro_iters, &mut m);
                 idalloc_bench::micro::escaping(cfg.micro_iters, &mut m);
                 println!("{m:#?}");
+                return Ok(());
+            }
+            // idalloc on the embedded stores alone (file at 1 and 64 tasks, memory at 64), printed:
+            // for before/after comparisons of the embedded store (docs/store-benchmarks.md).
+            "--embedded-only" => {
+                let cfg = Config::full();
+                let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+                println!("| store | tasks | ops | ops/s | p50 ms | p99 ms | round trips/op |");
+                println!("|---|---:|---:|---:|---:|---:|---:|");
+                for (label, file, c) in
+                    [("file", true, 1), ("file", true, 64), ("memory", false, 64)]
+                {
+                    let d = file.then_some(dir.path());
+                    let r = idalloc_bench::scenarios::embedded(d, c, cfg.run).await?.finish();
+                    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+                    println!(
+                        "| {label} | {c} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                        r.ops,
+                        r.throughput(),
+                        ms(r.percentile(0.5)),
+                        ms(r.percentile(0.99)),
+                        r.rt_per_op()
+                    );
+                }
                 return Ok(());
             }
             "--out" => out = args.next().ok_or_else(|| usage("--out needs a file name"))?.into(),

@@ -1,13 +1,14 @@
 //! Store benchmark: throughput and latency of the allocator's typical write, a create-if-absent
 //! txn with three puts (`If create_rev(a) == 0 ∧ create_rev(b) == 0 Then put a, put b, put c`), on
-//! fresh keys each time, with 1 and 16 concurrent clients.
+//! fresh keys each time, with 1, 16 and 64 concurrent clients (or `--clients 1,64`).
 //!
 //! ```sh
-//! cargo run --release -p idalloc --example store_bench -- [--seconds N]
+//! cargo run --release -p idalloc --example store_bench -- [--seconds N] [--clients 1,16,64] \
+//!     [--stores memory,file,etcd]
 //! ```
 //!
-//! Starts its own etcd on loopback (needs `etcd` on `PATH`). To compare another store, add one
-//! line to `stores` in `main`. Prints a Markdown table (figures go to docs/store-benchmarks.md).
+//! Starts its own etcd on loopback (needs `etcd` on `PATH`) unless `--stores` leaves it out. To
+//! compare another store, add one line to `stores` in `main`. Prints a Markdown table (figures go to docs/store-benchmarks.md).
 //! This is a benchmark, not a test: it asserts only that every txn succeeded.
 
 use std::sync::Arc;
@@ -17,8 +18,8 @@ use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::{Compare, Store, TxnOp, TxnRequest};
 use idalloc_testkit::etcd::{unique_prefix, EtcdServer};
 
-/// Client counts to run for every store.
-const CLIENTS: [usize; 2] = [1, 16];
+/// Client counts to run for every store unless `--clients` says otherwise.
+const CLIENTS: [usize; 3] = [1, 16, 64];
 
 struct Row {
     store: String,
@@ -82,6 +83,8 @@ fn ms(d: Duration) -> String {
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), String> {
     let mut seconds = 5u64;
+    let mut clients: Vec<usize> = CLIENTS.to_vec();
+    let mut which: Vec<String> = vec!["memory".into(), "file".into(), "etcd".into()];
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
@@ -90,28 +93,57 @@ async fn main() -> Result<(), String> {
                 seconds =
                     v.parse().map_err(|_| format!("--seconds: {v:?} is not a whole number"))?;
             }
-            other => return Err(format!("unknown argument {other:?}; allowed: --seconds N")),
+            "--clients" => {
+                let v = args.next().ok_or("--clients needs a list such as 1,16,64")?;
+                clients = v
+                    .split(',')
+                    .map(|c| match c.parse::<usize>() {
+                        Ok(n) if n > 0 => Ok(n),
+                        _ => Err(format!("--clients: {c:?} is not a positive whole number")),
+                    })
+                    .collect::<Result<_, _>>()?;
+            }
+            "--stores" => {
+                let v = args.next().ok_or("--stores needs a list such as memory,file,etcd")?;
+                which = v.split(',').map(str::to_string).collect();
+                if let Some(bad) =
+                    which.iter().find(|s| !["memory", "file", "etcd"].contains(&s.as_str()))
+                {
+                    return Err(format!("--stores: {bad:?} is not one of memory, file, etcd"));
+                }
+            }
+            other => {
+                return Err(format!(
+                "unknown argument {other:?}; allowed: --seconds N, --clients LIST, --stores LIST"
+            ))
+            }
         }
     }
     let run = Duration::from_secs(seconds);
 
-    let etcd = EtcdServer::start().await?;
-    let etcd_store: Arc<dyn Store> = Arc::new(etcd.store().await?);
+    let want = |s: &str| which.iter().any(|w| w == s);
+    let mut stores: Vec<(&str, Arc<dyn Store>)> = Vec::new();
+    if want("memory") {
+        stores.push(("memory (embedded)", Arc::new(EmbeddedStore::memory())));
+    }
     let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let file_store = EmbeddedStore::open(dir.path().join("bench.redb"), EmbeddedOptions::default())
-        .await
-        .map_err(|e| format!("opening the file store: {e}"))?;
-    let stores: Vec<(&str, Arc<dyn Store>)> = vec![
-        ("memory (embedded)", Arc::new(EmbeddedStore::memory())),
-        ("file (embedded, redb, fsync per txn)", Arc::new(file_store)),
-        ("etcd (1 member, loopback)", etcd_store),
-    ];
+    if want("file") {
+        let file_store =
+            EmbeddedStore::open(dir.path().join("bench.redb"), EmbeddedOptions::default())
+                .await
+                .map_err(|e| format!("opening the file store: {e}"))?;
+        stores.push(("file (embedded, redb)", Arc::new(file_store)));
+    }
+    let etcd = if want("etcd") { Some(EtcdServer::start().await?) } else { None };
+    if let Some(etcd) = &etcd {
+        stores.push(("etcd (1 member, loopback)", Arc::new(etcd.store().await?)));
+    }
 
     let mut rows = Vec::new();
     for (name, store) in &stores {
         // Warm-up: connections, etcd's first allocations.
         bench(store.clone(), 4, Duration::from_millis(500)).await;
-        for clients in CLIENTS {
+        for &clients in &clients {
             let (mut lat, secs) = bench(store.clone(), clients, run).await;
             lat.sort();
             rows.push(Row {

@@ -8,6 +8,7 @@
 //! tasks (keep-alive, per-pool sync, repairs, optional sweeper) hold only weak references, so dropping
 //! every handle without `close()` behaves like a crash: the keep-alive stops and the lease runs out.
 
+mod batch;
 mod bind;
 mod events;
 mod handle;

@@ -197,6 +197,7 @@ fn store_result<T>(r: &StoreResult<T>) -> &'static str {
         Err(StoreError::Corrupt { .. }) => "corrupt",
         Err(StoreError::Access { .. }) => "access_denied",
         Err(StoreError::ResponseTooLarge(_)) => "response_too_large",
+        Err(StoreError::ReadOnly { .. }) => "read_only",
     }
 }
 

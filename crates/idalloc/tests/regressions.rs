@@ -1,5 +1,6 @@
 //! Regression tests for bugs the chaos test on a real etcd cluster found (docs/chaos.md). Each is
 //! named after its bug and reproduces it deterministically on the embedded store.
+//! DESIGN §11 (late commits, pool lifetime), §7 (recovery), G1/G2/G4.
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! The bind loop (DESIGN §5): decide, send one txn, learn from the answer, until the key is bound.
-//! Enforces G1 (one ID per key, one key per ID) through the protocol's compares and G2 (every
-//! process sees the same binding) by binding only through the store.
+//! Enforces G1 (one ID per key, one key per ID) through the protocol's compares, G2 (a held key
+//! keeps its ID: only a record read from the store may move a key) and G3 (candidates come from
+//! the pool's free set, with its prefix applied).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -18,7 +18,7 @@ use crate::pool::{validate_holder, validate_key, PoolSpec};
 use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool};
 use crate::store::{GetRequest, KeyRange, Store};
 
-/// A handle on one pool of an [`Allocator`]. Cheap to clone.
+/// A handle on one pool of an [`Allocator`](super::Allocator). Cheap to clone.
 #[derive(Clone)]
 pub struct Pool {
     pub(super) inner: Arc<Inner>,
@@ -293,7 +293,7 @@ impl Pool {
     }
 
     /// Subscribes to the pool's events. A subscriber that falls more than `event_buffer` events
-    /// behind gets [`Event::Lagged`] and should re-read [`Pool::snapshot`]; it never slows
+    /// behind gets [`Event::Lagged`](crate::Event::Lagged) and should re-read [`Pool::snapshot`]; it never slows
     /// allocation down.
     ///
     /// The subscription starts with the pool as the cache holds it: every binding as an `Upsert`

@@ -1,6 +1,7 @@
 //! The repair task (DESIGN §7): runs the [`Repair`]s of the queue one at a time, retrying failed
-//! ones with back-off; re-creates held keys' bindings (G3: a held key keeps its ID), completes
-//! releases and cleans up after acquires whose outcome was unknown.
+//! ones with back-off; re-creates held keys' bindings (G2: a held key keeps its ID, or the
+//! application gets a `Conflict` event), completes releases and cleans up after acquires whose
+//! outcome was unknown (G4).
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;

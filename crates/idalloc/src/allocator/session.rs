@@ -1,5 +1,5 @@
 //! The session (DESIGN §5, §7): one lease per process, granted on first use, kept alive every
-//! TTL/3; a lost lease is replaced and every held key re-referenced on the new one (G3, G4).
+//! TTL/3; a lost lease is replaced and every held key re-referenced on the new one (G2); a dead process's lease expires (G4).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};

@@ -440,6 +440,10 @@ pub enum StoreError {
     /// silently.
     #[error("store file {path} cannot be used: {reason}")]
     Corrupt { path: String, reason: String },
+    /// A write was attempted on an embedded store whose file is open read-only (its mode, a
+    /// read-only filesystem, or on request). Reads work; nothing was changed.
+    #[error("store file {path} is read-only, so this write was refused ({reason})")]
+    ReadOnly { path: String, reason: String },
     /// The store refused this client, or this client refused the store: a TLS handshake that
     /// failed, credentials that were rejected, a key outside the user's permissions. Waiting
     /// will not help; the configuration must change. `endpoint` is the one that refused (or the

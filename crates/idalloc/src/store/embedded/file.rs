@@ -14,15 +14,20 @@
 //!
 //! Everything read from the file is checked; anything unexpected is `StoreError::Corrupt`, never
 //! a panic and never a silent reset.
+//!
+//! A file this process may not write (file mode, a read-only filesystem), or one opened with
+//! [`super::EmbeddedOptions::read_only`], is opened read-only: it serves reads, and the store
+//! refuses every write with [`StoreError::ReadOnly`] naming the file and the reason, before
+//! anything changes.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redb::{Database, ReadableDatabase, ReadableTable, TableDefinition};
+use redb::{Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition};
 use tokio::time::Instant;
 
 use super::mvcc::{Delta, Entry, Meta, Record, INITIAL_REVISION, NEVER_COMPACTED};
-use crate::store::{LeaseId, StoreError};
+use crate::store::{LeaseId, StoreError, StoreResult};
 
 /// The file format this build writes and reads. A file with a larger number was written by a
 /// newer idalloc and is refused.
@@ -55,9 +60,28 @@ pub(crate) enum OpenError {
 
 /// An open store file.
 pub(crate) struct FileStore {
-    db: Database,
+    db: Db,
     path: PathBuf,
     written: Meta,
+    /// redb write transactions committed since open (tests check group commit with it).
+    commits: u64,
+}
+
+/// The file, writable or not.
+enum Db {
+    Write(Database),
+    /// Opened read-only, for this reason (shown in every refused write).
+    Read(ReadOnlyDatabase, String),
+    /// A read-only file that was not closed cleanly (its writer was killed, or exited without
+    /// closing it): redb cannot open it read-only, because opening it means a recovery, which
+    /// writes. So a private copy in a temporary directory was recovered and read instead; the
+    /// file itself is untouched. (Fields drop in order: the copy closes before its directory
+    /// goes.)
+    Copy {
+        db: Database,
+        _dir: tempfile::TempDir,
+        why: String,
+    },
 }
 
 impl std::fmt::Debug for FileStore {
@@ -91,18 +115,94 @@ fn read_error(path: &Path) -> impl Fn(redb::Error) -> OpenError + '_ {
     move |e| open_error(path, e)
 }
 
+/// Whether a failed read-write open means "this process may not write here" (the file's mode, a
+/// read-only filesystem), so that a read-only open is worth trying.
+fn write_denied(err: &redb::DatabaseError) -> Option<String> {
+    match err {
+        redb::DatabaseError::Storage(redb::StorageError::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::PermissionDenied | std::io::ErrorKind::ReadOnlyFilesystem
+            ) =>
+        {
+            Some(e.to_string())
+        }
+        _ => None,
+    }
+}
+
+/// Opens `path` read-only, `why` being the reason to tell on refused writes.
+fn open_read_only(path: &Path, why: String) -> Result<Db, OpenError> {
+    match ReadOnlyDatabase::open(path) {
+        Ok(db) => Ok(Db::Read(db, why)),
+        Err(redb::DatabaseError::RepairAborted) => recover_copy(path, why),
+        Err(e) => Err(open_error(path, e.into())),
+    }
+}
+
+/// See [`Db::Copy`].
+fn recover_copy(path: &Path, why: String) -> Result<Db, OpenError> {
+    let unavailable = |what: &str, e: std::io::Error| {
+        OpenError::Store(StoreError::Unavailable(format!(
+            "store file {} is read-only and was not closed cleanly; {what} for reading it \
+             failed: {e}",
+            path.display()
+        )))
+    };
+    let dir = tempfile::tempdir().map_err(|e| unavailable("making a temporary copy", e))?;
+    let copy = dir.path().join("recovered.redb");
+    std::fs::copy(path, &copy).map_err(|e| unavailable("copying it", e))?;
+    // The copy inherits the read-only mode; it is ours to recover.
+    let mut perms =
+        std::fs::metadata(&copy).map_err(|e| unavailable("copying it", e))?.permissions();
+    #[allow(clippy::permissions_set_readonly_false)] // a private file in our own temp dir
+    perms.set_readonly(false);
+    std::fs::set_permissions(&copy, perms).map_err(|e| unavailable("copying it", e))?;
+    let db = Database::create(&copy).map_err(|e| match open_error(path, e.into()) {
+        OpenError::Store(StoreError::Corrupt { path, reason }) => {
+            OpenError::Store(StoreError::Corrupt {
+                path,
+                reason: format!("recovering a copy: {reason}"),
+            })
+        }
+        other => other,
+    })?;
+    let why = format!("{why}; it was not closed cleanly, a private copy was recovered");
+    Ok(Db::Copy { db, _dir: dir, why })
+}
+
 impl FileStore {
     /// Opens (creating if missing) and reads the whole file. Blocking: call it off the async
     /// workers. One attempt; the caller retries on [`OpenError::Locked`].
-    pub fn open_blocking(path: &Path) -> Result<(FileStore, Loaded), OpenError> {
-        let db = Database::create(path).map_err(|e| open_error(path, e.into()))?;
+    ///
+    /// `read_only` opens it read-only; so does a read-write open refused for want of write
+    /// permission when the file exists (reads then work, writes are refused).
+    pub fn open_blocking(path: &Path, read_only: bool) -> Result<(FileStore, Loaded), OpenError> {
+        let db = if read_only {
+            open_read_only(path, "opened read-only on request".into())?
+        } else {
+            match Database::create(path) {
+                Ok(db) => Db::Write(db),
+                Err(e) => match write_denied(&e) {
+                    Some(why) if path.exists() => open_read_only(
+                        path,
+                        format!("this process may not write it ({why}); opened read-only"),
+                    )?,
+                    _ => return Err(open_error(path, e.into())),
+                },
+            }
+        };
         let err = read_error(path);
         let fresh = {
-            let rtx = db.begin_read().map_err(|e| err(e.into()))?;
+            let rtx = match &db {
+                Db::Write(d) | Db::Copy { db: d, .. } => d.begin_read(),
+                Db::Read(d, _) => d.begin_read(),
+            }
+            .map_err(|e| err(e.into()))?;
             let n = rtx.list_tables().map_err(|e| err(e.into()))?.count();
             n == 0
         };
-        if fresh {
+        if let (true, Db::Write(db)) = (fresh, &db) {
             let meta = Meta {
                 revision: INITIAL_REVISION,
                 compact_revision: NEVER_COMPACTED,
@@ -118,13 +218,34 @@ impl FileStore {
             }
             wtx.commit().map_err(|e| err(e.into()))?;
         }
-        let loaded = load(&db, path)?;
+        let loaded = match &db {
+            Db::Write(d) | Db::Copy { db: d, .. } => load(d, path)?,
+            Db::Read(d, _) => load(d, path)?,
+        };
         let written = loaded.meta;
-        Ok((FileStore { db, path: path.to_path_buf(), written }, loaded))
+        Ok((FileStore { db, path: path.to_path_buf(), written, commits: 0 }, loaded))
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Why the file is read-only, if it is.
+    pub fn read_only(&self) -> Option<&str> {
+        match &self.db {
+            Db::Write(_) => None,
+            Db::Read(_, why) | Db::Copy { why, .. } => Some(why),
+        }
+    }
+
+    /// The error for a write attempted on a read-only file, if it is one.
+    pub fn refuse_write(&self) -> StoreResult<()> {
+        match self.read_only() {
+            None => Ok(()),
+            Some(why) => {
+                Err(StoreError::ReadOnly { path: path_str(&self.path), reason: why.to_string() })
+            }
+        }
     }
 
     /// Writes one operation's changes and the new scalars in one durable redb transaction.
@@ -135,11 +256,23 @@ impl FileStore {
         }
         self.write(delta, meta, now).map_err(|e| e.to_string())?;
         self.written = meta;
+        self.commits += 1;
         Ok(())
     }
 
+    /// redb write transactions committed since open.
+    #[cfg(test)]
+    pub fn commits(&self) -> u64 {
+        self.commits
+    }
+
     fn write(&self, delta: &Delta, meta: Meta, now: Instant) -> Result<(), redb::Error> {
-        let wtx = self.db.begin_write()?;
+        let Db::Write(db) = &self.db else {
+            // The store never gets here: it refuses writes up front and keeps what a read-only
+            // file's state machine changes by itself (lease expiry) in memory.
+            return Err(redb::Error::Io(std::io::Error::other("the file is open read-only")));
+        };
+        let wtx = db.begin_write()?;
         {
             let mut entries = wtx.open_table(ENTRIES)?;
             for (key, entry) in &delta.entries {
@@ -176,7 +309,7 @@ fn write_meta(t: &mut redb::Table<&str, i64>, meta: Meta) -> Result<(), redb::St
     Ok(())
 }
 
-fn load(db: &Database, path: &Path) -> Result<Loaded, OpenError> {
+fn load(db: &impl ReadableDatabase, path: &Path) -> Result<Loaded, OpenError> {
     let err = read_error(path);
     let rtx = db.begin_read().map_err(|e| err(e.into()))?;
     let meta_t = match rtx.open_table(META) {

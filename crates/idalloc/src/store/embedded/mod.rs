@@ -8,12 +8,15 @@
 //! # Choices
 //!
 //! - **One lock, no awaits inside.** Every operation runs under one `std::sync::Mutex`, start to
-//!   end, including the redb commit of a write. That serialises writers (one writer, as redb
-//!   wants), makes each operation atomic for readers and watchers, and means no one can see a
-//!   write before it is durable. The cost: a write blocks the calling worker thread for its
-//!   fsync, and other operations wait for it. For one machine's allocation rate that is the
-//!   simplest correct design; the alternative (a writer task plus `spawn_blocking`) buys
-//!   concurrency the allocator does not need.
+//!   end, including the redb commit of a write. That makes each operation atomic for readers and
+//!   watchers and means no one can see a write before it is durable. Reads, lease operations and
+//!   every operation of the memory store run on the caller's thread (a write blocks it for its
+//!   fsync).
+//! - **Group commit for the file's txns** (`group.rs`). Txns on a file store queue (FIFO) for one
+//!   writer (a blocking task), which applies everything queued one txn after another and commits them with
+//!   one redb write transaction and one fsync, then answers each caller. Each txn keeps its own
+//!   compares, revision and response, and returns only once durable; concurrent writers share
+//!   fsyncs instead of queueing for them one by one (docs/store-benchmarks.md).
 //! - **Time is tokio's clock.** Lease deadlines are `tokio::time::Instant`s. Expiry runs in a
 //!   background task (it holds only a `Weak` reference, so dropping the store stops it) *and*
 //!   lazily at the start of every operation, so a `start_paused` test that advances time sees the
@@ -36,6 +39,7 @@
 //!   reopen as before it.
 
 mod file;
+mod group;
 mod mvcc;
 
 use std::panic::AssertUnwindSafe;
@@ -49,7 +53,8 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use self::file::{FileStore, OpenError};
-use self::mvcc::{check_range_key, Mvcc};
+use self::group::{Job, Writer};
+use self::mvcc::{check_range_key, validate_txn, Mvcc};
 use crate::store::{
     GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreError, StoreResult,
     TxnRequest, TxnResponse, WatchEvent, WatchMessage, WatchStream,
@@ -69,6 +74,10 @@ pub struct EmbeddedOptions {
     /// The smallest lease TTL in seconds: a grant below it is raised to it, as etcd raises
     /// grants to its minimum (2 s with etcd's default election timeout). Default 2.
     pub min_lease_ttl: i64,
+    /// Open the file read-only: reads work, every write is refused with
+    /// [`StoreError::ReadOnly`]. A file this process may not write (its mode, a read-only
+    /// filesystem) is opened read-only without asking. Default false.
+    pub read_only: bool,
 }
 
 impl Default for EmbeddedOptions {
@@ -77,6 +86,7 @@ impl Default for EmbeddedOptions {
             auto_compact_keep: 10_000,
             lock_timeout: Duration::from_secs(10),
             min_lease_ttl: 2,
+            read_only: false,
         }
     }
 }
@@ -99,12 +109,20 @@ impl std::fmt::Debug for EmbeddedStore {
 }
 
 struct Inner {
-    core: Mutex<Core>,
+    shared: Arc<Shared>,
     options: EmbeddedOptions,
+    reaper: Mutex<Option<JoinHandle<()>>>,
+    /// File stores: the group-commit queue every txn goes through (`group.rs`).
+    writer: Option<Writer>,
+}
+
+/// The part of the store that a group commit in progress holds (`group.rs`): the file closes
+/// when the last handle is gone and no group is being written.
+pub(crate) struct Shared {
+    core: Mutex<Core>,
     /// Tells the expiry task that lease deadlines changed; dropping it (with the store) stops
     /// the task.
     wake: watch::Sender<()>,
-    reaper: Mutex<Option<JoinHandle<()>>>,
 }
 
 struct Core {
@@ -127,6 +145,20 @@ const REPLAY_BATCH: usize = 1000;
 
 impl Inner {
     fn lock(&self) -> MutexGuard<'_, Core> {
+        self.shared.lock()
+    }
+}
+
+impl Shared {
+    fn new(mvcc: Mvcc, file: Option<FileStore>) -> Arc<Shared> {
+        let (wake, _) = watch::channel(());
+        Arc::new(Shared {
+            core: Mutex::new(Core { mvcc, file, watchers: Vec::new(), broken: None }),
+            wake,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Core> {
         // A panic while holding the lock cannot leave the state half-changed in a way later
         // calls could trust less than a fresh start: every mutation is validated first. Keep
         // serving rather than cascading the panic.
@@ -142,6 +174,50 @@ impl Core {
         }
     }
 
+    /// Refuses a write on a read-only file (before anything changes).
+    fn refuse_write(&self) -> StoreResult<()> {
+        self.file.as_ref().map_or(Ok(()), FileStore::refuse_write)
+    }
+
+    /// One txn; on a read-only file, refused if it would write.
+    fn txn(&mut self, req: &TxnRequest) -> StoreResult<TxnResponse> {
+        if self.file.as_ref().is_some_and(|f| f.read_only().is_some()) {
+            validate_txn(req)?;
+            if self.mvcc.txn_writes(req) {
+                self.refuse_write()?;
+            }
+        }
+        self.mvcc.txn(req)
+    }
+
+    /// Applies a group of queued txns one by one, in order, then commits all they changed at
+    /// once (see `group.rs`). Returns each txn's result (all failed if the commit failed: none
+    /// of them is durable) and whether the next lease deadline moved.
+    fn apply_group(&mut self, jobs: &[Job], keep: i64) -> (Vec<StoreResult<TxnResponse>>, bool) {
+        if let Err(e) = self.check_usable() {
+            return (vec![Err(e); jobs.len()], false);
+        }
+        let before = self.mvcc.next_deadline();
+        let mut results = Vec::with_capacity(jobs.len());
+        let mut now = None;
+        for job in jobs {
+            // Exactly what `EmbeddedStore::op` does around one txn, minus the commit.
+            self.mvcc.expire_leases(job.now);
+            self.mvcc.auto_compact(keep);
+            results.push(self.txn(&job.req));
+            self.mvcc.auto_compact(keep);
+            now = Some(job.now);
+        }
+        let moved = self.mvcc.next_deadline() != before;
+        let Some(now) = now else {
+            return (results, moved);
+        };
+        match self.commit(keep, now) {
+            Ok(()) => (results, moved),
+            Err(e) => (vec![Err(e); jobs.len()], moved),
+        }
+    }
+
     /// Persists what the last step changed, then tells the watchers. On a write failure the
     /// store stops (see the module docs).
     fn commit(&mut self, keep: i64, now: Instant) -> StoreResult<()> {
@@ -150,7 +226,9 @@ impl Core {
         if delta.is_empty() {
             return Ok(());
         }
-        if let Some(file) = self.file.as_mut() {
+        // A read-only file keeps what changed by itself (lease expiry) in memory only: writes
+        // were refused before they changed anything.
+        if let Some(file) = self.file.as_mut().filter(|f| f.read_only().is_none()) {
             let meta = self.mvcc.meta();
             let res =
                 std::panic::catch_unwind(AssertUnwindSafe(|| file.persist(&delta, meta, now)))
@@ -225,7 +303,9 @@ impl EmbeddedStore {
 
     /// A fresh in-memory store.
     pub fn memory_with(options: EmbeddedOptions) -> Self {
-        Self::build(Mvcc::new(), None, options)
+        // Only a file has fsyncs to share: the memory store (and with it the deterministic
+        // simulation) runs every operation on the caller's thread.
+        Self::build(Shared::new(Mvcc::new(), None), options, None)
     }
 
     /// Opens the store file at `path`, creating it if missing, and restores keys, revision,
@@ -242,7 +322,9 @@ impl EmbeddedStore {
         let mut backoff = Duration::from_millis(10);
         let (file, loaded) = loop {
             let p = path.clone();
-            match tokio::task::spawn_blocking(move || FileStore::open_blocking(&p)).await {
+            let read_only = options.read_only;
+            match tokio::task::spawn_blocking(move || FileStore::open_blocking(&p, read_only)).await
+            {
                 Ok(Ok(opened)) => break opened,
                 Ok(Err(OpenError::Store(e))) => return Err(e),
                 Ok(Err(OpenError::Locked)) => {
@@ -280,20 +362,15 @@ impl EmbeddedStore {
                 "key names a lease that does not exist; it stays without a lease"
             );
         }
-        let store = Self::build(mvcc, Some(file), options);
+        let shared = Shared::new(mvcc, Some(file));
+        let store = Self::build(shared, options, Some(Writer::default()));
         // Expires (and persists the expiry of) leases that ran out while the file was closed.
         store.op(|_, _| Ok(()))?;
         Ok(store)
     }
 
-    fn build(mvcc: Mvcc, file: Option<FileStore>, options: EmbeddedOptions) -> Self {
-        let (wake, _) = watch::channel(());
-        let inner = Inner {
-            core: Mutex::new(Core { mvcc, file, watchers: Vec::new(), broken: None }),
-            options,
-            wake,
-            reaper: Mutex::new(None),
-        };
+    fn build(shared: Arc<Shared>, options: EmbeddedOptions, writer: Option<Writer>) -> Self {
+        let inner = Inner { shared, options, reaper: Mutex::new(None), writer };
         let store = EmbeddedStore { inner: Arc::new(inner) };
         store.ensure_reaper();
         store
@@ -310,7 +387,7 @@ impl EmbeddedStore {
             return;
         }
         let weak = Arc::downgrade(&self.inner);
-        let rx = self.inner.wake.subscribe();
+        let rx = self.inner.shared.wake.subscribe();
         *slot = Some(handle.spawn(reap(weak, rx)));
     }
 
@@ -331,7 +408,7 @@ impl EmbeddedStore {
             (result, core.mvcc.next_deadline() != before)
         };
         if moved {
-            self.inner.wake.send_replace(());
+            self.inner.shared.wake.send_replace(());
         }
         result
     }
@@ -374,7 +451,14 @@ async fn reap(weak: Weak<Inner>, mut wake: watch::Receiver<()>) {
 #[async_trait::async_trait]
 impl Store for EmbeddedStore {
     async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        self.op(|core, _| core.mvcc.txn(&req))
+        match &self.inner.writer {
+            Some(writer) => {
+                self.ensure_reaper();
+                let keep = self.inner.options.auto_compact_keep;
+                writer.txn(&self.inner.shared, keep, req, Instant::now()).await
+            }
+            None => self.op(|core, _| core.txn(&req)),
+        }
     }
 
     async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
@@ -383,15 +467,24 @@ impl Store for EmbeddedStore {
 
     async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
         let min = self.inner.options.min_lease_ttl;
-        self.op(|core, now| core.mvcc.lease_grant(ttl, min, now))
+        self.op(|core, now| {
+            core.refuse_write()?;
+            core.mvcc.lease_grant(ttl, min, now)
+        })
     }
 
     async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        self.op(|core, now| Ok(core.mvcc.lease_keep_alive(id, now)))
+        self.op(|core, now| {
+            core.refuse_write()?;
+            Ok(core.mvcc.lease_keep_alive(id, now))
+        })
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        self.op(|core, _| Ok(core.mvcc.lease_revoke(id)))
+        self.op(|core, _| {
+            core.refuse_write()?;
+            Ok(core.mvcc.lease_revoke(id))
+        })
     }
 
     async fn watch(&self, range: KeyRange, start_revision: Revision) -> StoreResult<WatchStream> {
@@ -400,7 +493,10 @@ impl Store for EmbeddedStore {
     }
 
     async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        self.op(|core, _| core.mvcc.compact(revision))
+        self.op(|core, _| {
+            core.refuse_write()?;
+            core.mvcc.compact(revision)
+        })
     }
 }
 

@@ -368,6 +368,20 @@ impl Mvcc {
         Ok(resp)
     }
 
+    /// Whether `req` would write (a put or delete on the branches its compares take now): what a
+    /// read-only store refuses. A txn that only reads is served.
+    pub fn txn_writes(&self, req: &TxnRequest) -> bool {
+        fn writes(req: &TxnRequest, path: &Path) -> bool {
+            let mut children = path.children.iter();
+            Mvcc::taken(req, path).iter().any(|op| match op {
+                TxnOp::Put(_) | TxnOp::Delete(_) => true,
+                TxnOp::Get(_) => false,
+                TxnOp::Txn(t) => children.next().is_some_and(|child| writes(t, child)),
+            })
+        }
+        writes(req, &self.compare_to_path(req))
+    }
+
     fn compare_to_path(&self, req: &TxnRequest) -> Path {
         let ok = req.compare.iter().all(|c| self.compare(c));
         let ops = if ok { &req.success } else { &req.failure };
@@ -790,7 +804,7 @@ fn check_intervals(ops: &[TxnOp]) -> StoreResult<(BTreeSet<Vec<u8>>, Vec<KeyRang
 
 /// An estimate of the protobuf size of a txn request (bytes plus a little framing per field), to
 /// enforce etcd's `--max-request-bytes`.
-fn txn_size(req: &TxnRequest) -> usize {
+pub(crate) fn txn_size(req: &TxnRequest) -> usize {
     let compares: usize = req
         .compare
         .iter()

@@ -6,7 +6,7 @@
 use futures::StreamExt;
 
 use super::*;
-use crate::store::{Compare, TxnOp};
+use crate::store::{Compare, OpResponse, TxnOp};
 
 fn put(k: &str, v: &str) -> TxnRequest {
     TxnRequest::new().and_then([TxnOp::put(k, v)])
@@ -382,4 +382,206 @@ async fn auto_compaction_bounds_the_file_too() {
         s.get(GetRequest::key("k").at_revision(201 - 16)).await.unwrap().kvs[0].value,
         b"183"
     );
+}
+
+// ----- group commit (file mode) -----
+
+fn file_commits(s: &EmbeddedStore) -> u64 {
+    s.inner.lock().file.as_ref().expect("a file store").commits()
+}
+
+/// Queues `reqs` in order while the state is locked (so they all wait for one group), then
+/// releases the lock and returns each txn's result.
+// On purpose: the guard spans one poll, in which file-store txns only queue (they never take the
+// state lock on the caller's side), so nothing can deadlock.
+#[allow(clippy::await_holding_lock)]
+async fn in_one_group(s: &EmbeddedStore, reqs: Vec<TxnRequest>) -> Vec<StoreResult<TxnResponse>> {
+    let guard = s.inner.lock();
+    let mut all = Box::pin(futures::future::join_all(reqs.into_iter().map(|r| s.txn(r))));
+    // One poll queues every txn, in order; none can be applied while the state is locked.
+    assert!(futures::poll!(&mut all).is_pending());
+    drop(guard);
+    all.await
+}
+
+/// Concurrent txns that queued together are applied one by one, in queue order, each against
+/// the state left by the ones before it, each with its own revision and response; they share one
+/// commit; watchers and a reopen see exactly the sequence of single txns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queued_txns_share_one_commit_with_their_own_semantics() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    s.txn(put("counter", "0")).await.unwrap(); // 2
+    let mut w = s.watch(KeyRange::prefix(""), 3).await.unwrap();
+    let before = file_commits(&s);
+
+    const N: usize = 50;
+    // Txn i succeeds only if it sees txn i-1's write.
+    let mut reqs: Vec<TxnRequest> = (0..N)
+        .map(|i| {
+            TxnRequest::new().when([Compare::value_is("counter", i.to_string())]).and_then([
+                TxnOp::put("counter", (i + 1).to_string()),
+                TxnOp::put(format!("own/{i:02}"), "x"),
+            ])
+        })
+        .collect();
+    // Two creates of one key: the second loses to the first and reads what it wrote.
+    let claim = |who: &str| {
+        TxnRequest::new()
+            .when([Compare::absent("claim")])
+            .and_then([TxnOp::put("claim", who)])
+            .or_else([TxnOp::get_key("claim")])
+    };
+    reqs.push(claim("a")); // 53
+    reqs.push(claim("b")); // no write
+                           // An invalid txn fails alone and takes no revision.
+    reqs.push(TxnRequest::new().and_then([TxnOp::put_on_lease("leased", "x", 999)]));
+    reqs.push(put("after", "x")); // 54
+    let results = in_one_group(&s, reqs).await;
+
+    assert_eq!(file_commits(&s) - before, 1, "one redb commit for the whole group");
+    for (i, r) in results[..N].iter().enumerate() {
+        let r = r.as_ref().unwrap();
+        assert!(r.succeeded, "txn {i} saw the counter written by txn {}", i as i64 - 1);
+        assert_eq!(r.revision, 3 + i as i64, "txn {i} has its own revision");
+    }
+    let won = results[N].as_ref().unwrap();
+    assert!(won.succeeded);
+    assert_eq!(won.revision, 53);
+    let lost = results[N + 1].as_ref().unwrap();
+    assert!(!lost.succeeded, "the second create sees the first");
+    assert_eq!(lost.revision, 53);
+    match &lost.responses[..] {
+        [OpResponse::Get(g)] => {
+            assert_eq!(g.kvs[0].value, b"a");
+            assert_eq!(g.kvs[0].mod_revision, 53);
+        }
+        other => panic!("expected one get, got {other:?}"),
+    }
+    assert_eq!(results[N + 2], Err(StoreError::LeaseNotFound(999)));
+    assert_eq!(results[N + 3].as_ref().unwrap().revision, 54);
+
+    // Watchers get one message per revision, in order, as with single commits.
+    for rev in 3..=54i64 {
+        let evs = events(next_msg(&mut w).await);
+        assert!(evs.iter().all(|e| e.kv().mod_revision == rev), "revision {rev}: {evs:?}");
+        let want = if rev < 53 { 2 } else { 1 };
+        assert_eq!(evs.len(), want, "revision {rev}");
+    }
+    drop(w);
+    drop(s);
+
+    // The file holds the same history.
+    let s = EmbeddedStore::open(&path, EmbeddedOptions::default()).await.unwrap();
+    assert_eq!(value(&s, "counter").await, Some(N.to_string().into_bytes()));
+    let r = s.get(GetRequest::prefix("own/")).await.unwrap();
+    assert_eq!((r.count, r.revision), (N as i64, 54));
+    let at = s.get(GetRequest::key("counter").at_revision(20)).await.unwrap();
+    assert_eq!(at.kvs[0].value, b"18", "history at every revision of the group");
+}
+
+/// Leases expire between the txns of one group exactly as between single txns: a txn queued
+/// after the deadline finds the lease gone, one queued before it does not.
+#[tokio::test(start_paused = true)]
+async fn lease_expiry_falls_between_txns_of_one_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = EmbeddedStore::open(dir.path().join("store.redb"), opts()).await.unwrap();
+    let lease = s.lease_grant(10).await.unwrap();
+    s.txn(TxnRequest::new().and_then([TxnOp::put_on_lease("k", "1", lease.id)])).await.unwrap(); // 2
+    let mut w = s.watch(KeyRange::prefix(""), 3).await.unwrap();
+
+    // Two queued txns, the second read the clock after the lease's deadline.
+    let now = Instant::now();
+    let (early, _) = Job::for_test(
+        TxnRequest::new().and_then([TxnOp::put_on_lease("a", "1", lease.id)]),
+        now + Duration::from_secs(1),
+    );
+    let (late, _) = Job::for_test(
+        TxnRequest::new().and_then([TxnOp::put_on_lease("b", "1", lease.id)]),
+        now + Duration::from_secs(11),
+    );
+    let before = file_commits(&s);
+    let (results, moved) = s.inner.lock().apply_group(&[early, late], opts().auto_compact_keep);
+    assert!(moved, "the expiry moved the next deadline");
+    assert_eq!(file_commits(&s) - before, 1);
+    let mut results = results.into_iter();
+    assert_eq!(results.next().unwrap().unwrap().revision, 3, "queued before the deadline");
+    assert_eq!(results.next().unwrap(), Err(StoreError::LeaseNotFound(lease.id)));
+
+    let put_a = events(next_msg(&mut w).await);
+    assert!(matches!(&put_a[..], [WatchEvent::Put(kv)] if kv.key == b"a" && kv.mod_revision == 3));
+    let expiry = events(next_msg(&mut w).await);
+    let deleted: Vec<&[u8]> = expiry.iter().map(|e| &e.kv().key[..]).collect();
+    assert_eq!(deleted, vec![&b"a"[..], &b"k"[..]], "the expiry deletes both, at revision 4");
+    assert!(expiry.iter().all(|e| matches!(e, WatchEvent::Delete(kv) if kv.mod_revision == 4)));
+    assert_eq!(s.get(GetRequest::prefix("")).await.unwrap().revision, 4);
+}
+
+// ----- read-only file -----
+
+/// A file opened read-only serves every read (get, list at a past revision, watch replay, a txn
+/// whose taken branch only reads) and refuses every write with `ReadOnly` naming the file,
+/// before anything changes.
+#[tokio::test]
+async fn read_only_file_serves_reads_and_refuses_writes_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+        s.txn(put("a", "1")).await.unwrap(); // 2
+        s.txn(put("b", "2")).await.unwrap(); // 3
+        s.lease_grant(3600).await.unwrap();
+    }
+    let ro = EmbeddedOptions { read_only: true, ..opts() };
+    let s = EmbeddedStore::open(&path, ro).await.unwrap();
+    assert_eq!(value(&s, "a").await, Some(b"1".to_vec()));
+    let r = s.get(GetRequest::prefix("")).await.unwrap();
+    assert_eq!((r.count, r.revision), (2, 3));
+    let old = s.get(GetRequest::prefix("").at_revision(2)).await.unwrap();
+    assert_eq!(old.count, 1, "history is readable");
+    let mut w = s.watch(KeyRange::prefix(""), 2).await.unwrap();
+    assert_eq!(events(next_msg(&mut w).await).len(), 2, "watch replays history");
+    let only_reads = TxnRequest::new()
+        .when([Compare::absent("a")])
+        .and_then([TxnOp::put("a", "x")])
+        .or_else([TxnOp::get_key("a")]);
+    let resp = s.txn(only_reads).await.unwrap();
+    assert!(!resp.succeeded, "a txn whose taken branch only reads is served");
+
+    let refused = |r: StoreError| match r {
+        StoreError::ReadOnly { path: p, reason } => {
+            assert_eq!(p, path.display().to_string());
+            assert!(reason.contains("read-only"), "{reason}");
+            let shown = StoreError::ReadOnly { path: p, reason }.to_string();
+            assert!(shown.contains(&path.display().to_string()), "{shown}");
+        }
+        other => panic!("expected ReadOnly, got {other:?}"),
+    };
+    refused(s.txn(put("c", "3")).await.unwrap_err());
+    refused(s.txn(TxnRequest::new().and_then([TxnOp::delete("a")])).await.unwrap_err());
+    refused(s.lease_grant(10).await.unwrap_err());
+    refused(s.lease_keep_alive(1).await.unwrap_err());
+    refused(s.lease_revoke(1).await.unwrap_err());
+    refused(s.compact(2).await.unwrap_err());
+    // Still serving after refusals, nothing changed.
+    let r = s.get(GetRequest::prefix("")).await.unwrap();
+    assert_eq!((r.count, r.revision), (2, 3));
+    drop(w);
+    drop(s);
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    assert_eq!(s.get(GetRequest::prefix("")).await.unwrap().revision, 3, "file unchanged");
+    assert_eq!(s.lease_keep_alive(1).await.unwrap(), Some(3600), "lease kept");
+    s.txn(put("c", "3")).await.unwrap();
+}
+
+#[tokio::test]
+async fn read_only_open_of_a_missing_file_fails_without_creating_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("none.redb");
+    let ro = EmbeddedOptions { read_only: true, ..opts() };
+    assert!(
+        matches!(EmbeddedStore::open(&path, ro).await, Err(StoreError::Unavailable(m)) if m.contains("none.redb"))
+    );
+    assert!(!path.exists());
 }
