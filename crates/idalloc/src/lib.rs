@@ -104,7 +104,7 @@ pub use allocator::{
     Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
     RetryPolicy,
 };
-pub use cache::Event;
+pub use cache::{Event, Foreign};
 pub use client_session::ClientSession;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};

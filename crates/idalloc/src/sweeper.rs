@@ -119,6 +119,12 @@ pub(crate) async fn sweep(
         };
         for (o, ok) in batch.iter().zip(done) {
             if ok {
+                if let (Some((id, _)), true) =
+                    (o.id_rec, pool.spec.reuse_delay_duration().is_zero())
+                {
+                    // Our own committed reclaim: free in the local view at once.
+                    pool.lock_cache().freed_by_own_write(id, resp.revision);
+                }
                 report.reclaimed.push((orphan_id(o), o.key.clone()));
             }
         }

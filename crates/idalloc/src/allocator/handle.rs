@@ -287,6 +287,13 @@ impl Pool {
             .collect())
     }
 
+    /// ID records of the pool that the cache does not use (unreadable values count as used;
+    /// records for IDs the pool never hands out are ignored), as the watch last showed them.
+    /// Each was also logged as a warning. `idalloc check` reports and repairs them.
+    pub fn unusable_id_records(&self) -> Vec<(u64, crate::cache::Foreign)> {
+        self.state.lock_cache().foreign()
+    }
+
     /// Every binding in the cache, sorted by ID.
     pub fn snapshot(&self) -> Vec<(u64, String)> {
         self.state.lock_cache().snapshot()
