@@ -11,6 +11,7 @@ pub mod cilium;
 pub mod contender;
 pub mod contiv;
 pub mod micro;
+pub mod remote;
 pub mod report;
 pub mod scenarios;
 pub mod stats;
@@ -41,6 +42,8 @@ pub struct Config {
     pub micro_iters: u64,
     pub sync_bindings: usize,
     pub cli_keys: usize,
+    /// Bindings per cluster in the remote-view lookup benchmark (1 local + 8 remotes).
+    pub remote_lookup_bindings: usize,
     /// The `idalloc` CLI binary, if it exists.
     pub cli: Option<PathBuf>,
 }
@@ -62,6 +65,7 @@ impl Config {
             micro_iters: 2_000_000,
             sync_bindings: 100_000,
             cli_keys: 100_000,
+            remote_lookup_bindings: 10_000,
             cli: None,
         }
     }
@@ -82,6 +86,7 @@ impl Config {
             micro_iters: 20_000,
             sync_bindings: 1000,
             cli_keys: 200,
+            remote_lookup_bindings: 200,
             cli: None,
         }
     }
@@ -116,6 +121,8 @@ pub struct Report {
     pub embedded: Vec<(String, usize, Outcome<Run>)>,
     /// (store label, keys, seconds), or why not run.
     pub cli: Vec<(String, usize, Outcome<f64>)>,
+    /// Remote views (issue 13).
+    pub remote: Option<remote::RemoteFigures>,
     pub config: Option<Config>,
 }
 
@@ -144,6 +151,7 @@ pub async fn run(cfg: &Config) -> Report {
         sync: Err("not run".into()),
         embedded: Vec::new(),
         cli: Vec::new(),
+        remote: None,
         config: Some(cfg.clone()),
     };
 
@@ -175,6 +183,10 @@ pub async fn run(cfg: &Config) -> Report {
     r.sync = scenarios::initial_sync(cfg.sync_bindings)
         .await
         .map(|(s, req)| (cfg.sync_bindings, s, req));
+
+    log("remote views");
+    r.remote =
+        Some(remote::run(cfg.sync_bindings, cfg.remote_lookup_bindings, cfg.micro_iters).await);
 
     log("embedded stores");
     match tempfile::tempdir() {

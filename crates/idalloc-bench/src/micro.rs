@@ -48,7 +48,7 @@ fn thread_cpu_ns() -> Option<u64> {
 
 /// Nanoseconds per call of `f` over `iters` calls: on-CPU time where Linux provides it, else wall
 /// time.
-fn ns_per(iters: u64, f: impl FnMut(u64)) -> f64 {
+pub fn ns_per(iters: u64, f: impl FnMut(u64)) -> f64 {
     let mut f = f;
     let cpu0 = thread_cpu_ns();
     let t0 = Instant::now();

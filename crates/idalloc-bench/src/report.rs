@@ -277,6 +277,9 @@ Round trips are counted by `CountingStore` around each node's own etcd connectio
                 }
             }
         }
+        if let Some(r) = &self.remote {
+            s.push_str(&r.markdown());
+        }
         let _ = writeln!(s, "\n## Embedded store\n\nidalloc (`Allocator` + `Pool::acquire`) on `EmbeddedStore`, fresh keys for the run length.\n\n| store | tasks | ops | ops/s | p50 ms | p99 ms | round trips/op |\n|---|---:|---:|---:|---:|---:|---:|");
         for (label, c, r) in &self.embedded {
             match r {

@@ -66,8 +66,18 @@ pub struct Cli {
     #[arg(long, global = true, env = "IDALLOC_LOCK_TIMEOUT", value_parser = parse::duration, value_name = "DUR")]
     pub lock_timeout: Option<Duration>,
 
+    /// Log format on stderr: text or json. Filter with RUST_LOG (default: off; info for serve).
+    #[arg(long, global = true, env = "IDALLOC_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -96,9 +106,12 @@ Examples:
     /// also when nothing was held.
     #[command(after_help = "\
 JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"holder\":\"alice\",\"released\":true,\"reclaimed\":true}
+With --from: one such output per key, in input order (keys read as for acquire --from; a bad line
+is an error, exit 2, found before anything is released).
 
-Example:
-  idalloc release vni tenant-blue")]
+Examples:
+  idalloc release vni tenant-blue
+  idalloc release vni --from keys.txt")]
     Release(ReleaseArgs),
 
     /// Print the ID bound to KEY (exit 3 if none).
@@ -205,6 +218,35 @@ JSON: {\"store\":\"etcd\",\"endpoint\":\"http://127.0.0.1:2379\",\"prefix\":\"id
 Example:
   idalloc --store etcd://127.0.0.1:2379 status")]
     Status,
+
+    /// Run the HTTP/JSON service (API under /v1, /metrics, /healthz, /readyz) until SIGTERM/SIGINT.
+    #[command(after_help = "\
+Listens on 127.0.0.1:7379 unless --listen says otherwise (never on all interfaces unless asked).
+Sweeps every pool of the store in the background. On SIGTERM/SIGINT it refuses new requests with
+503, lets in-flight ones finish (up to --drain-timeout) and exits 0; client sessions are not ended,
+their leases run out on their own TTL unless a client renews them elsewhere. API: docs/api.md.
+
+Examples:
+  idalloc --store etcd://127.0.0.1:2379 serve
+  idalloc --store file:/var/lib/idalloc/ids.redb serve --listen 127.0.0.1:8080
+  RUST_LOG=idalloc=debug idalloc --log-format json serve")]
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "IDALLOC_LISTEN", default_value = "127.0.0.1:7379", value_name = "ADDR")]
+    pub listen: std::net::SocketAddr,
+    /// How often each pool is swept (bindings nobody references are reclaimed).
+    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "30s")]
+    pub sweep_interval: Duration,
+    /// Largest request body accepted (bytes); larger ones get 413.
+    #[arg(long, value_name = "BYTES", default_value = "1048576")]
+    pub max_body: usize,
+    /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
+    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
+    pub drain_timeout: Duration,
 }
 
 #[derive(Subcommand, Debug)]
@@ -311,7 +353,7 @@ pub struct AcquireArgs {
     /// Create the pool with this range first if it does not exist.
     #[arg(long, value_parser = parse::id_range, value_name = "MIN-MAX")]
     pub range: Option<IdRange>,
-    /// Acquires in flight at once with --from.
+    /// Batches of keys (up to 100 keys, one store request each) in flight at once with --from.
     #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub concurrency: u16,
 }
@@ -320,11 +362,18 @@ pub struct AcquireArgs {
 pub struct ReleaseArgs {
     /// Pool name.
     pub pool: String,
-    /// The key.
-    pub key: String,
+    /// The key. Omit with --from.
+    #[arg(required_unless_present = "from", conflicts_with = "from")]
+    pub key: Option<String>,
+    /// Read keys from FILE, one per line ('-' for stdin).
+    #[arg(long, value_name = "FILE|-")]
+    pub from: Option<PathBuf>,
     /// Owner of the reference [default: $USER, else $LOGNAME, else "idalloc"].
     #[arg(long, value_name = "H")]
     pub holder: Option<String>,
+    /// Batches of keys in flight at once with --from.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    pub concurrency: u16,
 }
 
 #[derive(Args, Debug)]

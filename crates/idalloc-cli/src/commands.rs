@@ -81,6 +81,9 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             | Command::Gc(GcArgs { dry_run: true, .. })
             | Command::Check(CheckArgs { repair: false, .. })
     );
+    if let Command::Serve(a) = &cli.command {
+        return crate::serve::run(&settings, a).await;
+    }
     if let Command::Watch(w) = &cli.command {
         if let crate::parse::StoreUrl::File(_) = settings.url {
             if w.remote.any() {
@@ -180,6 +183,7 @@ async fn dispatch(
         Command::Gc(a) => gc(alloc, a, out).await,
         Command::Status => status(settings, layout, alloc, &*store, file_missing, out).await,
         Command::Check(a) => check(settings, layout, &*store, a, out).await,
+        Command::Serve(_) => Err(Failure::usage("serve is run before a store is opened")),
     }
 }
 
@@ -331,19 +335,39 @@ async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Fai
     let holder = holder_of(&a.holder);
     idalloc::pool::validate_holder(&holder)
         .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
-    idalloc::pool::validate_key(&a.key)?;
+    if let Some(from) = &a.from {
+        // A pool that does not exist holds nothing: every key is a no-op, as below.
+        let pool = match alloc.pool(&a.pool).await {
+            Ok(p) => Some(p),
+            Err(idalloc::Error::PoolNotFound { .. }) => None,
+            Err(e) => return Err(e.into()),
+        };
+        return batch::release_from(
+            pool.as_ref(),
+            &a.pool,
+            from,
+            &holder,
+            a.concurrency.into(),
+            out,
+        )
+        .await
+        .map(|_| 0);
+    }
+    // clap guarantees KEY when --from is absent.
+    let key = a.key.as_deref().unwrap_or_default();
+    idalloc::pool::validate_key(key)?;
     // A pool that does not exist holds nothing: a no-op, like any release of what is not held.
-    let r = alloc.release_durable(&a.pool, &a.key, &holder).await?;
+    let r = alloc.release_durable(&a.pool, key, &holder).await?;
     out.either(
         || {
-            json!({"pool": a.pool, "key": a.key, "holder": holder,
+            json!({"pool": a.pool, "key": key, "holder": holder,
                    "released": r.held, "reclaimed": r.reclaimed})
         },
         || match (r.held, r.reclaimed) {
             (false, _) => {
-                format!("{} held nothing for {:?} in {}\n", render::text(&holder), a.key, a.pool)
+                format!("{} held nothing for {:?} in {}\n", render::text(&holder), key, a.pool)
             }
-            (true, true) => format!("released; {:?} was reclaimed\n", a.key),
+            (true, true) => format!("released; {:?} was reclaimed\n", key),
             (true, false) => "released\n".to_string(),
         },
     )?;

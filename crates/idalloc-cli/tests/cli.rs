@@ -1040,3 +1040,78 @@ fn etcd_listings_work_at_the_key_size_limit() {
     t.run(&["release", "long", &key(0)]).ok();
     t.run(&["get", "long", &key(0)]).fails(3);
 }
+
+/// `acquire --from` and `release --from` round trip: per-key output in input order, duplicates,
+/// keys of other holders kept, a bad line refused before anything is released.
+fn release_from(t: &Target) {
+    t.run(&["pool", "create", "rf", "--range", "1-1000"]).ok();
+    let keys = t.cwd.join("rf-keys.txt");
+    let list: Vec<String> = (0..250).map(|i| format!("key {i}")).collect();
+    std::fs::write(&keys, list.join("\n")).unwrap();
+    let r = t.run(&["acquire", "rf", "--from", keys.to_str().unwrap(), "--holder", "alice"]);
+    r.ok();
+    let ids: Vec<u64> =
+        r.stdout.lines().map(|l| l.split_once('\t').unwrap().0.parse().unwrap()).collect();
+    assert_eq!(ids.len(), 250);
+    assert_eq!(ids.iter().collect::<std::collections::HashSet<_>>().len(), 250);
+    // bob also holds "key 1": alice's release keeps the binding.
+    t.run(&["acquire", "rf", "key 1", "--holder", "bob"]).ok();
+
+    std::fs::write(&keys, "key 0\n\nkey 2\n").unwrap();
+    t.run(&["release", "rf", "--from", keys.to_str().unwrap(), "--holder", "alice"])
+        .fails(2)
+        .err_has("line 2");
+    assert_eq!(
+        t.run(&["get", "rf", "key 0"]).id(),
+        ids[0],
+        "nothing released before the input was checked"
+    );
+
+    let out = t
+        .cmd()
+        .args(["--json", "release", "rf", "--from", "-", "--holder", "alice"])
+        .write_stdin(format!("{}\nkey 0\nnobody\n", list.join("\n")))
+        .assert()
+        .success()
+        .get_output()
+        .stdout
+        .clone();
+    let docs: Vec<Value> =
+        String::from_utf8(out).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(docs.len(), 252);
+    assert_eq!(docs[0]["key"], "key 0");
+    assert_eq!(
+        (docs[0]["released"].as_bool(), docs[0]["reclaimed"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(
+        (docs[1]["released"].as_bool(), docs[1]["reclaimed"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert!(docs[2..250].iter().all(|d| d["released"] == true && d["reclaimed"] == true));
+    assert_eq!(docs[250]["key"], "key 0");
+    assert_eq!(docs[250]["released"], false, "the second occurrence finds nothing held");
+    assert_eq!(docs[251]["released"], false);
+    t.run(&["get", "rf", "key 0"]).fails(3);
+    assert_eq!(t.run(&["get", "rf", "key 1"]).id(), ids[1]);
+    // Text output is the single release's, once per key; a pool that does not exist holds nothing.
+    std::fs::write(&keys, "key 1\n").unwrap();
+    let r = t.run(&["release", "rf", "--from", keys.to_str().unwrap(), "--holder", "bob"]);
+    r.ok();
+    assert_eq!(r.stdout, "released; \"key 1\" was reclaimed\n");
+    let r = t.run(&["release", "nopool", "--from", keys.to_str().unwrap(), "--holder", "bob"]);
+    r.ok();
+    assert_eq!(r.stdout, "bob held nothing for \"key 1\" in nopool\n");
+}
+
+#[test]
+fn file_store_release_from() {
+    release_from(&Target::file());
+}
+
+#[test]
+fn etcd_release_from() {
+    if let Some(t) = Target::etcd() {
+        release_from(&t);
+    }
+}

@@ -52,8 +52,36 @@ pub struct PoolCache {
     /// apart: they are few, and keeping them out keeps the index to bindings only.
     bound: Bindings,
     tombstones: FastMap<u64, Arc<str>>,
+    /// ID records the cache cannot use (DESIGN §11): unreadable values, or IDs this pool never
+    /// hands out (outside its range, reserved, without its prefix bits). Never bindings, never
+    /// candidates; reported by [`PoolCache::foreign`].
+    foreign: std::collections::BTreeMap<u64, Foreign>,
     free: IdSet,
     revision: Revision,
+}
+
+/// Why an ID record is not used as a binding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Foreign {
+    /// The value is not one idalloc writes (empty, not UTF-8): the ID counts as used.
+    Unreadable,
+    /// A readable record for an ID the pool never hands out: ignored (the ID is not a candidate
+    /// anyway), never returned as a key's ID (G3).
+    NotAllocatable,
+}
+
+/// What a store record says about an ID slot.
+enum Slot {
+    Absent,
+    Record(IdRecord),
+    Unreadable,
+}
+
+fn slot_of(value: &[u8]) -> Slot {
+    match IdRecord::decode(value) {
+        Some(rec) => Slot::Record(rec),
+        None => Slot::Unreadable,
+    }
 }
 
 impl PoolCache {
@@ -63,6 +91,7 @@ impl PoolCache {
             spec,
             bound: Bindings::default(),
             tombstones: FastMap::default(),
+            foreign: Default::default(),
             free,
             revision: 0,
         }
@@ -131,8 +160,26 @@ impl PoolCache {
         self.revision = self.revision.max(kv.mod_revision);
         let id = parse_id(&kv.key)?;
         match ev {
-            WatchEvent::Put(kv) => self.set(id, IdRecord::decode(&kv.value)),
-            WatchEvent::Delete(_) => self.set(id, None),
+            WatchEvent::Put(kv) => self.set(id, slot_of(&kv.value)),
+            WatchEvent::Delete(_) => self.set(id, Slot::Absent),
+        }
+    }
+
+    /// ID records the cache does not use as bindings, and why (sorted by ID).
+    pub fn foreign(&self) -> Vec<(u64, Foreign)> {
+        self.foreign.iter().map(|(id, f)| (*id, f.clone())).collect()
+    }
+
+    /// Applies this process's own committed reclaim of `id` (its ID record deleted at
+    /// `revision`) before the watch delivers it: the ID is free in the local view at once, so an
+    /// acquire right after the release can use it. Only the free set changes (the maps and the
+    /// events follow the watch); if the watch already applied `revision` or later, nothing changes.
+    pub fn freed_by_own_write(&mut self, id: u64, revision: Revision) {
+        if revision <= self.revision || self.foreign.contains_key(&id) {
+            return;
+        }
+        if let Some(raw) = self.spec.strip_prefix(id) {
+            self.free.remove(raw);
         }
     }
 
@@ -144,10 +191,10 @@ impl PoolCache {
         revision: Revision,
         parse_id: impl Fn(&[u8]) -> Option<u64>,
     ) -> Vec<Event> {
-        let mut listed: HashMap<u64, Option<IdRecord>> = HashMap::with_capacity(kvs.len());
+        let mut listed: HashMap<u64, &[u8]> = HashMap::with_capacity(kvs.len());
         for kv in kvs {
             if let Some(id) = parse_id(&kv.key) {
-                listed.insert(id, IdRecord::decode(&kv.value));
+                listed.insert(id, &kv.value);
             }
         }
         let mut gone: Vec<u64> = self
@@ -155,36 +202,55 @@ impl PoolCache {
             .iter()
             .map(|(id, _)| id)
             .chain(self.tombstones.keys().copied())
+            .chain(self.foreign.keys().copied())
             .filter(|id| !listed.contains_key(id))
             .collect();
         // Sorted: events come out in the same order on every run (reproducible simulations).
         gone.sort_unstable();
         let mut events = Vec::new();
         for id in gone {
-            events.extend(self.set(id, None));
+            events.extend(self.set(id, Slot::Absent));
         }
-        let mut ids: Vec<(u64, Option<IdRecord>)> = listed.into_iter().collect();
+        let mut ids: Vec<(u64, &[u8])> = listed.into_iter().collect();
         ids.sort_unstable_by_key(|(id, _)| *id);
-        for (id, rec) in ids {
-            events.extend(self.set(id, rec));
+        for (id, value) in ids {
+            events.extend(self.set(id, slot_of(value)));
         }
         self.revision = revision;
         events.push(Event::Synced);
         events
     }
 
-    /// Sets `id`'s record and keeps both maps and the free set in step. `None` deletes it.
-    fn set(&mut self, id: u64, rec: Option<IdRecord>) -> Option<Event> {
+    /// Sets `id`'s record and keeps both maps, the foreign records and the free set in step.
+    fn set(&mut self, id: u64, slot: Slot) -> Option<Event> {
         let old = self.take(id);
+        self.foreign.remove(&id);
         let raw = self.spec.strip_prefix(id);
-        let new = match rec {
-            None => {
+        let allocatable = raw.is_some_and(|r| self.spec.is_allocatable(r));
+        let slot = match slot {
+            Slot::Record(_) if !allocatable => {
+                tracing::warn!(pool = %self.spec.name(), id, "ID record for an ID the pool never hands out; ignored (run `idalloc check`)");
+                self.foreign.insert(id, Foreign::NotAllocatable);
+                None
+            }
+            Slot::Unreadable => {
+                tracing::warn!(pool = %self.spec.name(), id, "unreadable ID record; the ID counts as used (run `idalloc check`)");
+                self.foreign.insert(id, Foreign::Unreadable);
+                if let Some(raw) = raw {
+                    self.free.insert(raw);
+                }
+                None
+            }
+            Slot::Absent => {
                 if let Some(raw) = raw {
                     self.free.remove(raw);
                 }
                 None
             }
-            Some(IdRecord::Bound(k)) | Some(IdRecord::Tombstone(k)) if k.is_empty() => None,
+            Slot::Record(rec) => Some(rec),
+        };
+        let new = match slot {
+            None => None,
             Some(rec) => {
                 let (key, tombstone) = match rec {
                     IdRecord::Bound(k) => (k, false),
@@ -221,7 +287,10 @@ impl PoolCache {
         if let Some(raw) = self.spec.strip_prefix(id) {
             if used {
                 self.free.insert(raw);
-            } else if !self.bound.contains_id(id) && !self.tombstones.contains_key(&id) {
+            } else if !self.bound.contains_id(id)
+                && !self.tombstones.contains_key(&id)
+                && !self.foreign.contains_key(&id)
+            {
                 self.free.remove(raw);
             }
         }
@@ -327,6 +396,72 @@ mod tests {
         c.apply(&put(6, IdRecord::Bound("f".into()), 2), parse);
         c.learn(6, false);
         assert_eq!(c.free_ids().free_count(), 9);
+    }
+
+    #[test]
+    fn unreadable_and_out_of_range_records_are_never_candidates_nor_bindings() {
+        let mut c = PoolCache::new(spec().reserve(9..=9));
+        let raw = |id: u64, value: &[u8], rev: Revision| {
+            WatchEvent::Put(KeyValue {
+                key: id.to_string().into_bytes(),
+                value: value.to_vec(),
+                create_revision: rev,
+                mod_revision: rev,
+                version: 1,
+                lease: 0,
+            })
+        };
+        // 9 free IDs (1..=10 without reserved 9).
+        assert_eq!(c.free_ids().free_count(), 9);
+        assert_eq!(c.apply(&raw(1, b"", 2), parse), None);
+        assert_eq!(c.apply(&raw(2, &[0xFF], 3), parse), None);
+        assert_eq!(c.apply(&raw(3, &[0xC3, 0x28], 4), parse), None);
+        assert_eq!(c.free_ids().free_count(), 6, "unreadable records count as used");
+        // Readable records for IDs the pool never hands out: not bindings, no events.
+        assert_eq!(c.apply(&raw(9, b"k9", 5), parse), None);
+        assert_eq!(c.apply(&raw(78, b"k78", 6), parse), None);
+        assert_eq!(c.get("k9"), None);
+        assert_eq!(c.get("k78"), None);
+        assert_eq!(c.free_ids().free_count(), 6);
+        assert_eq!(
+            c.foreign(),
+            vec![
+                (1, Foreign::Unreadable),
+                (2, Foreign::Unreadable),
+                (3, Foreign::Unreadable),
+                (9, Foreign::NotAllocatable),
+                (78, Foreign::NotAllocatable)
+            ]
+        );
+        // A learned "free" does not free an unreadable ID; deleting the record does.
+        c.learn(1, false);
+        assert_eq!(c.free_ids().free_count(), 6);
+        assert_eq!(c.apply(&del(1, 7), parse), None);
+        assert_eq!(c.free_ids().free_count(), 7);
+        // Deleting the reserved ID's record never frees the reserved ID.
+        assert_eq!(c.apply(&del(9, 8), parse), None);
+        assert_eq!(c.free_ids().free_count(), 7);
+        // A re-list forgets records that are gone.
+        c.replace_all(&[], 9, parse);
+        assert!(c.foreign().is_empty());
+        assert_eq!(c.free_ids().free_count(), 9);
+    }
+
+    #[test]
+    fn own_reclaim_frees_the_id_before_the_watch_says_so() {
+        let mut c = PoolCache::new(spec());
+        for id in 1..=10 {
+            c.apply(&put(id, IdRecord::Bound(format!("k{id}")), id as Revision + 1), parse);
+        }
+        assert_eq!(c.free_ids().free_count(), 0);
+        c.freed_by_own_write(4, 20);
+        assert_eq!(c.free_ids().free_count(), 1);
+        // The watch event of that delete later changes nothing in the free set.
+        assert_eq!(c.apply(&del(4, 20), parse), Some(Event::Delete { id: 4, key: "k4".into() }));
+        assert_eq!(c.free_ids().free_count(), 1);
+        // A reclaim the watch already applied (or an older one) is ignored.
+        c.freed_by_own_write(5, 15);
+        assert_eq!(c.free_ids().free_count(), 1);
     }
 
     #[test]

@@ -107,6 +107,12 @@ pub fn decide(
 }
 
 use crate::layout::encode_id as id_value;
+
+/// True if `id` is one `spec` hands out: its prefix bits, its raw part in range and not reserved.
+/// A key record naming any other ID is refused (DESIGN §11, G3).
+pub fn id_is_allocatable(spec: &crate::pool::PoolSpec, id: u64) -> bool {
+    spec.strip_prefix(id).is_some_and(|raw| spec.is_allocatable(raw))
+}
 pub use crate::layout::parse_id_value;
 
 fn id_compare(layout: &Layout, pool: &str, id: u64, expect: &Option<IdRecord>) -> Compare {
@@ -726,6 +732,17 @@ mod tests {
 
     fn bound(k: &str) -> IdRecord {
         IdRecord::Bound(k.into())
+    }
+
+    #[test]
+    fn only_ids_the_pool_hands_out_are_allocatable() {
+        let spec = crate::pool::PoolSpec::new("p", 200, 300).reserve(250..=251).prefix(1 << 20);
+        assert!(id_is_allocatable(&spec, (1 << 20) | 200));
+        assert!(id_is_allocatable(&spec, (1 << 20) | 300));
+        assert!(!id_is_allocatable(&spec, 200), "without the prefix bits");
+        assert!(!id_is_allocatable(&spec, (1 << 20) | 78), "below the range");
+        assert!(!id_is_allocatable(&spec, (1 << 20) | 301), "above the range");
+        assert!(!id_is_allocatable(&spec, (1 << 20) | 250), "reserved");
     }
 
     #[test]

@@ -119,6 +119,12 @@ pub(crate) async fn sweep(
         };
         for (o, ok) in batch.iter().zip(done) {
             if ok {
+                if let (Some((id, _)), true) =
+                    (o.id_rec, pool.spec.reuse_delay_duration().is_zero())
+                {
+                    // Our own committed reclaim: free in the local view at once.
+                    pool.lock_cache().freed_by_own_write(id, resp.revision);
+                }
                 report.reclaimed.push((orphan_id(o), o.key.clone()));
             }
         }
@@ -145,8 +151,13 @@ pub(crate) async fn run(
         let Some(strong) = req.upgrade() else {
             return;
         };
-        if let Err(e) = sweep(&strong, &layout, &pool, false).await {
-            warn!(pool = %pool.spec.name(), error = %e, "background sweep failed");
+        let r = sweep(&strong, &layout, &pool, false).await;
+        crate::metrics::swept(pool.spec.name(), &r);
+        match r {
+            Ok(report) => {
+                crate::metrics::reclaimed(pool.spec.name(), "sweep", report.reclaimed.len())
+            }
+            Err(e) => warn!(pool = %pool.spec.name(), error = %e, "background sweep failed"),
         }
     }
 }

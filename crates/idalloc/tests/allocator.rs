@@ -4,6 +4,7 @@
 //! leases on its own wall clock), so these cannot run on etcd. The core set that can runs on every
 //! backend (memory, file, etcd) from one source: `tests/allocator_backends.rs`.
 //! Round-trip budgets (DESIGN §5) are asserted exactly with the counting store.
+//! DESIGN §2 (G1–G6), §5 (round trips), §7 (recovery), §8 (reclaim): see the guarantee map in lib.rs.
 
 mod common;
 

@@ -7,6 +7,7 @@
 //! on etcd the same tests run in real time with short TTLs. Tests that need the clock to jump
 //! (reuse delays, idle grace, hours-long waits) cannot run on etcd: they stay embedded-only in
 //! `tests/allocator.rs`.
+//! DESIGN §2 (G1–G4 on every backend), §5 (round-trip budgets), §7 (recovery).
 
 mod common;
 

@@ -1,5 +1,6 @@
 //! Regression tests for bugs the chaos test on a real etcd cluster found (docs/chaos.md). Each is
 //! named after its bug and reproduces it deterministically on the embedded store.
+//! DESIGN §11 (late commits, pool lifetime), §7 (recovery), G1/G2/G4.
 
 mod common;
 
@@ -281,4 +282,126 @@ async fn force_delete_stops_a_running_acquirer() {
     let (kvs, _) =
         idalloc::store::list_all(&shared, &KeyRange::prefix("idalloc/"), 100).await.unwrap();
     assert!(kvs.is_empty(), "no record outlives the spec: {kvs:?}");
+}
+
+/// Issue #9 item 12: in a full pool, right after this process's own release reclaimed an ID, its
+/// next acquire failed with `Exhausted`, because the local view learned of its own reclaim only
+/// from the watch. Own committed reclaims now free the ID in the local view at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_right_after_own_reclaim_in_a_full_pool_is_not_exhausted() {
+    let shared = EmbeddedStore::memory();
+    let a = common::allocator(Arc::new(shared.clone()), "a");
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 5)).await.unwrap();
+    for i in 0..5 {
+        pool.acquire(&format!("k{i}")).await.unwrap();
+    }
+    for round in 0..50 {
+        let old = format!("k{round}");
+        assert!(pool.release(&old).await.unwrap().reclaimed);
+        let new = format!("k{}", round + 5);
+        let r = pool.acquire(&new).await;
+        assert!(r.is_ok(), "round {round}: {r:?}");
+    }
+    check_g1(&shared, "p").await;
+}
+
+/// Issue #9 item 12: `Exhausted` only when the store confirms it. A node whose watch lags still
+/// shows a full pool after another node freed an ID; it must not report the pool exhausted.
+#[tokio::test(start_paused = true)]
+async fn a_lagging_view_of_a_full_pool_is_not_reported_as_exhausted() {
+    let shared = EmbeddedStore::memory();
+    let a = common::allocator(Arc::new(shared.clone()), "a");
+    let b_store = Arc::new(freezable(shared.clone()));
+    let b = common::allocator(b_store.clone(), "b");
+    let pa = a.ensure_pool(&PoolSpec::new("p", 1, 3)).await.unwrap();
+    for k in ["x", "y", "z"] {
+        pa.acquire(k).await.unwrap();
+    }
+    let pb = b.pool("p").await.unwrap();
+    pb.wait_synced().await.unwrap();
+    wait_until(|| pb.snapshot().len() == 3).await;
+    b_store.hook().freeze(true);
+    assert!(pa.release("x").await.unwrap().reclaimed);
+    let r = pb.acquire("new").await;
+    assert!(!matches!(r, Err(idalloc::Error::Exhausted { .. })), "the store has a free ID: {r:?}");
+    // Once the watch catches up, the free ID is found.
+    b_store.hook().freeze(false);
+    wait_until(|| pb.snapshot().len() == 2).await;
+    assert!(pb.acquire("new").await.is_ok());
+    // Really full now: confirmed by the store, so Exhausted.
+    let r = pb.acquire("one-more").await;
+    assert!(matches!(r, Err(idalloc::Error::Exhausted { .. })), "{r:?}");
+}
+
+/// Issue #9 item 6: an unreadable ID record (`""`, a lone 0xFF byte) was treated as free by the
+/// cache and then aborted every bind that picked it (with `lowest`, every new key failed). It
+/// now counts as used, is reported, and a bind that runs into one picks another ID.
+#[tokio::test(start_paused = true)]
+async fn unreadable_id_records_count_as_used_and_never_abort_binds() {
+    let shared = EmbeddedStore::memory();
+    let l = common::layout();
+    let spec = PoolSpec::new("p", 1, 10).strategy(Strategy::Lowest);
+    // b's watch is frozen while the records are damaged, so its first picks run into them.
+    let b_store = Arc::new(freezable(shared.clone()));
+    let b = common::allocator(b_store.clone(), "b");
+    let pb = b.ensure_pool(&spec).await.unwrap();
+    pb.wait_synced().await.unwrap();
+    b_store.hook().freeze(true);
+    for (id, value) in [(1u64, &b""[..]), (2, &[0xFFu8][..])] {
+        shared
+            .txn(
+                idalloc::store::TxnRequest::new()
+                    .and_then([idalloc::store::TxnOp::put(l.id_key("p", id), value.to_vec())]),
+            )
+            .await
+            .unwrap();
+    }
+    assert_eq!(pb.acquire("k").await.unwrap().id, 3, "binds step over unreadable records");
+    b_store.hook().freeze(false);
+
+    // A fresh node lists them: never candidates (no wasted round trip on them), reported.
+    let counted = Arc::new(idalloc_testkit::counting::CountingStore::new(shared.clone()));
+    let a = common::allocator(counted.clone(), "a");
+    let pa = a.pool("p").await.unwrap();
+    pa.wait_synced().await.unwrap();
+    assert_eq!(
+        pa.unusable_id_records(),
+        vec![(1, idalloc::Foreign::Unreadable), (2, idalloc::Foreign::Unreadable)]
+    );
+    for key in ["m", "n"] {
+        counted.reset();
+        let id = pa.acquire_durable(key, "h").await.unwrap().id;
+        assert!(id > 3, "{key} got {id}");
+        assert_eq!(counted.counts().txn, 1, "{key}: no attempt on an unreadable ID");
+    }
+}
+
+/// Issue #9 item 7: a key record pointing at an ID outside the pool's range was returned as the
+/// key's ID (G3). It is refused now, and the cache never shows such a binding.
+#[tokio::test(start_paused = true)]
+async fn a_key_record_outside_the_pool_range_is_refused() {
+    let shared = EmbeddedStore::memory();
+    let l = common::layout();
+    let a = common::allocator(Arc::new(shared.clone()), "a");
+    let pool = a.ensure_pool(&PoolSpec::new("p", 200, 300).reserve(250..=250)).await.unwrap();
+    for (key, id) in [("old", 78u64), ("res", 250)] {
+        shared
+            .txn(idalloc::store::TxnRequest::new().and_then([
+                idalloc::store::TxnOp::put(l.id_key("p", id), key.as_bytes().to_vec()),
+                idalloc::store::TxnOp::put(l.key_key("p", key), id.to_string().into_bytes()),
+            ]))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for (key, id) in [("old", 78u64), ("res", 250)] {
+        assert_eq!(pool.get(key), None, "the cache never shows {key} -> {id}");
+        let r = pool.acquire_durable(key, "h").await;
+        assert!(r.is_err(), "{key}: an ID the pool never hands out must not be returned: {r:?}");
+        let r = pool.get_consistent(key).await;
+        assert!(r.is_err(), "{key}: {r:?}");
+    }
+    // Other keys are served.
+    let id = pool.acquire_durable("fine", "h").await.unwrap().id;
+    assert!((200..=300).contains(&id) && id != 250);
 }

@@ -1,6 +1,7 @@
 //! The bind loop (DESIGN §5): decide, send one txn, learn from the answer, until the key is bound.
-//! Enforces G1 (one ID per key, one key per ID) through the protocol's compares and G2 (every
-//! process sees the same binding) by binding only through the store.
+//! Enforces G1 (one ID per key, one key per ID) through the protocol's compares, G2 (a held key
+//! keeps its ID: only a record read from the store may move a key) and G3 (candidates come from
+//! the pool's free set, with its prefix applied).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -22,6 +23,50 @@ use crate::store::{GetRequest, Revision, StoreError};
 /// only repeats because another writer changed the records in between).
 pub(super) const MAX_BIND_ATTEMPTS: usize = 64;
 
+/// On which lease a bind puts the holder's reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RefLease {
+    /// No lease: a durable reference.
+    Durable,
+    /// The allocator's own session lease (granted on first use, kept alive by the library).
+    Session,
+    /// A client session's lease (kept alive by its client; see [`crate::ClientSession`]).
+    Client(crate::store::LeaseId),
+}
+
+/// A key record's value as an ID of `pool`: refused (never returned, never joined) if it is not a
+/// number or names an ID the pool never hands out (outside its range, reserved, without its
+/// prefix): the store holds something idalloc did not write (DESIGN §11, G3).
+fn key_record_value(pool: &PoolState, key: &str, value: Option<&[u8]>) -> Result<Option<u64>> {
+    let Some(value) = value else { return Ok(None) };
+    let id = protocol::parse_id_value(value).ok_or_else(|| Error::Unavailable {
+        reason: format!(
+            "(not retryable) key record of {key:?} in pool {:?} holds {:?}, not an ID; run `idalloc check`",
+            pool.spec.name(),
+            String::from_utf8_lossy(value)
+        ),
+    })?;
+    check_key_record(pool, key, id)?;
+    Ok(Some(id))
+}
+
+/// Refuses a key record naming an ID the pool never hands out (see [`protocol::id_is_allocatable`]).
+fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
+    if protocol::id_is_allocatable(&pool.spec, id) {
+        return Ok(());
+    }
+    Err(Error::Unavailable {
+        reason: format!(
+            "(not retryable) key record of {key:?} in pool {:?} names ID {id}, which the pool never hands out (range [{}, {}], reserved {:?}, prefix {:#x}); run `idalloc check`",
+            pool.spec.name(),
+            pool.spec.min(),
+            pool.spec.max(),
+            pool.spec.reserved(),
+            pool.spec.prefix_bits(),
+        ),
+    })
+}
+
 impl Inner {
     /// Runs the bind loop for `key` until it is bound (with `holder`'s reference, if given).
     /// `preferred` is the ID to keep if at all possible (repairs). Returns the ID and whether this
@@ -31,18 +76,17 @@ impl Inner {
         pool: &PoolState,
         key: &str,
         holder: Option<&str>,
-        leased: bool,
+        leased: RefLease,
         preferred: Option<u64>,
     ) -> Result<Acquired> {
         self.wait_synced(pool).await?;
         let name = pool.spec.name();
         let mut key_rec = pool.lock_cache().get(key);
-        // Whether `key_rec` comes from the store (a failed attempt's read-back or a direct read)
-        // rather than from the cache, which may not have seen the key's binding yet.
-        let mut key_rec_read = false;
         let mut observed: HashMap<u64, Option<IdRecord>> = HashMap::new();
         // Candidates that turned out taken: spreads `lowest` picks after collisions.
         let mut lost = 0u32;
+        // The exhausted path's store read was done (and found the pool full / not full).
+        let (mut full_confirmed, mut store_has_free) = (false, false);
         for attempt in 0..MAX_BIND_ATTEMPTS {
             let decision = {
                 let cache = pool.lock_cache();
@@ -69,31 +113,58 @@ impl Inner {
                 Decision::NeedCandidate { expect_key, moved_from } => {
                     match self.pick_candidate(pool, lost) {
                         Ok(id) => (BindPlan { expect_key, id, expect_id: None, moved_from }, true),
-                        Err(exhausted) if key_rec_read => return Err(exhausted),
+                        Err(_) if store_has_free => {
+                            return Err(Error::Unavailable {
+                                reason: format!(
+                                    "pool {name:?}: the store has free IDs this process's view has not caught up with; retry"
+                                ),
+                            });
+                        }
+                        Err(exhausted) if full_confirmed => return Err(exhausted),
                         Err(exhausted) => {
-                            // A full pool is only final once the store confirms the key has no
-                            // binding yet (the cache may lag behind another node's bind of it).
-                            key_rec = self.read_key_record(pool, key).await?;
-                            key_rec_read = true;
-                            if key_rec.is_none() && preferred.is_none() {
+                            // A full pool is only final once the store confirms it: the key has
+                            // no binding yet (the cache may lag behind another node's bind of
+                            // it), and the store holds as many ID records as the pool has IDs
+                            // (the cache may lag behind other nodes' reclaims). One read.
+                            let (rec, records, revision) =
+                                self.read_key_and_usage(pool, key).await?;
+                            full_confirmed = true;
+                            key_rec = rec;
+                            if key_rec.is_some() || preferred.is_some() {
+                                continue;
+                            }
+                            if records >= pool.spec.capacity() {
                                 return Err(exhausted);
                             }
+                            // Let the watch catch up with the store, then pick again.
+                            self.wait_applied(pool, revision).await;
+                            store_has_free = true;
                             continue;
                         }
                     }
                 }
             };
-            let lease = if leased { self.session_lease().await? } else { 0 };
+            let lease = match leased {
+                RefLease::Durable => 0,
+                RefLease::Session => self.session_lease().await?,
+                RefLease::Client(l) => l,
+            };
             let target = holder.map(|h| RefTarget { holder: h, lease });
             let fences = self.fences(pool);
             let req = plan.txn_fenced(&self.layout, name, key, target, fences);
             let (result, doubt) = self.req.txn_noting_doubt(req).await;
-            if doubt && leased {
+            if doubt && leased == RefLease::Session {
                 lock(&pool.doubt).insert(key.to_string());
             }
             let resp = match result {
                 Ok(r) => r,
-                Err(StoreError::LeaseNotFound(l)) if leased => {
+                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    return Err(crate::client_session::lease_gone(l));
+                }
+                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
                     if claimed {
                         pool.lock_cache().learn(plan.id, false);
                     }
@@ -134,7 +205,9 @@ impl Inner {
                         observed.insert(from, rec);
                     }
                     key_rec = obs.key_rec;
-                    key_rec_read = true;
+                    if let Some(x) = key_rec {
+                        check_key_record(pool, key, x)?;
+                    }
                 }
             }
         }
@@ -150,17 +223,37 @@ impl Inner {
         let k = self.layout.key_key(pool.spec.name(), key);
         let resp = self.req.call(|| self.req.store.get(GetRequest::key(k.clone()))).await?;
         self.req.note_seen(resp.revision);
-        match resp.kvs.first() {
-            None => Ok(None),
-            Some(kv) => {
-                protocol::parse_id_value(&kv.value).map(Some).ok_or_else(|| Error::Unavailable {
-                    reason: format!(
-                        "key record of {key:?} holds {:?}, not an ID",
-                        String::from_utf8_lossy(&kv.value)
-                    ),
-                })
+        key_record_value(pool, key, resp.kvs.first().map(|kv| kv.value.as_slice()))
+    }
+
+    /// The key's record and the number of ID records of the pool, at one revision (one round
+    /// trip; the exhausted path's confirmation).
+    async fn read_key_and_usage(
+        &self,
+        pool: &PoolState,
+        key: &str,
+    ) -> Result<(Option<u64>, u64, Revision)> {
+        let name = pool.spec.name();
+        let txn = crate::store::TxnRequest::new().and_then([
+            crate::store::TxnOp::get_key(self.layout.key_key(name, key)),
+            crate::store::TxnOp::get(
+                GetRequest::new(crate::store::KeyRange::prefix(self.layout.id_prefix(name)))
+                    .count_only(),
+            ),
+        ]);
+        let resp = self.req.txn(txn).await?;
+        let (rec, count) = match resp.responses.as_slice() {
+            [crate::store::OpResponse::Get(k), crate::store::OpResponse::Get(ids)] => {
+                (k.kvs.first().map(|kv| kv.value.clone()), ids.count)
             }
-        }
+            other => {
+                return Err(protocol_error(protocol::ProtocolError::Shape(format!(
+                    "expected two get results, got {other:?}"
+                ))))
+            }
+        };
+        let rec = key_record_value(pool, key, rec.as_deref())?;
+        Ok((rec, u64::try_from(count).unwrap_or(0), resp.revision))
     }
 
     /// Waits (briefly, bounded) until the pool's cache has applied `revision`.

@@ -51,7 +51,7 @@ impl Events {
     }
 }
 
-/// A subscription to the events of every cluster of a pool ([`Pool::cluster_events`]).
+/// A subscription to the events of every cluster of a pool ([`Pool::cluster_events`](super::Pool::cluster_events)).
 pub struct ClusterEvents {
     replay: VecDeque<ClusterEvent>,
     rx: broadcast::Receiver<ClusterEvent>,

@@ -84,6 +84,10 @@ impl Inner {
             let had_ref = *held.get_or_insert(out.had_ref);
             if out.reclaimed {
                 debug!(pool = %pool.spec.name(), key, id, "last reference released; binding reclaimed");
+                if pool.spec.reuse_delay_duration().is_zero() {
+                    // Our own committed write: the ID is free in the local view at once.
+                    pool.lock_cache().freed_by_own_write(id, out.revision);
+                }
             }
             match out.key_now {
                 // The ID came from a cache that had not seen the key rebound: the reference is

@@ -22,7 +22,7 @@ impl Default for RetryPolicy {
     }
 }
 
-/// How an [`Allocator`] is set up.
+/// How an [`Allocator`](super::Allocator) is set up.
 #[derive(Clone, Debug)]
 pub struct AllocatorOptions {
     /// Root of every store key (DESIGN §4).
@@ -80,7 +80,7 @@ pub struct Released {
     pub reclaimed: bool,
 }
 
-/// One binding as [`Pool::list`] reads it.
+/// One binding as [`Pool::list`](super::Pool::list) reads it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Binding {
     pub id: u64,

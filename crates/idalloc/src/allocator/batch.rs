@@ -1,0 +1,774 @@
+//! Batched acquire and release (issue 14): many keys per round trip.
+//!
+//! Each round decides one plan per pending key exactly as the single-key loops do (the same
+//! [`decide`], candidate pick, [`BindPlan::txn_fenced`] / [`ReleasePlan::txn`] with the same
+//! fences), packs the plans as nested txns ([`crate::batch`]) and sends the batches. A key whose
+//! compares failed learns from its own read-back and goes into the next round with a fresh
+//! decision; the others are done. Every key gets at most as many attempts as a lone bind
+//! ([`MAX_BIND_ATTEMPTS`]), and the results come back per key in input order.
+//!
+//! Releases share one thing between keys: the holder's fence record. etcd refuses a key written
+//! twice in one txn tree, so the per-key plans are built without their bump and the batch bumps the
+//! record once, at the outer level, guarded by the pool's spec (docs/design-notes.md, "Batched
+//! operations").
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tracing::{debug, warn};
+
+use super::bind::MAX_BIND_ATTEMPTS;
+use super::handle::Pool;
+use super::pool_state::{lock, Held, KeyGuard, PoolState};
+use super::registry::{protocol_error, Inner};
+use super::repair_queue::Repair;
+use super::types::{Acquired, Released};
+use crate::batch::{self, Frame, MAX_BATCH_KEYS};
+use crate::error::{Error, Result};
+use crate::layout::IdRecord;
+use crate::pool::{validate_holder, validate_key};
+use crate::protocol::{
+    decide, spec_compare, BindOutcome, BindPlan, Decision, LastRelease, RefTarget, ReleasePlan,
+};
+use crate::store::{OpResponse, StoreError, TxnOp, TxnRequest};
+
+/// Distinct keys one call locks and works on at a time (the per-key single-flight locks are
+/// taken in sorted order, so concurrent batches and single calls never deadlock).
+const CHUNK: usize = 2048;
+
+/// One key of a bind round.
+struct BindSlot<'a> {
+    key: &'a str,
+    preferred: Option<u64>,
+    key_rec: Option<u64>,
+    key_rec_read: bool,
+    observed: HashMap<u64, Option<IdRecord>>,
+    lost: u32,
+    result: Option<Result<Acquired>>,
+}
+
+/// One key of a release round.
+struct ReleaseSlot<'a> {
+    key: &'a str,
+    id: u64,
+    require_own_ref: bool,
+    held: Option<bool>,
+    fenced_out: usize,
+    result: Option<Result<Released>>,
+}
+
+impl Inner {
+    /// [`Inner::bind`] for many distinct keys at once (each with an optional preferred ID), with
+    /// `holder`'s reference on the session lease (`leased`) or durable.
+    pub(super) async fn bind_many(
+        self: &Arc<Self>,
+        pool: &PoolState,
+        keys: &[(&str, Option<u64>)],
+        holder: &str,
+        leased: bool,
+    ) -> Vec<Result<Acquired>> {
+        if let Err(e) = self.wait_synced(pool).await {
+            return keys.iter().map(|_| Err(e.clone())).collect();
+        }
+        let name = pool.spec.name();
+        let mut slots: Vec<BindSlot<'_>> = {
+            let cache = pool.lock_cache();
+            keys.iter()
+                .map(|&(key, preferred)| BindSlot {
+                    key,
+                    preferred,
+                    key_rec: cache.get(key),
+                    key_rec_read: false,
+                    observed: HashMap::new(),
+                    lost: 0,
+                    result: None,
+                })
+                .collect()
+        };
+        let mut gone: Option<Error> = None;
+        for round in 0..MAX_BIND_ATTEMPTS {
+            // (slot, plan, the ID was a picked candidate)
+            let mut plans: Vec<(usize, BindPlan, bool)> = Vec::new();
+            for (i, s) in slots.iter_mut().enumerate() {
+                if s.result.is_some() {
+                    continue;
+                }
+                let decision = {
+                    let cache = pool.lock_cache();
+                    let key = s.key;
+                    decide(
+                        key,
+                        s.key_rec,
+                        |id| match s.observed.get(&id) {
+                            Some(rec) => Some(rec.clone()),
+                            // As in `bind`: only a record read from the store proves an ID is
+                            // another key's.
+                            None => match cache.record(id) {
+                                Some(rec) if rec.key() == key => Some(Some(rec)),
+                                _ => None,
+                            },
+                        },
+                        s.preferred,
+                    )
+                };
+                match decision {
+                    Decision::Send(plan) => plans.push((i, plan, false)),
+                    Decision::NeedCandidate { expect_key, moved_from } => {
+                        match self.pick_candidate(pool, s.lost) {
+                            Ok(id) => plans.push((
+                                i,
+                                BindPlan { expect_key, id, expect_id: None, moved_from },
+                                true,
+                            )),
+                            Err(exhausted) if s.key_rec_read => s.result = Some(Err(exhausted)),
+                            Err(exhausted) => match self.read_key_record(pool, s.key).await {
+                                Err(e) => s.result = Some(Err(e)),
+                                Ok(rec) => {
+                                    s.key_rec = rec;
+                                    s.key_rec_read = true;
+                                    if rec.is_none() && s.preferred.is_none() {
+                                        s.result = Some(Err(exhausted));
+                                    }
+                                }
+                            },
+                        }
+                    }
+                }
+            }
+            if plans.is_empty() {
+                if slots.iter().all(|s| s.result.is_some()) {
+                    break;
+                }
+                continue;
+            }
+            let unclaim = |plans: &[(usize, BindPlan, bool)], which: &[usize]| {
+                let mut cache = pool.lock_cache();
+                for &j in which {
+                    if plans[j].2 {
+                        cache.learn(plans[j].1.id, false);
+                    }
+                }
+            };
+            let lease = if leased {
+                match self.session_lease().await {
+                    Ok(l) => l,
+                    Err(e) => {
+                        let all: Vec<usize> = (0..plans.len()).collect();
+                        unclaim(&plans, &all);
+                        gone = Some(e);
+                        break;
+                    }
+                }
+            } else {
+                0
+            };
+            let target = RefTarget { holder, lease };
+            let fences = self.fences(pool);
+            let txns: Vec<TxnRequest> = plans
+                .iter()
+                .map(|(i, plan, _)| {
+                    plan.txn_fenced(&self.layout, name, slots[*i].key, Some(target), fences)
+                })
+                .collect();
+            let frame = Frame::default();
+            let groups = batch::pack(&txns, &frame, MAX_BATCH_KEYS);
+            let answers = futures::future::join_all(groups.iter().map(|g| {
+                let req = batch::assemble(&frame, g.iter().map(|&j| txns[j].clone()));
+                self.req.txn_noting_doubt(req)
+            }))
+            .await;
+            let mut newest = 0;
+            for (g, (result, doubt)) in groups.iter().zip(answers) {
+                if doubt && leased {
+                    let mut d = lock(&pool.doubt);
+                    for &j in g {
+                        d.insert(slots[plans[j].0].key.to_string());
+                    }
+                }
+                let resp = match result {
+                    Ok(r) => r,
+                    Err(StoreError::LeaseNotFound(l)) if leased => {
+                        unclaim(&plans, g);
+                        self.session_lost(l).await;
+                        continue;
+                    }
+                    Err(e) => {
+                        unclaim(&plans, g);
+                        let e: Error = e.into();
+                        for &j in g {
+                            slots[plans[j].0].result = Some(Err(e.clone()));
+                        }
+                        continue;
+                    }
+                };
+                let parts = match batch::split(resp, &frame, g.len()) {
+                    Ok(Ok(parts)) => parts,
+                    Ok(Err(_)) | Err(_) => {
+                        unclaim(&plans, g);
+                        let e = Error::Unavailable {
+                            reason: format!(
+                                "pool {name:?}: a batch answer had an unexpected shape"
+                            ),
+                        };
+                        for &j in g {
+                            slots[plans[j].0].result = Some(Err(e.clone()));
+                        }
+                        continue;
+                    }
+                };
+                for (&j, part) in g.iter().zip(parts) {
+                    let (i, plan, claimed) = &plans[j];
+                    let s = &mut slots[*i];
+                    match plan.outcome_fenced(&part, fences) {
+                        Err(pe) => {
+                            unclaim(&plans, &[j]);
+                            s.result = Some(Err(protocol_error(pe)));
+                        }
+                        Ok(BindOutcome::PoolGone { spec_now }) => {
+                            unclaim(&plans, &[j]);
+                            if gone.is_none() {
+                                gone = Some(self.pool_gone(pool, spec_now));
+                            }
+                        }
+                        Ok(BindOutcome::Bound { id, .. }) => {
+                            pool.lock_cache().learn(id, true);
+                            s.result = Some(Ok(Acquired { id, new: plan.creates_binding() }));
+                        }
+                        Ok(BindOutcome::Observed(obs)) => {
+                            debug!(pool = %name, key = s.key, ?obs, round, "batched bind compare failed; deciding again");
+                            pool.lock_cache().learn(obs.id, obs.id_rec.is_some());
+                            if *claimed && obs.id_rec.is_some() {
+                                s.lost += 1;
+                            }
+                            newest = newest.max(obs.records_revision);
+                            s.observed.insert(obs.id, obs.id_rec);
+                            if let Some((from, rec)) = obs.moved_from {
+                                s.observed.insert(from, rec);
+                            }
+                            s.key_rec = obs.key_rec;
+                            s.key_rec_read = true;
+                        }
+                    }
+                }
+            }
+            if gone.is_some() {
+                break;
+            }
+            self.wait_applied(pool, newest).await;
+        }
+        slots
+            .into_iter()
+            .map(|s| match s.result {
+                Some(r) => r,
+                None => Err(gone.clone().unwrap_or_else(|| {
+                    warn!(pool = %name, key = s.key, "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
+                    Error::Unavailable {
+                        reason: format!(
+                            "key {:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts",
+                            s.key
+                        ),
+                    }
+                })),
+            })
+            .collect()
+    }
+
+    /// [`Inner::release_ref`] for many distinct keys (`(key, id as believed)`) of one holder.
+    pub(super) async fn release_ref_many<'k>(
+        self: &Arc<Self>,
+        pool: &PoolState,
+        items: &[(&'k str, u64)],
+        holder: &'k str,
+        durable: bool,
+    ) -> Vec<Result<Released>> {
+        let name = pool.spec.name();
+        let reclaim = pool.spec.idle_grace_duration().is_zero();
+        let mut slots: Vec<ReleaseSlot<'k>> = items
+            .iter()
+            .map(|&(key, id)| ReleaseSlot {
+                key,
+                id,
+                require_own_ref: durable,
+                held: None,
+                fenced_out: 0,
+                result: None,
+            })
+            .collect();
+        let mut gone: Option<Error> = None;
+        for _round in 0..=MAX_BIND_ATTEMPTS + 1 {
+            let pending: Vec<usize> =
+                (0..slots.len()).filter(|&i| slots[i].result.is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            // The holder's fence bump, once for the whole batch (see the module doc).
+            let bump = if durable {
+                Some(0)
+            } else if pending.iter().any(|&i| lock(&pool.doubt).contains(slots[i].key)) {
+                let lease = self.session.lock().await.lease;
+                if lease.is_none() {
+                    let mut d = lock(&pool.doubt);
+                    for &i in &pending {
+                        d.remove(slots[i].key);
+                    }
+                }
+                lease
+            } else {
+                None
+            };
+            let fences = self.fences(pool);
+            let frame = Frame {
+                guard: vec![spec_compare(&self.layout, name, pool.spec_rev)],
+                ops: bump
+                    .map(|lease| {
+                        TxnOp::put_on_lease(self.layout.holder_key(name, holder), Vec::new(), lease)
+                    })
+                    .into_iter()
+                    .collect(),
+                otherwise: vec![TxnOp::get_key(self.layout.pool_spec_key(name))],
+            };
+            let plan = |s: &ReleaseSlot<'k>, tombstone_lease| {
+                release_plan(
+                    s.key,
+                    s.id,
+                    holder,
+                    reclaim,
+                    s.require_own_ref,
+                    fences,
+                    tombstone_lease,
+                )
+            };
+            // Sized with a tombstone put (the larger of the two ways to retire an ID).
+            let estimate: Vec<TxnRequest> =
+                pending.iter().map(|&i| plan(&slots[i], Some(1)).txn(&self.layout, name)).collect();
+            let groups = batch::pack(&estimate, &frame, MAX_BATCH_KEYS);
+            let session = bump.filter(|l| *l != 0);
+            let answers = {
+                let slots = &slots;
+                let pending = &pending;
+                let frame = &frame;
+                futures::future::join_all(groups.iter().map(|g| {
+                    self.req.txn_with_leases(pool, reclaim, session, move |lease| {
+                        batch::assemble(
+                            frame,
+                            g.iter()
+                                .map(|&j| plan(&slots[pending[j]], lease).txn(&self.layout, name)),
+                        )
+                    })
+                }))
+                .await
+            };
+            for (g, answer) in groups.iter().zip(answers) {
+                let resp = match answer {
+                    Err(e) => {
+                        for &j in g {
+                            slots[pending[j]].result = Some(Err(e.clone()));
+                        }
+                        continue;
+                    }
+                    Ok(None) => {
+                        // The session lease carrying the bump is gone, and with it every
+                        // reference and in-flight bind on it: nothing is left to fence.
+                        if let Some(l) = session {
+                            self.session_lost(l).await;
+                        }
+                        let mut d = lock(&pool.doubt);
+                        for &j in g {
+                            d.remove(slots[pending[j]].key);
+                        }
+                        continue;
+                    }
+                    Ok(Some(resp)) => resp,
+                };
+                let parts = match batch::split(resp, &frame, g.len()) {
+                    Ok(Ok(parts)) => parts,
+                    Ok(Err(reads)) => {
+                        let spec_now = match reads.first() {
+                            Some(OpResponse::Get(g)) => g.kvs.first().map(|kv| kv.value.clone()),
+                            _ => None,
+                        };
+                        if gone.is_none() {
+                            gone = Some(self.pool_gone(pool, spec_now));
+                        }
+                        continue;
+                    }
+                    Err(pe) => {
+                        let e = protocol_error(pe);
+                        for &j in g {
+                            slots[pending[j]].result = Some(Err(e.clone()));
+                        }
+                        continue;
+                    }
+                };
+                for (&j, part) in g.iter().zip(parts) {
+                    let s = &mut slots[pending[j]];
+                    let out = match plan(s, None).outcome(&part) {
+                        Ok(out) => out,
+                        Err(pe) => {
+                            s.result = Some(Err(protocol_error(pe)));
+                            continue;
+                        }
+                    };
+                    if let Some(spec_now) = out.pool_gone {
+                        if gone.is_none() {
+                            gone = Some(self.pool_gone(pool, spec_now));
+                        }
+                        continue;
+                    }
+                    if out.fenced_out {
+                        s.fenced_out += 1;
+                        if s.fenced_out > MAX_BIND_ATTEMPTS {
+                            s.result = Some(Err(Error::Unavailable {
+                                reason: format!("release of key {:?} in pool {name:?} kept finding its reference rewritten", s.key),
+                            }));
+                        }
+                        continue;
+                    }
+                    if bump.is_some() && !durable {
+                        lock(&pool.doubt).remove(s.key);
+                    }
+                    let first = s.held.is_none();
+                    let had_ref = *s.held.get_or_insert(out.had_ref);
+                    match out.key_now {
+                        // As in `release_ref`: the ID came from a lagging cache; finish on the
+                        // key's real ID in the next round.
+                        Some(now) if first && had_ref && !part.succeeded && now != s.id => {
+                            s.id = now;
+                            s.require_own_ref = false;
+                        }
+                        _ => {
+                            s.result =
+                                Some(Ok(Released { held: had_ref, reclaimed: out.reclaimed }))
+                        }
+                    }
+                }
+            }
+            if gone.is_some() {
+                break;
+            }
+        }
+        slots
+            .into_iter()
+            .map(|s| match s.result {
+                Some(r) => r,
+                None => Err(gone.clone().unwrap_or_else(|| Error::Unavailable {
+                    reason: format!(
+                        "release of key {:?} in pool {name:?} did not settle within {MAX_BIND_ATTEMPTS} rounds",
+                        s.key
+                    ),
+                })),
+            })
+            .collect()
+    }
+}
+
+/// One key's release plan in a batch: exactly the single-key plan, without its own fence bump (the
+/// batch bumps once).
+fn release_plan<'a>(
+    key: &'a str,
+    id: u64,
+    holder: &'a str,
+    reclaim: bool,
+    require_own_ref: bool,
+    fences: crate::protocol::Fences,
+    tombstone_lease: Option<crate::store::LeaseId>,
+) -> ReleasePlan<'a> {
+    ReleasePlan {
+        key,
+        id,
+        holder,
+        last: if reclaim { LastRelease::Reclaim { tombstone_lease } } else { LastRelease::Touch },
+        require_own_ref,
+        fences,
+        bump: None,
+    }
+}
+
+/// Distinct keys in first-seen order, and for each input position the index of its distinct key.
+fn distinct<'a>(keys: &[&'a str]) -> (Vec<&'a str>, Vec<usize>) {
+    let mut index: HashMap<&str, usize> = HashMap::new();
+    let mut out = Vec::new();
+    let at = keys
+        .iter()
+        .map(|&k| {
+            *index.entry(k).or_insert_with(|| {
+                out.push(k);
+                out.len() - 1
+            })
+        })
+        .collect();
+    (out, at)
+}
+
+impl Pool {
+    /// Takes the single-flight locks of `keys` in sorted order.
+    async fn lock_keys(&self, keys: &[&str]) -> Vec<KeyGuard<'_>> {
+        let mut sorted: Vec<&str> = keys.to_vec();
+        sorted.sort_unstable();
+        let mut guards = Vec::with_capacity(sorted.len());
+        for k in sorted {
+            guards.push(self.state.lock_key(k).await);
+        }
+        guards
+    }
+
+    /// A preferred ID is used only if it is one this pool could allocate.
+    fn usable_hint(&self, id: Option<u64>) -> Option<u64> {
+        let spec = &self.state.spec;
+        id.filter(|id| spec.strip_prefix(*id).is_some_and(|raw| spec.is_allocatable(raw)))
+    }
+
+    /// [`Pool::acquire`] with a preferred ID: `id` is used if it is free or already this key's,
+    /// else the key gets a normal pick (restart restoration: re-acquire with the ID held before).
+    /// An `id` outside the pool's allocatable range is ignored.
+    pub async fn acquire_with_hint(&self, key: &str, id: u64) -> Result<Acquired> {
+        let mut r = self.acquire_many_with_hints(&[(key, Some(id))]).await;
+        r.pop().unwrap_or_else(|| Err(Error::Unavailable { reason: "no result".into() }))
+    }
+
+    /// [`Pool::acquire`] for many keys, packed many per round trip (one round trip per batch of up
+    /// to ~100 keys when uncontended). Results per key in input order; a key given twice is
+    /// acquired once and counted twice (each occurrence needs one release).
+    pub async fn acquire_many<K: AsRef<str>>(&self, keys: &[K]) -> Vec<Result<Acquired>> {
+        let with: Vec<(&str, Option<u64>)> = keys.iter().map(|k| (k.as_ref(), None)).collect();
+        self.acquire_many_with_hints(&with).await
+    }
+
+    /// [`Pool::acquire_many`] with a preferred ID per key (see [`Pool::acquire_with_hint`]).
+    pub async fn acquire_many_with_hints(
+        &self,
+        keys: &[(&str, Option<u64>)],
+    ) -> Vec<Result<Acquired>> {
+        let names: Vec<&str> = keys.iter().map(|(k, _)| *k).collect();
+        self.many(&names, |distinct, at| async move {
+            let hints: HashMap<&str, Option<u64>> =
+                keys.iter().rev().map(|(k, h)| (*k, self.usable_hint(*h))).collect();
+            let mut occ = vec![0u64; distinct.len()];
+            for &d in &at {
+                occ[d] += 1;
+            }
+            let _guards = self.lock_keys(&distinct).await;
+            let mut out: Vec<Option<Result<Acquired>>> = vec![None; distinct.len()];
+            let mut to_bind = Vec::new();
+            for (d, key) in distinct.iter().enumerate() {
+                let mut held = lock(&self.state.held);
+                match held.get_mut(*key) {
+                    Some(h) => {
+                        h.count += occ[d];
+                        out[d] = Some(Ok(Acquired { id: h.id, new: false }));
+                    }
+                    None => to_bind.push((d, (*key, hints.get(key).copied().flatten()))),
+                }
+            }
+            let holder = self.inner.holder.clone();
+            let args: Vec<(&str, Option<u64>)> = to_bind.iter().map(|(_, a)| *a).collect();
+            let results = self.inner.bind_many(&self.state, &args, &holder, true).await;
+            for ((d, (key, _)), r) in to_bind.into_iter().zip(results) {
+                match &r {
+                    Ok(a) => {
+                        lock(&self.state.held)
+                            .insert(key.to_string(), Held { id: a.id, count: occ[d] });
+                    }
+                    Err(Error::Unavailable { .. }) if lock(&self.state.doubt).contains(key) => {
+                        self.inner
+                            .repairs
+                            .push(Repair::Abandon(self.state.clone(), key.to_string()));
+                    }
+                    Err(_) => {}
+                }
+                out[d] = Some(r);
+            }
+            spread(out, &at, |a| Acquired { id: a.id, new: false })
+        })
+        .await
+    }
+
+    /// [`Pool::acquire_durable`] for many keys, packed many per round trip. A key given twice is
+    /// bound once (the second occurrence reports `new: false`).
+    pub async fn acquire_many_durable<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        holder: &str,
+    ) -> Vec<Result<Acquired>> {
+        if let Err(e) = validate_holder(holder) {
+            return keys.iter().map(|_| Err(e.clone())).collect();
+        }
+        let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        self.many(&names, |distinct, at| async move {
+            let _guards = self.lock_keys(&distinct).await;
+            let args: Vec<(&str, Option<u64>)> = distinct.iter().map(|k| (*k, None)).collect();
+            let results = self.inner.bind_many(&self.state, &args, holder, false).await;
+            spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
+                id: a.id,
+                new: false,
+            })
+        })
+        .await
+    }
+
+    /// [`Pool::release`] for many keys, packed many per round trip. A key given twice counts down
+    /// twice, as two calls would.
+    pub async fn release_many<K: AsRef<str>>(&self, keys: &[K]) -> Vec<Result<Released>> {
+        let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        self.many(&names, |distinct, at| async move {
+            let _guards = self.lock_keys(&distinct).await;
+            // Per input position: decided locally, or waiting for the store (distinct index).
+            let mut local: Vec<Option<Result<Released>>> = vec![None; at.len()];
+            let mut seen = vec![0u64; distinct.len()];
+            let mut send: Vec<Option<u64>> = vec![None; distinct.len()];
+            let mut sender: Vec<Option<usize>> = vec![None; distinct.len()];
+            {
+                let mut held = lock(&self.state.held);
+                for (pos, &d) in at.iter().enumerate() {
+                    seen[d] += 1;
+                    let key = distinct[d];
+                    match held.get_mut(key) {
+                        None => local[pos] = Some(Ok(Released { held: false, reclaimed: false })),
+                        Some(h) if h.count > 1 => {
+                            h.count -= 1;
+                            local[pos] = Some(Ok(Released { held: true, reclaimed: false }));
+                        }
+                        Some(h) => {
+                            send[d] = Some(h.id);
+                            sender[d] = Some(pos);
+                            held.remove(key);
+                        }
+                    }
+                }
+            }
+            let items: Vec<(usize, (&str, u64))> = send
+                .iter()
+                .enumerate()
+                .filter_map(|(d, id)| id.map(|id| (d, (distinct[d], id))))
+                .collect();
+            let args: Vec<(&str, u64)> = items.iter().map(|(_, a)| *a).collect();
+            let holder = self.inner.holder.clone();
+            let results = self.inner.release_ref_many(&self.state, &args, &holder, false).await;
+            for ((d, (key, id)), r) in items.into_iter().zip(results) {
+                let r = match r {
+                    Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
+                    Err(Error::Unavailable { reason }) => {
+                        warn!(pool = %self.state.spec.name(), key, id, %reason, "release outcome unknown; completing it in the background");
+                        self.inner.repairs.push(Repair::Release(self.state.clone(), key.to_string(), id));
+                        Err(Error::Unavailable {
+                            reason: format!("{reason}; the release is completed in the background"),
+                        })
+                    }
+                    Err(e @ (Error::PoolNotFound { .. } | Error::RangeMismatch { .. })) => Err(e),
+                    Err(e) => {
+                        lock(&self.state.held).insert(key.to_string(), Held { id, count: 1 });
+                        Err(e)
+                    }
+                };
+                if let Some(pos) = sender[d] {
+                    local[pos] = Some(r);
+                }
+            }
+            local
+                .into_iter()
+                .map(|r| r.unwrap_or_else(|| Err(Error::Unavailable { reason: "no result".into() })))
+                .collect()
+        })
+        .await
+    }
+
+    /// [`Pool::release_durable`] for many keys, packed many per round trip. A key given twice is
+    /// released once (the second occurrence reports `held: false`, as a second call would).
+    pub async fn release_many_durable<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        holder: &str,
+    ) -> Vec<Result<Released>> {
+        if let Err(e) = validate_holder(holder) {
+            return keys.iter().map(|_| Err(e.clone())).collect();
+        }
+        let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        self.many(&names, |distinct, at| async move {
+            let _guards = self.lock_keys(&distinct).await;
+            let synced = self.inner.wait_synced(&self.state).await.is_ok();
+            let mut out: Vec<Option<Result<Released>>> = vec![None; distinct.len()];
+            let mut items: Vec<(usize, (&str, u64))> = Vec::new();
+            for (d, key) in distinct.iter().enumerate() {
+                let id = match synced.then(|| self.get(key)).flatten() {
+                    Some(id) => Ok(Some(id)),
+                    None => self.get_consistent(key).await,
+                };
+                match id {
+                    Ok(Some(id)) => items.push((d, (*key, id))),
+                    // No binding: at most a stray reference is left (rare; one round trip each).
+                    Ok(None) => {
+                        out[d] =
+                            Some(self.inner.release_stray_ref(&self.state, key, holder, true).await)
+                    }
+                    Err(e) => out[d] = Some(Err(e)),
+                }
+            }
+            let args: Vec<(&str, u64)> = items.iter().map(|(_, a)| *a).collect();
+            let results = self.inner.release_ref_many(&self.state, &args, holder, true).await;
+            for ((d, _), r) in items.into_iter().zip(results) {
+                out[d] = Some(r);
+            }
+            spread(out, &at, |_| Released { held: false, reclaimed: false })
+        })
+        .await
+    }
+
+    /// Runs `f` on chunks of the valid distinct keys of `keys` and puts the results back per input
+    /// position (invalid keys get their validation error).
+    async fn many<'k, T, F, Fut>(&self, keys: &[&'k str], f: F) -> Vec<Result<T>>
+    where
+        T: Clone,
+        F: Fn(Vec<&'k str>, Vec<usize>) -> Fut,
+        Fut: std::future::Future<Output = Vec<Result<T>>>,
+    {
+        let mut out: Vec<Option<Result<T>>> = vec![None; keys.len()];
+        let mut valid: Vec<(usize, &'k str)> = Vec::with_capacity(keys.len());
+        for (pos, &k) in keys.iter().enumerate() {
+            match validate_key(k) {
+                Ok(()) => valid.push((pos, k)),
+                Err(e) => out[pos] = Some(Err(e)),
+            }
+        }
+        // Chunks of whole keys: every occurrence of a key lands in the same chunk.
+        let names: Vec<&'k str> = valid.iter().map(|(_, k)| *k).collect();
+        let (all_distinct, all_at) = distinct(&names);
+        let mut start = 0;
+        while start < all_distinct.len() {
+            let end = (start + CHUNK).min(all_distinct.len());
+            let positions: Vec<usize> =
+                (0..valid.len()).filter(|&v| (start..end).contains(&all_at[v])).collect();
+            let chunk_keys: Vec<&'k str> = positions.iter().map(|&v| valid[v].1).collect();
+            let (d, at) = distinct(&chunk_keys);
+            let results = f(d, at).await;
+            for (&v, r) in positions.iter().zip(results) {
+                out[valid[v].0] = Some(r);
+            }
+            start = end;
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(Error::Unavailable { reason: "no result".into() })))
+            .collect()
+    }
+}
+
+/// Per input position from per distinct key: the first occurrence gets the key's result, later
+/// ones `again(result)` (a success) or the same error.
+fn spread<T: Clone>(
+    per_key: Vec<Option<Result<T>>>,
+    at: &[usize],
+    again: impl Fn(&T) -> T,
+) -> Vec<Result<T>> {
+    let mut first = vec![true; per_key.len()];
+    at.iter()
+        .map(|&d| {
+            let r = per_key[d]
+                .clone()
+                .unwrap_or_else(|| Err(Error::Unavailable { reason: "no result".into() }));
+            if std::mem::take(&mut first[d]) {
+                r
+            } else {
+                r.map(|t| again(&t))
+            }
+        })
+        .collect()
+}

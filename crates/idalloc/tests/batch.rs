@@ -1,0 +1,311 @@
+//! Batched acquire/release (issue 14) on the in-memory store and on a real etcd (started by
+//! `scripts/test.sh`, or privately when run alone; each test uses its own key prefix): round trips
+//! per batch, keys that lose races next to keys that win, keys at the size limit (which on etcd
+//! exercise its real op and request-size limits), a pool deleted mid-batch.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use idalloc::layout::Layout;
+use idalloc::store::embedded::EmbeddedStore;
+use idalloc::store::{KeyRange, Store, StoreResult, TxnOp, TxnRequest};
+use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec, Strategy};
+use idalloc_testkit::counting::CountingStore;
+use idalloc_testkit::etcd::{connect_test_store, test_etcd_endpoint, unique_prefix};
+use idalloc_testkit::hooked::{Hook, HookedStore, Request};
+use idalloc_testkit::hooks::freezable;
+
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Memory,
+    Etcd,
+}
+
+/// Runs `$body` with `$store` bound to a fresh store of the backend (a concrete type, so the test
+/// kit's wrappers can stack on it) and `$layout` to a prefix of the test's own.
+macro_rules! with_store {
+    ($backend:expr, |$store:ident, $layout:ident| $body:expr) => {
+        match $backend {
+            Backend::Memory => {
+                let $store = EmbeddedStore::memory();
+                let $layout = layout();
+                $body
+            }
+            Backend::Etcd => {
+                let Some(etcd) = test_etcd_endpoint().await else { return };
+                let $store = connect_test_store(&etcd.endpoint()).await.expect("connect");
+                let prefix = String::from_utf8(unique_prefix()).expect("utf8");
+                let $layout = Layout::new(prefix.trim_end_matches('/')).expect("prefix");
+                $body;
+                drop(etcd);
+            }
+        }
+    };
+}
+
+macro_rules! on_memory_and_etcd {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(#[tokio::test(start_paused = true)]
+            async fn $name() {
+                super::$name(super::Backend::Memory).await
+            })*
+        }
+        mod etcd {
+            $(#[tokio::test]
+            async fn $name() {
+                super::$name(super::Backend::Etcd).await
+            })*
+        }
+    };
+}
+
+on_memory_and_etcd!(
+    one_round_trip_per_batch,
+    some_keys_lose_races_and_others_win,
+    keys_at_the_size_limit_split_into_requests_etcd_accepts,
+    pool_deleted_mid_batch_stops_the_rest,
+);
+
+fn alloc(store: Arc<dyn Store>, l: &Layout, holder: &str) -> Allocator {
+    let opts = AllocatorOptions {
+        prefix: l.prefix().to_string(),
+        holder: Some(holder.to_string()),
+        session_ttl: Duration::from_secs(5),
+        ..AllocatorOptions::default()
+    };
+    Allocator::from_arc(store, opts).expect("allocator")
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+async fn one_round_trip_per_batch(backend: Backend) {
+    with_store!(backend, |store, l| {
+        let raw: Arc<dyn Store> = Arc::new(store);
+        let counted = Arc::new(CountingStore::new(raw.clone()));
+        let a = alloc(counted.clone(), &l, "a");
+        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+        p.acquire("warm").await.expect("warm"); // the session lease exists from here on
+
+        let ks = keys("k", 50);
+        counted.reset();
+        let got = p.acquire_many(&ks).await;
+        assert_eq!(counted.counts().total(), 1, "50 new keys: one batch, one round trip");
+        let ids: Vec<u64> = got.iter().map(|r| r.as_ref().expect("acquired").id).collect();
+        assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)));
+        assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 50, "distinct IDs");
+        for (k, id) in ks.iter().zip(&ids) {
+            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
+        }
+        counted.reset();
+        let again = p.acquire_many(&ks).await;
+        assert_eq!(counted.counts().total(), 0, "held keys only count up");
+        assert!(again
+            .iter()
+            .zip(&ids)
+            .all(|(r, id)| r.as_ref().is_ok_and(|a| a.id == *id && !a.new)));
+
+        // 250 keys: three batches of at most 100, sent together.
+        let many = keys("m", 250);
+        counted.reset();
+        assert!(p.acquire_many(&many).await.iter().all(Result::is_ok));
+        assert_eq!(counted.counts().txn, 3);
+        assert_eq!(counted.counts().total(), 3);
+
+        // Duplicates: one write, counted twice.
+        counted.reset();
+        let dup = p.acquire_many(&["d", "e", "d"]).await;
+        assert_eq!(counted.counts().total(), 1);
+        let (d0, d2) = (dup[0].clone().expect("d"), dup[2].clone().expect("d again"));
+        assert_eq!((d0.id, d0.new, d2.id, d2.new), (d0.id, true, d0.id, false));
+        counted.reset();
+        let rel = p.release_many(&["d", "e", "d"]).await;
+        assert_eq!(counted.counts().total(), 1, "one batch for the releases that reach the store");
+        let rel: Vec<(bool, bool)> =
+            rel.into_iter().map(|r| r.map(|r| (r.held, r.reclaimed)).expect("released")).collect();
+        assert_eq!(rel, vec![(true, false), (true, true), (true, true)]);
+        assert_eq!(raw_binding_in(&*raw, &l, "p", "d").await, None);
+
+        // Releases of many keys (acquired twice above): the first only counts down, the second
+        // takes one round trip and reclaims every binding.
+        counted.reset();
+        let rel = p.release_many(&ks).await;
+        assert_eq!(counted.counts().total(), 0);
+        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && !r.reclaimed)));
+        let rel = p.release_many(&ks).await;
+        assert_eq!(counted.counts().total(), 1);
+        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)));
+        for k in &ks {
+            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, None, "{k}");
+        }
+
+        // Durable: one round trip each way (the releases find the IDs in the cache). The cache
+        // must first see the releases above, as a lone acquire's budget assumes too.
+        wait_until(|| ks.iter().all(|k| p.get(k).is_none())).await;
+        counted.reset();
+        let dur = p.acquire_many_durable(&ks, "owner").await;
+        assert_eq!(counted.counts().total(), 1);
+        let last = dur[49].as_ref().expect("durable").id;
+        wait_until(|| p.get("k49") == Some(last)).await;
+        counted.reset();
+        let rel = p.release_many_durable(&ks, "owner").await;
+        assert_eq!(counted.counts().total(), 1);
+        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)));
+
+        // A lone operation keeps its budget.
+        counted.reset();
+        p.acquire("lone").await.expect("lone");
+        assert_eq!(counted.counts().total(), 1, "lone acquire");
+        counted.reset();
+        p.release("lone").await.expect("lone");
+        assert_eq!(counted.counts().total(), 1, "lone release");
+        check_g1_in(&*raw, &l, "p").await;
+        a.close().await.expect("close");
+    })
+}
+
+async fn some_keys_lose_races_and_others_win(backend: Backend) {
+    with_store!(backend, |store, l| {
+        let frozen = Arc::new(freezable(store));
+        let raw: Arc<dyn Store> = frozen.clone();
+        let counted = Arc::new(CountingStore::new(raw.clone()));
+        let a = alloc(counted.clone(), &l, "a");
+        let b = alloc(raw.clone(), &l, "b");
+        let spec = PoolSpec::new("p", 1, 1000).strategy(Strategy::Lowest);
+        let pa = a.ensure_pool(&spec).await.expect("pool");
+        let pb = b.ensure_pool(&spec).await.expect("pool");
+        let warm = pa.acquire("warm").await.expect("warm").id;
+        assert_eq!(warm, 1);
+        wait_until(|| pb.get("warm") == Some(1)).await;
+        // A's watch stalls: it does not learn what B binds next, and decides on a stale cache.
+        frozen.hook().freeze(true);
+        let theirs = ["k0", "k1", "k2", "o0", "o1"];
+        let b_ids: Vec<u64> = pb
+            .acquire_many_durable(&theirs, "b-owner")
+            .await
+            .into_iter()
+            .map(|r| r.expect("b").id)
+            .collect();
+        assert_eq!(b_ids, vec![2, 3, 4, 5, 6]);
+        // A picks 2, 3, … in order: n0, n1, k0, k1, k2 collide with B's IDs (and k0..k2 with
+        // B's keys); n2..n6 get 7..11 in the same txn. The losers are decided again from their
+        // read-backs and win in the next round.
+        let mine = ["n0", "n1", "k0", "k1", "k2", "n2", "n3", "n4", "n5", "n6"];
+        counted.reset();
+        let got: Vec<_> =
+            pa.acquire_many(&mine).await.into_iter().map(|r| r.expect("acquired")).collect();
+        assert_eq!(counted.counts().txn, 2, "one round for all, one for the losers");
+        let ids: Vec<u64> = got.iter().map(|g| g.id).collect();
+        assert_eq!(&ids[5..], &[7, 8, 9, 10, 11], "winners of the first round");
+        assert_eq!(&ids[2..5], &b_ids[..3], "k0..k2 joined B's bindings");
+        assert!(got[2..5].iter().all(|g| !g.new));
+        assert!(got[..2].iter().all(|g| g.new && !b_ids.contains(&g.id) && g.id > 11));
+        assert_ne!(ids[0], ids[1]);
+        frozen.hook().freeze(false);
+        for (k, id) in mine.iter().zip(&ids) {
+            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
+        }
+        check_g1_in(&*raw, &l, "p").await;
+        a.close().await.expect("close");
+        b.close().await.expect("close");
+    })
+}
+
+async fn keys_at_the_size_limit_split_into_requests_etcd_accepts(backend: Backend) {
+    with_store!(backend, |store, l| {
+        let raw: Arc<dyn Store> = Arc::new(store);
+        let counted = Arc::new(CountingStore::new(raw.clone()));
+        let a = alloc(counted.clone(), &l, "a");
+        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+        p.acquire("warm").await.expect("warm");
+        // 4096 bytes of `/` (escaped in record names) and 39 more keys of 4096 bytes.
+        let mut ks = vec!["/".repeat(4096)];
+        ks.extend((0..39).map(|i| format!("{}{i:02}", "/".repeat(4094))));
+        ks.push("small".to_string());
+        assert!(ks[..40].iter().all(|k| k.len() == 4096));
+        counted.reset();
+        let got = p.acquire_many(&ks).await;
+        for (k, r) in ks.iter().zip(&got) {
+            let id = r.as_ref().unwrap_or_else(|e| panic!("{} bytes: {e}", k.len())).id;
+            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(id));
+        }
+        let round_trips = counted.counts().total();
+        assert!(round_trips > 1, "40 keys of 4 KiB do not fit one request");
+        assert!(round_trips < 41, "but they share requests: {round_trips}");
+        let rel = p.release_many(&ks).await;
+        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.reclaimed)), "{rel:?}");
+        check_g1_in(&*raw, &l, "p").await;
+        a.close().await.expect("close");
+    })
+}
+
+/// Deletes pool `p` (every record under it) just before the txn numbered `at` (counting from 1)
+/// reaches the store.
+struct DeletePoolAt {
+    at: AtomicUsize,
+    seen: AtomicUsize,
+    layout: Layout,
+}
+
+impl DeletePoolAt {
+    /// The `n`-th txn from now finds the pool deleted.
+    fn arm(&self, n: usize) {
+        self.at.store(self.seen.load(Ordering::SeqCst) + n, Ordering::SeqCst);
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Hook<S> for DeletePoolAt {
+    async fn before(&self, inner: &Arc<S>, req: Request) -> StoreResult<Request> {
+        if matches!(req, Request::Txn(_))
+            && self.seen.fetch_add(1, Ordering::SeqCst) + 1 == self.at.load(Ordering::SeqCst)
+        {
+            inner
+                .txn(TxnRequest::new().and_then([
+                    TxnOp::delete(self.layout.pool_spec_key("p")),
+                    TxnOp::delete_range(KeyRange::prefix(self.layout.pool_data_prefix("p"))),
+                ]))
+                .await?;
+        }
+        Ok(req)
+    }
+}
+
+async fn pool_deleted_mid_batch_stops_the_rest(backend: Backend) {
+    with_store!(backend, |store, l| {
+        let hooked = Arc::new(HookedStore::with_hook(
+            store,
+            DeletePoolAt {
+                at: AtomicUsize::new(usize::MAX),
+                seen: AtomicUsize::new(0),
+                layout: l.clone(),
+            },
+        ));
+        let raw: Arc<dyn Store> = hooked.clone();
+        let a = alloc(raw.clone(), &l, "a");
+        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+        p.acquire("warm").await.expect("warm");
+        // The second of the batch's three requests finds the pool gone.
+        hooked.hook().arm(2);
+        let ks = keys("k", 250);
+        let got = p.acquire_many(&ks).await;
+        let ok = got.iter().filter(|r| r.is_ok()).count();
+        let gone = got.iter().filter(|r| matches!(r, Err(Error::PoolNotFound { .. }))).count();
+        assert_eq!(ok + gone, 250, "every key either bound before the delete or PoolNotFound");
+        assert!(gone >= 150, "at most one batch ran before the delete: {ok} ok");
+        // Nothing was written into the deleted pool after the delete.
+        let left = raw
+            .get(idalloc::store::GetRequest::new(KeyRange::prefix(l.pool_data_prefix("p"))))
+            .await
+            .expect("get");
+        assert!(left.kvs.is_empty(), "records written after the delete: {}", left.kvs.len());
+        assert!(matches!(a.pool("p").await, Err(Error::PoolNotFound { .. })));
+    })
+}
