@@ -11,7 +11,10 @@
 //! - errors are only `Unavailable`, and only during a leader fault (plus a grace for the election);
 //! - no client panicked or hung, and every client run that was not killed exited cleanly.
 //!
-//! `CHAOS_SECS` sets the chaos duration (default 60; docs/chaos.md has the long run).
+//! Member pauses alternate, pass by pass of the fault cycle, between shorter and longer than the
+//! clients' request timeout (DESIGN §11: a request frozen in a paused member is retried elsewhere and
+//! applied late). `CHAOS_SECS` sets the chaos duration (default 60; docs/chaos.md has the long run),
+//! `CHAOS_PAUSE_MAX_MS` the longest pause.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -41,6 +44,11 @@ const REUSE_DELAY_MS: u64 = 1500;
 const INDETERMINATE_WINDOW: Duration = Duration::from_secs(10);
 /// After a leader fault ends, errors are still allowed this long (election, client back-off).
 const ELECTION_GRACE: Duration = Duration::from_secs(3);
+/// Member pauses shorter than the clients' request timeout (2 s, `chaos_client.rs`)...
+const SHORT_PAUSE_MS: std::ops::RangeInclusive<u64> = 300..=1500;
+/// ...and longer than it, so a frozen request is retried elsewhere and applied late (DESIGN §11).
+/// `CHAOS_PAUSE_MAX_MS` raises the upper end.
+const LONG_PAUSE_MS: std::ops::Range<u64> = 2500..3500;
 
 fn secs(d: Duration) -> u64 {
     d.as_nanos() as u64
@@ -128,6 +136,8 @@ struct Report {
     faults: Vec<Fault>,
     client_kills: Vec<(String, u64)>,
     scans: usize,
+    /// Member pauses longer than the request timeout.
+    long_pauses: usize,
     violations: Vec<String>,
 }
 
@@ -151,15 +161,16 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
         std::env::var("CHAOS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
     let seed: u64 =
         std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(now_ns);
-    // Pauses stay shorter than the clients' request timeout (2 s): a request frozen in a paused
-    // member for longer is retried elsewhere while the frozen copy may still commit after the
-    // resume, re-creating a reference its holder has released since (a known limitation,
-    // docs/chaos.md). CHAOS_PAUSE_MAX_MS above 2000 reproduces it.
+    // Pauses alternate between short ones (below the clients' 2 s request timeout: the frozen
+    // request is answered late but in time) and long ones (above it: the client gives up on the
+    // frozen request, retries it on another member and goes on, and the frozen copy is forwarded
+    // when the member resumes, after the retry and after later operations of the same holder).
+    // The long ones are DESIGN §11's adversary: every write must be harmless when applied late.
     let pause_max_ms: u64 = std::env::var("CHAOS_PAUSE_MAX_MS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1500)
-        .max(300);
+        .unwrap_or(LONG_PAUSE_MS.end)
+        .max(LONG_PAUSE_MS.start);
     eprintln!("chaos: {chaos_secs} s, seed {seed}, pauses up to {pause_max_ms} ms");
     let mut rng = StdRng::seed_from_u64(seed);
 
@@ -243,7 +254,14 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
                 let hold = if what.starts_with("kill") {
                     Duration::from_millis(rng.random_range(1000..3000))
                 } else {
-                    Duration::from_millis(rng.random_range(300..=pause_max_ms))
+                    // Every other pass of the cycle pauses long (both the follower and the leader).
+                    let long = ((step - 1) / cycle.len()) % 2 == 1;
+                    if long {
+                        report.long_pauses += 1;
+                        Duration::from_millis(rng.random_range(LONG_PAUSE_MS.start..=pause_max_ms))
+                    } else {
+                        Duration::from_millis(rng.random_range(SHORT_PAUSE_MS))
+                    }
                 };
                 if what.starts_with("kill") {
                     cluster.kill_member(target).expect("kill member");
@@ -455,6 +473,7 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
         );
     }
     println!("errors: {errors:?}");
+    println!("member pauses longer than the request timeout: {}", report.long_pauses);
     println!(
         "scans (G1): {}; final: {} bindings, {} tombstones",
         report.scans,
@@ -486,6 +505,7 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
         for kind in cycle {
             assert!(faults.contains_key(kind), "fault {kind} was never injected");
         }
+        assert!(report.long_pauses > 0, "no member was paused longer than the request timeout");
     }
     assert_eq!(history.starts, CLIENTS + report.client_kills.len(), "every client run started");
 }
