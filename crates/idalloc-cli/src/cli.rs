@@ -66,8 +66,18 @@ pub struct Cli {
     #[arg(long, global = true, env = "IDALLOC_LOCK_TIMEOUT", value_parser = parse::duration, value_name = "DUR")]
     pub lock_timeout: Option<Duration>,
 
+    /// Log format on stderr: text or json. Filter with RUST_LOG (default: off; info for serve).
+    #[arg(long, global = true, env = "IDALLOC_LOG_FORMAT", value_enum, default_value = "text")]
+    pub log_format: LogFormat,
+
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]
@@ -183,6 +193,35 @@ JSON: {\"store\":\"etcd\",\"endpoint\":\"http://127.0.0.1:2379\",\"prefix\":\"id
 Example:
   idalloc --store etcd://127.0.0.1:2379 status")]
     Status,
+
+    /// Run the HTTP/JSON service (API under /v1, /metrics, /healthz, /readyz) until SIGTERM/SIGINT.
+    #[command(after_help = "\
+Listens on 127.0.0.1:7379 unless --listen says otherwise (never on all interfaces unless asked).
+Sweeps every pool of the store in the background. On SIGTERM/SIGINT it refuses new requests with
+503, lets in-flight ones finish (up to --drain-timeout) and exits 0; client sessions are not ended,
+their leases run out on their own TTL unless a client renews them elsewhere. API: docs/api.md.
+
+Examples:
+  idalloc --store etcd://127.0.0.1:2379 serve
+  idalloc --store file:/var/lib/idalloc/ids.redb serve --listen 127.0.0.1:8080
+  RUST_LOG=idalloc=debug idalloc --log-format json serve")]
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, env = "IDALLOC_LISTEN", default_value = "127.0.0.1:7379", value_name = "ADDR")]
+    pub listen: std::net::SocketAddr,
+    /// How often each pool is swept (bindings nobody references are reclaimed).
+    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "30s")]
+    pub sweep_interval: Duration,
+    /// Largest request body accepted (bytes); larger ones get 413.
+    #[arg(long, value_name = "BYTES", default_value = "1048576")]
+    pub max_body: usize,
+    /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
+    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
+    pub drain_timeout: Duration,
 }
 
 #[derive(Subcommand, Debug)]

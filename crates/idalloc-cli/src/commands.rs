@@ -80,6 +80,9 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             | Command::Pool(PoolCommand::List | PoolCommand::Show(_))
             | Command::Gc(GcArgs { dry_run: true, .. })
     );
+    if let Command::Serve(a) = &cli.command {
+        return crate::serve::run(&settings, a).await;
+    }
     if let Command::Watch(w) = &cli.command {
         if let crate::parse::StoreUrl::File(_) = settings.url {
             if w.remote.any() {
@@ -168,6 +171,7 @@ async fn dispatch(
         Command::Watch(w) => watch::follow(alloc, w, out).await.map(|_| 0),
         Command::Gc(a) => gc(alloc, a, out).await,
         Command::Status => status(settings, layout, alloc, &*store, file_missing, out).await,
+        Command::Serve(_) => Err(Failure::usage("serve is run before a store is opened")),
     }
 }
 

@@ -13,6 +13,7 @@ mod parse;
 mod progress;
 mod remotes;
 mod render;
+mod serve;
 mod watch;
 
 use std::process::ExitCode;
@@ -44,6 +45,7 @@ fn main() -> ExitCode {
             };
         }
     };
+    init_logs(&cli);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
@@ -61,4 +63,18 @@ fn main() -> ExitCode {
     // Background tasks (an etcd watch, a file store's lease reaper) must not delay the exit.
     runtime.shutdown_background();
     ExitCode::from(code)
+}
+
+/// Logs on stderr through `tracing`, filtered by RUST_LOG, as text or JSON lines. Default: none
+/// for one-shot commands (their contract is one `error:` line on stderr; `RUST_LOG=warn` shows the
+/// retries behind it), `info` for serve, whose start, shutdown and session events are worth seeing.
+fn init_logs(cli: &cli::Cli) {
+    use tracing_subscriber::EnvFilter;
+    let default = if matches!(cli.command, cli::Command::Serve(_)) { "info" } else { "off" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match cli.log_format {
+        cli::LogFormat::Json => builder.json().try_init(),
+        cli::LogFormat::Text => builder.with_ansi(false).try_init(),
+    };
 }

@@ -41,8 +41,9 @@ pub use events::{ClusterEvents, Events};
 pub use handle::Pool;
 pub use types::{Acquired, AllocatorOptions, Binding, Released, RetryPolicy};
 
+pub(crate) use bind::RefLease;
 use pool_state::lock;
-use registry::Inner;
+pub(crate) use registry::Inner;
 use registry::Session;
 use repair_queue::RepairQueue;
 use request::Requester;
@@ -102,6 +103,8 @@ impl Allocator {
             None => StdRng::seed_from_u64(rand::random()),
         };
         let (repairs, repair_rx) = RepairQueue::new();
+        crate::metrics::describe();
+        let store: Arc<dyn Store> = Arc::new(crate::metrics::MeteredStore::new(store));
         let req = Arc::new(Requester::new(
             store,
             opts.request_timeout,
@@ -123,6 +126,14 @@ impl Allocator {
         let task = tokio::spawn(repair::repair_loop(Arc::downgrade(&inner), repair_rx));
         lock(&inner.tasks).push(task.abort_handle());
         Ok(Allocator { inner })
+    }
+
+    /// A new client session with its own lease of `ttl` (whole seconds, at least 1 s), kept alive
+    /// by its caller ([`crate::ClientSession::keep_alive`]), not by this allocator: the session
+    /// of a remote client (`idalloc serve`) that must lose its references when the client stops
+    /// renewing, exactly as a crashed process does (G4). One round trip.
+    pub async fn client_session(&self, ttl: Duration) -> Result<crate::ClientSession> {
+        crate::client_session::open(&self.inner, ttl).await
     }
 
     /// This process's holder name (its leased references are `ref/<key>/<holder>`).

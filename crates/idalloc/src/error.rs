@@ -99,6 +99,21 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// A short, stable name of the variant (`invalid_input`, `range_mismatch`, `pool_not_found`,
+    /// `exhausted`, `unavailable`, `access_denied`, `conflict`): the `kind` of the HTTP API's error bodies and the
+    /// `outcome` label of metrics.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::InvalidInput { .. } => "invalid_input",
+            Error::RangeMismatch { .. } => "range_mismatch",
+            Error::PoolNotFound { .. } => "pool_not_found",
+            Error::Exhausted { .. } => "exhausted",
+            Error::Unavailable { .. } => "unavailable",
+            Error::AccessDenied { .. } => "access_denied",
+            Error::Conflict { .. } => "conflict",
+        }
+    }
+
     /// Builds [`Error::InvalidInput`] for a string value, quoting and truncating it with
     /// [`show_value`].
     pub fn invalid_str(what: impl Into<String>, value: &str, rule: impl Into<String>) -> Self {

@@ -60,6 +60,8 @@
 //!   the request path, the key layout and the repair queue, never the allocator itself: no module
 //!   imports one that imports it back (`scripts/check-imports.py`).
 //! - [`remote`] with `feed`: read-only views of other clusters, one list+watch follower for all.
+//! - [`client_session`]: leases kept alive by a remote client (what `idalloc serve` hands out).
+//! - [`metrics`]: the metric names and the helpers the driver records them with.
 //!
 //! # Guarantee map
 //!
@@ -84,10 +86,12 @@ pub mod allocator;
 pub mod batch;
 pub mod bindings;
 pub mod cache;
+pub mod client_session;
 pub mod error;
 mod feed;
 pub mod idset;
 pub mod layout;
+pub mod metrics;
 pub mod pool;
 pub mod protocol;
 pub mod records;
@@ -101,6 +105,7 @@ pub use allocator::{
     RetryPolicy,
 };
 pub use cache::{Event, Foreign};
+pub use client_session::ClientSession;
 pub use error::{Error, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};

@@ -151,8 +151,13 @@ pub(crate) async fn run(
         let Some(strong) = req.upgrade() else {
             return;
         };
-        if let Err(e) = sweep(&strong, &layout, &pool, false).await {
-            warn!(pool = %pool.spec.name(), error = %e, "background sweep failed");
+        let r = sweep(&strong, &layout, &pool, false).await;
+        crate::metrics::swept(pool.spec.name(), &r);
+        match r {
+            Ok(report) => {
+                crate::metrics::reclaimed(pool.spec.name(), "sweep", report.reclaimed.len())
+            }
+            Err(e) => warn!(pool = %pool.spec.name(), error = %e, "background sweep failed"),
         }
     }
 }

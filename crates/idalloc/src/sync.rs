@@ -80,6 +80,9 @@ impl Sink for LocalSink {
             pool.listed.store(true, Ordering::Release);
         }
         pool.note_applied(rev);
+        if let Some(req) = self.req.upgrade() {
+            pool.publish_gauges(req.seen());
+        }
         pool.mark_synced();
         // A re-list may reveal that a held key's binding changed while we were away.
         self.repairs.check_held(pool);
@@ -93,6 +96,9 @@ impl Sink for LocalSink {
         }
         let applied = self.pool.lock_cache().revision();
         self.pool.note_applied(applied);
+        if let Some(req) = self.req.upgrade() {
+            self.pool.publish_gauges(req.seen());
+        }
         Ok(())
     }
 }

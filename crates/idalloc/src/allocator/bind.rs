@@ -23,6 +23,17 @@ use crate::store::{GetRequest, Revision, StoreError};
 /// only repeats because another writer changed the records in between).
 pub(super) const MAX_BIND_ATTEMPTS: usize = 64;
 
+/// On which lease a bind puts the holder's reference.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RefLease {
+    /// No lease: a durable reference.
+    Durable,
+    /// The allocator's own session lease (granted on first use, kept alive by the library).
+    Session,
+    /// A client session's lease (kept alive by its client; see [`crate::ClientSession`]).
+    Client(crate::store::LeaseId),
+}
+
 /// A key record's value as an ID of `pool`: refused (never returned, never joined) if it is not a
 /// number or names an ID the pool never hands out (outside its range, reserved, without its
 /// prefix): the store holds something idalloc did not write (DESIGN §11, G3).
@@ -65,7 +76,7 @@ impl Inner {
         pool: &PoolState,
         key: &str,
         holder: Option<&str>,
-        leased: bool,
+        leased: RefLease,
         preferred: Option<u64>,
     ) -> Result<Acquired> {
         self.wait_synced(pool).await?;
@@ -133,17 +144,27 @@ impl Inner {
                     }
                 }
             };
-            let lease = if leased { self.session_lease().await? } else { 0 };
+            let lease = match leased {
+                RefLease::Durable => 0,
+                RefLease::Session => self.session_lease().await?,
+                RefLease::Client(l) => l,
+            };
             let target = holder.map(|h| RefTarget { holder: h, lease });
             let fences = self.fences(pool);
             let req = plan.txn_fenced(&self.layout, name, key, target, fences);
             let (result, doubt) = self.req.txn_noting_doubt(req).await;
-            if doubt && leased {
+            if doubt && leased == RefLease::Session {
                 lock(&pool.doubt).insert(key.to_string());
             }
             let resp = match result {
                 Ok(r) => r,
-                Err(StoreError::LeaseNotFound(l)) if leased => {
+                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
+                    if claimed {
+                        pool.lock_cache().learn(plan.id, false);
+                    }
+                    return Err(crate::client_session::lease_gone(l));
+                }
+                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
                     if claimed {
                         pool.lock_cache().learn(plan.id, false);
                     }

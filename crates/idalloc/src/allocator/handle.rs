@@ -45,6 +45,10 @@ impl Pool {
     /// acquire needs one release). Round trips: 0 if this process already holds the key, else 1
     /// when uncontended (DESIGN §5).
     pub async fn acquire(&self, key: &str) -> Result<Acquired> {
+        crate::metrics::timed(self.spec().name(), "acquire", self.acquire_untimed(key)).await
+    }
+
+    async fn acquire_untimed(&self, key: &str) -> Result<Acquired> {
         validate_key(key)?;
         if let Some(a) = self.count_up(key) {
             return Ok(a);
@@ -55,7 +59,10 @@ impl Pool {
                 Some(a) => Ok(a),
                 None => {
                     let holder = self.inner.holder.clone();
-                    let r = self.inner.bind(&self.state, key, Some(&holder), true, None).await;
+                    let r = self
+                        .inner
+                        .bind(&self.state, key, Some(&holder), super::RefLease::Session, None)
+                        .await;
                     match &r {
                         Ok(a) => {
                             lock(&self.state.held)
@@ -87,11 +94,29 @@ impl Pool {
     /// `release_durable(key, holder)` (Contiv's owner semantics; what the CLI uses). Idempotent per
     /// holder. One round trip when uncontended.
     pub async fn acquire_durable(&self, key: &str, holder: &str) -> Result<Acquired> {
+        let f = self.acquire_durable_untimed(key, holder);
+        crate::metrics::timed(self.spec().name(), "acquire_durable", f).await
+    }
+
+    /// The ID of `key` with `holder`'s reference on `lease` (a client session's: see
+    /// [`crate::ClientSession::acquire`]). Idempotent per holder, like a durable reference.
+    pub(crate) async fn acquire_on_lease(
+        &self,
+        key: &str,
+        holder: &str,
+        lease: crate::store::LeaseId,
+    ) -> Result<Acquired> {
+        validate_key(key)?;
+        let _key = self.state.lock_key(key).await;
+        self.inner.bind(&self.state, key, Some(holder), super::RefLease::Client(lease), None).await
+    }
+
+    async fn acquire_durable_untimed(&self, key: &str, holder: &str) -> Result<Acquired> {
         validate_key(key)?;
         validate_holder(holder)?;
         let _key = self.state.lock_key(key).await;
         {
-            self.inner.bind(&self.state, key, Some(holder), false, None).await
+            self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, None).await
         }
     }
 
@@ -99,6 +124,19 @@ impl Pool {
     /// round trip) and, if it was the last reference and the pool has no idle grace, the binding in
     /// the same txn. Releasing a key this process does not hold is a no-op (`held == false`).
     pub async fn release(&self, key: &str) -> Result<Released> {
+        let r =
+            crate::metrics::timed(self.spec().name(), "release", self.release_untimed(key)).await;
+        self.count_reclaim(&r);
+        r
+    }
+
+    fn count_reclaim(&self, r: &Result<Released>) {
+        if matches!(r, Ok(Released { reclaimed: true, .. })) {
+            crate::metrics::reclaimed(self.spec().name(), "release", 1);
+        }
+    }
+
+    async fn release_untimed(&self, key: &str) -> Result<Released> {
         validate_key(key)?;
         let _key = self.state.lock_key(key).await;
         {
@@ -159,6 +197,13 @@ impl Pool {
     /// Removes `holder`'s durable reference to `key`; reclaims the binding if it was the last
     /// reference and the pool has no idle grace. A no-op (`held == false`) if `holder` held nothing.
     pub async fn release_durable(&self, key: &str, holder: &str) -> Result<Released> {
+        let f = self.release_durable_untimed(key, holder);
+        let r = crate::metrics::timed(self.spec().name(), "release_durable", f).await;
+        self.count_reclaim(&r);
+        r
+    }
+
+    async fn release_durable_untimed(&self, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
         validate_holder(holder)?;
         let _key = self.state.lock_key(key).await;
@@ -442,7 +487,13 @@ impl Pool {
     /// One sweep of the pool now: reclaims bindings that have had no reference for the pool's idle
     /// grace (DESIGN §8). Safe to run in many processes at once and alongside acquires.
     pub async fn sweep(&self) -> Result<crate::sweeper::SweepReport> {
-        crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false).await
+        let f = crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false);
+        let r = crate::metrics::timed(self.spec().name(), "sweep", f).await;
+        crate::metrics::swept(self.spec().name(), &r);
+        if let Ok(report) = &r {
+            crate::metrics::reclaimed(self.spec().name(), "sweep", report.reclaimed.len());
+        }
+        r
     }
 
     /// What a sweep would reclaim now, without reclaiming it.

@@ -61,6 +61,24 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl PoolState {
+    /// Publishes the pool's gauges (bindings, free IDs, capacity, and cache lag behind `seen`, the
+    /// newest revision this process has seen) from its cache.
+    pub(crate) fn publish_gauges(&self, seen: crate::store::Revision) {
+        let (bindings, free, applied) = {
+            let mut c = self.lock_cache();
+            (c.len(), c.free_ids().free_count(), c.revision())
+        };
+        crate::metrics::pool_gauges(
+            self.spec.name(),
+            bindings,
+            free,
+            self.spec.capacity(),
+            seen - applied,
+        );
+    }
+}
+
+impl PoolState {
     pub(crate) fn lock_cache(&self) -> MutexGuard<'_, PoolCache> {
         lock(&self.cache)
     }

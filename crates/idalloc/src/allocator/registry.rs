@@ -53,6 +53,20 @@ impl Drop for Inner {
 }
 
 impl Inner {
+    /// A store request with the allocator's timeout and retries, for [`crate::ClientSession`].
+    pub(crate) async fn lease_call<T, F, Fut>(&self, f: F) -> crate::store::StoreResult<T>
+    where
+        F: Fn(Arc<dyn crate::store::Store>) -> Fut,
+        Fut: std::future::Future<Output = crate::store::StoreResult<T>>,
+    {
+        self.req.call(|| f(self.req.store.clone())).await
+    }
+
+    /// This allocator's holder name.
+    pub(crate) fn holder(&self) -> &str {
+        &self.holder
+    }
+
     /// The fence for a write to `pool` sent now: the newest revision seen in a response or applied
     /// by the pool's cache (both happened before this send).
     pub(super) fn fence(&self, pool: &PoolState) -> Revision {

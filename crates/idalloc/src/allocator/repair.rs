@@ -78,12 +78,13 @@ impl Inner {
         old: u64,
     ) -> Result<()> {
         let holder = self.holder.clone();
-        let a = self.bind(pool, key, Some(&holder), true, Some(old)).await?;
+        let a = self.bind(pool, key, Some(&holder), super::RefLease::Session, Some(old)).await?;
         if let Some(h) = lock(&pool.held).get_mut(key) {
             h.id = a.id;
         }
         if a.id != old {
             warn!(pool = %pool.spec.name(), key, old_id = old, new_id = a.id, "held key lost its ID to another key; rebound");
+            crate::metrics::conflict(pool.spec.name());
             pool.emit(Event::Conflict { key: key.to_string(), old_id: old, new_id: a.id });
         } else {
             info!(pool = %pool.spec.name(), key, id = old, "held key re-referenced with its ID");

@@ -43,6 +43,7 @@ impl Inner {
         if s.lease == Some(lost) {
             warn!(holder = %self.holder, lease = lost, "session lease lost; re-referencing held keys on a new lease");
             s.lease = None;
+            crate::metrics::session_lost(crate::metrics::SessionKind::Process);
             self.repairs.push(Repair::All);
         }
     }
@@ -69,8 +70,12 @@ pub(super) async fn keepalive_loop(inner: Weak<Inner>) {
         )
         .await;
         match result {
-            Ok(Ok(Some(_))) => last_ok = Instant::now(),
+            Ok(Ok(Some(_))) => {
+                crate::metrics::renewal(crate::metrics::SessionKind::Process, Some(true));
+                last_ok = Instant::now()
+            }
             Ok(Ok(None)) => {
+                crate::metrics::renewal(crate::metrics::SessionKind::Process, Some(false));
                 inner.session_lost(lease).await;
                 last_ok = Instant::now();
             }
@@ -80,6 +85,7 @@ pub(super) async fn keepalive_loop(inner: Weak<Inner>) {
                 last_ok = Instant::now();
             }
             other => {
+                crate::metrics::renewal(crate::metrics::SessionKind::Process, None);
                 let why = match other {
                     Ok(Err(e)) => e.to_string(),
                     _ => "timed out".to_string(),

@@ -1,0 +1,830 @@
+//! `idalloc serve` as a real process on a free loopback port, over real HTTP, on a real etcd and on
+//! the file store: every endpoint, bad input, sessions that expire, `kill -9`, two instances on one
+//! etcd, concurrent clients from several processes, metrics, store outages and shutdown.
+//!
+//! etcd: `IDALLOC_TEST_ETCD` if set, else a private etcd (see `idalloc_testkit::etcd`); each test uses
+//! its own key prefix. Every process a test starts is stopped by PID when the test ends.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_idalloc")
+}
+
+fn unique_prefix() -> String {
+    let p = String::from_utf8(idalloc_testkit::etcd::unique_prefix()).expect("utf-8 prefix");
+    p.trim_matches('/').replace('/', "-")
+}
+
+/// A running `idalloc serve`. Killed (SIGKILL) and reaped on drop unless stopped before.
+struct Serve {
+    child: Child,
+    base: String,
+}
+
+impl Serve {
+    fn start(store: &str, prefix: &str, extra: &[&str]) -> Serve {
+        let mut cmd = Command::new(bin());
+        cmd.args(["--store", store, "--prefix", prefix, "--timeout", "3s", "serve"])
+            .args(["--listen", "127.0.0.1:0", "--sweep-interval", "1s"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        let mut child = cmd.spawn().expect("spawn idalloc serve");
+        let stdout = child.stdout.take().expect("stdout");
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).expect("read the listening line");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+        Serve { child, base: format!("http://{addr}") }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// SIGTERM, then waits for the exit (bounded); returns the exit code.
+    fn terminate(&mut self) -> Option<i32> {
+        let ok = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -TERM failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st.code();
+            }
+            assert!(Instant::now() < deadline, "serve did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill9();
+        }
+    }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(60)))
+        .build()
+        .into()
+}
+
+/// One response: status and JSON body (Null if not JSON).
+#[derive(Debug)]
+struct Resp {
+    status: u16,
+    body: Value,
+    text: String,
+}
+
+fn send(method: &str, url: &str, body: Option<&str>) -> Resp {
+    let a = agent();
+    let r = match (method, body) {
+        ("GET", _) => a.get(url).call(),
+        ("DELETE", _) => a.delete(url).call(),
+        ("POST", Some(b)) => a.post(url).header("content-type", "application/json").send(b),
+        ("POST", None) => a.post(url).send_empty(),
+        ("PUT", Some(b)) => a.put(url).send(b),
+        ("PUT", None) => a.put(url).send_empty(),
+        _ => panic!("unsupported {method}"),
+    };
+    let mut r = r.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
+    let status = r.status().as_u16();
+    let text = r.body_mut().read_to_string().unwrap_or_default();
+    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Resp { status, body, text }
+}
+
+fn get(s: &Serve, path: &str) -> Resp {
+    send("GET", &s.url(path), None)
+}
+
+fn post(s: &Serve, path: &str, body: Value) -> Resp {
+    send("POST", &s.url(path), Some(&body.to_string()))
+}
+
+impl Resp {
+    fn ok(self) -> Value {
+        assert!(self.status == 200 || self.status == 201, "{} {}", self.status, self.text);
+        self.body
+    }
+
+    /// Asserts an error status and kind; returns the message.
+    fn err(self, status: u16, kind: &str) -> String {
+        assert_eq!(self.status, status, "{}", self.text);
+        assert_eq!(self.body["kind"], kind, "{}", self.text);
+        let msg = self.body["message"].as_str().expect("message").to_string();
+        assert!(!msg.is_empty());
+        msg
+    }
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime")
+}
+
+/// A test etcd endpoint, or None (skip outside CI when etcd is missing).
+fn etcd() -> Option<(tokio::runtime::Runtime, idalloc_testkit::etcd::TestEtcd)> {
+    let rt = rt();
+    let e = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint())?;
+    Some((rt, e))
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Announces a `len`-byte body and sends only its first 64 KiB: the service must answer 413 from
+/// the announced length without waiting for (or reading) the rest. A raw socket, because an HTTP
+/// client that insists on sending the whole body sees the connection closed under it.
+fn oversized_post(s: &Serve, path: &str, len: usize) -> (u16, String) {
+    use std::io::Write;
+    let addr = s.base.trim_start_matches("http://");
+    let mut c = std::net::TcpStream::connect(addr).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {len}\r\n\r\n"
+    );
+    c.write_all(head.as_bytes()).expect("write head");
+    let _ = c.write_all(&vec![b' '; 64 << 10]);
+    let mut resp = Vec::new();
+    let _ = c.read_to_end(&mut resp);
+    let text = String::from_utf8_lossy(&resp).to_string();
+    let status = text.split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("").to_string();
+    (status, body)
+}
+
+/// Every endpoint and every bad input, against one running service.
+fn every_endpoint(s: &Serve) {
+    // Health.
+    assert_eq!(get(s, "/healthz").ok()["status"], "ok");
+    assert_eq!(get(s, "/readyz").ok()["status"], "ready");
+
+    // Pools: create (idempotent), mismatch, list, show.
+    let spec =
+        json!({"name": "vni", "min": 1, "max": 50, "reserved": [[5, 9]], "strategy": "lowest"});
+    let created = post(s, "/v1/pools", spec.clone()).ok();
+    assert_eq!(created["name"], "vni");
+    assert_eq!(created["reserved"], json!([[5, 9]]));
+    assert_eq!(post(s, "/v1/pools", spec).ok()["name"], "vni");
+    let msg = post(s, "/v1/pools", json!({"name": "vni", "min": 1, "max": 60}))
+        .err(409, "range_mismatch");
+    assert!(msg.contains("[1, 50]") && msg.contains("[1, 60]"), "{msg}");
+    post(s, "/v1/pools", json!({"name": "tiny", "min": 1, "max": 1})).ok();
+    let pools = get(s, "/v1/pools").ok();
+    let names: Vec<&str> =
+        pools["pools"].as_array().unwrap().iter().map(|p| p["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["tiny", "vni"]);
+    let show = get(s, "/v1/pools/vni").ok();
+    assert_eq!((show["capacity"].as_u64(), show["bound"].as_u64()), (Some(45), Some(0)));
+    get(s, "/v1/pools/nope").err(404, "pool_not_found");
+
+    // Acquire/release for a durable holder: one key, then a list.
+    let a = post(s, "/v1/pools/vni/acquire", json!({"key": "tenant/blue", "holder": "alice"})).ok();
+    assert_eq!((a["key"].as_str(), a["new"].as_bool()), (Some("tenant/blue"), Some(true)));
+    let blue = a["id"].as_u64().unwrap();
+    assert_eq!(blue, 1, "lowest strategy hands out 1 first");
+    let again =
+        post(s, "/v1/pools/vni/acquire", json!({"key": "tenant/blue", "holder": "bob"})).ok();
+    assert_eq!((again["id"].as_u64(), again["new"].as_bool()), (Some(blue), Some(false)));
+    let many =
+        post(s, "/v1/pools/vni/acquire", json!({"keys": ["k1", "k2", "k3"], "holder": "alice"}))
+            .ok();
+    let results = many["results"].as_array().unwrap();
+    assert_eq!(results.len(), 3);
+    let ids: HashSet<u64> = results.iter().map(|r| r["id"].as_u64().unwrap()).collect();
+    assert_eq!(ids.len(), 3);
+    assert!(!ids.contains(&blue) && ids.iter().all(|id| !(5..=9).contains(id)), "{ids:?}");
+
+    // Reads: cached and consistent, by key (with a '/') and by ID.
+    let g = get(s, "/v1/pools/vni/keys/tenant/blue").ok();
+    assert_eq!(g["id"].as_u64(), Some(blue));
+    let g = get(s, "/v1/pools/vni/keys/tenant%2Fblue?consistent=true").ok();
+    assert_eq!(g["id"].as_u64(), Some(blue));
+    let l = get(s, &format!("/v1/pools/vni/ids/{blue}")).ok();
+    assert_eq!(l["key"], "tenant/blue");
+    get(s, "/v1/pools/vni/keys/absent").err(404, "not_found");
+    get(s, "/v1/pools/vni/ids/49").err(404, "not_found");
+    get(s, "/v1/pools/vni/ids/x1").err(400, "invalid_input");
+
+    // Bindings, paginated: 4 bindings in pages of 3.
+    let p1 = get(s, "/v1/pools/vni/bindings?limit=3").ok();
+    assert_eq!(p1["bindings"].as_array().unwrap().len(), 3);
+    let after = p1["next_after"].as_u64().expect("a next page");
+    let p2 = get(s, &format!("/v1/pools/vni/bindings?limit=3&after={after}")).ok();
+    assert_eq!(p2["bindings"].as_array().unwrap().len(), 1);
+    assert!(p2["next_after"].is_null());
+    let first = &p1["bindings"][0];
+    assert_eq!((first["id"].as_u64(), &first["holders"]), (Some(blue), &json!(["alice", "bob"])));
+    get(s, "/v1/pools/vni/bindings?limit=0").err(400, "invalid_input");
+
+    // Release: one, a list, not held; the last holder reclaims.
+    let r = post(s, "/v1/pools/vni/release", json!({"key": "tenant/blue", "holder": "alice"})).ok();
+    assert_eq!((r["held"].as_bool(), r["reclaimed"].as_bool()), (Some(true), Some(false)));
+    let r = post(s, "/v1/pools/vni/release", json!({"key": "tenant/blue", "holder": "bob"})).ok();
+    assert_eq!((r["held"].as_bool(), r["reclaimed"].as_bool()), (Some(true), Some(true)));
+    let r = post(s, "/v1/pools/vni/release", json!({"key": "tenant/blue", "holder": "bob"})).ok();
+    assert_eq!(r["held"].as_bool(), Some(false));
+    get(s, "/v1/pools/vni/keys/tenant/blue?consistent=true").err(404, "not_found");
+    let r = post(s, "/v1/pools/vni/release", json!({"keys": ["k1", "k2"], "holder": "alice"})).ok();
+    assert!(r["results"].as_array().unwrap().iter().all(|x| x["reclaimed"] == true), "{r}");
+
+    // Exhausted: the one-ID pool.
+    post(s, "/v1/pools/tiny/acquire", json!({"key": "a", "holder": "h"})).ok();
+    let msg =
+        post(s, "/v1/pools/tiny/acquire", json!({"key": "b", "holder": "h"})).err(409, "exhausted");
+    assert!(msg.contains("tiny"), "{msg}");
+
+    // Sessions: open, acquire/release as the session, keep alive, end.
+    let sess = post(s, "/v1/sessions", json!({"ttl": 30})).ok();
+    let sid = sess["session"].as_str().unwrap().to_string();
+    let holder = sess["holder"].as_str().unwrap().to_string();
+    assert_eq!(sid.len(), 64);
+    assert!(!holder.contains(&sid) && !sid.contains(&holder));
+    let a = post(s, "/v1/pools/vni/acquire", json!({"key": "s1", "session": sid})).ok();
+    let s1 = a["id"].as_u64().unwrap();
+    // Idempotent within the session (a retried request does not count twice).
+    let a2 = post(s, "/v1/pools/vni/acquire", json!({"key": "s1", "session": sid})).ok();
+    assert_eq!(a2["id"].as_u64(), Some(s1));
+    let b = get(s, "/v1/pools/vni/bindings").ok();
+    let s1b = b["bindings"].as_array().unwrap().iter().find(|x| x["key"] == "s1").cloned().unwrap();
+    assert_eq!(s1b["holders"], json!([holder]));
+    assert_eq!(send("PUT", &s.url(&format!("/v1/sessions/{sid}/keepalive")), None).ok()["ttl"], 30);
+    let r = post(s, "/v1/pools/vni/release", json!({"key": "s1", "session": sid})).ok();
+    assert_eq!((r["held"].as_bool(), r["reclaimed"].as_bool()), (Some(true), Some(true)));
+    post(s, "/v1/pools/vni/acquire", json!({"key": "s2", "session": sid})).ok();
+    send("DELETE", &s.url(&format!("/v1/sessions/{sid}")), None).ok();
+    send("PUT", &s.url(&format!("/v1/sessions/{sid}/keepalive")), None)
+        .err(404, "session_not_found");
+    post(s, "/v1/pools/vni/acquire", json!({"key": "s3", "session": sid}))
+        .err(404, "session_not_found");
+    // Ending the session removed its reference: the sweeper (or a manual sweep) reclaims s2.
+    let sw = post(s, "/v1/pools/vni/sweep", json!({})).ok();
+    assert!(sw["reclaimed"].as_array().is_some(), "{sw}");
+    wait_until("s2 reclaimed", Duration::from_secs(20), || {
+        get(s, "/v1/pools/vni/keys/s2?consistent=true").status == 404
+    });
+
+    // Bad input: each a JSON error, nothing written.
+    let before = get(s, "/v1/pools/vni").ok()["bound"].clone();
+    let url = s.url("/v1/pools/vni/acquire");
+    let m = send("POST", &url, Some("{\"key\": ")).err(400, "invalid_input");
+    assert!(m.contains("JSON"), "{m}");
+    let m = post(s, "/v1/pools/vni/acquire", json!({"key": "x", "holder": "h", "hodler": "h"}))
+        .err(400, "invalid_input");
+    assert!(m.contains("hodler"), "{m}");
+    let (status, body) = oversized_post(s, "/v1/pools/vni/acquire", 2 << 20);
+    assert_eq!(status, 413, "{body}");
+    let body: Value = serde_json::from_str(&body).expect("JSON error body");
+    assert_eq!(body["kind"], "too_large");
+    let m = post(s, "/v1/pools/vni/acquire", json!({"key": "", "holder": "h"}))
+        .err(400, "invalid_input");
+    assert!(m.contains("key"), "{m}");
+    let long = "k".repeat(4097);
+    let m = post(s, "/v1/pools/vni/acquire", json!({"keys": ["ok", long], "holder": "h"}))
+        .err(400, "invalid_input");
+    assert!(m.contains("4097 bytes"), "{m}");
+    // The key at the limit is fine.
+    let at_limit = "k".repeat(4096);
+    post(s, "/v1/pools/vni/acquire", json!({"key": at_limit, "holder": "h"})).ok();
+    post(s, "/v1/pools/vni/release", json!({"key": at_limit, "holder": "h"})).ok();
+    post(s, "/v1/pools/Bad_Name/acquire", json!({"key": "x", "holder": "h"}))
+        .err(400, "invalid_input");
+    post(s, "/v1/pools", json!({"name": "Bad_Name", "min": 1, "max": 2})).err(400, "invalid_input");
+    post(s, "/v1/pools", json!({"name": "z", "min": 5, "max": 2})).err(400, "invalid_input");
+    post(s, "/v1/pools/vni/acquire", json!({"key": "x"})).err(400, "invalid_input");
+    post(s, "/v1/pools/vni/acquire", json!({"key": "x", "session": "00"}))
+        .err(404, "session_not_found");
+    post(s, "/v1/sessions", json!({"ttl": 0})).err(400, "invalid_input");
+    post(s, "/v1/sessions", json!({"ttl": 10, "extra": 1})).err(400, "invalid_input");
+    assert_eq!(get(s, "/v1/pools/vni").ok()["bound"], before, "bad input wrote nothing");
+    get(s, "/v1/nothing").err(404, "not_found");
+    send("PUT", &s.url("/v1/pools"), None).err(405, "method_not_allowed");
+
+    // Delete: refused while records exist, then forced; then gone.
+    let m = send("DELETE", &s.url("/v1/pools/tiny"), None).err(400, "invalid_input");
+    assert!(m.contains("force"), "{m}");
+    assert_eq!(send("DELETE", &s.url("/v1/pools/tiny?force=true"), None).ok()["deleted"], true);
+    send("DELETE", &s.url("/v1/pools/tiny"), None).err(404, "pool_not_found");
+
+    // The OpenAPI document names every route.
+    let doc = get(s, "/v1/openapi.json").ok();
+    for path in [
+        "/v1/pools",
+        "/v1/pools/{pool}",
+        "/v1/pools/{pool}/acquire",
+        "/v1/pools/{pool}/release",
+        "/v1/pools/{pool}/keys/{key}",
+        "/v1/pools/{pool}/ids/{id}",
+        "/v1/pools/{pool}/bindings",
+        "/v1/pools/{pool}/watch",
+        "/v1/sessions",
+        "/v1/sessions/{id}/keepalive",
+    ] {
+        assert!(doc["paths"].get(path).is_some(), "{path} missing from the OpenAPI document");
+    }
+}
+
+#[test]
+fn every_endpoint_on_the_file_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    let mut s = Serve::start(&store, "idalloc", &[]);
+    every_endpoint(&s);
+    assert_eq!(s.terminate(), Some(0));
+}
+
+#[test]
+fn every_endpoint_on_etcd() {
+    let Some((_rt, etcd)) = etcd() else { return };
+    let mut s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    every_endpoint(&s);
+    assert_eq!(s.terminate(), Some(0));
+}
+
+/// The holders of `key` as `list` shows them (None: no binding).
+fn holders(s: &Serve, pool: &str, key: &str) -> Option<Vec<String>> {
+    let b = get(s, &format!("/v1/pools/{pool}/bindings")).ok();
+    b["bindings"].as_array().unwrap().iter().find(|x| x["key"] == key).map(|x| {
+        x["holders"].as_array().unwrap().iter().map(|h| h.as_str().unwrap().to_string()).collect()
+    })
+}
+
+#[test]
+fn a_session_that_stops_renewing_loses_its_references_after_its_ttl() {
+    let Some((_rt, etcd)) = etcd() else { return };
+    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 1000})).ok();
+    let sess = post(&s, "/v1/sessions", json!({"ttl": 2})).ok();
+    let sid = sess["session"].as_str().unwrap().to_string();
+    let holder = sess["holder"].as_str().unwrap().to_string();
+    let kept = post(&s, "/v1/sessions", json!({"ttl": 2})).ok();
+    let kid = kept["session"].as_str().unwrap().to_string();
+    let id = post(&s, "/v1/pools/p/acquire", json!({"key": "dies", "session": sid})).ok()["id"]
+        .as_u64()
+        .unwrap();
+    post(&s, "/v1/pools/p/acquire", json!({"key": "lives", "session": kid})).ok();
+    // The kept session renews for 3 x its TTL; the other does not renew at all.
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(6) {
+        send("PUT", &s.url(&format!("/v1/sessions/{kid}/keepalive")), None).ok();
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    assert!(
+        holders(&s, "p", "lives").is_some_and(|h| h.len() == 1),
+        "renewed session kept its ref"
+    );
+    // etcd expired the lease: the reference is gone, and the sweeper (1 s) reclaims the binding.
+    wait_until("the dead session's reference and binding to go", Duration::from_secs(20), || {
+        holders(&s, "p", "dies").is_none()
+    });
+    send("PUT", &s.url(&format!("/v1/sessions/{sid}/keepalive")), None)
+        .err(404, "session_not_found");
+    post(&s, "/v1/pools/p/acquire", json!({"key": "again", "session": sid}))
+        .err(404, "session_not_found");
+    get(&s, &format!("/v1/pools/p/ids/{id}?consistent=true")).err(404, "not_found");
+    let _ = holder;
+}
+
+#[test]
+fn kill_9_of_serve_lets_its_sessions_references_expire() {
+    let Some((_rt, etcd)) = etcd() else { return };
+    let prefix = unique_prefix();
+    let mut a = Serve::start(&etcd.endpoint(), &prefix, &[]);
+    let b = Serve::start(&etcd.endpoint(), &prefix, &[]);
+    post(&a, "/v1/pools", json!({"name": "p", "min": 1, "max": 1000})).ok();
+    let sid =
+        post(&a, "/v1/sessions", json!({"ttl": 2})).ok()["session"].as_str().unwrap().to_string();
+    let keys: Vec<String> = (0..5).map(|i| format!("k{i}")).collect();
+    post(&a, "/v1/pools/p/acquire", json!({"keys": keys, "session": sid})).ok();
+    // A durable reference made through A survives A's death.
+    post(&a, "/v1/pools/p/acquire", json!({"key": "durable", "holder": "ops"})).ok();
+    assert!(holders(&b, "p", "k0").is_some());
+    a.kill9();
+    wait_until("A's session references to expire", Duration::from_secs(20), || {
+        keys.iter().all(|k| holders(&b, "p", k).is_none())
+    });
+    assert_eq!(holders(&b, "p", "durable"), Some(vec!["ops".to_string()]));
+    // The session lived in A: B does not know it.
+    post(&b, "/v1/pools/p/acquire", json!({"key": "x", "session": sid}))
+        .err(404, "session_not_found");
+}
+
+#[test]
+fn two_instances_on_one_etcd_agree_on_every_id() {
+    let Some((_rt, etcd)) = etcd() else { return };
+    let prefix = unique_prefix();
+    let a = Serve::start(&etcd.endpoint(), &prefix, &[]);
+    let b = Serve::start(&etcd.endpoint(), &prefix, &[]);
+    post(&a, "/v1/pools", json!({"name": "p", "min": 1, "max": 100000})).ok();
+    let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
+    // Both instances acquire the same keys at once, in opposite orders.
+    let run = |s: &Serve, holder: &str, rev: bool| {
+        let mut ks = keys.clone();
+        if rev {
+            ks.reverse();
+        }
+        let mut got = BTreeMap::new();
+        for k in ks {
+            let r = post(s, "/v1/pools/p/acquire", json!({"key": k, "holder": holder})).ok();
+            got.insert(k, r["id"].as_u64().unwrap());
+        }
+        got
+    };
+    let (ga, gb) = std::thread::scope(|sc| {
+        let ha = sc.spawn(|| run(&a, "via-a", false));
+        let hb = sc.spawn(|| run(&b, "via-b", true));
+        (ha.join().unwrap(), hb.join().unwrap())
+    });
+    assert_eq!(ga, gb, "both instances hand out the same ID for each key");
+    let distinct: HashSet<u64> = ga.values().copied().collect();
+    assert_eq!(distinct.len(), keys.len(), "no two keys share an ID");
+    // And each instance's lookups agree with the other's acquires.
+    for (k, id) in &ga {
+        let l = get(&b, &format!("/v1/pools/p/ids/{id}?consistent=true")).ok();
+        assert_eq!(l["key"].as_str(), Some(k.as_str()));
+    }
+}
+
+/// A small stdlib-only Python client, run as several processes at once.
+const PY_CLIENT: &str = r#"
+import json, sys, urllib.request
+base, holder = sys.argv[1], sys.argv[2]
+out = {}
+for k in sys.argv[3:]:
+    req = urllib.request.Request(base + "/v1/pools/p/acquire", method="POST",
+        data=json.dumps({"key": k, "holder": holder}).encode(), headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        out[k] = json.load(r)["id"]
+print(json.dumps(out))
+"#;
+
+#[test]
+fn concurrent_clients_from_several_processes_agree() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").is_err(), "python3 is required under CI");
+        eprintln!("SKIPPED: no python3");
+        return;
+    }
+    let Some((_rt, etcd)) = etcd() else { return };
+    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 100000})).ok();
+    let keys: Vec<String> = (0..30).map(|i| format!("shared-{i}")).collect();
+    let children: Vec<Child> = (0..4)
+        .map(|i| {
+            let mut ks = keys.clone();
+            ks.rotate_left(i * 7);
+            Command::new("python3")
+                .args(["-c", PY_CLIENT, &s.base, &format!("proc-{i}")])
+                .args(&ks)
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("spawn python3")
+        })
+        .collect();
+    let mut maps: Vec<HashMap<String, u64>> = Vec::new();
+    for c in children {
+        let out = c.wait_with_output().expect("python client");
+        assert!(out.status.success(), "python client failed");
+        maps.push(serde_json::from_slice(&out.stdout).expect("client output"));
+    }
+    for m in &maps[1..] {
+        assert_eq!(m, &maps[0], "every process saw the same ID for each key");
+    }
+    let distinct: HashSet<u64> = maps[0].values().copied().collect();
+    assert_eq!(distinct.len(), keys.len());
+    let b = get(&s, "/v1/pools/p/bindings").ok();
+    for x in b["bindings"].as_array().unwrap() {
+        assert_eq!(x["holders"].as_array().unwrap().len(), 4, "{x}");
+    }
+}
+
+/// Parses Prometheus text format: `name{labels} value` lines (HELP/TYPE comments skipped). Panics
+/// on a line that is neither, so a malformed exposition fails the test.
+fn parse_prometheus(text: &str) -> Vec<(String, BTreeMap<String, String>, f64)> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                let kind = rest.split_whitespace().nth(1).unwrap_or("");
+                assert!(
+                    ["counter", "gauge", "histogram", "summary", "untyped"].contains(&kind),
+                    "bad TYPE line {line:?}"
+                );
+            }
+            continue;
+        }
+        let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("bad line {line:?}"));
+        let value: f64 = value.parse().unwrap_or_else(|_| panic!("bad value in {line:?}"));
+        let (name, labels) = match series.split_once('{') {
+            None => (series.to_string(), BTreeMap::new()),
+            Some((n, rest)) => {
+                let body = rest.strip_suffix('}').unwrap_or_else(|| panic!("bad labels {line:?}"));
+                let mut labels = BTreeMap::new();
+                for pair in body.split("\",").filter(|p| !p.is_empty()) {
+                    let (k, v) =
+                        pair.split_once("=\"").unwrap_or_else(|| panic!("bad label {line:?}"));
+                    labels.insert(k.to_string(), v.trim_end_matches('"').to_string());
+                }
+                (n.to_string(), labels)
+            }
+        };
+        assert!(
+            name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad metric name {name:?}"
+        );
+        out.push((name, labels, value));
+    }
+    out
+}
+
+fn metric(
+    samples: &[(String, BTreeMap<String, String>, f64)],
+    name: &str,
+    labels: &[(&str, &str)],
+) -> f64 {
+    samples
+        .iter()
+        .filter(|(n, l, _)| {
+            n == name && labels.iter().all(|(k, v)| l.get(*k).map(String::as_str) == Some(*v))
+        })
+        .map(|(_, _, v)| v)
+        .sum()
+}
+
+#[test]
+fn metrics_parse_and_move_with_operations() {
+    let Some((_rt, etcd)) = etcd() else { return };
+    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    post(&s, "/v1/pools", json!({"name": "m", "min": 1, "max": 10})).ok();
+    let before = parse_prometheus(&get(&s, "/metrics").text);
+    let acq = [("operation", "acquire_durable"), ("outcome", "ok"), ("pool", "m")];
+    let n0 = metric(&before, "idalloc_operation_duration_seconds_count", &acq);
+    let txn0 =
+        metric(&before, "idalloc_store_requests_total", &[("kind", "txn"), ("result", "ok")]);
+    for k in ["a", "b", "c"] {
+        post(&s, "/v1/pools/m/acquire", json!({"key": k, "holder": "h"})).ok();
+    }
+    let sid =
+        post(&s, "/v1/sessions", json!({"ttl": 5})).ok()["session"].as_str().unwrap().to_string();
+    send("PUT", &s.url(&format!("/v1/sessions/{sid}/keepalive")), None).ok();
+    post(&s, "/v1/pools/m/acquire", json!({"key": "x", "holder": ""})).err(400, "invalid_input");
+    wait_until("the pool gauge to show 3 bindings", Duration::from_secs(10), || {
+        let m = parse_prometheus(&get(&s, "/metrics").text);
+        metric(&m, "idalloc_pool_bindings", &[("pool", "m")]) == 3.0
+    });
+    let text = get(&s, "/metrics").text;
+    assert!(!text.contains(&sid), "a session id must never appear in metrics");
+    let after = parse_prometheus(&text);
+    assert_eq!(metric(&after, "idalloc_operation_duration_seconds_count", &acq) - n0, 3.0);
+    assert!(
+        metric(&after, "idalloc_store_requests_total", &[("kind", "txn"), ("result", "ok")])
+            >= txn0 + 3.0
+    );
+    assert_eq!(metric(&after, "idalloc_pool_capacity", &[("pool", "m")]), 10.0);
+    assert_eq!(metric(&after, "idalloc_pool_free_ids", &[("pool", "m")]), 7.0);
+    assert_eq!(
+        metric(
+            &after,
+            "idalloc_session_renewals_total",
+            &[("session", "client"), ("result", "ok")]
+        ),
+        1.0
+    );
+    assert_eq!(metric(&after, "idalloc_client_sessions", &[]), 1.0);
+    assert!(metric(&after, "idalloc_sweeps_total", &[("pool", "m"), ("outcome", "ok")]) >= 0.0);
+    assert_eq!(
+        metric(
+            &after,
+            "idalloc_http_requests_total",
+            &[("route", "/v1/pools/{pool}/acquire"), ("status", "400")]
+        ),
+        1.0
+    );
+    // Labels are bounded: no key, holder or session label anywhere.
+    for (_, labels, _) in &after {
+        for k in labels.keys() {
+            assert!(
+                [
+                    "pool",
+                    "operation",
+                    "outcome",
+                    "kind",
+                    "result",
+                    "session",
+                    "by",
+                    "route",
+                    "method",
+                    "status",
+                    "le",
+                    "quantile"
+                ]
+                .contains(&k.as_str()),
+                "unexpected label {k}"
+            );
+        }
+        if let Some(v) = labels.get("session") {
+            assert!(v == "client" || v == "process", "session label is a kind, not an id: {v}");
+        }
+    }
+}
+
+#[test]
+fn store_down_gives_503_and_not_ready_then_recovers_by_itself() {
+    let rt = rt();
+    if !idalloc_testkit::etcd::etcd_on_path() {
+        assert!(std::env::var("CI").is_err(), "etcd must be on PATH under CI");
+        return;
+    }
+    let mut cluster = rt.block_on(idalloc_testkit::etcd::EtcdCluster::start(1)).expect("etcd");
+    let endpoint = cluster.endpoints()[0].clone();
+    let s = Serve::start(&endpoint, "idalloc", &[]);
+    post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 100})).ok();
+    post(&s, "/v1/pools/p/acquire", json!({"key": "before", "holder": "h"})).ok();
+    assert_eq!(get(&s, "/readyz").status, 200);
+    cluster.kill_member(0).expect("kill etcd");
+    let start = Instant::now();
+    let m = post(&s, "/v1/pools/p/acquire", json!({"key": "during", "holder": "h"}))
+        .err(503, "unavailable");
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(30), "503 came after {took:?}");
+    assert!(!m.is_empty());
+    get(&s, "/readyz").err(503, "unavailable");
+    rt.block_on(cluster.restart_member(0)).expect("restart etcd");
+    wait_until("readiness to come back", Duration::from_secs(60), || {
+        get(&s, "/readyz").status == 200
+    });
+    let r = post(&s, "/v1/pools/p/acquire", json!({"key": "after", "holder": "h"})).ok();
+    assert!(r["id"].as_u64().is_some());
+    let b = get(&s, "/v1/pools/p/keys/before?consistent=true").ok();
+    assert!(b["id"].as_u64().is_some());
+}
+
+#[test]
+fn watch_streams_replay_then_live_and_resumes_from_a_revision() {
+    let Some((_rt, etcd)) = etcd() else { return };
+    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    post(&s, "/v1/pools", json!({"name": "w", "min": 1, "max": 100})).ok();
+    let first = post(&s, "/v1/pools/w/acquire", json!({"key": "old", "holder": "h"})).ok()["id"]
+        .as_u64()
+        .unwrap();
+    let resp = agent().get(&s.url("/v1/pools/w/watch")).call().expect("watch");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut lines = BufReader::new(resp.into_body().into_reader()).lines();
+    let mut next_event = move || -> (String, Option<i64>, Value) {
+        let (mut name, mut id, mut data) = (String::new(), None, Value::Null);
+        loop {
+            let line = lines.next().expect("stream open").expect("read");
+            if line.is_empty() {
+                if !name.is_empty() {
+                    return (name, id, data);
+                }
+                continue;
+            }
+            if let Some(v) = line.strip_prefix("event:") {
+                name = v.trim().to_string();
+            } else if let Some(v) = line.strip_prefix("id:") {
+                id = v.trim().parse().ok();
+            } else if let Some(v) = line.strip_prefix("data:") {
+                data = serde_json::from_str(v.trim()).expect("data is JSON");
+            }
+        }
+    };
+    let (n, _, d) = next_event();
+    assert_eq!(
+        (n.as_str(), d["id"].as_u64(), d["key"].as_str()),
+        ("upsert", Some(first), Some("old"))
+    );
+    let (n, synced_rev, _) = next_event();
+    assert_eq!(n, "synced");
+    let synced_rev = synced_rev.expect("synced carries the revision");
+    let new =
+        post(&s, "/v1/pools/w/acquire", json!({"key": "new", "holder": "h"})).ok()["id"].as_u64();
+    let (n, rev, d) = next_event();
+    assert_eq!((n.as_str(), d["id"].as_u64(), d["key"].as_str()), ("upsert", new, Some("new")));
+    let rev = rev.expect("events carry revisions");
+    assert!(rev > synced_rev);
+    post(&s, "/v1/pools/w/release", json!({"key": "old", "holder": "h"})).ok();
+    let (n, _, d) = next_event();
+    assert_eq!(
+        (n.as_str(), d["id"].as_u64(), d["key"].as_str()),
+        ("delete", Some(first), Some("old"))
+    );
+    // Resume after the "new" upsert: the delete is replayed, and nothing before it.
+    let mut resumed = agent()
+        .get(&s.url(&format!("/v1/pools/w/watch?from_revision={}", rev + 1)))
+        .call()
+        .expect("resume");
+    let mut buf = [0u8; 512];
+    let mut got = String::new();
+    while !got.contains("\n\n") {
+        let n = resumed.body_mut().as_reader().read(&mut buf).expect("read");
+        assert!(n > 0, "stream ended early");
+        got.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    assert!(got.contains("event: delete") && got.contains("\"key\":\"old\""), "{got}");
+    assert!(!got.contains("\"key\":\"new\""), "{got}");
+}
+
+#[test]
+fn sigterm_ends_watches_exits_zero_and_refuses_new_connections() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    let mut s = Serve::start(&store, "idalloc", &[]);
+    post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 10})).ok();
+    let sid =
+        post(&s, "/v1/sessions", json!({"ttl": 30})).ok()["session"].as_str().unwrap().to_string();
+    post(&s, "/v1/pools/p/acquire", json!({"key": "kept", "session": sid})).ok();
+    let resp = agent().get(&s.url("/v1/pools/p/watch")).call().expect("watch");
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = resp.into_body().into_reader().read_to_string(&mut all);
+        all
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(s.terminate(), Some(0));
+    let streamed = reader.join().expect("reader");
+    assert!(streamed.contains("event: synced"), "{streamed}");
+    let err = agent().get(&s.url("/healthz")).call();
+    assert!(err.is_err(), "no one listens after shutdown");
+    // The session was not ended: its reference is still in the store (the file store keeps
+    // leases across restarts; it expires after its TTL).
+    let s2 = Serve::start(&store, "idalloc", &[]);
+    let h = holders(&s2, "p", "kept").expect("binding still there");
+    assert_eq!(h.len(), 1);
+}
+
+#[test]
+fn the_shipped_python_client_runs_against_serve() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").is_err(), "python3 is required under CI");
+        return;
+    }
+    let client: PathBuf =
+        [env!("CARGO_MANIFEST_DIR"), "..", "..", "clients", "python", "idalloc_client.py"]
+            .iter()
+            .collect();
+    if !client.exists() {
+        panic!("{} is missing", client.display());
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    let s = Serve::start(&store, "idalloc", &[]);
+    let out = Command::new("python3")
+        .arg(&client)
+        .args(["--demo", &s.base])
+        .output()
+        .expect("run the python client");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "client failed: {stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The demo prints one JSON line per step; the acquired ID must be the one the service reports.
+    let lines: Vec<Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    let acquired = lines.iter().find(|l| l["step"] == "acquire").expect("acquire step");
+    let id = acquired["id"].as_u64().expect("id");
+    assert!(lines.iter().any(|l| l["step"] == "keepalive" && l["ttl"].as_u64().is_some()));
+    assert!(lines.iter().any(|l| l["step"] == "release" && l["held"] == true));
+    assert!(lines.iter().any(|l| l["step"] == "end"));
+    // Released and reclaimed: the ID is free again.
+    get(&s, &format!("/v1/pools/demo/ids/{id}?consistent=true")).err(404, "not_found");
+}

@@ -1,0 +1,337 @@
+//! The `/v1` handlers: each one parses, calls the library, and shapes the answer. No allocator
+//! logic lives here.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use idalloc::store::{GetRequest, KeyRange, OpResponse, TxnOp, TxnRequest};
+use idalloc::{ClientSession, Pool};
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::api::{
+    AcquireBody, Acquired, BindingBody, PoolInfo, PoolSpecBody, Released, SessionBody, SessionInfo,
+};
+use crate::error::{ApiError, ApiJson};
+use crate::AppState;
+
+type ApiResult<T = Response> = Result<T, ApiError>;
+
+/// Most keys one request may acquire or release (bounds the work of one request).
+pub const MAX_KEYS_PER_REQUEST: usize = 1000;
+
+pub async fn list_pools(State(st): State<Arc<AppState>>) -> ApiResult {
+    let pools = st.alloc.list_pools().await?;
+    let pools: Vec<PoolSpecBody> = pools.iter().map(PoolSpecBody::from_spec).collect();
+    Ok(Json(json!({ "pools": pools })).into_response())
+}
+
+pub async fn create_pool(
+    State(st): State<Arc<AppState>>,
+    ApiJson(body): ApiJson<PoolSpecBody>,
+) -> ApiResult {
+    let spec = body.to_spec()?;
+    let pool = st.alloc.ensure_pool(&spec).await?;
+    st.remember(&pool);
+    Ok((StatusCode::OK, Json(PoolSpecBody::from_spec(pool.spec()))).into_response())
+}
+
+pub async fn show_pool(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> ApiResult {
+    let pool = st.pool(&name).await?;
+    let spec = pool.spec().clone();
+    let layout = &st.layout;
+    let count =
+        |prefix: Vec<u8>| TxnOp::get(GetRequest::new(KeyRange::prefix(prefix)).count_only());
+    // Both counts in one txn, so they are of one revision.
+    let resp = st
+        .store
+        .txn(
+            TxnRequest::new()
+                .and_then([count(layout.key_prefix(&name)), count(layout.id_prefix(&name))]),
+        )
+        .await?;
+    let n = |i: usize| match resp.responses.get(i) {
+        Some(OpResponse::Get(g)) => u64::try_from(g.count).unwrap_or(0),
+        _ => 0,
+    };
+    let (bound, ids) = (n(0), n(1));
+    let capacity = spec.capacity();
+    let info = PoolInfo {
+        spec: PoolSpecBody::from_spec(&spec),
+        capacity,
+        bound,
+        quarantined: ids.saturating_sub(bound),
+        used: ids,
+        free: capacity.saturating_sub(ids),
+    };
+    Ok(Json(info).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeleteQuery {
+    #[serde(default)]
+    force: bool,
+}
+
+pub async fn delete_pool(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(q): Query<DeleteQuery>,
+) -> ApiResult {
+    let deleted = st.alloc.delete_pool(&name, q.force).await?;
+    st.forget(&name);
+    if !deleted {
+        return Err(idalloc::Error::PoolNotFound { pool: name }.into());
+    }
+    Ok(Json(json!({ "pool": name, "deleted": true })).into_response())
+}
+
+/// Whose references a request makes: a session's (leased) or a durable holder's.
+enum Owner {
+    Session(Arc<ClientSession>),
+    Holder(String),
+}
+
+fn owner(st: &AppState, session: Option<String>, holder: Option<String>) -> ApiResult<Owner> {
+    match (session, holder) {
+        (Some(s), None) => Ok(Owner::Session(st.sessions.get(&s)?)),
+        (None, Some(h)) => Ok(Owner::Holder(h)),
+        (Some(_), Some(_)) => {
+            Err(ApiError::invalid("give either \"session\" or \"holder\", not both"))
+        }
+        (None, None) => Err(ApiError::invalid(
+            "give \"session\" (a session id from POST /v1/sessions) or \"holder\" (a durable holder name)",
+        )),
+    }
+}
+
+/// The keys of a request and whether it was the single-key form.
+fn keys(key: Option<String>, keys: Option<Vec<String>>) -> ApiResult<(Vec<String>, bool)> {
+    match (key, keys) {
+        (Some(k), None) => Ok((vec![k], true)),
+        (None, Some(ks)) if ks.is_empty() => Err(ApiError::invalid("\"keys\" is empty")),
+        (None, Some(ks)) if ks.len() > MAX_KEYS_PER_REQUEST => Err(ApiError::invalid(format!(
+            "\"keys\" has {} keys: at most {MAX_KEYS_PER_REQUEST} per request",
+            ks.len()
+        ))),
+        (None, Some(ks)) => Ok((ks, false)),
+        _ => Err(ApiError::invalid("give either \"key\" or \"keys\"")),
+    }
+}
+
+/// A session error after the lease vanished is "session not found", not "invalid input".
+fn session_error(s: &ClientSession, e: idalloc::Error) -> ApiError {
+    if s.is_lost() {
+        ApiError::session_not_found()
+    } else {
+        e.into()
+    }
+}
+
+pub async fn acquire(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<AcquireBody>,
+) -> ApiResult {
+    let (keys, single) = keys(body.key, body.keys)?;
+    // Validate every key before acquiring any: a bad key in a list writes nothing.
+    for k in &keys {
+        idalloc::pool::validate_key(k)?;
+    }
+    let owner = owner(&st, body.session, body.holder)?;
+    if let Owner::Holder(h) = &owner {
+        idalloc::pool::validate_holder(h)?;
+    }
+    let pool = st.pool(&name).await?;
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let a = match &owner {
+            Owner::Session(s) => s.acquire(&pool, &key).await.map_err(|e| session_error(s, e))?,
+            Owner::Holder(h) => pool.acquire_durable(&key, h).await?,
+        };
+        out.push(Acquired { key, id: a.id, new: a.new });
+    }
+    Ok(if single {
+        Json(out.pop()).into_response()
+    } else {
+        Json(json!({ "results": out })).into_response()
+    })
+}
+
+pub async fn release(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<AcquireBody>,
+) -> ApiResult {
+    let (keys, single) = keys(body.key, body.keys)?;
+    for k in &keys {
+        idalloc::pool::validate_key(k)?;
+    }
+    let owner = owner(&st, body.session, body.holder)?;
+    if let Owner::Holder(h) = &owner {
+        idalloc::pool::validate_holder(h)?;
+    }
+    let pool = st.pool(&name).await?;
+    let mut out = Vec::with_capacity(keys.len());
+    for key in keys {
+        let r = match &owner {
+            Owner::Session(s) => s.release(&pool, &key).await?,
+            Owner::Holder(h) => pool.release_durable(&key, h).await?,
+        };
+        out.push(Released { key, held: r.held, reclaimed: r.reclaimed });
+    }
+    Ok(if single {
+        Json(out.pop()).into_response()
+    } else {
+        Json(json!({ "results": out })).into_response()
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReadQuery {
+    /// Read from the store (one round trip) instead of the cache.
+    #[serde(default)]
+    consistent: bool,
+}
+
+async fn synced(pool: &Pool) -> ApiResult<()> {
+    pool.wait_synced().await.map_err(ApiError::from)
+}
+
+pub async fn get_key(
+    State(st): State<Arc<AppState>>,
+    Path((name, key)): Path<(String, String)>,
+    Query(q): Query<ReadQuery>,
+) -> ApiResult {
+    idalloc::pool::validate_key(&key)?;
+    let pool = st.pool(&name).await?;
+    let id = if q.consistent {
+        pool.get_consistent(&key).await?
+    } else {
+        synced(&pool).await?;
+        pool.get(&key)
+    };
+    match id {
+        Some(id) => Ok(Json(json!({ "pool": name, "key": key, "id": id })).into_response()),
+        None => Err(ApiError::not_found(format!(
+            "key {} has no ID in pool {name:?}",
+            idalloc::error::show_value(&key)
+        ))),
+    }
+}
+
+pub async fn lookup_id(
+    State(st): State<Arc<AppState>>,
+    Path((name, id)): Path<(String, String)>,
+    Query(q): Query<ReadQuery>,
+) -> ApiResult {
+    let id: u64 = id.parse().map_err(|_| {
+        ApiError::invalid(format!(
+            "invalid ID {}: a decimal number",
+            idalloc::error::show_value(&id)
+        ))
+    })?;
+    let pool = st.pool(&name).await?;
+    let key = if q.consistent {
+        pool.key_of_consistent(id).await?
+    } else {
+        synced(&pool).await?;
+        pool.key_of(id)
+    };
+    match key {
+        Some(key) => Ok(Json(json!({ "pool": name, "id": id, "key": key })).into_response()),
+        None => Err(ApiError::not_found(format!("ID {id} is not bound in pool {name:?}"))),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    /// Only bindings with an ID greater than this (the previous page's `next_after`).
+    #[serde(default)]
+    after: Option<u64>,
+    /// Page size (1..=10000, default 1000).
+    #[serde(default)]
+    limit: Option<usize>,
+}
+
+pub async fn list_bindings(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> ApiResult {
+    let limit = q.limit.unwrap_or(1000);
+    if !(1..=10_000).contains(&limit) {
+        return Err(ApiError::invalid(format!("invalid limit {limit}: between 1 and 10000")));
+    }
+    let pool = st.pool(&name).await?;
+    let all = pool.list().await?;
+    let after = q.after.unwrap_or(0);
+    let page: Vec<BindingBody> = all
+        .into_iter()
+        .filter(|b| q.after.is_none() || b.id > after)
+        .take(limit + 1)
+        .map(|b| BindingBody { id: b.id, key: b.key, holders: b.holders })
+        .collect();
+    let (page, next_after) = if page.len() > limit {
+        let mut page = page;
+        page.truncate(limit);
+        let last = page.last().map(|b| b.id);
+        (page, last)
+    } else {
+        (page, None)
+    };
+    Ok(Json(json!({ "pool": name, "bindings": page, "next_after": next_after })).into_response())
+}
+
+pub async fn sweep(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> ApiResult {
+    let pool = st.pool(&name).await?;
+    let r = pool.sweep().await?;
+    let reclaimed: Vec<_> =
+        r.reclaimed.iter().map(|(id, key)| json!({ "id": id, "key": key })).collect();
+    Ok(Json(json!({ "pool": name, "reclaimed": reclaimed, "idle": r.idle })).into_response())
+}
+
+pub async fn open_session(
+    State(st): State<Arc<AppState>>,
+    ApiJson(body): ApiJson<SessionBody>,
+) -> ApiResult {
+    let sent = Instant::now();
+    let s = st.alloc.client_session(std::time::Duration::from_secs(body.ttl)).await?;
+    let info = SessionInfo {
+        session: String::new(),
+        holder: s.holder().to_string(),
+        ttl: s.ttl().as_secs(),
+    };
+    let id = st.sessions.insert(s, sent);
+    Ok((StatusCode::CREATED, Json(SessionInfo { session: id, ..info })).into_response())
+}
+
+pub async fn keepalive(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+    let s = st.sessions.get(&id)?;
+    let sent = Instant::now();
+    if s.keep_alive().await? {
+        st.sessions.renewed(&id, sent);
+        Ok(Json(json!({ "ttl": s.ttl().as_secs() })).into_response())
+    } else {
+        st.sessions.remove(&id);
+        Err(ApiError::session_not_found())
+    }
+}
+
+pub async fn end_session(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
+    let s = st.sessions.get(&id)?;
+    s.end().await?;
+    st.sessions.remove(&id);
+    Ok(Json(json!({ "ended": true })).into_response())
+}
+
+/// Pools this service has opened, by name (readiness checks that each is synced).
+pub type Opened = HashMap<String, Pool>;

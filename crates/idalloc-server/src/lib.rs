@@ -1,0 +1,488 @@
+//! `idalloc serve`: the library behind an HTTP/JSON API (DESIGN §12, issue 12).
+//!
+//! - [`api`]: request and response bodies; [`error`]: the JSON error body and G6 → HTTP statuses.
+//! - [`handlers`]: the `/v1` endpoints; [`watch`]: a pool's events as Server-Sent Events.
+//! - [`sessions`]: client sessions handed out (their ids are capabilities).
+//! - this module: the router, health, metrics endpoint, background tasks and graceful shutdown.
+//!
+//! The router is built by [`router`] from an [`AppState`] so that an authentication or holder
+//! scoping layer (issue 11) can wrap it as one more `tower` layer without touching the handlers.
+
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod error;
+pub mod handlers;
+pub mod sessions;
+pub mod watch;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{DefaultBodyLimit, MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post, put};
+use axum::{Json, Router};
+use idalloc::layout::Layout;
+use idalloc::store::{GetRequest, KeyRange, Store};
+use idalloc::{Allocator, Pool};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use serde_json::json;
+use tokio::sync::watch as signal;
+use tracing::{info, warn};
+
+use crate::error::ApiError;
+use crate::sessions::Sessions;
+
+/// The OpenAPI document of the `/v1` API (hand-written; a test checks that it names every route
+/// of [`router`] and nothing else).
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+/// HTTP requests served, by `route` (the route template, never the concrete path: paths carry
+/// keys and session ids), `method` and `status`.
+pub const HTTP_REQUESTS: &str = "idalloc_http_requests_total";
+/// HTTP request duration, by `route` and `method`.
+pub const HTTP_DURATION: &str = "idalloc_http_request_duration_seconds";
+
+/// How the service runs.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Largest request body accepted (413 above).
+    pub max_body_bytes: usize,
+    /// Bound on the store probe of `/readyz`.
+    pub probe_timeout: Duration,
+    /// How often every pool in the store is opened (so the allocator's sweeper covers pools this
+    /// instance has not served yet) and lost sessions are forgotten.
+    pub maintenance_interval: Duration,
+    /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
+    pub drain_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            max_body_bytes: 1 << 20,
+            probe_timeout: Duration::from_secs(2),
+            maintenance_interval: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Everything the handlers share.
+pub struct AppState {
+    pub alloc: Allocator,
+    pub store: Arc<dyn Store>,
+    pub layout: Layout,
+    pub sessions: Sessions,
+    pub config: Config,
+    opened: Mutex<handlers::Opened>,
+    shutting_down: AtomicBool,
+    /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
+    stop: signal::Sender<bool>,
+    metrics: Option<PrometheusHandle>,
+}
+
+impl AppState {
+    /// `store` must be the allocator's store (the service reads pool usage and watches from it).
+    pub fn new(
+        alloc: Allocator,
+        store: Arc<dyn Store>,
+        prefix: &str,
+        config: Config,
+        metrics: Option<PrometheusHandle>,
+    ) -> idalloc::Result<Arc<AppState>> {
+        Ok(Arc::new(AppState {
+            alloc,
+            store,
+            layout: Layout::new(prefix)?,
+            sessions: Sessions::default(),
+            config,
+            opened: Mutex::new(Default::default()),
+            shutting_down: AtomicBool::new(false),
+            stop: signal::channel(false).0,
+            metrics,
+        }))
+    }
+
+    fn opened(&self) -> std::sync::MutexGuard<'_, handlers::Opened> {
+        self.opened.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A handle on pool `name` (opened once, then cached; `pool_not_found` if it has no spec).
+    pub async fn pool(&self, name: &str) -> Result<Pool, ApiError> {
+        if let Some(p) = self.opened().get(name) {
+            return Ok(p.clone());
+        }
+        let p = self.alloc.pool(name).await?;
+        self.remember(&p);
+        Ok(p)
+    }
+
+    pub(crate) fn remember(&self, p: &Pool) {
+        self.opened().insert(p.spec().name().to_string(), p.clone());
+    }
+
+    pub(crate) fn forget(&self, name: &str) {
+        self.opened().remove(name);
+    }
+
+    /// Starts the shutdown: new API requests get 503, readiness fails, watch streams end.
+    pub fn begin_shutdown(&self) {
+        self.shutting_down.store(true, Ordering::Release);
+        self.stop.send_replace(true);
+    }
+
+    pub fn is_shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn stop_signal(&self) -> signal::Receiver<bool> {
+        self.stop.subscribe()
+    }
+}
+
+/// Installs the Prometheus recorder as the process's `metrics` recorder. Call before building the
+/// allocator, so the library's metric descriptions are registered with it.
+pub fn install_prometheus() -> Result<PrometheusHandle, String> {
+    // Buckets (seconds) from 0.5 ms to 10 s: local file-store operations to slow etcd retries.
+    let buckets =
+        [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+    PrometheusBuilder::new()
+        .set_buckets(&buckets)
+        .map_err(|e| e.to_string())?
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))
+}
+
+/// The whole HTTP service.
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/pools", get(handlers::list_pools).post(handlers::create_pool))
+        .route("/v1/pools/{pool}", get(handlers::show_pool).delete(handlers::delete_pool))
+        .route("/v1/pools/{pool}/acquire", post(handlers::acquire))
+        .route("/v1/pools/{pool}/release", post(handlers::release))
+        .route("/v1/pools/{pool}/keys/{*key}", get(handlers::get_key))
+        .route("/v1/pools/{pool}/ids/{id}", get(handlers::lookup_id))
+        .route("/v1/pools/{pool}/bindings", get(handlers::list_bindings))
+        .route("/v1/pools/{pool}/sweep", post(handlers::sweep))
+        .route("/v1/pools/{pool}/watch", get(watch::watch))
+        .route("/v1/sessions", post(handlers::open_session))
+        .route("/v1/sessions/{id}", axum::routing::delete(handlers::end_session))
+        .route("/v1/sessions/{id}/keepalive", put(handlers::keepalive))
+        .layer(middleware::from_fn_with_state(state.clone(), refuse_when_shutting_down));
+    Router::new()
+        .merge(v1)
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
+        .layer(middleware::from_fn_with_state(state.clone(), refuse_oversized))
+        .layer(middleware::from_fn(http_metrics))
+        .with_state(state)
+}
+
+async fn openapi() -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route; the API is described at /v1/openapi.json")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route; see /v1/openapi.json",
+    )
+}
+
+async fn refuse_when_shutting_down(
+    State(st): State<Arc<AppState>>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if st.is_shutting_down() {
+        return ApiError::unavailable("the service is shutting down; retry on another instance")
+            .into_response();
+    }
+    next.run(req).await
+}
+
+/// Answers 413 at once when the announced body length is over the limit, without reading (or
+/// waiting for) the body; bodies without a length are cut at the limit while being read.
+async fn refuse_oversized(State(st): State<Arc<AppState>>, req: Request, next: Next) -> Response {
+    let announced = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if let Some(len) = announced {
+        if len > st.config.max_body_bytes as u64 {
+            return ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!(
+                    "request body of {len} bytes is over the limit of {} bytes",
+                    st.config.max_body_bytes
+                ),
+            )
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// Counts requests by route template, method and status.
+async fn http_metrics(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|m| m.as_str().to_string())
+        .unwrap_or_else(|| "unmatched".to_string());
+    let method = req.method().as_str().to_string();
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    metrics::histogram!(HTTP_DURATION, "route" => route.clone(), "method" => method.clone())
+        .record(start.elapsed().as_secs_f64());
+    metrics::counter!(HTTP_REQUESTS, "route" => route, "method" => method,
+        "status" => resp.status().as_u16().to_string())
+    .increment(1);
+    resp
+}
+
+async fn healthz() -> Response {
+    Json(json!({ "status": "ok" })).into_response()
+}
+
+/// Ready: not shutting down, the store answers within the probe timeout, and every pool this
+/// instance serves has its cache synced.
+async fn readyz(State(st): State<Arc<AppState>>) -> Response {
+    if st.is_shutting_down() {
+        return ApiError::unavailable("shutting down").into_response();
+    }
+    let probe = tokio::time::timeout(
+        st.config.probe_timeout,
+        st.store.get(GetRequest::new(KeyRange::prefix(st.layout.pools_prefix())).count_only()),
+    )
+    .await;
+    let revision = match probe {
+        Ok(Ok(r)) => r.revision,
+        Ok(Err(e)) => return ApiError::unavailable(format!("store: {e}")).into_response(),
+        Err(_) => {
+            return ApiError::unavailable(format!(
+                "store: no answer within {:?}",
+                st.config.probe_timeout
+            ))
+            .into_response()
+        }
+    };
+    let pools: Vec<Pool> = st.opened().values().cloned().collect();
+    let mut unsynced = Vec::new();
+    for p in &pools {
+        // Zero wait: a synced pool answers on the first poll.
+        if tokio::time::timeout(Duration::ZERO, p.wait_synced()).await.is_err() {
+            unsynced.push(p.spec().name().to_string());
+        }
+    }
+    if !unsynced.is_empty() {
+        unsynced.sort();
+        return ApiError::unavailable(format!("pools not synced yet: {}", unsynced.join(", ")))
+            .into_response();
+    }
+    Json(json!({ "status": "ready", "revision": revision, "pools": pools.len() })).into_response()
+}
+
+async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+    match &st.metrics {
+        Some(h) => ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render())
+            .into_response(),
+        None => ApiError::not_found("metrics are not enabled in this process").into_response(),
+    }
+}
+
+/// Periodic upkeep: opens every pool of the store (so the allocator's background sweeper covers
+/// it), forgets sessions that are over, and drains the exporter's histogram buffers.
+async fn maintenance(st: Arc<AppState>) {
+    let mut stop = st.stop_signal();
+    loop {
+        match st.alloc.list_pools().await {
+            Ok(specs) => {
+                for spec in specs {
+                    if let Err(e) = st.pool(spec.name()).await {
+                        warn!(pool = spec.name(), error = %e.message, "cannot open pool");
+                    }
+                }
+            }
+            Err(e) => warn!(error = %e, "cannot list pools"),
+        }
+        st.sessions.prune();
+        if let Some(h) = &st.metrics {
+            h.run_upkeep();
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(st.config.maintenance_interval) => {}
+            _ = stop.wait_for(|s| *s) => return,
+        }
+    }
+}
+
+/// Serves on `listener` until `shutdown` completes, then drains: new API requests get 503, open
+/// watch streams end, in-flight requests finish (up to `drain_timeout`). Client sessions are NOT
+/// ended: their leases run out on their own TTL unless the client renews them, so a restart does
+/// not take IDs away from clients that come back in time.
+pub async fn serve(
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: SocketAddr = listener.local_addr()?;
+    info!(%addr, "idalloc serve listening");
+    let app = router(state.clone());
+    let maint = tokio::spawn(maintenance(state.clone()));
+    let st = state.clone();
+    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
+    let drain_timeout = state.config.drain_timeout;
+    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
+        shutdown.await;
+        info!("shutdown requested: refusing new requests, finishing in-flight ones");
+        st.begin_shutdown();
+        let _ = drained_tx.send(());
+    });
+    let server = async move { server.await };
+    tokio::pin!(server);
+    let result = tokio::select! {
+        r = &mut server => r,
+        _ = async {
+            let _ = drained_rx.await;
+            tokio::time::sleep(drain_timeout).await;
+        } => {
+            warn!(?drain_timeout, "in-flight requests did not finish in time; exiting anyway");
+            Ok(())
+        }
+    };
+    maint.abort();
+    result
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = term => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request as HttpRequest;
+    use idalloc::store::embedded::EmbeddedStore;
+    use tower::ServiceExt;
+
+    fn state() -> Arc<AppState> {
+        let store: Arc<dyn Store> = Arc::new(EmbeddedStore::memory());
+        let alloc = Allocator::from_arc(store.clone(), Default::default()).expect("allocator");
+        AppState::new(alloc, store, "idalloc", Config::default(), None).expect("state")
+    }
+
+    /// Every route the router serves, as (method, template) pairs, read from this file's source
+    /// so that a route added to `router` without documenting it fails the test below.
+    fn routes_in_source() -> Vec<(String, String)> {
+        let src = include_str!("lib.rs");
+        let mut out = Vec::new();
+        for line in src.lines() {
+            let Some(rest) = line.trim().strip_prefix(".route(\"") else { continue };
+            let Some((path, handlers)) = rest.split_once('"') else { continue };
+            for m in ["get", "post", "put", "delete"] {
+                if handlers.contains(&format!("{m}(")) {
+                    out.push((m.to_string(), path.replace("{*key}", "{key}")));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn the_openapi_document_names_every_route_and_method() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("valid JSON");
+        let routes = routes_in_source();
+        assert!(routes.len() >= 16, "{routes:?}");
+        for (method, path) in &routes {
+            assert!(
+                doc["paths"][path][method].is_object(),
+                "{method} {path} is served but not in openapi.json"
+            );
+        }
+        let documented: usize = doc["paths"]
+            .as_object()
+            .expect("paths")
+            .values()
+            .map(|p| p.as_object().map_or(0, |o| o.len()))
+            .sum();
+        assert_eq!(documented, routes.len(), "openapi.json documents routes that do not exist");
+    }
+
+    #[tokio::test]
+    async fn requests_after_shutdown_began_get_503_and_readiness_fails() {
+        let st = state();
+        let app = router(st.clone());
+        let req = || HttpRequest::get("/v1/pools").body(Body::empty()).expect("request");
+        assert_eq!(app.clone().oneshot(req()).await.expect("response").status(), 200);
+        st.begin_shutdown();
+        let resp = app.clone().oneshot(req()).await.expect("response");
+        assert_eq!(resp.status(), 503);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 16).await.expect("body");
+        let v: serde_json::Value = serde_json::from_slice(&body).expect("JSON");
+        assert_eq!(v["kind"], "unavailable");
+        assert!(v["message"].as_str().is_some_and(|m| m.contains("shutting down")), "{v}");
+        let ready = HttpRequest::get("/readyz").body(Body::empty()).expect("request");
+        assert_eq!(app.clone().oneshot(ready).await.expect("response").status(), 503);
+        let alive = HttpRequest::get("/healthz").body(Body::empty()).expect("request");
+        assert_eq!(app.oneshot(alive).await.expect("response").status(), 200);
+    }
+
+    #[tokio::test]
+    async fn a_body_without_a_length_is_cut_at_the_limit_with_413() {
+        let st = AppState::new(
+            Allocator::new(EmbeddedStore::memory(), Default::default()).expect("allocator"),
+            Arc::new(EmbeddedStore::memory()),
+            "idalloc",
+            Config { max_body_bytes: 100, ..Config::default() },
+            None,
+        )
+        .expect("state");
+        let app = router(st);
+        let chunks = futures::stream::iter(
+            (0..10).map(|_| Ok::<_, std::io::Error>(axum::body::Bytes::from(vec![b' '; 50]))),
+        );
+        let req =
+            HttpRequest::post("/v1/sessions").body(Body::from_stream(chunks)).expect("request");
+        let resp = app.oneshot(req).await.expect("response");
+        assert_eq!(resp.status(), 413);
+    }
+}

@@ -1,0 +1,72 @@
+//! Client sessions (`Allocator::client_session`): references on a lease the caller renews, gone
+//! when the session ends or its lease runs out, and the session then refuses further acquires.
+
+use std::time::Duration;
+
+use idalloc::store::embedded::EmbeddedStore;
+use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
+
+fn alloc() -> Allocator {
+    Allocator::new(EmbeddedStore::memory(), AllocatorOptions::default()).expect("allocator")
+}
+
+fn holders(list: &[idalloc::Binding], key: &str) -> Option<Vec<String>> {
+    list.iter().find(|b| b.key == key).map(|b| b.holders.clone())
+}
+
+#[tokio::test]
+async fn session_references_are_idempotent_and_end_with_the_session() {
+    let a = alloc();
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.unwrap();
+    let s = a.client_session(Duration::from_secs(30)).await.unwrap();
+    assert_ne!(s.holder(), a.holder());
+    let first = s.acquire(&pool, "k").await.unwrap();
+    assert!(first.new);
+    // Idempotent: a retried acquire does not add a count that a single release would leave.
+    assert_eq!(s.acquire(&pool, "k").await.unwrap().id, first.id);
+    assert_eq!(holders(&pool.list().await.unwrap(), "k"), Some(vec![s.holder().to_string()]));
+    assert!(s.keep_alive().await.unwrap());
+    let r = s.release(&pool, "k").await.unwrap();
+    assert!(r.held && r.reclaimed, "{r:?}");
+
+    s.acquire(&pool, "j").await.unwrap();
+    assert!(s.end().await.unwrap());
+    assert!(s.is_lost());
+    // The lease took the reference with it; the binding waits for the sweeper.
+    assert_eq!(holders(&pool.list().await.unwrap(), "j"), Some(vec![]));
+    assert_eq!(pool.sweep().await.unwrap().reclaimed.len(), 1);
+    match s.acquire(&pool, "x").await {
+        Err(Error::InvalidInput { what, .. }) => assert_eq!(what, "client session"),
+        other => panic!("expected the session to refuse, got {other:?}"),
+    }
+    assert!(!s.keep_alive().await.unwrap());
+}
+
+#[tokio::test]
+async fn a_session_whose_lease_expired_is_lost_on_its_next_use() {
+    let a = alloc();
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.unwrap();
+    let s = a.client_session(Duration::from_secs(1)).await.unwrap();
+    s.acquire(&pool, "k").await.unwrap();
+    // Nobody renews: the store expires the lease and the reference after about a second.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while holders(&pool.list().await.unwrap(), "k") != Some(vec![]) {
+        assert!(tokio::time::Instant::now() < deadline, "the reference outlived its lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!s.is_lost(), "nothing told the session yet");
+    assert!(matches!(s.acquire(&pool, "k2").await, Err(Error::InvalidInput { .. })));
+    assert!(s.is_lost(), "an acquire that found the lease gone marks the session lost");
+    assert!(!s.keep_alive().await.unwrap());
+}
+
+#[tokio::test]
+async fn session_ttls_out_of_range_are_refused() {
+    let a = alloc();
+    for ttl in [Duration::ZERO, Duration::from_millis(500), Duration::from_secs(86_401)] {
+        match a.client_session(ttl).await {
+            Err(Error::InvalidInput { what, .. }) => assert_eq!(what, "session TTL"),
+            other => panic!("{ttl:?}: expected InvalidInput, got {other:?}"),
+        }
+    }
+}
