@@ -183,6 +183,31 @@ Examples:
   idalloc gc vni")]
     Gc(GcArgs),
 
+    /// Audit POOL (or every pool) at one revision: report every record that breaks the layout's
+    /// invariants; with --repair, fix what is safe to fix while allocators keep running.
+    #[command(after_help = "\
+Reports: an ID named by two key records, a key bound by two ID records, key records without their
+ID record and the reverse, references without a binding, IDs out of range or reserved,
+unreadable records, spec records naming another pool, data without a spec, nested prefixes.
+Exit 0 when nothing is found (after --repair: when nothing is left), 1 otherwise.
+
+--repair: each fix is one txn that compares every record it read (and the pool's spec) with the
+scan, so it changes nothing if an allocator touched them meanwhile; fixes never change the ID a
+holder was given. What cannot be fixed safely is listed as left for a person. The pool is then
+checked again.
+
+JSON: {\"revision\":42,\"breaches\":1,\"pools\":[{\"pool\":\"vni\",\"findings\":[{\"kind\":
+       \"id_without_key_record\",\"id\":7,\"key\":\"k\",\"key_record\":null,\"message\":\"...\"}]}],
+       \"other\":[]}
+With --repair: {\"repairs\":[{\"pool\":\"vni\",\"finding\":{...},\"action\":\"...\",\"applied\":true}],
+       \"after\":{...the report of the check after the repairs...}}
+
+Examples:
+  idalloc check
+  idalloc --json check vni
+  idalloc check vni --repair")]
+    Check(CheckArgs),
+
     /// Show the store kind, endpoint, whether it answers, its revision and the pools.
     #[command(after_help = "\
 Exit 1 if the store does not answer (the status is still printed).
@@ -391,6 +416,15 @@ pub struct ListArgs {
     pub pool: String,
     #[command(flatten)]
     pub remote: RemoteArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct CheckArgs {
+    /// Only this pool.
+    pub pool: Option<String>,
+    /// Fix what is safe to fix (see below), then check again.
+    #[arg(long)]
+    pub repair: bool,
 }
 
 #[derive(Args, Debug)]

@@ -10,8 +10,8 @@ use idalloc::{Allocator, PoolSpec, Strategy};
 use serde_json::{json, Value};
 
 use crate::cli::{
-    AcquireArgs, Cli, Command, CreateArgs, DeleteArgs, GcArgs, GetArgs, LookupArgs, PoolCommand,
-    ReleaseArgs, StrategyArg,
+    AcquireArgs, CheckArgs, Cli, Command, CreateArgs, DeleteArgs, GcArgs, GetArgs, LookupArgs,
+    PoolCommand, ReleaseArgs, StrategyArg,
 };
 use crate::fail::Failure;
 use crate::open::{self, Settings};
@@ -79,6 +79,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             | Command::Status
             | Command::Pool(PoolCommand::List | PoolCommand::Show(_))
             | Command::Gc(GcArgs { dry_run: true, .. })
+            | Command::Check(CheckArgs { repair: false, .. })
     );
     if let Command::Serve(a) = &cli.command {
         return crate::serve::run(&settings, a).await;
@@ -96,6 +97,16 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     }
     let opened = open::open_store(&settings, writes).await?;
     let store = opened.store.clone();
+    // Refuse a prefix nested with another deployment's before touching anything (issue 9,
+    // item 9); `status` and `check` report it instead.
+    if !matches!(cli.command, Command::Status | Command::Check(_)) {
+        if let Some(first) = nesting(&settings, &*store, &layout).await?.first() {
+            return Err(Failure::usage(format!(
+                "--prefix: {first}; deployments sharing a store need prefixes that do not lie \
+                 inside one another"
+            )));
+        }
+    }
     let alloc = open::allocator(&settings, store.clone())?;
     let result = dispatch(&cli, &settings, &layout, &alloc, store, opened.file_missing, out).await;
     // Closing revokes nothing (the CLI holds no lease) but stops background work at once, so the
@@ -171,8 +182,83 @@ async fn dispatch(
         Command::Watch(w) => watch::follow(alloc, w, out).await.map(|_| 0),
         Command::Gc(a) => gc(alloc, a, out).await,
         Command::Status => status(settings, layout, alloc, &*store, file_missing, out).await,
+        Command::Check(a) => check(settings, layout, &*store, a, out).await,
         Command::Serve(_) => Err(Failure::usage("serve is run before a store is opened")),
     }
+}
+
+/// The nesting probe with the command's bounds: up to 3 attempts of a third of `--timeout`.
+async fn nesting(
+    settings: &Settings,
+    store: &dyn Store,
+    layout: &Layout,
+) -> Result<Vec<String>, Failure> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let r = tokio::time::timeout(
+            settings.attempt_timeout(),
+            idalloc::check::nesting(store, layout),
+        )
+        .await
+        .unwrap_or_else(|_| {
+            Err(idalloc::store::StoreError::Unavailable(format!(
+                "no answer within {:?}",
+                settings.attempt_timeout()
+            )))
+        });
+        match r {
+            Err(e) if e.is_retryable() && attempt < 3 => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            other => return other.map_err(|e| idalloc::Error::from(e).into()),
+        }
+    }
+}
+
+async fn check(
+    settings: &Settings,
+    layout: &Layout,
+    store: &dyn Store,
+    a: &CheckArgs,
+    out: Out,
+) -> Result<u8, Failure> {
+    use idalloc::check;
+    if let Some(p) = &a.pool {
+        idalloc::pool::validate_pool_name(p)?;
+    }
+    let page = idalloc::AllocatorOptions::default().list_page;
+    let nested = nesting(settings, store, layout).await?;
+    let scan_once = || async {
+        let mut s = check::scan(store, layout, a.pool.as_deref(), page)
+            .await
+            .map_err(idalloc::Error::from)?;
+        s.report.other.extend(
+            nested.iter().map(|m| idalloc::audit::Finding::NestedPrefix { message: m.clone() }),
+        );
+        Ok::<_, Failure>(s)
+    };
+    let first = scan_once().await?;
+    if !a.repair {
+        out.either(|| render::check_json(&first.report), || render::check_text(&first.report))?;
+        return Ok(if first.report.breaches() == 0 { 0 } else { crate::fail::RUNTIME });
+    }
+    let repairs = check::repair(store, layout, &first).await.map_err(idalloc::Error::from)?;
+    let after = scan_once().await?;
+    out.either(
+        || {
+            json!({"revision": first.report.revision, "breaches": first.report.breaches(),
+                   "repairs": repairs.iter().map(render::repair_json).collect::<Vec<_>>(),
+                   "after": render::check_json(&after.report)})
+        },
+        || {
+            let mut t = render::repairs_text(&repairs);
+            t.push_str("after repair: ");
+            t.push_str(&render::check_text(&after.report));
+            t
+        },
+    )?;
+    Ok(if after.report.breaches() == 0 { 0 } else { crate::fail::RUNTIME })
 }
 
 fn holder_of(h: &Option<String>) -> String {

@@ -104,6 +104,70 @@ pub fn broken_json(broken: &[idalloc::records::SpecProblem]) -> Value {
     )
 }
 
+/// A finding as JSON: its fields under a `kind` tag, plus the sentence `check` prints.
+pub fn finding_json(f: &idalloc::audit::Finding) -> Value {
+    let mut v = serde_json::to_value(f).unwrap_or(Value::Null);
+    if let Value::Object(m) = &mut v {
+        m.insert("message".into(), Value::String(f.to_string()));
+    }
+    v
+}
+
+pub fn check_json(r: &idalloc::check::Report) -> Value {
+    json!({
+        "revision": r.revision,
+        "breaches": r.breaches(),
+        "pools": r.pools.iter().map(|p| json!({
+            "pool": p.pool,
+            "findings": p.findings.iter().map(finding_json).collect::<Vec<_>>(),
+        })).collect::<Vec<_>>(),
+        "other": r.other.iter().map(finding_json).collect::<Vec<_>>(),
+    })
+}
+
+/// `check` for people: a summary line, then one line per finding, `POOL: sentence`.
+pub fn check_text(r: &idalloc::check::Report) -> String {
+    let n = r.breaches();
+    let mut out = format!(
+        "checked {} pools at revision {}: {}\n",
+        r.pools.len(),
+        r.revision,
+        if n == 0 { "no breaches".to_string() } else { format!("{n} breaches") }
+    );
+    for f in &r.other {
+        out.push_str(&format!("-: {}\n", controls(&f.to_string())));
+    }
+    for p in &r.pools {
+        for f in &p.findings {
+            out.push_str(&format!("{}: {}\n", p.pool, controls(&f.to_string())));
+        }
+    }
+    out
+}
+
+pub fn repair_json(r: &idalloc::check::RepairOutcome) -> Value {
+    json!({"pool": r.pool, "finding": finding_json(&r.finding), "action": r.action,
+           "applied": r.applied})
+}
+
+/// `check --repair` for people: what was fixed, what was not, what needs a person.
+pub fn repairs_text(rs: &[idalloc::check::RepairOutcome]) -> String {
+    let mut out = String::new();
+    for r in rs {
+        let pool = if r.pool.is_empty() { "-" } else { r.pool.as_str() };
+        let line = match (&r.action, r.applied) {
+            (Some(a), true) => format!("{pool}: fixed: {a}"),
+            (Some(a), false) => {
+                format!("{pool}: not fixed (its records changed since the scan; check again): {a}")
+            }
+            (None, _) => format!("{pool}: left for a person: {}", r.finding),
+        };
+        out.push_str(&controls(&line));
+        out.push('\n');
+    }
+    out
+}
+
 /// Left-aligned columns separated by two spaces; the last column is not padded.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
     let n = header.len();

@@ -733,19 +733,225 @@ fn text_output_escapes_terminal_controls() {
     assert!(wait_with_output(child).status.success());
 }
 
-/// Writes raw records into a file store, as an operator with `etcdctl put` (or a bug) would.
-fn tamper_file(t: &Target, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) {
+/// Writes raw records into the target's store (a file or etcd), as an operator with `etcdctl
+/// put` (or a bug) would.
+fn tamper(t: &Target, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) {
     use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    use idalloc::store::etcd::{EtcdOptions, EtcdStore};
     use idalloc::store::{Store, TxnOp, TxnRequest};
-    let path = t.file_path();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let store = EmbeddedStore::open(&path, EmbeddedOptions::default()).await.unwrap();
+        let store: Box<dyn Store> = if t.store.starts_with("file:") {
+            Box::new(EmbeddedStore::open(t.file_path(), EmbeddedOptions::default()).await.unwrap())
+        } else {
+            let url = t.store.replace("etcd://", "http://");
+            Box::new(EtcdStore::connect(EtcdOptions::new([url])).await.unwrap())
+        };
         let mut ops: Vec<TxnOp> =
             puts.iter().map(|(k, v)| TxnOp::put(k.clone(), v.clone())).collect();
         ops.extend(deletes.iter().map(|k| TxnOp::delete(k.clone())));
         assert!(store.txn(TxnRequest::new().and_then(ops)).await.unwrap().succeeded);
     });
+}
+
+fn tamper_file(t: &Target, puts: &[(Vec<u8>, Vec<u8>)], deletes: &[Vec<u8>]) {
+    tamper(t, puts, deletes)
+}
+
+/// `idalloc check`: a store tampered in every way the audit knows; check finds each breach,
+/// `--repair` fixes the safe ones (and only those), and reports the rest as left for a person.
+fn check_finds_and_repairs(t: &Target) {
+    let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
+    let b = |s: &str| s.as_bytes().to_vec();
+    t.run(&["pool", "create", "t", "--range", "1-100", "--reserve", "50", "--strategy", "lowest"])
+        .ok();
+    let j = t.run(&["--json", "check"]).json();
+    assert_eq!(j["breaches"], 0, "{j}");
+    t.run(&["check", "t"]).ok();
+    let ok1 = t.run(&["acquire", "t", "ok1"]).id();
+    let lostid = t.run(&["acquire", "t", "lostid"]).id();
+    let lostkey = t.run(&["acquire", "t", "lostkey"]).id();
+    let badkey = t.run(&["acquire", "t", "badkey"]).id();
+    let spec_t = idalloc::PoolSpec::new("t", 1, 100).to_json();
+    tamper(
+        t,
+        &[
+            (l.key_key("t", "dup"), b(&ok1.to_string())), // ID of ok1 named by a second key
+            (l.id_key("t", 60), b("ok1")),                // ok1 bound by a second ID record
+            (l.id_key("t", 61), b("ghost")),              // ID record, no key record, no holder
+            (l.ref_key("t", "orphanref", "alice"), b("62")), // reference without binding
+            (l.id_key("t", 500), b("far")),               // unheld binding out of range
+            (l.key_key("t", "far"), b("500")),
+            (l.id_key("t", 50), b("res")), // held binding on a reserved ID
+            (l.key_key("t", "res"), b("50")),
+            (l.ref_key("t", "res", "alice"), b("50")),
+            (l.id_key("t", 63), Vec::new()), // unreadable ID record
+            (l.key_key("t", "badkey"), b("007")), // unreadable key record
+            (l.ref_key("t", "ok1", "bob"), b("x")), // unreadable reference
+            (format!("{}/data/t/pools/x", t.prefix).into_bytes(), b("{}")), // nested deployment
+            (l.pool_spec_key("lies"), spec_t), // spec naming another pool
+            (l.id_key("gone", 1), b("k")),   // data without a spec
+        ],
+        &[l.id_key("t", lostid), l.key_key("t", "lostkey")],
+    );
+
+    let r = t.run(&["--json", "check"]);
+    assert_eq!(r.code, 1, "{r:?}");
+    let j = r.json();
+    let mut kinds: Vec<String> = Vec::new();
+    for p in j["pools"].as_array().unwrap() {
+        for f in p["findings"].as_array().unwrap() {
+            assert!(f["message"].is_string(), "{f}");
+            kinds.push(format!("{}:{}", p["pool"].as_str().unwrap(), f["kind"].as_str().unwrap()));
+        }
+    }
+    kinds.sort();
+    let mut want = vec![
+        "gone:data_without_spec",
+        "gone:id_without_key_record", // audited all the same; not repaired without a spec
+        "lies:spec_name_mismatch",
+        "t:id_bound_to_two_keys",
+        "t:key_bound_to_two_ids",
+        "t:key_without_id_record",
+        "t:id_without_key_record", // ghost
+        "t:id_without_key_record", // lostkey
+        "t:ref_without_binding",
+        "t:id_out_of_range", // far
+        "t:id_out_of_range", // res (reserved)
+        "t:unreadable_id_value",
+        "t:unreadable_key_value",
+        "t:unreadable_ref_value",
+        "t:unreadable_record",
+    ];
+    want.sort();
+    assert_eq!(kinds, want, "{j}");
+    assert_eq!(j["breaches"], want.len());
+    // Text: one line per breach after the summary.
+    let r = t.run(&["check", "t"]);
+    assert_eq!(r.code, 1);
+    assert_eq!(r.stdout.lines().count(), 1 + 12, "{r:?}");
+    assert!(r.stdout.contains("ID 50 of key \"res\" is reserved"), "{r:?}");
+
+    let r = t.run(&["--json", "check", "--repair"]);
+    assert_eq!(r.code, 1, "some breaches need a person: {r:?}");
+    let j = r.json();
+    let mut fixed = Vec::new();
+    let mut left = Vec::new();
+    for rep in j["repairs"].as_array().unwrap() {
+        let kind = rep["finding"]["kind"].as_str().unwrap().to_string();
+        match (rep["action"].is_string(), rep["applied"].as_bool().unwrap()) {
+            (true, true) => fixed.push(kind),
+            (false, false) => left.push(kind),
+            _ => panic!("a repair failed on a quiet store: {rep}"),
+        }
+    }
+    fixed.sort();
+    left.sort();
+    assert_eq!(
+        fixed,
+        [
+            "id_bound_to_two_keys",
+            "id_out_of_range",
+            "id_without_key_record",
+            "id_without_key_record",
+            "key_bound_to_two_ids",
+            "key_without_id_record",
+            "ref_without_binding",
+            "unreadable_id_value",
+            "unreadable_key_value",
+        ],
+        "{j}"
+    );
+    assert_eq!(
+        left,
+        [
+            "data_without_spec",
+            "id_out_of_range",
+            "id_without_key_record",
+            "spec_name_mismatch",
+            "unreadable_record",
+            "unreadable_ref_value",
+        ],
+        "{j}"
+    );
+    assert_eq!(j["after"]["breaches"], left.len(), "only what needs a person is left: {j}");
+
+    // The fixes kept every holder's ID and freed what nobody holds.
+    assert_eq!(t.run(&["get", "t", "ok1"]).id(), ok1);
+    assert_eq!(t.run(&["get", "t", "lostid"]).id(), lostid);
+    assert_eq!(t.run(&["lookup", "t", &lostid.to_string()]).ok().stdout, "lostid\n");
+    assert_eq!(t.run(&["get", "t", "lostkey"]).id(), lostkey);
+    assert_eq!(t.run(&["get", "t", "badkey"]).id(), badkey);
+    assert_eq!(t.run(&["get", "t", "orphanref"]).id(), 62);
+    t.run(&["get", "t", "dup"]).fails(3);
+    t.run(&["get", "t", "far"]).fails(3);
+    for free in ["60", "61", "63", "500"] {
+        t.run(&["lookup", "t", free]).fails(3);
+    }
+    assert_eq!(t.run(&["get", "t", "res"]).id(), 50, "a holder's ID is never taken by a repair");
+    // A second repair finds nothing more it may fix.
+    let j = t.run(&["--json", "check", "--repair"]).json();
+    assert!(j["repairs"].as_array().unwrap().iter().all(|r| r["action"].is_null()), "{j}");
+}
+
+#[test]
+fn file_store_check_finds_and_repairs() {
+    check_finds_and_repairs(&Target::file());
+}
+
+#[test]
+fn etcd_check_finds_and_repairs() {
+    let Some(t) = Target::etcd() else { return };
+    check_finds_and_repairs(&t);
+}
+
+/// Issue 9, item 9: deployment B at `--prefix pa/data/vni` lives inside A's (`pa`) pool `vni`.
+/// A's `pool delete vni --force` used to wipe all of B. Both directions are refused now: B's
+/// commands refuse a prefix inside A's; A's delete refuses to touch B's records.
+#[test]
+fn nested_prefixes_are_refused() {
+    let t = Target::file();
+    let b = |args: &[&str]| {
+        let mut v = vec!["--prefix", "pa/data/vni"];
+        v.extend_from_slice(args);
+        t.run(&v)
+    };
+    let a = |args: &[&str]| {
+        let mut v = vec!["--prefix", "pa"];
+        v.extend_from_slice(args);
+        t.run(&v)
+    };
+    // B first (A does not exist yet), then A.
+    b(&["pool", "create", "x", "--range", "1-10"]).ok();
+    let bid = b(&["acquire", "x", "k"]).id();
+    a(&["pool", "create", "vni", "--range", "1-10"]).ok();
+    a(&["acquire", "vni", "mine"]).id();
+    a(&["pool", "delete", "vni", "--force"]).fails(1).err_has("another idalloc deployment");
+    a(&["pool", "delete", "vni"]).fails(1).err_has("another idalloc deployment");
+    // B now lies inside A's prefix: refused, with a message naming both prefixes.
+    b(&["get", "x", "k"])
+        .fails(2)
+        .err_has("\"pa/data/vni\" lies inside the deployment at prefix \"pa\"");
+    // A deployment nested anywhere under A's prefix outside data/: A refuses to run on it.
+    t.run(&["--prefix", "pa/other", "status"]).ok();
+    tamper(&t, &[(b"pa/other/pools/y".to_vec(), idalloc::PoolSpec::new("y", 1, 2).to_json())], &[]);
+    a(&["get", "vni", "mine"]).fails(2).err_has("contains records of another deployment");
+    // check reports it, and B's records are all there.
+    let j = a(&["--json", "check"]).json();
+    assert!(j["other"].as_array().unwrap().iter().any(|f| f["kind"] == "nested_prefix"), "{j}");
+    assert!(
+        j["pools"].as_array().unwrap().iter().any(|p| p["pool"] == "vni"
+            && p["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|f| f["kind"] == "unreadable_record" && f["nested"] == true)),
+        "{j}"
+    );
+    tamper(&t, &[], &[b"pa/other/pools/y".to_vec()]);
+    let j = t.run(&["--prefix", "pa/data/vni", "--json", "check", "x"]).json();
+    assert_eq!(j["pools"][0]["pool"], "x");
+    let _ = bid;
 }
 
 /// Issue 9, items 7 and 8: a spec record holding another pool's spec is refused, never used

@@ -178,31 +178,53 @@ impl Allocator {
     pub async fn delete_pool(&self, name: &str, force: bool) -> Result<bool> {
         validate_pool_name(name)?;
         let inner = &self.inner;
-        let spec_key = inner.layout.pool_spec_key(name);
-        let data = KeyRange::prefix(inner.layout.pool_data_prefix(name));
+        let l = &inner.layout;
+        let spec_key = l.pool_spec_key(name);
+        // The pool's own records: bindings, references, holder fence records. Only these go
+        // with the pool; another deployment whose prefix is `P/data/<name>` keeps its records
+        // under `P/data/<name>/pools/` and `…/data/` (issue 9, item 9), never deleted: the txn
+        // refuses while they exist.
+        let own =
+            [l.id_prefix(name), l.key_prefix(name), l.refs_prefix(name), l.holders_prefix(name)]
+                .map(KeyRange::prefix);
+        let nested = l.nested_in_pool_ranges(name);
+        let count = |r: &KeyRange| TxnOp::get(GetRequest::new(r.clone()).count_only());
         // One txn either way, so a delete is atomic against binds: every bind compares the spec's
         // create revision, so a bind after the delete fails, and (without force) a bind committed
-        // before it makes a compared range non-empty. Holder fence records go with the pool.
-        let mut txn = TxnRequest::new()
-            .and_then([TxnOp::delete(spec_key.clone()), TxnOp::delete_range(data)]);
+        // before it makes a compared range non-empty.
+        let mut compares: Vec<Compare> = nested.iter().cloned().map(Compare::range_empty).collect();
+        let mut counts: Vec<TxnOp> = nested.iter().map(count).collect();
         if !force {
-            let l = &inner.layout;
-            let ranges =
-                [l.id_prefix(name), l.key_prefix(name), l.refs_prefix(name)].map(KeyRange::prefix);
-            txn = txn
-                .when(ranges.iter().cloned().map(Compare::range_empty))
-                .or_else(ranges.map(|r| TxnOp::get(GetRequest::new(r).count_only())));
+            compares.extend(own[..3].iter().cloned().map(Compare::range_empty));
+            counts.extend(own[..3].iter().map(count));
         }
+        let txn = TxnRequest::new()
+            .when(compares)
+            .and_then([TxnOp::delete(spec_key.clone())])
+            .and_then(own.iter().cloned().map(TxnOp::delete_range))
+            .or_else(counts);
         let resp = inner.req.txn(txn).await?;
         if !resp.succeeded {
-            let records: i64 = resp
-                .responses
-                .iter()
-                .map(|r| match r {
-                    OpResponse::Get(g) => g.count,
-                    _ => 0,
-                })
-                .sum();
+            let count_at = |i: usize| match resp.responses.get(i) {
+                Some(OpResponse::Get(g)) => g.count,
+                _ => 0,
+            };
+            let foreign = count_at(0) + count_at(1);
+            if foreign > 0 {
+                let data = String::from_utf8_lossy(&l.pool_data_prefix(name)).into_owned();
+                return Err(Error::invalid(
+                    "pool to delete",
+                    name,
+                    format!(
+                        "{data} holds {foreign} records of another idalloc deployment (one whose \
+                         prefix is {} lies inside this one's); refusing to delete them: move that \
+                         deployment to a prefix outside {:?} first",
+                        data.trim_end_matches('/'),
+                        l.prefix()
+                    ),
+                ));
+            }
+            let records: i64 = (2..5).map(count_at).sum();
             return Err(Error::invalid(
                 "pool to delete",
                 name,

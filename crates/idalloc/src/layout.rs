@@ -126,6 +126,43 @@ impl Layout {
         format!("{}/data/{pool}/ref/", self.prefix).into_bytes()
     }
 
+    /// Every proper ancestor of the prefix at a `/` boundary (`a` and `a/b` for `a/b/c`): the
+    /// prefixes of deployments this one would lie inside (issue 9, item 9).
+    pub fn ancestor_prefixes(&self) -> Vec<String> {
+        self.prefix
+            .match_indices('/')
+            .map(|(i, _)| &self.prefix[..i])
+            .filter(|q| !q.is_empty())
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The ranges under `P/` that no record of this deployment lies in (everything but `P/pools/`
+    /// and `P/data/`): a record there belongs to a deployment nested inside this one, or to
+    /// another tool.
+    pub fn foreign_ranges(&self) -> Vec<crate::store::KeyRange> {
+        use crate::store::{prefix_end, KeyRange};
+        let root = format!("{}/", self.prefix).into_bytes();
+        let data = format!("{}/data/", self.prefix).into_bytes();
+        let pools = self.pools_prefix();
+        // `data/` sorts before `pools/`.
+        vec![
+            KeyRange::range(root.clone(), data.clone()),
+            KeyRange::range(prefix_end(&data), pools.clone()),
+            KeyRange::range(prefix_end(&pools), prefix_end(&root)),
+        ]
+    }
+
+    /// Where another deployment nested at `P/data/<pool>` (a prefix inside this pool's data)
+    /// keeps its records: its `pools/` and `data/`. Deleting the pool must not delete them.
+    pub fn nested_in_pool_ranges(&self, pool: &str) -> [crate::store::KeyRange; 2] {
+        use crate::store::KeyRange;
+        [
+            KeyRange::prefix(format!("{}/data/{pool}/pools/", self.prefix).into_bytes()),
+            KeyRange::prefix(format!("{}/data/{pool}/data/", self.prefix).into_bytes()),
+        ]
+    }
+
     /// `P/data/p/holder/<enc(h)>`: holder `h`'s fence record in pool `p`. Its mod revision is
     /// bumped by releases of `h`, and every create or join of `h` requires it unchanged since a
     /// revision `h` had seen before sending, so a bind that the store applies late (after `h`
@@ -415,6 +452,31 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         }
+    }
+
+    #[test]
+    fn nesting_ranges() {
+        let l = Layout::new("pa/data/vni").unwrap();
+        assert_eq!(l.ancestor_prefixes(), ["pa", "pa/data"]);
+        assert_eq!(Layout::new("/registry/ids").unwrap().ancestor_prefixes(), ["/registry"]);
+        assert!(Layout::default().ancestor_prefixes().is_empty());
+        // Foreign ranges cover every name under P/ except P's own pools/ and data/.
+        let a = Layout::new("pa").unwrap();
+        let foreign = a.foreign_ranges();
+        let in_foreign = |k: &[u8]| foreign.iter().any(|r| r.contains(k));
+        for own in [a.pool_spec_key("vni"), a.id_key("vni", 1), a.ref_key("x", "k", "h")] {
+            assert!(!in_foreign(&own), "{:?}", String::from_utf8_lossy(&own));
+        }
+        for other in [&b"pa/b/pools/x"[..], b"pa/a", b"pa/datax/1", b"pa/pools0", b"pa/zzz", b"pa/"]
+        {
+            assert!(in_foreign(other), "{:?}", String::from_utf8_lossy(other));
+        }
+        assert!(!in_foreign(b"pb/pools/x") && !in_foreign(b"pa0"));
+        // B at pa/data/vni keeps its specs and data where A's pool vni's nested ranges are.
+        let b = Layout::new("pa/data/vni").unwrap();
+        let [np, nd] = a.nested_in_pool_ranges("vni");
+        assert!(np.contains(&b.pool_spec_key("x")) && nd.contains(&b.id_key("x", 1)));
+        assert!(!np.contains(&a.id_key("vni", 1)) && !nd.contains(&a.key_key("vni", "data")));
     }
 
     #[test]

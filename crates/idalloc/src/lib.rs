@@ -51,6 +51,7 @@
 //! - [`pool`], [`layout`], [`idset`], [`protocol`], [`cache`]: pure code — specs and validation,
 //!   store keys, free-ID choice, which txn to send and what its answer means, the watch-fed view.
 //! - [`records`]: the one parser of a pool's raw records (typed snapshot, spec records).
+//! - [`audit`] (pure: invariants and safe repairs) and [`check`] (its I/O): the `check` audit.
 //! - [`allocator`]: the async driver, in parts that each do one job (`src/allocator/`):
 //!   `request` (the one request path: timeout, retries with one [`RetryPolicy`] backoff, the
 //!   quarantine lease), `session` (lease, keep-alive, loss), `registry` (the shared state and the
@@ -83,9 +84,11 @@
 #![forbid(unsafe_code)]
 
 pub mod allocator;
+pub mod audit;
 pub mod batch;
 pub mod bindings;
 pub mod cache;
+pub mod check;
 pub mod client_session;
 pub mod error;
 mod feed;

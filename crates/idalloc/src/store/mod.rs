@@ -594,6 +594,27 @@ pub async fn list_all_with_progress<S: Store + ?Sized>(
     store: &S,
     range: &KeyRange,
     page: i64,
+    on_page: impl FnMut(usize),
+) -> StoreResult<(Vec<KeyValue>, Revision)> {
+    list_pages(store, range, page, 0, on_page).await
+}
+
+/// [`list_all`] as of `revision` (0: the current one), so several ranges can be read at the
+/// same revision (the `check` audit).
+pub async fn list_all_at<S: Store + ?Sized>(
+    store: &S,
+    range: &KeyRange,
+    page: i64,
+    revision: Revision,
+) -> StoreResult<(Vec<KeyValue>, Revision)> {
+    list_pages(store, range, page, revision, |_| {}).await
+}
+
+async fn list_pages<S: Store + ?Sized>(
+    store: &S,
+    range: &KeyRange,
+    page: i64,
+    revision: Revision,
     mut on_page: impl FnMut(usize),
 ) -> StoreResult<(Vec<KeyValue>, Revision)> {
     let page = page.max(1);
@@ -601,7 +622,7 @@ pub async fn list_all_with_progress<S: Store + ?Sized>(
     let mut limit = page;
     let mut largest = 0usize;
     let mut start = range.key.clone();
-    let mut pinned = 0;
+    let mut pinned = revision;
     loop {
         let req = if out.is_empty() && pinned == 0 {
             GetRequest::new(range.clone()).with_limit(limit)
