@@ -95,16 +95,21 @@ impl Inner {
                 }
                 let decision = {
                     let cache = pool.lock_cache();
-                    let key = s.key;
+                    let (key, key_rec) = (s.key, s.key_rec);
                     decide(
                         key,
                         s.key_rec,
                         |id| match s.observed.get(&id) {
                             Some(rec) => Some(rec.clone()),
-                            // As in `bind`: only a record read from the store proves an ID is
-                            // another key's.
+                            // As in `bind`: only a record read from the store proves that the
+                            // ID the key record points at is another key's (that moves the key).
+                            // Without a key record the only ID asked about is the preferred one,
+                            // and a cache showing it taken just means a normal pick instead of a
+                            // txn that would fail: skipping a hint is always safe.
                             None => match cache.record(id) {
-                                Some(rec) if rec.key() == key => Some(Some(rec)),
+                                Some(rec) if rec.key() == key || key_rec.is_none() => {
+                                    Some(Some(rec))
+                                }
                                 _ => None,
                             },
                         },
