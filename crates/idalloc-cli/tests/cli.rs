@@ -888,7 +888,14 @@ fn check_finds_and_repairs(t: &Target) {
     for free in ["60", "61", "63", "500"] {
         t.run(&["lookup", "t", free]).fails(3);
     }
-    assert_eq!(t.run(&["get", "t", "res"]).id(), 50, "a holder's ID is never taken by a repair");
+    // The repair left the held binding on reserved ID 50 for a person (it never takes a holder's
+    // ID), and a key record naming an ID the pool never hands out is refused, not returned (issue 9
+    // item 7): `get` fails naming the ID and pointing at `check`; the records are untouched.
+    let r = t.run(&["get", "t", "res"]);
+    assert_eq!(r.code, 1, "{r:?}");
+    assert!(r.stderr.contains("names ID 50") && r.stderr.contains("idalloc check"), "{r:?}");
+    let r = t.run(&["check", "t"]);
+    assert!(r.stdout.contains("ID 50 of key \"res\" is reserved"), "{r:?}");
     // A second repair finds nothing more it may fix.
     let j = t.run(&["--json", "check", "--repair"]).json();
     assert!(j["repairs"].as_array().unwrap().iter().all(|r| r["action"].is_null()), "{j}");
