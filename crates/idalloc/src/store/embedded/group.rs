@@ -25,7 +25,7 @@
 //! while callers wait for the disk, which a thread unknown to tokio would not.
 
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -98,8 +98,12 @@ impl Writer {
             !std::mem::replace(&mut q.writing, true)
         };
         if start {
-            let task =
-                Serve { shared: shared.clone(), queue: self.queue.clone(), keep, done: false };
+            let task = Serve {
+                shared: Arc::downgrade(shared),
+                queue: self.queue.clone(),
+                keep,
+                done: false,
+            };
             match tokio::runtime::Handle::try_current() {
                 // Detached: it answers through the oneshots.
                 Ok(rt) => drop(rt.spawn_blocking(move || task.run())),
@@ -113,8 +117,12 @@ impl Writer {
 /// A writer about to start. If it is dropped without having served the queue empty (its runtime
 /// shut down before the blocking task started, or the task panicked), it fails what is queued
 /// and lets the next caller start a writer, so no caller waits forever.
+///
+/// It holds the store's state weakly and lets go of it before it answers a group: once the last
+/// caller has its answer and drops the store, the file is closed at once, not whenever this
+/// blocking task gets round to ending (a reopen right after a drop found the file still locked).
 struct Serve {
-    shared: Arc<Shared>,
+    shared: Weak<Shared>,
     queue: Arc<Mutex<Queue>>,
     keep: i64,
     done: bool,
@@ -122,10 +130,9 @@ struct Serve {
 
 impl Serve {
     fn run(mut self) {
-        serve(&self.shared, self.keep, &self.queue);
-        // The queue was empty and `writing` cleared; a caller may since have started another
-        // writer, which `drop` must leave alone.
-        self.done = true;
+        // True: the queue was empty and `writing` cleared; a caller may since have started
+        // another writer, which `drop` must leave alone.
+        self.done = serve(&self.shared, self.keep, &self.queue);
     }
 }
 
@@ -141,9 +148,11 @@ impl Drop for Serve {
     }
 }
 
-/// Serves groups until the queue is empty.
-fn serve(shared: &Shared, keep: i64, queue: &Mutex<Queue>) {
+/// Serves groups until the queue is empty (true), or until the store is gone (false: then
+/// `Serve::drop` fails what queued, which only callers that stopped waiting can have left).
+fn serve(shared: &Weak<Shared>, keep: i64, queue: &Mutex<Queue>) -> bool {
     loop {
+        let Some(shared) = shared.upgrade() else { return false };
         let mut core = shared.lock();
         // Taken under the state lock: everything that queued while the previous group was being
         // written (or while a reader held the lock) joins this group.
@@ -151,7 +160,7 @@ fn serve(shared: &Shared, keep: i64, queue: &Mutex<Queue>) {
             let mut q = lock(queue);
             if q.jobs.is_empty() {
                 q.writing = false;
-                return;
+                return true;
             }
             let mut bytes = 0;
             let mut n = 0;
@@ -166,6 +175,7 @@ fn serve(shared: &Shared, keep: i64, queue: &Mutex<Queue>) {
         if moved {
             shared.wake.send_replace(());
         }
+        drop(shared);
         for (job, result) in jobs.into_iter().zip(results) {
             // The caller may have given up waiting; its txn is committed all the same (as on
             // etcd, where a request whose response is lost may have taken effect).
@@ -192,8 +202,9 @@ mod tests {
             q.jobs.push_back(job);
             q.writing = true;
         }
+        let shared = Shared::new(Mvcc::new(), None);
         let task = Serve {
-            shared: Shared::new(Mvcc::new(), None),
+            shared: Arc::downgrade(&shared),
             queue: writer.queue.clone(),
             keep: 0,
             done: false,

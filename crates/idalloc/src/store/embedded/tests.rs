@@ -233,6 +233,23 @@ async fn reopen_restores_keys_revision_history_compaction_and_leases() {
     assert_eq!(s.get(GetRequest::key("a")).await.unwrap().revision, 7);
 }
 
+/// Dropping the last handle closes the file at once: another open of the file right after (here
+/// redb's own, which does not wait) finds it free. The group-commit task used to hold the state
+/// until it ended, after answering, and a reopen sometimes found the file still locked.
+#[tokio::test]
+async fn dropping_the_last_handle_frees_the_file_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    for round in 0..200 {
+        let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+        s.txn(TxnRequest::new().and_then([TxnOp::put("k", "v")])).await.unwrap();
+        drop(s);
+        if let Err(e) = file::set_format_version(&path, file::FORMAT_VERSION) {
+            panic!("round {round}: the file was still open after the store was dropped: {e}");
+        }
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn leases_resume_with_remaining_time_and_expired_ones_go_at_open() {
     let dir = tempfile::tempdir().unwrap();
