@@ -432,6 +432,10 @@ impl Inner {
                     if bump.is_some() && !durable {
                         lock(&pool.doubt).remove(s.key);
                     }
+                    if out.reclaimed && pool.spec.reuse_delay_duration().is_zero() {
+                        // As in `release_ref`: our own committed write frees the ID locally.
+                        pool.lock_cache().freed_by_own_write(s.id, out.revision);
+                    }
                     let first = s.held.is_none();
                     let had_ref = *s.held.get_or_insert(out.had_ref);
                     match out.key_now {

@@ -52,6 +52,8 @@ pub(crate) struct PoolState {
     /// Asks the pool's follower to re-list (resync, pool deleted).
     pub(crate) relist: Arc<crate::feed::Relist>,
     pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
+    /// Coalescing of concurrent single-key acquires and releases (see `coalesce`).
+    pub(super) lanes: super::coalesce::Lanes,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -177,6 +177,7 @@ impl Inner {
             quarantine: tokio::sync::Mutex::new(None),
             relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),
+            lanes: Default::default(),
         });
         pools.insert(state.spec.name().to_string(), state.clone());
         drop(pools);
