@@ -72,6 +72,7 @@ on_memory_and_etcd!(
     pool_deleted_mid_batch_stops_the_rest,
     restart_restores_held_keys_with_their_ids_in_one_pass,
     concurrent_single_calls_share_round_trips,
+    lost_session_re_references_held_keys_in_batches,
 );
 
 fn alloc(store: Arc<dyn Store>, l: &Layout, holder: &str) -> Allocator {
@@ -508,4 +509,43 @@ async fn cancelled_coalesced_callers_leave_nothing_and_others_finish() {
     assert_eq!(counted.counts().total(), 1, "lone acquire");
     check_g1_in(&*raw, &l, "p").await;
     a.close().await.expect("close");
+}
+
+/// A lost session lease (revoked behind the process's back: every leased reference is gone) is
+/// replaced, and every held key is re-referenced with its ID in batched passes: one new lease and
+/// three txns for 250 keys (batches of at most 100), not 250 txns.
+async fn lost_session_re_references_held_keys_in_batches(backend: Backend) {
+    with_store!(backend, |store, l| {
+        let raw: Arc<dyn Store> = Arc::new(store);
+        let counted = Arc::new(CountingStore::new(raw.clone()));
+        let a = alloc(counted.clone(), &l, "a");
+        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+        let ks = keys("h", 250);
+        let ids: Vec<u64> =
+            p.acquire_many(&ks).await.into_iter().map(|r| r.expect("acquired").id).collect();
+        assert_eq!(count_refs_in(&*raw, &l, "p").await, 250);
+        let lease = a.session_lease().await.expect("session");
+        counted.reset();
+        assert!(raw.lease_revoke(lease).await.expect("revoke behind its back"));
+        assert_eq!(count_refs_in(&*raw, &l, "p").await, 0);
+
+        // The keep-alive notices within TTL/3; the repair re-references everything.
+        let (raw2, l2) = (raw.clone(), l.clone());
+        wait_until_async(move || {
+            let (raw, l) = (raw2.clone(), l2.clone());
+            async move { count_refs_in(&*raw, &l, "p").await == 250 }
+        })
+        .await;
+        for (k, id) in ks.iter().zip(&ids) {
+            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k} kept its ID");
+            assert_eq!(p.get(k), Some(*id));
+        }
+        let n = counted.counts();
+        assert_eq!(n.lease_grant, 1, "one new session lease");
+        assert_eq!(n.txn, 3, "250 held keys re-referenced in 3 batched txns: {n:?}");
+        assert!(n.lease_keep_alive >= 1, "the keep-alive found the lease gone: {n:?}");
+        assert_ne!(a.session_lease().await, Some(lease));
+        check_g1_in(&*raw, &l, "p").await;
+        a.close().await.expect("close");
+    })
 }

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
+use super::batch::Hints;
 use super::pool_state::{lock, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
@@ -177,7 +178,7 @@ impl Flight {
                     _ => {
                         let keys: Vec<(&str, Option<u64>)> =
                             jobs.iter().map(|j| (j.key.as_str(), None)).collect();
-                        inner.bind_many(&pool, &keys, &holder, true).await
+                        inner.bind_many(&pool, &keys, &holder, true, Hints::Lenient).await
                     }
                 };
                 for (job, r) in jobs.into_iter().zip(results) {
