@@ -198,6 +198,7 @@ impl Inner {
             quarantine: tokio::sync::Mutex::new(None),
             relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),
+            lanes: Default::default(),
             retired: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
         });
