@@ -204,6 +204,7 @@ impl Inner {
         });
         pools.insert(state.spec.name().to_string(), state.clone());
         drop(pools);
+        crate::metrics::pool_opened(state.spec.name());
         let task = tokio::spawn(crate::sync::run(
             Arc::downgrade(&self.req),
             self.layout.clone(),
