@@ -144,30 +144,7 @@ fn log(msg: &str) {
 /// Runs every scenario of `cfg`; failures of one contender are recorded, not fatal.
 pub async fn run(cfg: &Config) -> Report {
     let t0 = Instant::now();
-    let mut r = Report {
-        quick: cfg.quick,
-        date: stats::utc_now(),
-        cores: stats::cores(),
-        cpu: stats::cpu_model(),
-        etcd: stats::etcd_version(),
-        load_before: stats::load_average(),
-        load_after: String::new(),
-        wall_secs: 0.0,
-        new_keys: Vec::new(),
-        bound: Vec::new(),
-        release: Vec::new(),
-        existing: Vec::new(),
-        overlap: Vec::new(),
-        micro: Micro::default(),
-        sync: Err("not run".into()),
-        embedded: Vec::new(),
-        cli: Vec::new(),
-        cli_release: Vec::new(),
-        batched_ceiling: None,
-        restore: None,
-        remote: None,
-        config: Some(cfg.clone()),
-    };
+    let mut r = run_nothing(cfg);
 
     for &c in &cfg.concurrency {
         for kind in Kind::ALL {
@@ -239,6 +216,69 @@ pub async fn run(cfg: &Config) -> Report {
     r.load_after = stats::load_average();
     r.wall_secs = t0.elapsed().as_secs_f64();
     r
+}
+
+/// Issue 14's scenarios alone, in one run: new keys at concurrency 64 (idalloc, whose concurrent
+/// single-key acquires are coalesced, and the one-key-per-txn etcd ceiling), the file store at 1
+/// and 64 tasks, `acquire --from` / `release --from` on the file store and etcd, the batched etcd
+/// ceiling and restart restoration. [`Report::batching_markdown`] writes it up.
+pub async fn run_batching(cfg: &Config) -> Report {
+    let t0 = Instant::now();
+    let mut r = run_nothing(cfg);
+    for kind in [Kind::Idalloc, Kind::Ceiling] {
+        log(&format!("new keys, concurrency 64: {}", kind.name()));
+        r.new_keys.push((64, kind, scenarios::new_keys(kind, 64, cfg.run).await));
+    }
+    match tempfile::tempdir() {
+        Ok(dir) => {
+            for c in [1, 64] {
+                log(&format!("file store, {c} tasks"));
+                r.embedded.push((
+                    "file (redb, fsync per commit)".into(),
+                    c,
+                    scenarios::embedded(Some(dir.path()), c, cfg.run).await,
+                ));
+            }
+            log("CLI");
+            (r.cli, r.cli_release) = cli(cfg, dir.path()).await;
+        }
+        Err(e) => r.embedded.push(("file".into(), 1, Err(format!("no temp dir: {e}")))),
+    }
+    log("batched etcd ceiling");
+    r.batched_ceiling = Some((cfg.cli_keys, batched::batched_ceiling(cfg.cli_keys, 64).await));
+    log("restart restoration");
+    r.restore = Some((cfg.restore_keys, batched::restore(cfg.restore_keys).await));
+    r.load_after = stats::load_average();
+    r.wall_secs = t0.elapsed().as_secs_f64();
+    r
+}
+
+/// An empty report of `cfg`'s machine and moment.
+fn run_nothing(cfg: &Config) -> Report {
+    Report {
+        quick: cfg.quick,
+        date: stats::utc_now(),
+        cores: stats::cores(),
+        cpu: stats::cpu_model(),
+        etcd: stats::etcd_version(),
+        load_before: stats::load_average(),
+        load_after: String::new(),
+        wall_secs: 0.0,
+        new_keys: Vec::new(),
+        bound: Vec::new(),
+        release: Vec::new(),
+        existing: Vec::new(),
+        overlap: Vec::new(),
+        micro: Micro::default(),
+        sync: Err("not run".into()),
+        embedded: Vec::new(),
+        cli: Vec::new(),
+        cli_release: Vec::new(),
+        batched_ceiling: None,
+        restore: None,
+        remote: None,
+        config: Some(cfg.clone()),
+    }
 }
 
 /// Bound on one CLI run.

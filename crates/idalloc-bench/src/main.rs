@@ -9,13 +9,14 @@ use std::path::PathBuf;
 use idalloc_bench::{run, Config};
 
 fn usage(msg: &str) -> String {
-    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
+    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --batching-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), String> {
     let mut quick = false;
     let mut remote_only = false;
+    let mut batching_only = false;
     let mut out = PathBuf::from("docs/benchmarks.md");
     let mut cli: Option<PathBuf> = std::env::var_os("IDALLOC_CLI").map(PathBuf::from);
     let mut args = std::env::args().skip(1);
@@ -34,6 +35,8 @@ async fn main() -> Result<(), String> {
             }
             // Remote-view figures alone (issue 13), written to --out.
             "--remote-only" => remote_only = true,
+            // Issue 14's scenarios alone (batching, coalescing, restoration), written to --out.
+            "--batching-only" => batching_only = true,
             // idalloc on the embedded stores alone (file at 1 and 64 tasks, memory at 64), printed:
             // for before/after comparisons of the embedded store (docs/store-benchmarks.md).
             "--embedded-only" => {
@@ -83,6 +86,16 @@ async fn main() -> Result<(), String> {
         return if f.errors.is_empty() { Ok(()) } else { Err(f.errors.join("; ")) };
     }
     cfg.cli = cli.or_else(|| Some(PathBuf::from("target/release/idalloc")));
+    if batching_only {
+        let report = idalloc_bench::run_batching(&cfg).await;
+        std::fs::write(&out, report.batching_markdown())
+            .map_err(|e| format!("writing {}: {e}", out.display()))?;
+        for t in report.batching_targets() {
+            println!("{t}");
+        }
+        println!("wrote {} in {:.0} s", out.display(), report.wall_secs);
+        return Ok(());
+    }
     let report = run(&cfg).await;
     let svg = out.with_extension("svg");
     let svg_name =
