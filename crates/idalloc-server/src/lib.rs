@@ -467,6 +467,59 @@ mod tests {
         out
     }
 
+    /// Every `$ref` of the document names something it defines.
+    fn refs(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(o) => {
+                for (k, x) in o {
+                    match (k.as_str(), x.as_str()) {
+                        ("$ref", Some(r)) => out.push(r.to_string()),
+                        _ => refs(x, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_openapi_document_resolves_its_refs_and_states_each_routes_scope() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("valid JSON");
+        let mut found = Vec::new();
+        refs(&doc, &mut found);
+        assert!(found.len() > 40, "{found:?}");
+        for r in &found {
+            let ptr = r.strip_prefix('#').expect("local ref");
+            assert!(doc.pointer(ptr).is_some(), "{r} does not resolve");
+        }
+        assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+        for (path, ops) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in ops.as_object().expect("operations") {
+                let m = axum::http::Method::from_bytes(method.to_uppercase().as_bytes())
+                    .expect("method");
+                let route = path.replace("{key}", "{*key}");
+                let access = auth::classify(&m, &route).expect("classified");
+                let responses = &op["responses"];
+                match access {
+                    auth::Access::Open => {
+                        assert_eq!(op["security"], serde_json::json!([]), "{method} {path}");
+                        assert!(responses.get("401").is_none(), "{method} {path}");
+                    }
+                    auth::Access::Needs(scope) => {
+                        assert_eq!(op["x-scope"], scope.as_str(), "{method} {path}");
+                        assert!(responses.get("401").is_some(), "{method} {path}: no 401");
+                        assert_eq!(
+                            responses.get("403").is_some(),
+                            scope > auth::Scope::Read,
+                            "{method} {path}: 403 listed iff a lower scope exists"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn every_route_has_an_access_decision() {
         let src = include_str!("lib.rs");
