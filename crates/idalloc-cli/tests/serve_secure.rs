@@ -440,8 +440,7 @@ fn tokens_scope_every_endpoint_class_scope_holders_and_sessions_and_never_reach_
     assert_eq!(req("GET", "/v1/pools/p", Some(&tk.reader), None).status, 200);
     assert_eq!(req("PUT", &keepalive, Some(&tk.worker), None).status, 200);
 
-    let everything: Vec<&Case> =
-        read.iter().chain(&allocate_all).chain(&admin).collect();
+    let everything: Vec<&Case> = read.iter().chain(&allocate_all).chain(&admin).collect();
     let bogus = format!("{}x", tk.boss);
     for (m, p, b) in everything {
         for (t, invalid) in [(None, false), (Some(bogus.as_str()), true)] {
