@@ -51,7 +51,7 @@ fn key_record_value(pool: &PoolState, key: &str, value: Option<&[u8]>) -> Result
 }
 
 /// Refuses a key record naming an ID the pool never hands out (see [`protocol::id_is_allocatable`]).
-fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
+pub(super) fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
     if protocol::id_is_allocatable(&pool.spec, id) {
         return Ok(());
     }
