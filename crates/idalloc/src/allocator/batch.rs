@@ -258,6 +258,14 @@ impl Inner {
                             }
                             s.key_rec = obs.key_rec;
                             s.key_rec_read = true;
+                            if let Some(x) = s.key_rec {
+                                // As in `bind`: a key record naming an ID the pool never hands
+                                // out is refused, never joined (found by the simulation's
+                                // tampering step: a batched acquire bound and returned it).
+                                if let Err(e) = super::bind::check_key_record(pool, s.key, x) {
+                                    s.result = Some(Err(self.unless_pool_gone(pool, e).await));
+                                }
+                            }
                         }
                     }
                 }
