@@ -10,6 +10,7 @@
 
 mod batch;
 mod bind;
+mod coalesce;
 mod events;
 mod handle;
 pub(crate) mod pool_state;

@@ -198,11 +198,13 @@ impl Inner {
             quarantine: tokio::sync::Mutex::new(None),
             relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),
+            lanes: Default::default(),
             retired: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
         });
         pools.insert(state.spec.name().to_string(), state.clone());
         drop(pools);
+        crate::metrics::pool_opened(state.spec.name());
         let task = tokio::spawn(crate::sync::run(
             Arc::downgrade(&self.req),
             self.layout.clone(),

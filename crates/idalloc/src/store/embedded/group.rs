@@ -148,21 +148,26 @@ impl Drop for Serve {
     }
 }
 
+/// True, with `writing` cleared, if nothing is queued: the writer is done.
+fn queue_is_done(queue: &Mutex<Queue>) -> bool {
+    let mut q = lock(queue);
+    let done = q.jobs.is_empty();
+    if done {
+        q.writing = false;
+    }
+    done
+}
+
 /// Serves groups until the queue is empty (true), or until the store is gone (false: then
 /// `Serve::drop` fails what queued, which only callers that stopped waiting can have left).
 fn serve(shared: &Weak<Shared>, keep: i64, queue: &Mutex<Queue>) -> bool {
     loop {
-        // Done? Checked before taking the state again: once the last group is answered its
-        // caller may drop the store at once, and a strong reference taken here would then be the
-        // last one, closing the file only when this task lets go (a reopen right after the drop
-        // found the file locked, 1 run in ~3 of `dropping_the_last_handle_frees_the_file_at_once`
-        // under load). Only this writer takes jobs out, so a non-empty queue stays non-empty.
-        {
-            let mut q = lock(queue);
-            if q.jobs.is_empty() {
-                q.writing = false;
-                return true;
-            }
+        // The queue is looked at before the state is taken: a writer that took the state only to
+        // find nothing to do could be the last holder of a store its callers just dropped, and
+        // keep the file open after them. Only this writer removes jobs, so a job seen here is
+        // still there below.
+        if queue_is_done(queue) {
+            return true;
         }
         let Some(shared) = shared.upgrade() else { return false };
         let mut core = shared.lock();
@@ -170,10 +175,6 @@ fn serve(shared: &Weak<Shared>, keep: i64, queue: &Mutex<Queue>) -> bool {
         // written (or while a reader held the lock) joins this group.
         let jobs: Vec<Job> = {
             let mut q = lock(queue);
-            if q.jobs.is_empty() {
-                q.writing = false;
-                return true;
-            }
             let mut bytes = 0;
             let mut n = 0;
             while n < q.jobs.len() && n < MAX_GROUP_JOBS && bytes < MAX_GROUP_BYTES {
