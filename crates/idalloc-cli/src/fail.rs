@@ -57,6 +57,7 @@ impl From<Error> for Failure {
             Error::InvalidInput { .. } => USAGE,
             Error::PoolNotFound { .. } => NOT_FOUND,
             Error::RangeMismatch { .. }
+            | Error::PoolReplaced { .. }
             | Error::Exhausted { .. }
             | Error::Unavailable { .. }
             | Error::Conflict { .. }

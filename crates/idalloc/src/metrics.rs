@@ -129,7 +129,29 @@ pub fn describe() {
             metrics::Unit::Seconds,
             "Seconds since the remote view was last known to follow its remote (0 while synced)"
         );
+        // Counters of rare events exist at zero from the start (see `pool_opened`).
+        for kind in [SessionKind::Process, SessionKind::Client] {
+            counter!(SESSIONS_LOST, "session" => kind.label()).increment(0);
+            for result in ["ok", "lost", "error"] {
+                counter!(SESSION_RENEWALS, "session" => kind.label(), "result" => result)
+                    .increment(0);
+            }
+        }
     });
+}
+
+/// Creates a newly opened pool's counters of rare events at zero.
+///
+/// Why: Prometheus' `increase()` and `rate()` need two samples of a series, so a counter that
+/// first appears at 1 (the first conflict, the first reclaim) shows no increase and an alert on
+/// it never fires for that event. A series that exists at 0 from the pool's first use makes the
+/// first event count, and lets dashboards and alert rules name series that are always exported.
+pub(crate) fn pool_opened(pool: &str) {
+    counter!(CONFLICTS, "pool" => pool.to_string()).increment(0);
+    for by in ["release", "sweep"] {
+        counter!(RECLAIMS, "pool" => pool.to_string(), "by" => by).increment(0);
+    }
+    counter!(SWEEPS, "pool" => pool.to_string(), "outcome" => "ok").increment(0);
 }
 
 /// The outcome label of a result: `ok` or the error's kind.
@@ -235,6 +257,14 @@ pub(crate) fn remote_state(pool: &str, remote: &str, state: Option<&'static str>
 pub(crate) fn remote_bindings(pool: &str, remote: &str, n: usize) {
     gauge!(REMOTE_BINDINGS, "pool" => pool.to_string(), "remote" => remote.to_string())
         .set(n as f64);
+}
+
+/// Creates a new remote view's counters at zero (as `pool_opened` does for a pool: a series
+/// that first appears at 1 shows no `increase()`).
+pub(crate) fn remote_opened(pool: &str, remote: &str) {
+    counter!(REMOTE_DROPS, "pool" => pool.to_string(), "remote" => remote.to_string()).increment(0);
+    counter!(REMOTE_RECONNECTS, "pool" => pool.to_string(), "remote" => remote.to_string())
+        .increment(0);
 }
 
 /// Counts remote entries dropped by validation.

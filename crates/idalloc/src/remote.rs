@@ -426,6 +426,7 @@ impl RemoteView {
         };
         metrics::remote_state(&self.pool, &self.name, Some("syncing"));
         metrics::remote_bindings(&self.pool, &self.name, 0);
+        metrics::remote_opened(&self.pool, &self.name);
         // The spec record, followed apart: a pool deleted and re-created with another spec must
         // be noticed (its create revision changes), re-validated and re-listed. No probe: the
         // follower of `id/` records tells outages.

@@ -64,7 +64,7 @@ async fn remote_view_metrics_follow_state_bindings_drops_reconnects_and_sync_age
     assert_eq!(state("stale"), Some(0.0));
     assert_eq!(rec.gauge(REMOTE_BINDINGS, labels), Some(3.0));
     assert_eq!(rec.counter(REMOTE_DROPS, labels), Some(1), "the record outside b's space");
-    assert_eq!(rec.counter(REMOTE_RECONNECTS, labels).unwrap_or(0), 0);
+    assert_eq!(rec.counter(REMOTE_RECONNECTS, labels), Some(0), "exists at zero from the start");
     assert_eq!(rec.gauge(REMOTE_SYNC_AGE, labels), Some(0.0));
 
     // Cut b off: the view goes stale and the age of its last sync grows.
