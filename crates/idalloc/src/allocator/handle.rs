@@ -522,6 +522,10 @@ impl Pool {
     pub async fn sweep(&self) -> Result<crate::sweeper::SweepReport> {
         let f = crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false);
         let r = crate::metrics::timed(self.spec().name(), "sweep", f).await;
+        if let Err(e) = self.state.live() {
+            // Retired by this sweep: forget the state too, as a failed bind does.
+            self.inner.retire(&self.state, e);
+        }
         crate::metrics::swept(self.spec().name(), &r);
         if let Ok(report) = &r {
             crate::metrics::reclaimed(self.spec().name(), "sweep", report.reclaimed.len());
