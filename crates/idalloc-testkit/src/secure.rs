@@ -88,6 +88,8 @@ fn leaf(
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     }
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    // Strict verifiers (Python 3.13's default X.509 checks) want it on every non-root certificate.
+    params.use_authority_key_identifier_extension = true;
     if expired {
         params.not_before = rcgen::date_time_ymd(2000, 1, 1);
         params.not_after = rcgen::date_time_ymd(2001, 1, 1);
@@ -397,6 +399,36 @@ impl SecureEtcd {
         self.kill();
         self.spawn()?;
         self.wait_ready(self.spec.auth).await
+    }
+
+    /// The directory of its data, certificates and log (kept as evidence by failing tests).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Freezes etcd with SIGSTOP (a long GC pause, a hung VM): connections stay open, nothing is
+    /// answered. [`SecureEtcd::resume`] undoes it; a drop kills it anyway.
+    pub fn pause(&self) -> Result<(), String> {
+        self.signal("STOP")
+    }
+
+    /// Lets a paused etcd run again (SIGCONT).
+    pub fn resume(&self) -> Result<(), String> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, sig: &str) -> Result<(), String> {
+        let pid = self.child.as_ref().ok_or("etcd is not running")?.id();
+        let ok = Command::new("kill")
+            .args([format!("-{sig}"), pid.to_string()])
+            .status()
+            .map_err(|e| format!("cannot run kill: {e}"))?
+            .success();
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("kill -{sig} {pid} failed"))
+        }
     }
 
     /// Kills etcd by its PID and reaps it.

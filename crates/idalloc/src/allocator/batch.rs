@@ -274,8 +274,10 @@ impl Inner {
                             s.key_rec = obs.key_rec;
                             s.key_rec_read = true;
                             if let Some(x) = s.key_rec {
+                                // A stale handle (its pool re-created over another
+                                // range) retires instead of blaming the record.
                                 if let Err(e) = check_key_record(pool, s.key, x) {
-                                    s.result = Some(Err(e));
+                                    s.result = Some(Err(self.unless_pool_gone(pool, e).await));
                                 }
                             }
                         }

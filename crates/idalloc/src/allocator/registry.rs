@@ -160,7 +160,7 @@ impl Inner {
     ) -> Arc<PoolState> {
         let mut pools = lock(&self.pools);
         if let Some(p) = pools.get(spec.name()) {
-            if p.spec_rev == spec_rev {
+            if p.spec_rev == spec_rev && p.live().is_ok() {
                 return p.clone();
             }
             // The pool was deleted and re-created since: a fresh state for the new one, and the
@@ -190,7 +190,7 @@ impl Inner {
             key_locks: Mutex::new(HashMap::new()),
             events,
             mesh,
-            remotes: Mutex::new(std::collections::BTreeMap::new()),
+            remotes: std::sync::RwLock::default(),
             listed: AtomicBool::new(false),
             synced,
             applied,
