@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use tracing::{debug, warn};
 
-use super::bind::MAX_BIND_ATTEMPTS;
+use super::bind::{check_key_record, MAX_BIND_ATTEMPTS};
 use super::handle::Pool;
 use super::pool_state::{lock, Held, KeyGuard, PoolState};
 use super::registry::{protocol_error, Inner};
@@ -42,7 +42,8 @@ struct BindSlot<'a> {
     preferred: Option<u64>,
     key_rec: Option<u64>,
     key_rec_read: bool,
-    observed: HashMap<u64, Option<IdRecord>>,
+    /// ID records read from the store, with their mod revisions (0: absent).
+    observed: HashMap<u64, (Option<IdRecord>, crate::store::Revision)>,
     lost: u32,
     result: Option<Result<Acquired>>,
 }
@@ -57,6 +58,17 @@ struct ReleaseSlot<'a> {
     result: Option<Result<Released>>,
 }
 
+/// How far a batched bind trusts the cache about a key's preferred ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hints {
+    /// A preferred ID the cache shows taken is skipped for a normal pick (restart restoration:
+    /// skipping a hint is always safe, and it saves a failing txn).
+    Lenient,
+    /// Only a record read from the store moves a key off its preferred ID, as in [`Inner::bind`]
+    /// (re-referencing held keys: moving one means a `Conflict` for the application, G2).
+    Strict,
+}
+
 impl Inner {
     /// [`Inner::bind`] for many distinct keys at once (each with an optional preferred ID), with
     /// `holder`'s reference on the session lease (`leased`) or durable.
@@ -66,7 +78,11 @@ impl Inner {
         keys: &[(&str, Option<u64>)],
         holder: &str,
         leased: bool,
+        hints: Hints,
     ) -> Vec<Result<Acquired>> {
+        if let Err(e) = pool.live() {
+            return keys.iter().map(|_| Err(e.clone())).collect();
+        }
         if let Err(e) = self.wait_synced(pool).await {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
@@ -100,14 +116,17 @@ impl Inner {
                         key,
                         s.key_rec,
                         |id| match s.observed.get(&id) {
-                            Some(rec) => Some(rec.clone()),
+                            Some((rec, _)) => Some(rec.clone()),
                             // As in `bind`: only a record read from the store proves that the
                             // ID the key record points at is another key's (that moves the key).
                             // Without a key record the only ID asked about is the preferred one,
                             // and a cache showing it taken just means a normal pick instead of a
                             // txn that would fail: skipping a hint is always safe.
                             None => match cache.record(id) {
-                                Some(rec) if rec.key() == key || key_rec.is_none() => {
+                                Some(rec)
+                                    if rec.key() == key
+                                        || (key_rec.is_none() && hints == Hints::Lenient) =>
+                                {
                                     Some(Some(rec))
                                 }
                                 _ => None,
@@ -119,6 +138,8 @@ impl Inner {
                 match decision {
                     Decision::Send(plan) => plans.push((i, plan, false)),
                     Decision::NeedCandidate { expect_key, moved_from } => {
+                        let moved_from =
+                            super::bind::pinned(moved_from, |id| s.observed.get(&id).map(|o| o.1));
                         match self.pick_candidate(pool, s.lost) {
                             Ok(id) => plans.push((
                                 i,
@@ -246,12 +267,19 @@ impl Inner {
                                 s.lost += 1;
                             }
                             newest = newest.max(obs.records_revision);
-                            s.observed.insert(obs.id, obs.id_rec);
-                            if let Some((from, rec)) = obs.moved_from {
-                                s.observed.insert(from, rec);
+                            s.observed.insert(obs.id, (obs.id_rec, obs.records_revision));
+                            if let Some((from, rec, rev)) = obs.moved_from {
+                                s.observed.insert(from, (rec, rev));
                             }
                             s.key_rec = obs.key_rec;
                             s.key_rec_read = true;
+                            if let Some(x) = s.key_rec {
+                                // A stale handle (its pool re-created over another
+                                // range) retires instead of blaming the record.
+                                if let Err(e) = check_key_record(pool, s.key, x) {
+                                    s.result = Some(Err(self.unless_pool_gone(pool, e).await));
+                                }
+                            }
                         }
                     }
                 }
@@ -432,6 +460,10 @@ impl Inner {
                     if bump.is_some() && !durable {
                         lock(&pool.doubt).remove(s.key);
                     }
+                    if out.reclaimed && pool.spec.reuse_delay_duration().is_zero() {
+                        // As in `release_ref`: our own committed write frees the ID locally.
+                        pool.lock_cache().freed_by_own_write(s.id, out.revision);
+                    }
                     let first = s.held.is_none();
                     let had_ref = *s.held.get_or_insert(out.had_ref);
                     match out.key_now {
@@ -567,7 +599,8 @@ impl Pool {
             }
             let holder = self.inner.holder.clone();
             let args: Vec<(&str, Option<u64>)> = to_bind.iter().map(|(_, a)| *a).collect();
-            let results = self.inner.bind_many(&self.state, &args, &holder, true).await;
+            let results =
+                self.inner.bind_many(&self.state, &args, &holder, true, Hints::Lenient).await;
             for ((d, (key, _)), r) in to_bind.into_iter().zip(results) {
                 match &r {
                     Ok(a) => {
@@ -602,7 +635,8 @@ impl Pool {
         self.many(&names, |distinct, at| async move {
             let _guards = self.lock_keys(&distinct).await;
             let args: Vec<(&str, Option<u64>)> = distinct.iter().map(|k| (*k, None)).collect();
-            let results = self.inner.bind_many(&self.state, &args, holder, false).await;
+            let results =
+                self.inner.bind_many(&self.state, &args, holder, false, Hints::Lenient).await;
             spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
                 id: a.id,
                 new: false,

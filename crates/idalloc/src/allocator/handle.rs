@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tracing::warn;
 
+use super::coalesce::{self, Turn};
 use super::events::{ClusterEvents, Events};
 use super::pool_state::{lock, Held, PoolState};
 use super::registry::Inner;
@@ -41,6 +42,14 @@ impl Pool {
         &self.state.spec
     }
 
+    /// True once this handle's pool was found deleted or re-created: every operation on it then
+    /// fails (`PoolNotFound`, `RangeMismatch` or `PoolReplaced`) and its background work has
+    /// stopped; open the pool again with `Allocator::pool` (a long-lived cache of handles checks
+    /// this before reusing one).
+    pub fn is_retired(&self) -> bool {
+        self.state.live().is_err()
+    }
+
     /// The ID of `key`, with a reference of this process on its session lease (refcounted: each
     /// acquire needs one release). Round trips: 0 if this process already holds the key, else 1
     /// when uncontended (DESIGN §5).
@@ -58,11 +67,24 @@ impl Pool {
             match self.count_up(key) {
                 Some(a) => Ok(a),
                 None => {
-                    let holder = self.inner.holder.clone();
-                    let r = self
-                        .inner
-                        .bind(&self.state, key, Some(&holder), super::RefLease::Session, None)
-                        .await;
+                    let r = match coalesce::acquire_turn(&self.inner, &self.state, key) {
+                        Turn::Lead(flight) => {
+                            let holder = self.inner.holder.clone();
+                            let r = self
+                                .inner
+                                .bind(
+                                    &self.state,
+                                    key,
+                                    Some(&holder),
+                                    super::RefLease::Session,
+                                    None,
+                                )
+                                .await;
+                            drop(flight);
+                            r
+                        }
+                        Turn::Wait(answer) => answer.wait().await,
+                    };
                     match &r {
                         Ok(a) => {
                             lock(&self.state.held)
@@ -138,6 +160,7 @@ impl Pool {
 
     async fn release_untimed(&self, key: &str) -> Result<Released> {
         validate_key(key)?;
+        self.state.live()?;
         let _key = self.state.lock_key(key).await;
         {
             let last_id = {
@@ -158,8 +181,17 @@ impl Pool {
             match last_id {
                 Err(held) => Ok(Released { held, reclaimed: false }),
                 Ok(id) => {
-                    let holder = self.inner.holder.clone();
-                    match self.inner.release_ref(&self.state, key, id, &holder, false).await {
+                    let r = match coalesce::release_turn(&self.inner, &self.state, key, id) {
+                        Turn::Lead(flight) => {
+                            let holder = self.inner.holder.clone();
+                            let r =
+                                self.inner.release_ref(&self.state, key, id, &holder, false).await;
+                            drop(flight);
+                            r
+                        }
+                        Turn::Wait(answer) => answer.wait().await,
+                    };
+                    match r {
                         Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
                         Err(Error::Unavailable { reason }) => {
                             // The store may or may not have applied the release. Restoring the
@@ -206,6 +238,7 @@ impl Pool {
     async fn release_durable_untimed(&self, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
         validate_holder(holder)?;
+        self.state.live()?;
         let _key = self.state.lock_key(key).await;
         async {
             let id =
@@ -489,6 +522,10 @@ impl Pool {
     pub async fn sweep(&self) -> Result<crate::sweeper::SweepReport> {
         let f = crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false);
         let r = crate::metrics::timed(self.spec().name(), "sweep", f).await;
+        if let Err(e) = self.state.live() {
+            // Retired by this sweep: forget the state too, as a failed bind does.
+            self.inner.retire(&self.state, e);
+        }
         crate::metrics::swept(self.spec().name(), &r);
         if let Ok(report) = &r {
             crate::metrics::reclaimed(self.spec().name(), "sweep", report.reclaimed.len());
