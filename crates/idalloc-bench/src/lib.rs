@@ -10,6 +10,7 @@
 pub mod cilium;
 pub mod contender;
 pub mod contiv;
+pub mod heap;
 pub mod micro;
 pub mod remote;
 pub mod report;

@@ -12,12 +12,17 @@ use std::path::PathBuf;
 
 use idalloc_bench::{run, Config};
 
+/// Counts heap bytes during memory measurements (`idalloc_bench::heap`).
+#[global_allocator]
+static HEAP: idalloc_bench::heap::Counting = idalloc_bench::heap::Counting;
+
 fn usage(msg: &str) -> String {
     format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
 }
 
 #[tokio::main(flavor = "multi_thread")]
 async fn main() -> Result<(), String> {
+    idalloc_bench::heap::installed();
     let mut quick = false;
     let mut remote_only = false;
     let mut serve_only = false;
