@@ -16,6 +16,7 @@ pub mod micro;
 pub mod remote;
 pub mod report;
 pub mod scenarios;
+pub mod serve;
 pub mod stats;
 
 use std::path::PathBuf;
