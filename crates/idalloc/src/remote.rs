@@ -26,7 +26,7 @@ use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
 use crate::cache::{Event, PoolCache};
-use crate::error::{Error, Result};
+use crate::error::{Error, Input, Result};
 use crate::feed::{self, FeedConfig, Gone, Relist, Sink};
 use crate::layout::{IdRecord, Layout};
 use crate::pool::{validate_key, PoolSpec};
@@ -137,6 +137,7 @@ pub fn check_overlap(name: &str, spec: &PoolSpec, others: &[(Cluster, (u64, u64)
     for (c, (olo, ohi)) in others {
         if lo <= *ohi && *olo <= hi {
             return Err(Error::invalid(
+                Input::Options,
                 "remote",
                 name,
                 format!(
@@ -224,10 +225,16 @@ pub(crate) fn screen_event(
 /// Checks a remote's name: like a pool name, and not `local`.
 pub fn validate_remote_name(name: &str) -> Result<()> {
     crate::pool::validate_pool_name(name).map_err(|_| {
-        Error::invalid_str("remote name", name, "[a-z0-9][a-z0-9._-]{0,62}, not \"local\"")
+        Error::invalid_str(
+            Input::Options,
+            "remote name",
+            name,
+            "[a-z0-9][a-z0-9._-]{0,62}, not \"local\"",
+        )
     })?;
     if name == "local" {
         return Err(Error::invalid_str(
+            Input::Options,
             "remote name",
             name,
             "\"local\" names this allocator's own store; pick another name",
@@ -481,7 +488,12 @@ pub(crate) async fn open(
     validate_remote_name(name)?;
     let layout = Layout::new(&opts.prefix)?;
     if opts.list_page < 1 {
-        return Err(Error::invalid("remote list page", opts.list_page.to_string(), "at least 1"));
+        return Err(Error::invalid(
+            Input::Options,
+            "remote list page",
+            opts.list_page.to_string(),
+            "at least 1",
+        ));
     }
     let pool = local.name();
     let key = layout.pool_spec_key(pool);
@@ -489,21 +501,29 @@ pub(crate) async fn open(
     let resp = match tokio::time::timeout(t, store.get(GetRequest::key(key))).await {
         Ok(Ok(r)) => r,
         Ok(Err(e)) => {
-            return Err(Error::Unavailable {
-                reason: format!("remote {name:?}: reading pool {pool:?}: {e}"),
+            return Err(match Error::from(e) {
+                Error::Unavailable { reason, retryable, source } => Error::Unavailable {
+                    reason: format!("remote {name:?}: reading pool {pool:?}: {reason}"),
+                    retryable,
+                    source,
+                },
+                other => other,
             })
         }
         Err(_) => {
-            return Err(Error::Unavailable {
-                reason: format!("remote {name:?}: reading pool {pool:?}: no answer within {t:?}"),
-            })
+            return Err(Error::unavailable(format!(
+                "remote {name:?}: reading pool {pool:?}: no answer within {t:?}"
+            )))
         }
     };
     let Some(kv) = resp.kvs.first() else {
         return Err(Error::PoolNotFound { pool: format!("{pool}\" in remote \"{name}") });
     };
-    let spec = PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
-        reason: format!("remote {name:?}: the spec of pool {pool:?} is unreadable: {e}"),
+    let spec = PoolSpec::from_json(&kv.value).map_err(|e| {
+        Error::corrupt(
+            format!("remote {name:?}: {}", String::from_utf8_lossy(&kv.key)),
+            format!("the spec of pool {pool:?} is unreadable: {e}"),
+        )
     })?;
     check_overlap(name, &spec, others)?;
     let (events, _) = broadcast::channel(opts.event_buffer.max(1));

@@ -112,9 +112,7 @@ pub(crate) async fn sweep(
                 sweep_txn(layout, name, batch, lease, Some(pool.spec_rev))
             })
             .await?;
-        let Some(done) = sweep_outcome(&resp, batch.len())
-            .map_err(|e| Error::Unavailable { reason: e.to_string() })?
-        else {
+        let Some(done) = sweep_outcome(&resp, batch.len()).map_err(Error::from)? else {
             return Err(Error::PoolNotFound { pool: name.to_string() });
         };
         for (o, ok) in batch.iter().zip(done) {

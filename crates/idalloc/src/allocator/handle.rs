@@ -12,7 +12,7 @@ use super::pool_state::{lock, Held, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
 use super::types::{Acquired, Binding, Released};
-use crate::error::{Error, Result};
+use crate::error::{Error, Input, Result};
 use crate::layout::IdRecord;
 use crate::pool::{validate_holder, validate_key, PoolSpec};
 use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool};
@@ -161,7 +161,7 @@ impl Pool {
                     let holder = self.inner.holder.clone();
                     match self.inner.release_ref(&self.state, key, id, &holder, false).await {
                         Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
-                        Err(Error::Unavailable { reason }) => {
+                        Err(Error::Unavailable { reason, retryable, source }) => {
                             // The store may or may not have applied the release. Restoring the
                             // local hold could claim a key whose reference is gone (and whose
                             // ID another key may take); keeping nothing could leak the
@@ -177,6 +177,8 @@ impl Pool {
                                 reason: format!(
                                     "{reason}; the release is completed in the background"
                                 ),
+                                retryable,
+                                source,
                             })
                         }
                         Err(e @ (Error::PoolNotFound { .. } | Error::RangeMismatch { .. })) => {
@@ -354,6 +356,7 @@ impl Pool {
         remote::validate_remote_name(name)?;
         if lock(&self.state.remotes).contains_key(name) {
             return Err(Error::invalid_str(
+                Input::Options,
                 "remote name",
                 name,
                 "this pool already has a remote view of that name; remove it first",
@@ -371,6 +374,7 @@ impl Pool {
         if clash {
             view.abort_tasks();
             return Err(Error::invalid_str(
+                Input::Options,
                 "remote name",
                 name,
                 "another remote view of this pool was added meanwhile with this name or an overlapping ID space",

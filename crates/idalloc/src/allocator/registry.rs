@@ -112,7 +112,7 @@ impl Inner {
             None => Ok(None),
             Some(kv) => crate::records::parse_spec(&self.layout, kv)
                 .map(|spec| Some((spec, kv.create_revision)))
-                .map_err(|p| Error::Unavailable { reason: format!("(not retryable) {p}") }),
+                .map_err(Error::from),
         }
     }
 
@@ -126,8 +126,11 @@ impl Inner {
                 Ok((spec.clone(), rev))
             }
             (Some(existing), rev) => {
-                let existing = PoolSpec::from_json(&existing).map_err(|e| Error::Unavailable {
-                    reason: format!("pool spec of {:?} is unreadable: {e}", spec.name()),
+                let existing = PoolSpec::from_json(&existing).map_err(|e| {
+                    Error::corrupt(
+                        String::from_utf8_lossy(&self.layout.pool_spec_key(spec.name())),
+                        format!("the spec of pool {:?} is unreadable: {e}", spec.name()),
+                    )
                 })?;
                 if existing == *spec {
                     Ok((existing, rev))
@@ -201,5 +204,5 @@ impl Inner {
 }
 
 pub(super) fn protocol_error(e: protocol::ProtocolError) -> Error {
-    Error::Unavailable { reason: e.to_string() }
+    e.into()
 }
