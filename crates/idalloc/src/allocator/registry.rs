@@ -126,12 +126,17 @@ impl Inner {
                 Ok((spec.clone(), rev))
             }
             (Some(existing), rev) => {
-                let existing = PoolSpec::from_json(&existing).map_err(|e| {
-                    Error::corrupt(
-                        String::from_utf8_lossy(&self.layout.pool_spec_key(spec.name())),
-                        format!("the spec of pool {:?} is unreadable: {e}", spec.name()),
-                    )
-                })?;
+                // The one parser of spec records: an unreadable spec or one naming another pool
+                // is corrupt data, not a spec that differs (issue 9, item 7).
+                let kv = crate::store::KeyValue {
+                    key: self.layout.pool_spec_key(spec.name()),
+                    value: existing,
+                    create_revision: 0,
+                    mod_revision: 0,
+                    version: 0,
+                    lease: 0,
+                };
+                let existing = crate::records::parse_spec(&self.layout, &kv)?;
                 if existing == *spec {
                     Ok((existing, rev))
                 } else {
