@@ -112,4 +112,5 @@ echo "test.sh: etcd $(etcd --version | head -n1 | awk '{print $3}') at $IDALLOC_
 # --- checks ----------------------------------------------------------------------------------------
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
-cargo test --workspace "$@"
+# --no-fail-fast: one flaky or failing binary must not hide the results of the others.
+cargo test --workspace --no-fail-fast "$@"

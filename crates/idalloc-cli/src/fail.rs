@@ -61,6 +61,7 @@ impl From<Error> for Failure {
             Error::PoolNotFound { .. } => NOT_FOUND,
             Error::Corrupt { .. } => CORRUPT,
             Error::RangeMismatch { .. }
+            | Error::PoolReplaced { .. }
             | Error::Exhausted { .. }
             | Error::Unavailable { .. }
             | Error::Conflict { .. }

@@ -20,6 +20,9 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// How long the exit waits for blocking work (a file store's commit in progress) to finish.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn main() -> ExitCode {
     let cli = match cli::Cli::try_parse() {
         Ok(c) => c,
@@ -60,8 +63,11 @@ fn main() -> ExitCode {
             f.code
         }
     };
-    // Background tasks (an etcd watch, a file store's lease reaper) must not delay the exit.
-    runtime.shutdown_background();
+    // Shutting the runtime down drops its background tasks (a pool's watch, a file store's lease
+    // reaper), and with them their handles on the store, so a file store is closed cleanly (else
+    // its next open must repair it, which a read-only open cannot do). Bounded: a blocking call
+    // that does not return (a hung disk) must not keep the process from exiting.
+    runtime.shutdown_timeout(SHUTDOWN_WAIT);
     ExitCode::from(code)
 }
 

@@ -7,6 +7,7 @@
 //! | `pool_not_found`, `not_found`, `session_not_found` | 404 | no such pool / key / ID / route / session |
 //! | `range_mismatch`, `conflict` | 409 | the pool exists with another spec; a held key changed ID |
 //! | `invalid_input` ([`idalloc::Input::PoolInUse`]) | 409 | deleting a pool that still has records, without `force` |
+//! | `pool_replaced` | 409 | the pool was deleted and re-created under a handle (the service re-opens it: retry) |
 //! | `exhausted` | 409 | the pool has no free ID: retrying does not help until IDs are released |
 //! | `too_large` | 413 | request body over the limit |
 //! | `method_not_allowed` | 405 | |
@@ -79,9 +80,10 @@ impl From<idalloc::Error> for ApiError {
             }
             E::InvalidInput { .. } => StatusCode::BAD_REQUEST,
             E::PoolNotFound { .. } => StatusCode::NOT_FOUND,
-            E::RangeMismatch { .. } | E::Conflict { .. } | E::Exhausted { .. } => {
-                StatusCode::CONFLICT
-            }
+            E::RangeMismatch { .. }
+            | E::PoolReplaced { .. }
+            | E::Conflict { .. }
+            | E::Exhausted { .. } => StatusCode::CONFLICT,
             // The store refused this service's credentials: the service cannot serve (503), and
             // the kind tells an operator that waiting will not help.
             E::Unavailable { .. } | E::AccessDenied { .. } => StatusCode::SERVICE_UNAVAILABLE,

@@ -117,7 +117,10 @@ impl AppState {
     /// A handle on pool `name` (opened once, then cached; `pool_not_found` if it has no spec).
     pub async fn pool(&self, name: &str) -> Result<Pool, ApiError> {
         if let Some(p) = self.opened().get(name) {
-            return Ok(p.clone());
+            // A handle whose pool was deleted (or re-created) is retired for good: open afresh.
+            if !p.is_retired() {
+                return Ok(p.clone());
+            }
         }
         let p = self.alloc.pool(name).await?;
         self.remember(&p);

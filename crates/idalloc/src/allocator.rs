@@ -239,8 +239,9 @@ impl Allocator {
                 format!("the pool still has {records} records (bindings, references, tombstones); release them or delete with force"),
             ));
         }
-        if let Some(p) = lock(&inner.pools).remove(name) {
-            p.relist.interrupt();
+        let removed = lock(&inner.pools).remove(name);
+        if let Some(p) = removed {
+            p.retire(Error::PoolNotFound { pool: name.to_string() });
         }
         Ok(matches!(resp.responses.first(), Some(OpResponse::Delete { deleted }) if *deleted > 0))
     }

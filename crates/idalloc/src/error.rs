@@ -72,6 +72,19 @@ pub enum Error {
         /// The pool's name.
         pool: String,
     },
+    /// The pool this handle was opened on was deleted and re-created (with the same spec) since:
+    /// the handle's bindings and references went with the old pool, so it refuses to act for the
+    /// new one (a silent switch would hide that the holds were lost, G2). The handle's background
+    /// work has stopped; open the pool again (`Allocator::pool`) to use the new one
+    /// (docs/design-notes.md, "Pool handles outlive their pool").
+    #[error(
+        "pool \"{pool}\" was deleted and re-created since this handle was opened; the handle's \
+         holds went with the old pool: open the pool again"
+    )]
+    PoolReplaced {
+        /// The pool's name.
+        pool: String,
+    },
     /// Every allocatable ID of the pool is bound or still in its reuse delay.
     #[error(
         "pool \"{pool}\" is exhausted: all {capacity} allocatable IDs in [{min}, {max}] are bound \
@@ -148,13 +161,14 @@ pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
     /// A short, stable name of the variant (`invalid_input`, `range_mismatch`, `pool_not_found`,
-    /// `exhausted`, `unavailable`, `access_denied`, `corrupt`, `conflict`): the `kind` of the HTTP
-    /// API's error bodies and the `outcome` label of metrics.
+    /// `pool_replaced`, `exhausted`, `unavailable`, `access_denied`, `corrupt`, `conflict`): the
+    /// `kind` of the HTTP API's error bodies and the `outcome` label of metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidInput { .. } => "invalid_input",
             Error::RangeMismatch { .. } => "range_mismatch",
             Error::PoolNotFound { .. } => "pool_not_found",
+            Error::PoolReplaced { .. } => "pool_replaced",
             Error::Exhausted { .. } => "exhausted",
             Error::Unavailable { .. } => "unavailable",
             Error::AccessDenied { .. } => "access_denied",

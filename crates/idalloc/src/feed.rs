@@ -62,11 +62,6 @@ impl Relist {
         self.forced.store(true, Ordering::Release);
         self.notify.notify_one();
     }
-
-    /// Interrupts a running watch; a re-list follows.
-    pub(crate) fn interrupt(&self) {
-        self.notify.notify_one();
-    }
 }
 
 /// How a follower reads its range.

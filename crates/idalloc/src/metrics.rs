@@ -95,7 +95,29 @@ pub fn describe() {
         describe_counter!(SESSION_RENEWALS, "Session lease renewals by session kind and result");
         describe_counter!(SESSIONS_LOST, "Session leases lost (expired or revoked)");
         describe_gauge!(CLIENT_SESSIONS, "Client sessions open in this process");
+        // Counters of rare events exist at zero from the start (see `pool_opened`).
+        for kind in [SessionKind::Process, SessionKind::Client] {
+            counter!(SESSIONS_LOST, "session" => kind.label()).increment(0);
+            for result in ["ok", "lost", "error"] {
+                counter!(SESSION_RENEWALS, "session" => kind.label(), "result" => result)
+                    .increment(0);
+            }
+        }
     });
+}
+
+/// Creates a newly opened pool's counters of rare events at zero.
+///
+/// Why: Prometheus' `increase()` and `rate()` need two samples of a series, so a counter that
+/// first appears at 1 (the first conflict, the first reclaim) shows no increase and an alert on
+/// it never fires for that event. A series that exists at 0 from the pool's first use makes the
+/// first event count, and lets dashboards and alert rules name series that are always exported.
+pub(crate) fn pool_opened(pool: &str) {
+    counter!(CONFLICTS, "pool" => pool.to_string()).increment(0);
+    for by in ["release", "sweep"] {
+        counter!(RECLAIMS, "pool" => pool.to_string(), "by" => by).increment(0);
+    }
+    counter!(SWEEPS, "pool" => pool.to_string(), "outcome" => "ok").increment(0);
 }
 
 /// The outcome label of a result: `ok` or the error's kind.

@@ -30,9 +30,13 @@ pub struct BindPlan {
     pub expect_key: Option<u64>,
     pub id: u64,
     pub expect_id: Option<IdRecord>,
-    /// When the key moves off an ID that belongs to another key: that ID and the record that
-    /// proves it, compared in the same txn (and read back on failure).
-    pub moved_from: Option<(u64, IdRecord)>,
+    /// When the key moves off an ID that belongs to another key (or holds a record idalloc cannot
+    /// read): that ID and the mod revision of the record that proved it, as read from the store.
+    /// The txn compares that mod revision (and reads the record back on failure), so the move
+    /// happens only if the record is still exactly the one read. A mod revision rather than the
+    /// value: an unreadable record has no value the plan could spell, and comparing a value it
+    /// made up would fail forever (issue 9, weak spot a).
+    pub moved_from: Option<(u64, Revision)>,
 }
 
 /// The holder reference a bind writes: `ref/<k>/<holder>`, on `lease` (0: durable).
@@ -239,9 +243,9 @@ impl BindPlan {
         if let (Some(_), Some(seen)) = (self.expect_key, fences.seen) {
             compare.push(unchanged_since(layout.key_key(pool, key), seen));
         }
-        if let Some((from, rec)) = &self.moved_from {
-            compare.push(id_compare(layout, pool, *from, &Some(rec.clone())));
-            read_back.push(TxnOp::get_key(layout.id_key(pool, *from)));
+        if let Some((from, rev)) = self.moved_from {
+            compare.push(Compare::mod_revision_is(layout.id_key(pool, from), rev));
+            read_back.push(TxnOp::get_key(layout.id_key(pool, from)));
         }
         if let Some(rev) = fences.spec_rev {
             compare.push(spec_compare(layout, pool, rev));
@@ -288,8 +292,9 @@ impl BindPlan {
         let moved_from = match &self.moved_from {
             None => None,
             Some((from, _)) => {
-                let rec = single(resp, 2)?.map(|kv| read_id_record(&kv.value));
-                Some((*from, rec))
+                let kv = single(resp, 2)?;
+                let rec = kv.map(|kv| read_id_record(&kv.value));
+                Some((*from, rec, kv.map_or(0, |kv| kv.mod_revision)))
             }
         };
         Ok(BindOutcome::Observed(Observation {
@@ -336,8 +341,9 @@ pub struct Observation {
     /// The ID record's mod revision (0 if absent): once the cache (which watches ID records) has
     /// applied this revision, it knows at least what this attempt learned about IDs.
     pub records_revision: Revision,
-    /// The record of the ID the key was moving off, as read back (if the plan moved the key).
-    pub moved_from: Option<(u64, Option<IdRecord>)>,
+    /// The record of the ID the key was moving off and its mod revision (0: absent), as read
+    /// back (if the plan moved the key).
+    pub moved_from: Option<(u64, Option<IdRecord>, Revision)>,
 }
 
 /// A response that does not have the shape the txn asked for, or a record that does not parse: the
@@ -865,16 +871,10 @@ mod tests {
     #[test]
     fn moving_a_key_pins_the_record_that_proves_its_id_is_taken() {
         let l = layout();
-        let plan = BindPlan {
-            expect_key: Some(7),
-            id: 8,
-            expect_id: None,
-            moved_from: Some((7, bound("other"))),
-        };
+        let plan =
+            BindPlan { expect_key: Some(7), id: 8, expect_id: None, moved_from: Some((7, 4)) };
         let txn = plan.txn(&l, "p", "k", None);
-        assert!(txn
-            .compare
-            .contains(&Compare::value_is(l.id_key("p", 7), bound("other").encode())));
+        assert!(txn.compare.contains(&Compare::mod_revision_is(l.id_key("p", 7), 4)));
         assert_eq!(txn.failure.last(), Some(&TxnOp::get_key(l.id_key("p", 7))));
         // The read-back of the old ID feeds the next decision.
         let resp = TxnResponse {
@@ -894,7 +894,7 @@ mod tests {
         };
         match plan.outcome(&resp) {
             Ok(BindOutcome::Observed(obs)) => {
-                assert_eq!(obs.moved_from, Some((7, Some(bound("k")))));
+                assert_eq!(obs.moved_from, Some((7, Some(bound("k")), 3)));
                 assert_eq!(obs.key_rec, Some(7));
             }
             other => panic!("expected an observation, got {other:?}"),

@@ -43,6 +43,7 @@ pub(crate) async fn sweep(
     pool: &PoolState,
     dry_run: bool,
 ) -> Result<SweepReport> {
+    pool.live()?;
     let name = pool.spec.name();
     let range = KeyRange::prefix(layout.pool_data_prefix(name));
     let (kvs, revision) = req.call(|| list_all(&*req.store, &range, req.list_page)).await?;

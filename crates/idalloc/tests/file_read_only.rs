@@ -4,7 +4,7 @@
 //! The file is made read-only by its mode (0444). Root may write any file, so when the test runs
 //! as root (as CI does) the part that opens the file runs as a child process of this test binary
 //! under the unprivileged uid/gid 65534 ("nobody"); otherwise it runs as the current user. A
-//! second test leaves the file as a killed writer (or the CLI) does, not closed cleanly.
+//! second test leaves the file as a killed writer does, not closed cleanly.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
@@ -41,8 +41,8 @@ fn child(path: &str) {
     });
 }
 
-/// The writer that leaves the file without closing it (as a killed process, or the CLI, which
-/// exits without waiting for its background tasks): writes, then exits with the store open.
+/// The writer that leaves the file without closing it (as a killed process does): writes, then
+/// exits with the store open.
 fn unclean_writer(path: &str) {
     rt().block_on(async {
         let s = EmbeddedStore::open(path, EmbeddedOptions::default()).await.unwrap();
@@ -125,7 +125,7 @@ fn read_only_store_file_serves_reads_and_refuses_writes() {
     check_reader(TEST_NAME, dir.path(), &path, false);
 }
 
-/// The usual case for the CLI: the last writer never closed the file. redb cannot open such a
+/// The last writer was killed and never closed the file. redb cannot open such a
 /// file read-only (it needs a recovery, which writes); the store reads a recovered private copy.
 #[test]
 fn read_only_store_file_not_closed_cleanly_still_serves_reads() {

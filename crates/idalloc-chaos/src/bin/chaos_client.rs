@@ -108,6 +108,7 @@ fn error_kind(e: &Error) -> &'static str {
         Error::InvalidInput { .. } => "InvalidInput",
         Error::RangeMismatch { .. } => "RangeMismatch",
         Error::PoolNotFound { .. } => "PoolNotFound",
+        Error::PoolReplaced { .. } => "PoolReplaced",
         Error::Exhausted { .. } => "Exhausted",
         Error::Unavailable { .. } => "Unavailable",
         Error::Conflict { .. } => "Conflict",

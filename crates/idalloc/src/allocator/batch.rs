@@ -42,7 +42,8 @@ struct BindSlot<'a> {
     preferred: Option<u64>,
     key_rec: Option<u64>,
     key_rec_read: bool,
-    observed: HashMap<u64, Option<IdRecord>>,
+    /// ID records read from the store, with their mod revisions (0: absent).
+    observed: HashMap<u64, (Option<IdRecord>, crate::store::Revision)>,
     lost: u32,
     result: Option<Result<Acquired>>,
 }
@@ -67,6 +68,9 @@ impl Inner {
         holder: &str,
         leased: bool,
     ) -> Vec<Result<Acquired>> {
+        if let Err(e) = pool.live() {
+            return keys.iter().map(|_| Err(e.clone())).collect();
+        }
         if let Err(e) = self.wait_synced(pool).await {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
@@ -100,7 +104,7 @@ impl Inner {
                         key,
                         s.key_rec,
                         |id| match s.observed.get(&id) {
-                            Some(rec) => Some(rec.clone()),
+                            Some((rec, _)) => Some(rec.clone()),
                             // As in `bind`: only a record read from the store proves that the
                             // ID the key record points at is another key's (that moves the key).
                             // Without a key record the only ID asked about is the preferred one,
@@ -119,6 +123,8 @@ impl Inner {
                 match decision {
                     Decision::Send(plan) => plans.push((i, plan, false)),
                     Decision::NeedCandidate { expect_key, moved_from } => {
+                        let moved_from =
+                            super::bind::pinned(moved_from, |id| s.observed.get(&id).map(|o| o.1));
                         match self.pick_candidate(pool, s.lost) {
                             Ok(id) => plans.push((
                                 i,
@@ -244,9 +250,9 @@ impl Inner {
                                 s.lost += 1;
                             }
                             newest = newest.max(obs.records_revision);
-                            s.observed.insert(obs.id, obs.id_rec);
-                            if let Some((from, rec)) = obs.moved_from {
-                                s.observed.insert(from, rec);
+                            s.observed.insert(obs.id, (obs.id_rec, obs.records_revision));
+                            if let Some((from, rec, rev)) = obs.moved_from {
+                                s.observed.insert(from, (rec, rev));
                             }
                             s.key_rec = obs.key_rec;
                             s.key_rec_read = true;

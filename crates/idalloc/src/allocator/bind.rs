@@ -69,6 +69,17 @@ fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
     ))
 }
 
+/// The move-off pin of a plan: the ID a key moves off and the mod revision of its record as read
+/// from the store (`revision_of`). `decide` only asks to move a key off an ID whose record was
+/// read (a cached record never proves another key's claim), so the revision is known; if it were
+/// not, 0 ("absent") makes the txn fail and read the record back rather than move blindly.
+pub(super) fn pinned(
+    moved_from: Option<(u64, IdRecord)>,
+    revision_of: impl Fn(u64) -> Option<Revision>,
+) -> Option<(u64, Revision)> {
+    moved_from.map(|(id, _)| (id, revision_of(id).unwrap_or(0)))
+}
+
 impl Inner {
     /// Runs the bind loop for `key` until it is bound (with `holder`'s reference, if given).
     /// `preferred` is the ID to keep if at all possible (repairs). Returns the ID and whether this
@@ -81,10 +92,12 @@ impl Inner {
         leased: RefLease,
         preferred: Option<u64>,
     ) -> Result<Acquired> {
+        pool.live()?;
         self.wait_synced(pool).await?;
         let name = pool.spec.name();
         let mut key_rec = pool.lock_cache().get(key);
-        let mut observed: HashMap<u64, Option<IdRecord>> = HashMap::new();
+        // ID records read from the store, with their mod revisions (0: absent).
+        let mut observed: HashMap<u64, (Option<IdRecord>, Revision)> = HashMap::new();
         // Candidates that turned out taken: spreads `lowest` picks after collisions.
         let mut lost = 0u32;
         // The exhausted path's store read was done (and found the pool full / not full).
@@ -96,7 +109,7 @@ impl Inner {
                     key,
                     key_rec,
                     |id| match observed.get(&id) {
-                        Some(rec) => Some(rec.clone()),
+                        Some((rec, _)) => Some(rec.clone()),
                         // The cache may lag behind the store (a broken watch, a partition): it
                         // may still show an ID under a key it no longer belongs to. Only a record
                         // read from the store may prove that an ID belongs to another key (which
@@ -113,6 +126,7 @@ impl Inner {
             let (plan, claimed) = match decision {
                 Decision::Send(plan) => (plan, false),
                 Decision::NeedCandidate { expect_key, moved_from } => {
+                    let moved_from = pinned(moved_from, |id| observed.get(&id).map(|o| o.1));
                     match self.pick_candidate(pool, lost) {
                         Ok(id) => (BindPlan { expect_key, id, expect_id: None, moved_from }, true),
                         Err(_) if store_has_free => {
@@ -200,9 +214,9 @@ impl Inner {
                     // again: a collision usually means others are binding too, and the watch
                     // teaches all their IDs at once where the read-back teaches one.
                     self.wait_applied(pool, obs.records_revision).await;
-                    observed.insert(obs.id, obs.id_rec);
-                    if let Some((from, rec)) = obs.moved_from {
-                        observed.insert(from, rec);
+                    observed.insert(obs.id, (obs.id_rec, obs.records_revision));
+                    if let Some((from, rec, rev)) = obs.moved_from {
+                        observed.insert(from, (rec, rev));
                     }
                     key_rec = obs.key_rec;
                     if let Some(x) = key_rec {
@@ -224,8 +238,9 @@ impl Inner {
         key_record_value(pool, key, resp.kvs.first().map(|kv| kv.value.as_slice()))
     }
 
-    /// The key's record and the number of ID records of the pool, at one revision (one round
-    /// trip; the exhausted path's confirmation).
+    /// The key's record and the number of ID records of the pool that count as used (see below),
+    /// with the revision they were read at (one round trip, two for a full pool; the exhausted
+    /// path's confirmation).
     async fn read_key_and_usage(
         &self,
         pool: &PoolState,
@@ -251,7 +266,29 @@ impl Inner {
             }
         };
         let rec = key_record_value(pool, key, rec.as_deref())?;
-        Ok((rec, u64::try_from(count).unwrap_or(0), resp.revision))
+        let count = u64::try_from(count).unwrap_or(0);
+        if count < pool.spec.capacity() {
+            // Records the pool never hands out only add to the count: below capacity, the store
+            // certainly has a free ID.
+            return Ok((rec, count, resp.revision));
+        }
+        // At or over capacity, records the pool never hands out (out of range, reserved, without
+        // the prefix, or not an ID at all: edited by hand) may fill the count while in-range IDs
+        // are free (issue 9, weak spot b). Count only the IDs the pool hands out; an unreadable
+        // value on one still counts as used (DESIGN §11). Only a full (or tampered) pool pays
+        // this listing.
+        let range = crate::store::KeyRange::prefix(self.layout.id_prefix(name));
+        let (kvs, revision) = self
+            .req
+            .call(|| crate::store::list_all(&*self.req.store, &range, self.req.list_page))
+            .await?;
+        self.req.note_seen(revision);
+        let used = kvs
+            .iter()
+            .filter_map(|kv| self.layout.parse_id_key(name, &kv.key))
+            .filter(|id| protocol::id_is_allocatable(&pool.spec, *id))
+            .count();
+        Ok((rec, used as u64, revision.max(resp.revision)))
     }
 
     /// Waits (briefly, bounded) until the pool's cache has applied `revision`.
@@ -309,6 +346,7 @@ impl Inner {
         let mut progress = pool.list_progress.subscribe();
         let bound = self.opts.request_timeout * self.opts.retry.max_attempts;
         loop {
+            pool.live()?;
             if *synced.borrow_and_update() {
                 return Ok(());
             }

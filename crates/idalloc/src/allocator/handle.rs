@@ -41,6 +41,14 @@ impl Pool {
         &self.state.spec
     }
 
+    /// True once this handle's pool was found deleted or re-created: every operation on it then
+    /// fails (`PoolNotFound`, `RangeMismatch` or `PoolReplaced`) and its background work has
+    /// stopped; open the pool again with `Allocator::pool` (a long-lived cache of handles checks
+    /// this before reusing one).
+    pub fn is_retired(&self) -> bool {
+        self.state.live().is_err()
+    }
+
     /// The ID of `key`, with a reference of this process on its session lease (refcounted: each
     /// acquire needs one release). Round trips: 0 if this process already holds the key, else 1
     /// when uncontended (DESIGN §5).
@@ -138,6 +146,7 @@ impl Pool {
 
     async fn release_untimed(&self, key: &str) -> Result<Released> {
         validate_key(key)?;
+        self.state.live()?;
         let _key = self.state.lock_key(key).await;
         {
             let last_id = {
@@ -208,6 +217,7 @@ impl Pool {
     async fn release_durable_untimed(&self, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
         validate_holder(holder)?;
+        self.state.live()?;
         let _key = self.state.lock_key(key).await;
         async {
             let id =

@@ -52,6 +52,12 @@ pub(crate) struct PoolState {
     /// Asks the pool's follower to re-list (resync, pool deleted).
     pub(crate) relist: Arc<crate::feed::Relist>,
     pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
+    /// Set once a write found the pool deleted or re-created (or this allocator deleted it): the
+    /// error every later operation on this state returns. A retired state never comes back; the
+    /// caller opens the pool again (docs/design-notes.md, "Pool handles outlive their pool").
+    pub(super) retired: Mutex<Option<crate::error::Error>>,
+    /// The pool's own background tasks (sync, sweeper), stopped when it retires.
+    pub(super) tasks: Mutex<Vec<tokio::task::AbortHandle>>,
 }
 
 pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -79,6 +85,35 @@ impl PoolState {
 }
 
 impl PoolState {
+    /// `Err` with the reason if this state was retired (its pool deleted or re-created).
+    pub(crate) fn live(&self) -> crate::error::Result<()> {
+        match &*lock(&self.retired) {
+            None => Ok(()),
+            Some(e) => Err(e.clone()),
+        }
+    }
+
+    /// Retires the state for good (see [`PoolState::retired`]): later operations fail with `err`,
+    /// its sync task and sweeper stop, and its view and holds are dropped (they described a pool
+    /// that no longer exists; keeping them would serve reads of the dead pool as if current).
+    pub(crate) fn retire(&self, err: crate::error::Error) {
+        {
+            let mut r = lock(&self.retired);
+            if r.is_some() {
+                return;
+            }
+            *r = Some(err);
+        }
+        for t in lock(&self.tasks).drain(..) {
+            t.abort();
+        }
+        *self.lock_cache() = PoolCache::new(self.spec.clone());
+        lock(&self.held).clear();
+        lock(&self.doubt).clear();
+        // Wake anyone waiting for the first listing (it will never come).
+        self.list_progress.send_modify(|pages| *pages += 1);
+    }
+
     pub(crate) fn lock_cache(&self) -> MutexGuard<'_, PoolCache> {
         lock(&self.cache)
     }

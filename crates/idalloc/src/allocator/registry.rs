@@ -79,26 +79,37 @@ impl Inner {
     }
 
     /// The error for a write that found `pool`'s spec changed (`spec_now`: the spec there now, if
-    /// the pool was re-created). Forgets the pool's state, so the next `pool()` reads it afresh.
+    /// the pool was re-created): `PoolNotFound` (deleted), `RangeMismatch` (re-created with
+    /// another spec) or `PoolReplaced` (re-created with the same spec). Retires the pool's state
+    /// (every handle on it returns that error from now on, its background tasks stop) and forgets
+    /// it, so the next `pool()` reads the spec afresh.
     pub(super) fn pool_gone(&self, pool: &PoolState, spec_now: Option<Vec<u8>>) -> Error {
         let name = pool.spec.name();
-        {
-            let mut pools = lock(&self.pools);
-            if pools.get(name).is_some_and(|p| std::ptr::eq(&**p, pool)) {
-                if let Some(p) = pools.remove(name) {
-                    p.relist.interrupt();
-                }
-            }
-        }
         warn!(pool = %name, "the pool was deleted (or re-created) under this handle");
-        match spec_now.map(|b| PoolSpec::from_json(&b)) {
+        let err = match spec_now.map(|b| PoolSpec::from_json(&b)) {
+            None => Error::PoolNotFound { pool: name.to_string() },
             Some(Ok(existing)) if existing != pool.spec => Error::RangeMismatch {
                 pool: name.to_string(),
                 existing: Box::new(existing),
                 requested: Box::new(pool.spec.clone()),
             },
-            _ => Error::PoolNotFound { pool: name.to_string() },
+            Some(_) => Error::PoolReplaced { pool: name.to_string() },
+        };
+        self.retire(pool, err.clone());
+        pool.live().err().unwrap_or(err)
+    }
+
+    /// Retires `pool` with `err` (see [`PoolState::retire`]) and removes it from the registry if
+    /// it is still the registered state of its name.
+    pub(super) fn retire(&self, pool: &PoolState, err: Error) {
+        let name = pool.spec.name();
+        {
+            let mut pools = lock(&self.pools);
+            if pools.get(name).is_some_and(|p| std::ptr::eq(&**p, pool)) {
+                pools.remove(name);
+            }
         }
+        pool.retire(err);
     }
 
     /// The spec of pool `name` and the create revision of its record (every write compares it),
@@ -160,8 +171,18 @@ impl Inner {
             if p.spec_rev == spec_rev {
                 return p.clone();
             }
-            // The pool was deleted and re-created since: a fresh state for the new one.
-            p.relist.interrupt();
+            // The pool was deleted and re-created since: a fresh state for the new one, and the
+            // old state (and every handle on it) retires.
+            let err = if p.spec == spec {
+                Error::PoolReplaced { pool: spec.name().to_string() }
+            } else {
+                Error::RangeMismatch {
+                    pool: spec.name().to_string(),
+                    existing: Box::new(spec.clone()),
+                    requested: Box::new(p.spec.clone()),
+                }
+            };
+            p.retire(err);
         }
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (mesh, _) = broadcast::channel(self.opts.event_buffer.max(1));
@@ -185,9 +206,12 @@ impl Inner {
             quarantine: tokio::sync::Mutex::new(None),
             relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),
+            retired: Mutex::new(None),
+            tasks: Mutex::new(Vec::new()),
         });
         pools.insert(state.spec.name().to_string(), state.clone());
         drop(pools);
+        crate::metrics::pool_opened(state.spec.name());
         let task = tokio::spawn(crate::sync::run(
             Arc::downgrade(&self.req),
             self.layout.clone(),
@@ -195,6 +219,7 @@ impl Inner {
             state.clone(),
         ));
         lock(&self.tasks).push(task.abort_handle());
+        lock(&state.tasks).push(task.abort_handle());
         if let Some(interval) = self.opts.sweep_interval {
             let task = tokio::spawn(crate::sweeper::run(
                 Arc::downgrade(&self.req),
@@ -203,6 +228,7 @@ impl Inner {
                 interval,
             ));
             lock(&self.tasks).push(task.abort_handle());
+            lock(&state.tasks).push(task.abort_handle());
         }
         state
     }

@@ -25,6 +25,7 @@ impl Inner {
         holder: &str,
         durable: bool,
     ) -> Result<Released> {
+        pool.live()?;
         let reclaim = pool.spec.idle_grace_duration().is_zero();
         let (mut id, mut require_own_ref) = (id, durable);
         let mut held: Option<bool> = None;

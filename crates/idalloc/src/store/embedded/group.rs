@@ -148,20 +148,33 @@ impl Drop for Serve {
     }
 }
 
+/// True, with `writing` cleared, if nothing is queued: the writer is done.
+fn queue_is_done(queue: &Mutex<Queue>) -> bool {
+    let mut q = lock(queue);
+    let done = q.jobs.is_empty();
+    if done {
+        q.writing = false;
+    }
+    done
+}
+
 /// Serves groups until the queue is empty (true), or until the store is gone (false: then
 /// `Serve::drop` fails what queued, which only callers that stopped waiting can have left).
 fn serve(shared: &Weak<Shared>, keep: i64, queue: &Mutex<Queue>) -> bool {
     loop {
+        // The queue is looked at before the state is taken: a writer that took the state only to
+        // find nothing to do could be the last holder of a store its callers just dropped, and
+        // keep the file open after them. Only this writer removes jobs, so a job seen here is
+        // still there below.
+        if queue_is_done(queue) {
+            return true;
+        }
         let Some(shared) = shared.upgrade() else { return false };
         let mut core = shared.lock();
         // Taken under the state lock: everything that queued while the previous group was being
         // written (or while a reader held the lock) joins this group.
         let jobs: Vec<Job> = {
             let mut q = lock(queue);
-            if q.jobs.is_empty() {
-                q.writing = false;
-                return true;
-            }
             let mut bytes = 0;
             let mut n = 0;
             while n < q.jobs.len() && n < MAX_GROUP_JOBS && bytes < MAX_GROUP_BYTES {
