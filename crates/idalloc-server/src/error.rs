@@ -165,6 +165,7 @@ mod tests {
             ),
             (idalloc::Error::corrupt("P/pools/p", "unreadable"), 500, "corrupt"),
             (idalloc::Error::AccessDenied { reason: "no".into() }, 503, "access_denied"),
+            (idalloc::Error::PoolReplaced { pool: "p".into() }, 409, "pool_replaced"),
             (
                 idalloc::Error::Conflict {
                     pool: "p".into(),
