@@ -15,6 +15,12 @@
 //! clients' request timeout (DESIGN §11: a request frozen in a paused member is retried elsewhere and
 //! applied late). `CHAOS_SECS` sets the chaos duration (default 60; docs/chaos.md has the long run),
 //! `CHAOS_PAUSE_MAX_MS` the longest pause.
+//!
+//! The same run, shorter (`CHAOS_SECURE_SECS`, default 20), on a locked-down etcd (issue 11): one
+//! member with TLS and client-certificate authentication, auth enabled with 2 s tokens, and clients
+//! that connect as the restricted `idalloc` user whose role covers only its prefix. Its faults are
+//! restarts of the member (every token it issued is gone after one), pauses shorter and longer than
+//! the request timeout, and client kills; every fault of a single member is a leader fault.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -30,6 +36,7 @@ use idalloc_chaos::model::{Call, KeyState, Ret};
 use idalloc_chaos::scan::{analyze, Scan};
 use idalloc_testkit::etcd::{etcd_on_path, EtcdCluster};
 use idalloc_testkit::g1::read_pool;
+use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -79,6 +86,8 @@ struct Setup {
     prefix: String,
     until_ns: u64,
     dir: PathBuf,
+    /// The clients' TLS and user flags (none on the plain cluster).
+    client_args: Vec<String>,
 }
 
 impl Setup {
@@ -111,6 +120,7 @@ impl Setup {
             .args(["--pause-ms", "100"])
             .args(["--max-id", &MAX_ID.to_string()])
             .args(["--reuse-delay-ms", &REUSE_DELAY_MS.to_string()])
+            .args(&self.client_args)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(err)
@@ -150,15 +160,163 @@ async fn scan(store: &EtcdStore, layout: &Layout) -> Result<Scan, String> {
     Ok(s)
 }
 
+/// The etcd a chaos run injects faults into: members by index, as the clients reach them.
+trait Target {
+    fn members(&self) -> usize;
+    fn endpoints(&self) -> Vec<String>;
+    /// Where the run's keys go: the restricted user of a secured etcd can reach only its prefix.
+    fn prefix_root(&self) -> &'static str;
+    /// The chaos clients' TLS and user flags.
+    fn client_args(&self, dir: &Path) -> Vec<String>;
+    /// The observer's client (it scans the pool during and after the run).
+    fn observer_options(&self) -> EtcdOptions;
+    async fn leader(&self) -> Option<usize>;
+    fn kill_member(&mut self, i: usize) -> Result<(), String>;
+    async fn restart_member(&mut self, i: usize) -> Result<(), String>;
+    fn pause_member(&mut self, i: usize) -> Result<(), String>;
+    fn resume_member(&mut self, i: usize) -> Result<(), String>;
+    fn dir(&self) -> &Path;
+}
+
+impl Target for EtcdCluster {
+    fn members(&self) -> usize {
+        3
+    }
+    fn endpoints(&self) -> Vec<String> {
+        EtcdCluster::endpoints(self)
+    }
+    fn prefix_root(&self) -> &'static str {
+        ""
+    }
+    fn client_args(&self, _dir: &Path) -> Vec<String> {
+        Vec::new()
+    }
+    fn observer_options(&self) -> EtcdOptions {
+        let mut eo = EtcdOptions::new(EtcdCluster::endpoints(self));
+        eo.request_timeout = Duration::from_secs(3);
+        eo.connect_timeout = Duration::from_secs(1);
+        eo
+    }
+    async fn leader(&self) -> Option<usize> {
+        EtcdCluster::leader(self).await
+    }
+    fn kill_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::kill_member(self, i)
+    }
+    async fn restart_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::restart_member(self, i).await
+    }
+    fn pause_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::pause_member(self, i)
+    }
+    fn resume_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::resume_member(self, i)
+    }
+    fn dir(&self) -> &Path {
+        EtcdCluster::dir(self)
+    }
+}
+
+/// One etcd member with TLS, client certificates and user authentication (short tokens).
+impl Target for SecureEtcd {
+    fn members(&self) -> usize {
+        1
+    }
+    fn endpoints(&self) -> Vec<String> {
+        vec![self.endpoint()]
+    }
+    fn prefix_root(&self) -> &'static str {
+        SecureEtcd::PREFIX
+    }
+    fn client_args(&self, dir: &Path) -> Vec<String> {
+        let password = dir.join("etcd-password");
+        std::fs::write(&password, format!("{}\n", SecureEtcd::PASSWORD)).expect("password file");
+        let pki = self.pki();
+        let p = |p: &Path| p.to_str().expect("utf-8 path").to_string();
+        vec![
+            "--cacert".into(),
+            p(&pki.ca),
+            "--cert".into(),
+            p(&pki.client.cert),
+            "--key".into(),
+            p(&pki.client.key),
+            "--user".into(),
+            SecureEtcd::USER.into(),
+            "--password-file".into(),
+            p(&password),
+        ]
+    }
+    fn observer_options(&self) -> EtcdOptions {
+        let mut eo = self.options(Some(SecureEtcd::user_auth()));
+        eo.request_timeout = Duration::from_secs(3);
+        eo.connect_timeout = Duration::from_secs(1);
+        eo
+    }
+    async fn leader(&self) -> Option<usize> {
+        Some(0)
+    }
+    fn kill_member(&mut self, _i: usize) -> Result<(), String> {
+        self.kill();
+        Ok(())
+    }
+    async fn restart_member(&mut self, _i: usize) -> Result<(), String> {
+        self.restart().await
+    }
+    fn pause_member(&mut self, _i: usize) -> Result<(), String> {
+        self.pause()
+    }
+    fn resume_member(&mut self, _i: usize) -> Result<(), String> {
+        self.resume()
+    }
+    fn dir(&self) -> &Path {
+        SecureEtcd::dir(self)
+    }
+}
+
+fn skip_without_etcd() -> bool {
+    if etcd_on_path() {
+        return false;
+    }
+    assert!(std::env::var("CI").map_or(true, |v| v != "true"), "etcd is not on PATH under CI");
+    eprintln!("SKIPPED: etcd is not on PATH");
+    true
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
-    if !etcd_on_path() {
-        assert!(std::env::var("CI").map_or(true, |v| v != "true"), "etcd is not on PATH under CI");
-        eprintln!("SKIPPED: etcd is not on PATH");
+    if skip_without_etcd() {
         return;
     }
     let chaos_secs: u64 =
         std::env::var("CHAOS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
+    let cluster = EtcdCluster::start(3).await.expect("3-member etcd cluster");
+    // A fixed cycle, so every kind happens in every run of a minute or more.
+    let cycle = [
+        "kill-leader",
+        "kill-client",
+        "pause-follower",
+        "kill-follower",
+        "kill-client",
+        "pause-leader",
+    ];
+    run_chaos(cluster, chaos_secs, &cycle).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_on_a_secured_etcd_with_expiring_tokens_is_linearizable() {
+    if skip_without_etcd() {
+        return;
+    }
+    let chaos_secs: u64 =
+        std::env::var("CHAOS_SECURE_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(20);
+    let spec =
+        SecureSpec { tls: true, client_cert_auth: true, auth: true, auth_token_ttl: Some(2) };
+    let etcd = SecureEtcd::start(spec).await.expect("secured etcd");
+    let cycle = ["kill-leader", "kill-client", "pause-leader", "kill-client"];
+    run_chaos(etcd, chaos_secs, &cycle).await;
+}
+
+async fn run_chaos<T: Target>(mut cluster: T, chaos_secs: u64, cycle: &[&'static str]) {
     let seed: u64 =
         std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(now_ns);
     // Pauses alternate between short ones (below the clients' 2 s request timeout: the frozen
@@ -174,15 +332,12 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
     eprintln!("chaos: {chaos_secs} s, seed {seed}, pauses up to {pause_max_ms} ms");
     let mut rng = StdRng::seed_from_u64(seed);
 
-    let mut cluster = EtcdCluster::start(3).await.expect("3-member etcd cluster");
     let work = tempfile::Builder::new().prefix("idalloc-chaos-").tempdir().expect("temp dir");
-    let prefix = format!("chaos-{}-{}", std::process::id(), now_ns());
+    let prefix = format!("{}chaos-{}-{}", cluster.prefix_root(), std::process::id(), now_ns());
     let layout = Layout::new(prefix.clone()).expect("prefix");
     let endpoints = cluster.endpoints();
-    let mut eo = EtcdOptions::new(endpoints.clone());
-    eo.request_timeout = Duration::from_secs(3);
-    eo.connect_timeout = Duration::from_secs(1);
-    let observer = Arc::new(EtcdStore::connect(eo).await.expect("observer client"));
+    let observer =
+        Arc::new(EtcdStore::connect(cluster.observer_options()).await.expect("observer client"));
 
     let started = now_ns();
     let setup = Setup {
@@ -191,6 +346,7 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
         prefix,
         until_ns: started + secs(Duration::from_secs(chaos_secs)),
         dir: work.path().to_path_buf(),
+        client_args: cluster.client_args(work.path()),
     };
     let mut slots: Vec<Slot> =
         (0..CLIENTS).map(|i| Slot { holder: format!("h{i}"), runs: 0, proc_: None }).collect();
@@ -200,15 +356,7 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
     }
 
     let mut report = Report::default();
-    // The fault schedule: a fixed cycle, so every kind happens in every run of a minute or more.
-    let cycle = [
-        "kill-leader",
-        "kill-client",
-        "pause-follower",
-        "kill-follower",
-        "kill-client",
-        "pause-leader",
-    ];
+    let members = cluster.members();
     let quiet_tail = secs(Duration::from_secs(4));
     let mut step = 0usize;
     while now_ns() + quiet_tail < setup.until_ns {
@@ -246,8 +394,10 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
                 let want_leader = what.ends_with("leader");
                 let target = match (want_leader, leader) {
                     (true, Some(l)) => l,
-                    (false, Some(l)) => (l + 1 + rng.random_range(0..2)) % 3,
-                    (_, None) => rng.random_range(0..3),
+                    (false, Some(l)) => {
+                        (l + 1 + rng.random_range(0..members.saturating_sub(1).max(1))) % members
+                    }
+                    (_, None) => rng.random_range(0..members),
                 };
                 let is_leader = leader == Some(target) || leader.is_none();
                 let start = now_ns();
@@ -503,7 +653,7 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
     assert!(per_kind.contains_key("release ok reclaimed"), "no release reclaimed");
     if chaos_secs >= 40 {
         for kind in cycle {
-            assert!(faults.contains_key(kind), "fault {kind} was never injected");
+            assert!(faults.contains_key(*kind), "fault {kind} was never injected");
         }
         assert!(report.long_pauses > 0, "no member was paused longer than the request timeout");
     }

@@ -226,8 +226,15 @@ Sweeps every pool of the store in the background. On SIGTERM/SIGINT it refuses n
 503, lets in-flight ones finish (up to --drain-timeout) and exits 0; client sessions are not ended,
 their leases run out on their own TTL unless a client renews them elsewhere. API: docs/api.md.
 
+Security (docs/security.md): --tls-cert/--tls-key serve HTTPS; --client-ca requires client
+certificates; --auth-tokens requires a bearer token of a named client whose scope (read, allocate,
+admin) covers the endpoint, and namespaces its durable holders by its name. A non-loopback --listen
+is refused without TLS and one of --client-ca/--auth-tokens, unless --insecure-listen.
+
 Examples:
   idalloc --store etcd://127.0.0.1:2379 serve
+  idalloc --etcd-config /etc/idalloc/etcd.config serve --listen 10.0.0.5:7379 \\
+          --tls-cert /etc/idalloc/tls.crt --tls-key /etc/idalloc/tls.key --auth-tokens /etc/idalloc/tokens
   idalloc --store file:/var/lib/idalloc/ids.redb serve --listen 127.0.0.1:8080
   RUST_LOG=idalloc=debug idalloc --log-format json serve")]
     Serve(ServeArgs),
@@ -247,6 +254,26 @@ pub struct ServeArgs {
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
     #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
     pub drain_timeout: Duration,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key. Reloaded on SIGHUP and
+    /// when the file changes.
+    #[arg(long, env = "IDALLOC_TLS_CERT", value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(long, env = "IDALLOC_TLS_KEY", value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// Require client certificates signed by this CA (PEM): mutual TLS. Needs --tls-cert.
+    #[arg(long, env = "IDALLOC_CLIENT_CA", value_name = "FILE", requires = "tls_cert")]
+    pub client_ca: Option<PathBuf>,
+    /// Bearer tokens of named clients with scopes (read, allocate, admin), one
+    /// `NAME SCOPE sha256:HEX|file:PATH` per line; every endpoint but /healthz and /readyz then
+    /// needs a token. See docs/security.md.
+    #[arg(long, env = "IDALLOC_AUTH_TOKENS", value_name = "FILE")]
+    pub auth_tokens: Option<PathBuf>,
+    /// Allow --listen on a non-loopback address without TLS and client authentication (tokens or
+    /// client certificates): anyone who reaches the port can then allocate, release and delete
+    /// pools. For a trusted network or a TLS-terminating proxy only.
+    #[arg(long, env = "IDALLOC_INSECURE_LISTEN")]
+    pub insecure_listen: bool,
 }
 
 #[derive(Subcommand, Debug)]

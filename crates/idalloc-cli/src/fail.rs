@@ -77,6 +77,25 @@ pub fn clap_line(rendered: &str) -> String {
     let first =
         rendered.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("invalid command line");
     let first = first.strip_prefix("error: ").unwrap_or(first);
+    // "the following required arguments were not provided:" lists them on the next lines.
+    let listed: Vec<&str> = if first.ends_with(':') {
+        rendered
+            .lines()
+            .skip_while(|l| !l.contains(first))
+            .skip(1)
+            .take_while(|l| l.starts_with("  ") && !l.trim().is_empty())
+            .map(str::trim)
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let joined;
+    let first = if listed.is_empty() {
+        first
+    } else {
+        joined = format!("{first} {}", listed.join(", "));
+        &joined
+    };
     // clap quotes the offending value: never a password from an etcd:// URL.
     let first = crate::parse::redact_urls(first);
     format!("{first} (see 'idalloc --help')")
@@ -103,6 +122,15 @@ mod tests {
         assert_eq!(f.code, USAGE);
         let f: Failure = Error::corrupt("P/pools/p", "unreadable").into();
         assert_eq!(f.code, CORRUPT);
+    }
+
+    #[test]
+    fn clap_lists_on_the_next_lines_are_kept() {
+        let rendered = "error: the following required arguments were not provided:\n  --tls-key <FILE>\n\nUsage: idalloc serve --tls-key <FILE> --tls-cert <FILE>\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_line(rendered),
+            "the following required arguments were not provided: --tls-key <FILE> (see 'idalloc --help')"
+        );
     }
 
     #[test]

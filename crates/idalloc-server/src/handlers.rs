@@ -8,6 +8,7 @@ use std::time::Instant;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use idalloc::store::{GetRequest, KeyRange, OpResponse, TxnOp, TxnRequest};
 use idalloc::{ClientSession, Pool};
@@ -17,6 +18,7 @@ use serde_json::json;
 use crate::api::{
     AcquireBody, Acquired, BindingBody, PoolInfo, PoolSpecBody, Released, SessionBody, SessionInfo,
 };
+use crate::auth::Client;
 use crate::error::{ApiError, ApiJson};
 use crate::AppState;
 
@@ -98,10 +100,33 @@ enum Owner {
     Holder(String),
 }
 
-fn owner(st: &AppState, session: Option<String>, holder: Option<String>) -> ApiResult<Owner> {
+/// The authenticated client of a request (`None` when the service runs without tokens).
+type Caller = Option<Extension<Client>>;
+
+fn caller(c: &Caller) -> Option<&Client> {
+    c.as_ref().map(|Extension(c)| c)
+}
+
+/// The owner a request names, checked: a session must be the caller's; a durable holder is
+/// validated and, with tokens, namespaced by the caller's name (`client/holder`), so that one
+/// client cannot act on another's references.
+fn owner(
+    st: &AppState,
+    client: Option<&Client>,
+    session: Option<String>,
+    holder: Option<String>,
+) -> ApiResult<Owner> {
     match (session, holder) {
-        (Some(s), None) => Ok(Owner::Session(st.sessions.get(&s)?)),
-        (None, Some(h)) => Ok(Owner::Holder(h)),
+        (Some(s), None) => Ok(Owner::Session(st.sessions.get(&s, client)?)),
+        (None, Some(h)) => {
+            idalloc::pool::validate_holder(&h)?;
+            let h = match client {
+                Some(c) => c.holder(&h),
+                None => h,
+            };
+            idalloc::pool::validate_holder(&h)?;
+            Ok(Owner::Holder(h))
+        }
         (Some(_), Some(_)) => {
             Err(ApiError::invalid("give either \"session\" or \"holder\", not both"))
         }
@@ -136,6 +161,7 @@ fn session_error(s: &ClientSession, e: idalloc::Error) -> ApiError {
 
 pub async fn acquire(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
@@ -144,10 +170,7 @@ pub async fn acquire(
     for k in &keys {
         idalloc::pool::validate_key(k)?;
     }
-    let owner = owner(&st, body.session, body.holder)?;
-    if let Owner::Holder(h) = &owner {
-        idalloc::pool::validate_holder(h)?;
-    }
+    let owner = owner(&st, caller(&client), body.session, body.holder)?;
     let pool = st.pool(&name).await?;
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
@@ -166,6 +189,7 @@ pub async fn acquire(
 
 pub async fn release(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
@@ -173,10 +197,7 @@ pub async fn release(
     for k in &keys {
         idalloc::pool::validate_key(k)?;
     }
-    let owner = owner(&st, body.session, body.holder)?;
-    if let Owner::Holder(h) = &owner {
-        idalloc::pool::validate_holder(h)?;
-    }
+    let owner = owner(&st, caller(&client), body.session, body.holder)?;
     let pool = st.pool(&name).await?;
     let mut out = Vec::with_capacity(keys.len());
     for key in keys {
@@ -301,6 +322,7 @@ pub async fn sweep(State(st): State<Arc<AppState>>, Path(name): Path<String>) ->
 
 pub async fn open_session(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     ApiJson(body): ApiJson<SessionBody>,
 ) -> ApiResult {
     let sent = Instant::now();
@@ -310,12 +332,16 @@ pub async fn open_session(
         holder: s.holder().to_string(),
         ttl: s.ttl().as_secs(),
     };
-    let id = st.sessions.insert(s, sent);
+    let id = st.sessions.insert(s, sent, caller(&client).map(|c| c.name.clone()));
     Ok((StatusCode::CREATED, Json(SessionInfo { session: id, ..info })).into_response())
 }
 
-pub async fn keepalive(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
-    let s = st.sessions.get(&id)?;
+pub async fn keepalive(
+    State(st): State<Arc<AppState>>,
+    client: Caller,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let s = st.sessions.get(&id, caller(&client))?;
     let sent = Instant::now();
     if s.keep_alive().await? {
         st.sessions.renewed(&id, sent);
@@ -326,8 +352,12 @@ pub async fn keepalive(State(st): State<Arc<AppState>>, Path(id): Path<String>) 
     }
 }
 
-pub async fn end_session(State(st): State<Arc<AppState>>, Path(id): Path<String>) -> ApiResult {
-    let s = st.sessions.get(&id)?;
+pub async fn end_session(
+    State(st): State<Arc<AppState>>,
+    client: Caller,
+    Path(id): Path<String>,
+) -> ApiResult {
+    let s = st.sessions.get(&id, caller(&client))?;
     s.end().await?;
     st.sessions.remove(&id);
     Ok(Json(json!({ "ended": true })).into_response())

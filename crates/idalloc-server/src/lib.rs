@@ -3,17 +3,18 @@
 //! - [`api`]: request and response bodies; [`error`]: the JSON error body and G6 → HTTP statuses.
 //! - [`handlers`]: the `/v1` endpoints; [`watch`]: a pool's events as Server-Sent Events.
 //! - [`sessions`]: client sessions handed out (their ids are capabilities).
+//! - [`auth`]: bearer tokens as named clients with scopes (a middleware of the router) and the
+//!   holder namespacing they imply; [`tls`]: TLS on the listener, client certificates, reload.
 //! - this module: the router, health, metrics endpoint, background tasks and graceful shutdown.
-//!
-//! The router is built by [`router`] from an [`AppState`] so that an authentication or holder
-//! scoping layer (issue 11) can wrap it as one more `tower` layer without touching the handlers.
 
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod auth;
 pub mod error;
 pub mod handlers;
 pub mod sessions;
+pub mod tls;
 pub mod watch;
 
 use std::future::Future;
@@ -61,6 +62,9 @@ pub struct Config {
     pub maintenance_interval: Duration,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
     pub drain_timeout: Duration,
+    /// Bearer tokens of the named clients; `None`: no authentication (every request is served,
+    /// holders are used as given).
+    pub tokens: Option<auth::Tokens>,
 }
 
 impl Default for Config {
@@ -70,6 +74,7 @@ impl Default for Config {
             probe_timeout: Duration::from_secs(2),
             maintenance_interval: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
+            tokens: None,
         }
     }
 }
@@ -189,6 +194,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), refuse_oversized))
+        // Before anything reads the request: who may ask is decided first.
+        .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
         .layer(middleware::from_fn(http_metrics))
         .with_state(state)
 }
@@ -349,7 +356,40 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
-    info!(%addr, "idalloc serve listening");
+    info!(%addr, "idalloc serve listening (plain HTTP)");
+    serve_on(state, listener, shutdown).await
+}
+
+/// [`serve`] over TLS: handshakes with the config `tls` holds, which is reloaded on SIGHUP and
+/// when its files change (checked every 5 s).
+pub async fn serve_tls(
+    state: Arc<AppState>,
+    listener: tokio::net::TcpListener,
+    tls: Arc<tls::TlsReloader>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let addr: SocketAddr = listener.local_addr()?;
+    info!(
+        %addr,
+        client_certificates = tls.files().client_ca.is_some(),
+        "idalloc serve listening (HTTPS)"
+    );
+    let reload = tokio::spawn(tls.clone().watch(Duration::from_secs(5)));
+    let listener = tls::TlsListener::new(listener, tls)?;
+    let r = serve_on(state, listener, shutdown).await;
+    reload.abort();
+    r
+}
+
+async fn serve_on<L>(
+    state: Arc<AppState>,
+    listener: L,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()>
+where
+    L: axum::serve::Listener,
+    L::Addr: std::fmt::Debug,
+{
     let app = router(state.clone());
     let maint = tokio::spawn(maintenance(state.clone()));
     let st = state.clone();
@@ -428,6 +468,81 @@ mod tests {
             }
         }
         out
+    }
+
+    /// Every `$ref` of the document names something it defines.
+    fn refs(v: &serde_json::Value, out: &mut Vec<String>) {
+        match v {
+            serde_json::Value::Object(o) => {
+                for (k, x) in o {
+                    match (k.as_str(), x.as_str()) {
+                        ("$ref", Some(r)) => out.push(r.to_string()),
+                        _ => refs(x, out),
+                    }
+                }
+            }
+            serde_json::Value::Array(a) => a.iter().for_each(|x| refs(x, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn the_openapi_document_resolves_its_refs_and_states_each_routes_scope() {
+        let doc: serde_json::Value = serde_json::from_str(OPENAPI).expect("valid JSON");
+        let mut found = Vec::new();
+        refs(&doc, &mut found);
+        assert!(found.len() > 40, "{found:?}");
+        for r in &found {
+            let ptr = r.strip_prefix('#').expect("local ref");
+            assert!(doc.pointer(ptr).is_some(), "{r} does not resolve");
+        }
+        assert_eq!(doc["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+        for (path, ops) in doc["paths"].as_object().expect("paths") {
+            for (method, op) in ops.as_object().expect("operations") {
+                let m = axum::http::Method::from_bytes(method.to_uppercase().as_bytes())
+                    .expect("method");
+                let route = path.replace("{key}", "{*key}");
+                let access = auth::classify(&m, &route).expect("classified");
+                let responses = &op["responses"];
+                match access {
+                    auth::Access::Open => {
+                        assert_eq!(op["security"], serde_json::json!([]), "{method} {path}");
+                        assert!(responses.get("401").is_none(), "{method} {path}");
+                    }
+                    auth::Access::Needs(scope) => {
+                        assert_eq!(op["x-scope"], scope.as_str(), "{method} {path}");
+                        assert!(responses.get("401").is_some(), "{method} {path}: no 401");
+                        assert_eq!(
+                            responses.get("403").is_some(),
+                            scope > auth::Scope::Read,
+                            "{method} {path}: 403 listed iff a lower scope exists"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_route_has_an_access_decision() {
+        let src = include_str!("lib.rs");
+        let mut n = 0;
+        for line in src.lines() {
+            let Some(rest) = line.trim().strip_prefix(".route(\"") else { continue };
+            let Some((path, handlers)) = rest.split_once('"') else { continue };
+            for m in ["get", "post", "put", "delete"] {
+                if handlers.contains(&format!("{m}(")) {
+                    let method = axum::http::Method::from_bytes(m.to_uppercase().as_bytes())
+                        .expect("method");
+                    assert!(
+                        auth::classify(&method, path).is_some(),
+                        "{m} {path} has no access decision in auth::classify"
+                    );
+                    n += 1;
+                }
+            }
+        }
+        assert!(n >= 18, "{n} routes found");
     }
 
     #[test]

@@ -5,6 +5,9 @@
 //! holder name (derived from the lease, visible in the store) is a different string, so listing a
 //! pool does not reveal it.
 //!
+//! With bearer tokens, a session belongs to the client that opened it: to any other client it does
+//! not exist (`session_not_found`, the answer for an unknown id, so its existence is not revealed).
+//!
 //! Sessions live in this process's memory: a session is served by the instance that opened it.
 //! After that instance stops, the client's renewals fail with `session_not_found`; its references
 //! stay until the lease's TTL, so a client that opens a new session elsewhere and re-acquires its
@@ -17,6 +20,7 @@ use std::time::Instant;
 use idalloc::ClientSession;
 use rand::RngCore;
 
+use crate::auth::Client;
 use crate::error::ApiError;
 
 /// Open sessions by id, with when each was last renewed.
@@ -30,6 +34,8 @@ struct Entry {
     /// When the lease was granted or last renewed. Only this service renews it, so once a TTL has
     /// passed since, the store has expired it (or is about to): the session is over.
     renewed: Instant,
+    /// The client that opened it (with tokens).
+    owner: Option<Arc<str>>,
 }
 
 impl Entry {
@@ -51,18 +57,22 @@ impl Sessions {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers `s` (its lease just granted at `granted`) under a new id and returns the id.
-    pub fn insert(&self, s: ClientSession, granted: Instant) -> String {
+    /// Registers `s` (its lease just granted at `granted`, opened by client `owner`) under a new
+    /// id and returns the id.
+    pub fn insert(&self, s: ClientSession, granted: Instant, owner: Option<Arc<str>>) -> String {
         let id = new_id();
-        self.lock().insert(id.clone(), Entry { session: Arc::new(s), renewed: granted });
+        self.lock().insert(id.clone(), Entry { session: Arc::new(s), renewed: granted, owner });
         id
     }
 
-    /// The live session `id`; `session_not_found` if unknown, lost or past its TTL (such an entry
-    /// is forgotten).
-    pub fn get(&self, id: &str) -> Result<Arc<ClientSession>, ApiError> {
+    /// The live session `id` of `client`; `session_not_found` if unknown, another client's, lost
+    /// or past its TTL (such an entry is forgotten).
+    pub fn get(&self, id: &str, client: Option<&Client>) -> Result<Arc<ClientSession>, ApiError> {
         let mut map = self.lock();
         match map.get(id) {
+            Some(e) if e.owner.as_deref() != client.map(|c| &*c.name) => {
+                Err(ApiError::session_not_found())
+            }
             Some(e) if e.over() => {
                 map.remove(id);
                 Err(ApiError::session_not_found())

@@ -107,6 +107,17 @@ impl HoldBack {
         self.armed.store(true, Ordering::SeqCst);
     }
 
+    /// True while a txn is held (armed or not).
+    pub fn is_holding(&self) -> bool {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// Takes the held txn out, to apply it as often and whenever the test wants (a request
+    /// duplicated on the way, or one whose first attempt and retry both land late).
+    pub fn take_held(&self) -> Option<idalloc::store::TxnRequest> {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
     /// Applies the held txn to `store` now; its result. Fails if nothing was held.
     pub async fn apply_held<S: Store + ?Sized>(
         &self,

@@ -21,6 +21,12 @@ pub enum Sabotage {
     /// Reclaims delete the ID record instead of writing a tombstone: the ID is reusable at once,
     /// ignoring the pool's reuse delay (breaks G5).
     SkipReuseTombstone,
+    /// Writes lose their compare on the pool spec's create revision: a bind racing a pool
+    /// deletion writes into the deleted pool (breaks DESIGN §11, G4).
+    SkipSpecCompare,
+    /// Writes lose their late-commit fences (`mod_revision <= seen` on the records the sender
+    /// had seen): an attempt applied late undoes what its sender did after it (breaks G2 or G4).
+    SkipLateFences,
 }
 
 /// The [`Hook`] that applies one [`Sabotage`] (or none) to every txn, nested txns included.
@@ -68,6 +74,16 @@ impl Saboteur {
                 !(absent && self.is_key_record(&c.range.key))
             }),
             Some(Sabotage::SkipReuseTombstone) => {}
+            Some(Sabotage::SkipSpecCompare) => {
+                let pools = self.layout.pools_prefix();
+                req.compare.retain(|c| {
+                    !(matches!(c.target, CompareTarget::CreateRevision(_))
+                        && c.range.key.starts_with(&pools))
+                })
+            }
+            Some(Sabotage::SkipLateFences) => req.compare.retain(|c| {
+                !(c.op == CompareOp::Less && matches!(c.target, CompareTarget::ModRevision(_)))
+            }),
         }
         let ops = |ops: Vec<TxnOp>| -> Vec<TxnOp> {
             ops.into_iter()

@@ -399,6 +399,36 @@ impl SecureEtcd {
         self.wait_ready(self.spec.auth).await
     }
 
+    /// The directory of its data, certificates and log (kept as evidence by failing tests).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Freezes etcd with SIGSTOP (a long GC pause, a hung VM): connections stay open, nothing is
+    /// answered. [`SecureEtcd::resume`] undoes it; a drop kills it anyway.
+    pub fn pause(&self) -> Result<(), String> {
+        self.signal("STOP")
+    }
+
+    /// Lets a paused etcd run again (SIGCONT).
+    pub fn resume(&self) -> Result<(), String> {
+        self.signal("CONT")
+    }
+
+    fn signal(&self, sig: &str) -> Result<(), String> {
+        let pid = self.child.as_ref().ok_or("etcd is not running")?.id();
+        let ok = Command::new("kill")
+            .args([format!("-{sig}"), pid.to_string()])
+            .status()
+            .map_err(|e| format!("cannot run kill: {e}"))?
+            .success();
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("kill -{sig} {pid} failed"))
+        }
+    }
+
     /// Kills etcd by its PID and reaps it.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

@@ -10,6 +10,7 @@
 
 mod batch;
 mod bind;
+mod coalesce;
 mod events;
 mod handle;
 pub(crate) mod pool_state;
@@ -168,7 +169,11 @@ impl Allocator {
     pub async fn pool(&self, name: &str) -> Result<Pool> {
         validate_pool_name(name)?;
         if let Some(p) = lock(&self.inner.pools).get(name) {
-            return Ok(Pool::new(self.inner.clone(), p.clone()));
+            // A retired state (its pool deleted or re-created, found by a background sweep)
+            // is never handed out again: read the spec afresh.
+            if p.live().is_ok() {
+                return Ok(Pool::new(self.inner.clone(), p.clone()));
+            }
         }
         let (spec, rev) = self
             .inner

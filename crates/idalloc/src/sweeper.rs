@@ -114,7 +114,27 @@ pub(crate) async fn sweep(
             })
             .await?;
         let Some(done) = sweep_outcome(&resp, batch.len()).map_err(Error::from)? else {
-            return Err(Error::PoolNotFound { pool: name.to_string() });
+            // The spec is not the one the sweep was decided for: the pool was deleted or
+            // re-created. The else branch read the spec back; retire the pool's state as a
+            // failed bind would (docs/design-notes.md, "Pool handles outlive their pool").
+            let spec_now = match resp.responses.first() {
+                Some(crate::store::OpResponse::Get(g)) => g.kvs.first().map(|kv| kv.value.clone()),
+                _ => None,
+            };
+            let err = match spec_now.map(|b| crate::pool::PoolSpec::from_json(&b)) {
+                None => Error::PoolNotFound { pool: name.to_string() },
+                Some(Ok(existing)) if existing != pool.spec => Error::RangeMismatch {
+                    pool: name.to_string(),
+                    existing: Box::new(existing),
+                    requested: Box::new(pool.spec.clone()),
+                },
+                Some(_) => Error::PoolReplaced { pool: name.to_string() },
+            };
+            pool.retire(err);
+            return Err(pool
+                .live()
+                .err()
+                .unwrap_or(Error::PoolNotFound { pool: name.to_string() }));
         };
         for (o, ok) in batch.iter().zip(done) {
             if ok {

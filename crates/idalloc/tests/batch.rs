@@ -71,6 +71,8 @@ on_memory_and_etcd!(
     keys_at_the_size_limit_split_into_requests_etcd_accepts,
     pool_deleted_mid_batch_stops_the_rest,
     restart_restores_held_keys_with_their_ids_in_one_pass,
+    concurrent_single_calls_share_round_trips,
+    lost_session_re_references_held_keys_in_batches,
 );
 
 fn alloc(store: Arc<dyn Store>, l: &Layout, holder: &str) -> Allocator {
@@ -364,5 +366,186 @@ async fn restart_restores_held_keys_with_their_ids_in_one_pass(backend: Backend)
         check_g1_in(&*raw, &l, "p").await;
         after.close().await.expect("close");
         other.close().await.expect("close");
+    })
+}
+
+/// Makes every txn take `0` before it reaches the store: a store with a round-trip time, so that
+/// calls arriving together find one in flight (on the paused clock of the memory tests, exactly).
+struct Slow(Duration);
+
+#[async_trait::async_trait]
+impl<S: Store> Hook<S> for Slow {
+    async fn before(&self, _inner: &Arc<S>, req: Request) -> StoreResult<Request> {
+        if matches!(req, Request::Txn(_)) {
+            tokio::time::sleep(self.0).await;
+        }
+        Ok(req)
+    }
+}
+
+/// Coalescing: 64 concurrent single-key acquires (then releases) of one process cost two round
+/// trips, not 64: the first call goes alone, the 63 that arrive while it is in flight share the
+/// next batch. Every caller gets its own correct, distinct ID; a lone call keeps its one round trip.
+async fn concurrent_single_calls_share_round_trips(backend: Backend) {
+    with_store!(backend, |store, l| {
+        let raw: Arc<dyn Store> =
+            Arc::new(HookedStore::with_hook(store, Slow(Duration::from_millis(20))));
+        let counted = Arc::new(CountingStore::new(raw.clone()));
+        let a = alloc(counted.clone(), &l, "a");
+        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+        p.acquire("warm").await.expect("warm"); // the session lease exists from here on
+
+        let ks = keys("c", 64);
+        counted.reset();
+        let got = futures::future::join_all(ks.iter().map(|k| p.acquire(k))).await;
+        assert_eq!(
+            counted.counts().total(),
+            2,
+            "64 concurrent acquires: the first alone, then one batch"
+        );
+        let ids: Vec<u64> = got
+            .iter()
+            .zip(&ks)
+            .map(|(r, k)| r.as_ref().unwrap_or_else(|e| panic!("{k}: {e}")).id)
+            .collect();
+        assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)));
+        assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 64, "distinct IDs");
+        for (k, id) in ks.iter().zip(&ids) {
+            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
+            assert_eq!(p.get(k), Some(*id), "{k} held with its ID");
+        }
+        // The same keys again, concurrently: held, so no round trip at all.
+        counted.reset();
+        let again = futures::future::join_all(ks.iter().map(|k| p.acquire(k))).await;
+        assert_eq!(counted.counts().total(), 0);
+        assert!(again.iter().zip(&ids).all(|(r, id)| r.as_ref().is_ok_and(|a| a.id == *id)));
+        // Two releases per key: the first only counts down, the second reclaims, coalesced.
+        let first = futures::future::join_all(ks.iter().map(|k| p.release(k))).await;
+        assert!(first.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && !r.reclaimed)));
+        counted.reset();
+        let rel = futures::future::join_all(ks.iter().map(|k| p.release(k))).await;
+        assert_eq!(
+            counted.counts().total(),
+            2,
+            "64 concurrent releases: the first alone, then one batch"
+        );
+        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)), "{rel:?}");
+        for k in &ks {
+            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, None, "{k}");
+        }
+        // An idle call is not held back: one round trip each way.
+        counted.reset();
+        p.acquire("lone").await.expect("lone");
+        assert_eq!(counted.counts().total(), 1, "lone acquire");
+        counted.reset();
+        p.release("lone").await.expect("lone");
+        assert_eq!(counted.counts().total(), 1, "lone release");
+        check_g1_in(&*raw, &l, "p").await;
+        a.close().await.expect("close");
+    })
+}
+
+/// Coalescing and cancellation: callers cancelled while their batch is in flight do not break the
+/// others (who get their IDs), and what was acquired for them is released in the background; a
+/// caller cancelled before its batch was sent is never bound.
+#[tokio::test(start_paused = true)]
+async fn cancelled_coalesced_callers_leave_nothing_and_others_finish() {
+    let raw: Arc<dyn Store> =
+        Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), Slow(Duration::from_millis(20))));
+    let l = layout();
+    let counted = Arc::new(CountingStore::new(raw.clone()));
+    let a = alloc(counted.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm");
+    // t=0: the leader's txn starts (done at 20 ms); 10 callers queue behind it. At 20 ms their
+    // batch starts (done at 40 ms); 10 more queue behind that.
+    let spawn = |k: String| {
+        let p = p.clone();
+        tokio::spawn(async move { p.acquire(&k).await })
+    };
+    let leader = spawn("lead".into());
+    tokio::task::yield_now().await;
+    let first: Vec<_> = keys("f", 10).into_iter().map(|k| (k.clone(), spawn(k))).collect();
+    tokio::time::sleep(Duration::from_millis(25)).await;
+    let second: Vec<_> = keys("s", 10).into_iter().map(|k| (k.clone(), spawn(k))).collect();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // t=30 ms: cancel every other caller of the batch in flight, and of the batch still queued.
+    let mut kept = Vec::new();
+    let mut cancelled = Vec::new();
+    for (i, (k, h)) in first.into_iter().chain(second).enumerate() {
+        if i % 2 == 0 {
+            h.abort();
+            cancelled.push(k);
+        } else {
+            kept.push((k, h));
+        }
+    }
+    let lead = leader.await.expect("join").expect("leader");
+    let mut ids = vec![lead.id];
+    for (k, h) in kept {
+        let got = h.await.expect("join").unwrap_or_else(|e| panic!("{k}: {e}"));
+        assert_eq!(raw_binding_in(&*raw, &l, "p", &k).await, Some(got.id), "{k}");
+        assert_eq!(p.get(&k), Some(got.id), "{k} held");
+        ids.push(got.id);
+    }
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len(), "distinct IDs");
+    // The cancelled callers' keys: released in the background (the pool has no idle grace, so
+    // their bindings go too), or never bound.
+    for k in &cancelled {
+        let raw = raw.clone();
+        let l = l.clone();
+        let k2 = k.clone();
+        wait_until_async(move || {
+            let (raw, l, k) = (raw.clone(), l.clone(), k2.clone());
+            async move { raw_binding_in(&*raw, &l, "p", &k).await.is_none() }
+        })
+        .await;
+        assert_eq!(p.get(k), None, "{k} is not held");
+    }
+    // The lane is idle again (not stuck behind a cancelled caller): a lone acquire goes alone.
+    counted.reset();
+    let after = tokio::time::timeout(Duration::from_secs(5), p.acquire("after")).await;
+    after.expect("not stuck in the lane").expect("after");
+    assert_eq!(counted.counts().total(), 1, "lone acquire");
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
+}
+
+/// A lost session lease (revoked behind the process's back: every leased reference is gone) is
+/// replaced, and every held key is re-referenced with its ID in batched passes: one new lease and
+/// three txns for 250 keys (batches of at most 100), not 250 txns.
+async fn lost_session_re_references_held_keys_in_batches(backend: Backend) {
+    with_store!(backend, |store, l| {
+        let raw: Arc<dyn Store> = Arc::new(store);
+        let counted = Arc::new(CountingStore::new(raw.clone()));
+        let a = alloc(counted.clone(), &l, "a");
+        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+        let ks = keys("h", 250);
+        let ids: Vec<u64> =
+            p.acquire_many(&ks).await.into_iter().map(|r| r.expect("acquired").id).collect();
+        assert_eq!(count_refs_in(&*raw, &l, "p").await, 250);
+        let lease = a.session_lease().await.expect("session");
+        counted.reset();
+        assert!(raw.lease_revoke(lease).await.expect("revoke behind its back"));
+        assert_eq!(count_refs_in(&*raw, &l, "p").await, 0);
+
+        // The keep-alive notices within TTL/3; the repair re-references everything.
+        let (raw2, l2) = (raw.clone(), l.clone());
+        wait_until_async(move || {
+            let (raw, l) = (raw2.clone(), l2.clone());
+            async move { count_refs_in(&*raw, &l, "p").await == 250 }
+        })
+        .await;
+        for (k, id) in ks.iter().zip(&ids) {
+            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k} kept its ID");
+            assert_eq!(p.get(k), Some(*id));
+        }
+        let n = counted.counts();
+        assert_eq!(n.lease_grant, 1, "one new session lease");
+        assert_eq!(n.txn, 3, "250 held keys re-referenced in 3 batched txns: {n:?}");
+        assert!(n.lease_keep_alive >= 1, "the keep-alive found the lease gone: {n:?}");
+        assert_ne!(a.session_lease().await, Some(lease));
+        check_g1_in(&*raw, &l, "p").await;
+        a.close().await.expect("close");
     })
 }

@@ -545,3 +545,50 @@ async fn a_handle_on_a_re_created_pool_retires_with_a_clear_error() {
     assert!(matches!(r, Err(idalloc::Error::PoolNotFound { .. })), "{r:?}");
     assert!(again.is_retired());
 }
+
+/// Found by the simulation's pool-deletion step: a handle opened before its pool was deleted and
+/// re-created over another range read a key record of the new pool, saw an ID outside its own
+/// (old) range and refused with `Unavailable` ("run `idalloc check`") on a healthy pool. It now
+/// checks the spec on that path and retires with the real reason (`RangeMismatch`).
+#[tokio::test(start_paused = true)]
+async fn a_stale_handle_reports_the_re_created_pool_not_a_bad_record() {
+    let shared = EmbeddedStore::memory();
+    let a = common::allocator(Arc::new(shared.clone()), "a");
+    let admin = common::allocator(Arc::new(shared.clone()), "admin");
+    let old = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.unwrap();
+    old.wait_synced().await.unwrap();
+    assert!(admin.delete_pool("p", true).await.unwrap());
+    let fresh = admin.ensure_pool(&PoolSpec::new("p", 101, 110)).await.unwrap();
+    let id = fresh.acquire_durable("k", "h").await.unwrap().id;
+    assert!((101..=110).contains(&id));
+    let r = old.release_durable("k", "h").await;
+    assert!(matches!(r, Err(idalloc::Error::RangeMismatch { .. })), "{r:?}");
+    assert!(old.is_retired());
+    assert_eq!(raw_binding(&shared, "p", "k").await, Some(id), "nothing was touched");
+}
+
+/// Found by the simulation's tampering step: a batched acquire joined a key record that names an
+/// ID the pool never hands out (written by hand) and returned that ID (G3), where the single-key
+/// acquire refuses it. Both refuse now; the other keys of the batch are served.
+#[tokio::test(start_paused = true)]
+async fn a_batched_acquire_refuses_a_key_record_outside_the_range() {
+    let shared = EmbeddedStore::memory();
+    let l = common::layout();
+    let a = common::allocator(Arc::new(shared.clone()), "a");
+    let pool = a.ensure_pool(&PoolSpec::new("p", 200, 300)).await.unwrap();
+    pool.wait_synced().await.unwrap();
+    raw_put(&shared, l.key_key("p", "k"), b"78").await;
+    for durable in [true, false] {
+        let keys = ["k", "fine"];
+        let got = if durable {
+            pool.acquire_many_durable(&keys, "h").await
+        } else {
+            pool.acquire_many(&keys).await
+        };
+        assert!(got[0].is_err(), "durable={durable}: ID 78 must not be handed out: {:?}", got[0]);
+        let fine = got[1].as_ref().expect("the other key is served").id;
+        assert!((200..=300).contains(&fine), "{fine}");
+    }
+    let rec = shared.get(GetRequest::key(l.id_key("p", 78))).await.unwrap();
+    assert!(rec.kvs.is_empty(), "no ID record written outside the range");
+}

@@ -6,7 +6,12 @@
 //!
 //! Usage: `chaos-client --endpoints URL[,URL...] --prefix P --pool NAME --holder H --proc TAG
 //! --keys N --until-ns T --history FILE [--seed S] [--pause-ms MS] [--max-id N]
-//! [--reuse-delay-ms MS] [--acquire-pct P]`
+//! [--reuse-delay-ms MS] [--acquire-pct P] [--cacert FILE] [--cert FILE --key FILE]
+//! [--user NAME --password-file FILE]`
+//!
+//! The TLS and user flags (etcdctl's names) point the client at a secured etcd (`https://`
+//! endpoints, mutual TLS, an etcd user whose token expires and is renewed); the password comes
+//! from a file, never from the command line.
 //!
 //! `--acquire-pct` (default 35) is the share of acquires among calls: below 50 keeps few holders
 //! per key, so bindings are often reclaimed and re-created (the contended paths).
@@ -18,7 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
 use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
 use idalloc_chaos::history::{now_ns, OpKind, Outcome, Record};
 use rand::rngs::StdRng;
@@ -42,6 +47,8 @@ struct Args {
     max_id: u64,
     reuse_delay_ms: u64,
     acquire_pct: u64,
+    tls: Option<EtcdTls>,
+    auth: Option<EtcdAuth>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -64,11 +71,32 @@ fn parse_args() -> Result<Args, String> {
     let endpoints: Vec<String> = get("endpoints")?.split(',').map(str::to_string).collect();
     for e in &endpoints {
         // The chaos test must stay on this machine.
-        if !e.starts_with("http://127.0.0.1:") {
+        if !e.starts_with("http://127.0.0.1:") && !e.starts_with("https://127.0.0.1:") {
             return Err(format!("endpoint {e:?} is not on 127.0.0.1: only loopback is allowed"));
         }
     }
+    let path = |k: &str| m.get(k).map(PathBuf::from);
+    let tls = (m.contains_key("cacert") || m.contains_key("cert")).then(|| EtcdTls {
+        ca_file: path("cacert"),
+        cert_file: path("cert"),
+        key_file: path("key"),
+        insecure_skip_verify: false,
+    });
+    let auth = match (m.get("user"), path("password-file")) {
+        (Some(user), Some(file)) => {
+            let pw = std::fs::read_to_string(&file)
+                .map_err(|e| format!("cannot read --password-file {}: {e}", file.display()))?;
+            Some(EtcdAuth {
+                user: user.clone(),
+                password: Password::new(pw.trim_end_matches(['\r', '\n'])),
+            })
+        }
+        (None, None) => None,
+        _ => return Err("--user and --password-file go together".into()),
+    };
     Ok(Args {
+        tls,
+        auth,
         endpoints,
         prefix: get("prefix")?,
         pool: get("pool")?,
@@ -137,6 +165,8 @@ async fn run(a: Args) -> Result<(), String> {
     eo.request_timeout = Duration::from_secs(2);
     eo.keep_alive_interval = Duration::from_secs(2);
     eo.keep_alive_timeout = Duration::from_secs(2);
+    eo.tls = a.tls.clone();
+    eo.auth = a.auth.clone();
     let store = EtcdStore::connect(eo).await.map_err(|e| format!("etcd client: {e}"))?;
     let opts = AllocatorOptions {
         prefix: a.prefix.clone(),

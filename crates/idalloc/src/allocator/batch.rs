@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use tracing::{debug, warn};
 
-use super::bind::MAX_BIND_ATTEMPTS;
+use super::bind::{check_key_record, MAX_BIND_ATTEMPTS};
 use super::handle::Pool;
 use super::pool_state::{lock, Held, KeyGuard, PoolState};
 use super::registry::{protocol_error, Inner};
@@ -58,6 +58,17 @@ struct ReleaseSlot<'a> {
     result: Option<Result<Released>>,
 }
 
+/// How far a batched bind trusts the cache about a key's preferred ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hints {
+    /// A preferred ID the cache shows taken is skipped for a normal pick (restart restoration:
+    /// skipping a hint is always safe, and it saves a failing txn).
+    Lenient,
+    /// Only a record read from the store moves a key off its preferred ID, as in [`Inner::bind`]
+    /// (re-referencing held keys: moving one means a `Conflict` for the application, G2).
+    Strict,
+}
+
 impl Inner {
     /// [`Inner::bind`] for many distinct keys at once (each with an optional preferred ID), with
     /// `holder`'s reference on the session lease (`leased`) or durable.
@@ -67,6 +78,7 @@ impl Inner {
         keys: &[(&str, Option<u64>)],
         holder: &str,
         leased: bool,
+        hints: Hints,
     ) -> Vec<Result<Acquired>> {
         if let Err(e) = pool.live() {
             return keys.iter().map(|_| Err(e.clone())).collect();
@@ -111,7 +123,10 @@ impl Inner {
                             // and a cache showing it taken just means a normal pick instead of a
                             // txn that would fail: skipping a hint is always safe.
                             None => match cache.record(id) {
-                                Some(rec) if rec.key() == key || key_rec.is_none() => {
+                                Some(rec)
+                                    if rec.key() == key
+                                        || (key_rec.is_none() && hints == Hints::Lenient) =>
+                                {
                                     Some(Some(rec))
                                 }
                                 _ => None,
@@ -256,6 +271,13 @@ impl Inner {
                             }
                             s.key_rec = obs.key_rec;
                             s.key_rec_read = true;
+                            if let Some(x) = s.key_rec {
+                                // A stale handle (its pool re-created over another
+                                // range) retires instead of blaming the record.
+                                if let Err(e) = check_key_record(pool, s.key, x) {
+                                    s.result = Some(Err(self.unless_pool_gone(pool, e).await));
+                                }
+                            }
                         }
                     }
                 }
@@ -432,6 +454,10 @@ impl Inner {
                     if bump.is_some() && !durable {
                         lock(&pool.doubt).remove(s.key);
                     }
+                    if out.reclaimed && pool.spec.reuse_delay_duration().is_zero() {
+                        // As in `release_ref`: our own committed write frees the ID locally.
+                        pool.lock_cache().freed_by_own_write(s.id, out.revision);
+                    }
                     let first = s.held.is_none();
                     let had_ref = *s.held.get_or_insert(out.had_ref);
                     match out.key_now {
@@ -565,7 +591,8 @@ impl Pool {
             }
             let holder = self.inner.holder.clone();
             let args: Vec<(&str, Option<u64>)> = to_bind.iter().map(|(_, a)| *a).collect();
-            let results = self.inner.bind_many(&self.state, &args, &holder, true).await;
+            let results =
+                self.inner.bind_many(&self.state, &args, &holder, true, Hints::Lenient).await;
             for ((d, (key, _)), r) in to_bind.into_iter().zip(results) {
                 match &r {
                     Ok(a) => {
@@ -600,7 +627,8 @@ impl Pool {
         self.many(&names, |distinct, at| async move {
             let _guards = self.lock_keys(&distinct).await;
             let args: Vec<(&str, Option<u64>)> = distinct.iter().map(|k| (*k, None)).collect();
-            let results = self.inner.bind_many(&self.state, &args, holder, false).await;
+            let results =
+                self.inner.bind_many(&self.state, &args, holder, false, Hints::Lenient).await;
             spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
                 id: a.id,
                 new: false,

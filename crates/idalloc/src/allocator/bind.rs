@@ -53,7 +53,7 @@ fn key_record_value(pool: &PoolState, key: &str, value: Option<&[u8]>) -> Result
 }
 
 /// Refuses a key record naming an ID the pool never hands out (see [`protocol::id_is_allocatable`]).
-fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
+pub(super) fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
     if protocol::id_is_allocatable(&pool.spec, id) {
         return Ok(());
     }
@@ -220,7 +220,9 @@ impl Inner {
                     }
                     key_rec = obs.key_rec;
                     if let Some(x) = key_rec {
-                        check_key_record(pool, key, x)?;
+                        if let Err(e) = check_key_record(pool, key, x) {
+                            return Err(self.unless_pool_gone(pool, e).await);
+                        }
                     }
                 }
             }
@@ -235,7 +237,27 @@ impl Inner {
         let k = self.layout.key_key(pool.spec.name(), key);
         let resp = self.req.call(|| self.req.store.get(GetRequest::key(k.clone()))).await?;
         self.req.note_seen(resp.revision);
-        key_record_value(pool, key, resp.kvs.first().map(|kv| kv.value.as_slice()))
+        match key_record_value(pool, key, resp.kvs.first().map(|kv| kv.value.as_slice())) {
+            Ok(rec) => Ok(rec),
+            Err(e) => Err(self.unless_pool_gone(pool, e).await),
+        }
+    }
+
+    /// `refusal` (a key record this handle's spec would never write), unless the reason is that
+    /// the pool was deleted or re-created under this handle: a key record of the new pool may
+    /// name an ID outside the old spec. Then the pool's state retires and the error says so
+    /// (found by the simulation's pool-deletion step: a stale handle told the caller to run
+    /// `idalloc check` on a healthy pool). One read, on this error path only.
+    pub(super) async fn unless_pool_gone(&self, pool: &PoolState, refusal: Error) -> Error {
+        let key = self.layout.pool_spec_key(pool.spec.name());
+        let resp = match self.req.call(|| self.req.store.get(GetRequest::key(key.clone()))).await {
+            Ok(r) => r,
+            Err(_) => return refusal,
+        };
+        match resp.kvs.first() {
+            Some(kv) if kv.create_revision == pool.spec_rev => refusal,
+            other => self.pool_gone(pool, other.map(|kv| kv.value.clone())),
+        }
     }
 
     /// The key's record and the number of ID records of the pool that count as used (see below),
@@ -265,7 +287,10 @@ impl Inner {
                 ))))
             }
         };
-        let rec = key_record_value(pool, key, rec.as_deref())?;
+        let rec = match key_record_value(pool, key, rec.as_deref()) {
+            Ok(rec) => rec,
+            Err(e) => return Err(self.unless_pool_gone(pool, e).await),
+        };
         let count = u64::try_from(count).unwrap_or(0);
         if count < pool.spec.capacity() {
             // Records the pool never hands out only add to the count: below capacity, the store

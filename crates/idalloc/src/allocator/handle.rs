@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use tracing::warn;
 
+use super::coalesce::{self, Turn};
 use super::events::{ClusterEvents, Events};
 use super::pool_state::{lock, Held, PoolState};
 use super::registry::Inner;
@@ -66,11 +67,24 @@ impl Pool {
             match self.count_up(key) {
                 Some(a) => Ok(a),
                 None => {
-                    let holder = self.inner.holder.clone();
-                    let r = self
-                        .inner
-                        .bind(&self.state, key, Some(&holder), super::RefLease::Session, None)
-                        .await;
+                    let r = match coalesce::acquire_turn(&self.inner, &self.state, key) {
+                        Turn::Lead(flight) => {
+                            let holder = self.inner.holder.clone();
+                            let r = self
+                                .inner
+                                .bind(
+                                    &self.state,
+                                    key,
+                                    Some(&holder),
+                                    super::RefLease::Session,
+                                    None,
+                                )
+                                .await;
+                            drop(flight);
+                            r
+                        }
+                        Turn::Wait(answer) => answer.wait().await,
+                    };
                     match &r {
                         Ok(a) => {
                             lock(&self.state.held)
@@ -167,8 +181,17 @@ impl Pool {
             match last_id {
                 Err(held) => Ok(Released { held, reclaimed: false }),
                 Ok(id) => {
-                    let holder = self.inner.holder.clone();
-                    match self.inner.release_ref(&self.state, key, id, &holder, false).await {
+                    let r = match coalesce::release_turn(&self.inner, &self.state, key, id) {
+                        Turn::Lead(flight) => {
+                            let holder = self.inner.holder.clone();
+                            let r =
+                                self.inner.release_ref(&self.state, key, id, &holder, false).await;
+                            drop(flight);
+                            r
+                        }
+                        Turn::Wait(answer) => answer.wait().await,
+                    };
+                    match r {
                         Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
                         Err(Error::Unavailable { reason, retryable, source }) => {
                             // The store may or may not have applied the release. Restoring the
@@ -503,6 +526,10 @@ impl Pool {
     pub async fn sweep(&self) -> Result<crate::sweeper::SweepReport> {
         let f = crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false);
         let r = crate::metrics::timed(self.spec().name(), "sweep", f).await;
+        if let Err(e) = self.state.live() {
+            // Retired by this sweep: forget the state too, as a failed bind does.
+            self.inner.retire(&self.state, e);
+        }
         crate::metrics::swept(self.spec().name(), &r);
         if let Ok(report) = &r {
             crate::metrics::reclaimed(self.spec().name(), "sweep", report.reclaimed.len());

@@ -52,6 +52,8 @@ pub(crate) struct PoolState {
     /// Asks the pool's follower to re-list (resync, pool deleted).
     pub(crate) relist: Arc<crate::feed::Relist>,
     pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
+    /// Coalescing of concurrent single-key acquires and releases (see `coalesce`).
+    pub(super) lanes: super::coalesce::Lanes,
     /// Set once a write found the pool deleted or re-created (or this allocator deleted it): the
     /// error every later operation on this state returns. A retired state never comes back; the
     /// caller opens the pool again (docs/design-notes.md, "Pool handles outlive their pool").

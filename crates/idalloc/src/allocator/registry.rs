@@ -168,7 +168,7 @@ impl Inner {
     ) -> Arc<PoolState> {
         let mut pools = lock(&self.pools);
         if let Some(p) = pools.get(spec.name()) {
-            if p.spec_rev == spec_rev {
+            if p.spec_rev == spec_rev && p.live().is_ok() {
                 return p.clone();
             }
             // The pool was deleted and re-created since: a fresh state for the new one, and the
@@ -206,6 +206,7 @@ impl Inner {
             quarantine: tokio::sync::Mutex::new(None),
             relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),
+            lanes: Default::default(),
             retired: Mutex::new(None),
             tasks: Mutex::new(Vec::new()),
         });

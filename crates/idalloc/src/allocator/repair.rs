@@ -9,11 +9,15 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
+use super::batch::Hints;
 use super::pool_state::{lock, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
 use crate::cache::Event;
 use crate::error::{Error, Result};
+
+/// Held keys one batched re-referencing pass locks and binds at a time.
+const REBIND_CHUNK: usize = 2048;
 
 impl Inner {
     /// Finishes a release whose outcome was unknown (the store did not answer): sends it again
@@ -71,6 +75,59 @@ impl Inner {
         }
     }
 
+    /// Re-references every key this process holds in `pool` with its ID (after a lost session
+    /// lease, DESIGN §7) in batched passes: one round trip per batch of keys instead of one per
+    /// key. Same decisions as [`Inner::rebind_held`] per key (strict about preferred IDs: only a
+    /// record read from the store moves a held key, with a `Conflict`). Returns the keys whose
+    /// repair failed, to be retried one by one.
+    pub(super) async fn rebind_all_held(self: &Arc<Self>, pool: &Arc<PoolState>) -> Vec<String> {
+        let mut keys: Vec<String> = lock(&pool.held).keys().cloned().collect();
+        keys.sort(); // a fixed order: a simulation seed replays the same history
+        let holder = self.holder.clone();
+        let mut failed = Vec::new();
+        let mut kept = 0usize;
+        for chunk in keys.chunks(REBIND_CHUNK) {
+            // The single-flight locks in sorted order (as batched calls take them): no deadlock
+            // with concurrent acquires and releases, and none of the keys changes meanwhile.
+            let mut guards = Vec::with_capacity(chunk.len());
+            for k in chunk {
+                guards.push(pool.lock_key(k).await);
+            }
+            let items: Vec<(&str, Option<u64>)> = {
+                let held = lock(&pool.held);
+                chunk.iter().filter_map(|k| held.get(k).map(|h| (k.as_str(), Some(h.id)))).collect()
+            };
+            let results = self.bind_many(pool, &items, &holder, true, Hints::Strict).await;
+            for (&(key, old), r) in items.iter().zip(results) {
+                let old = old.unwrap_or_default();
+                match r {
+                    Ok(a) => {
+                        if let Some(h) = lock(&pool.held).get_mut(key) {
+                            h.id = a.id;
+                        }
+                        if a.id == old {
+                            kept += 1;
+                        } else {
+                            warn!(pool = %pool.spec.name(), key, old_id = old, new_id = a.id, "held key lost its ID to another key; rebound");
+                            crate::metrics::conflict(pool.spec.name());
+                            pool.emit(Event::Conflict {
+                                key: key.to_string(),
+                                old_id: old,
+                                new_id: a.id,
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        warn!(pool = %pool.spec.name(), key, error = %e, "re-referencing a held key failed; will retry");
+                        failed.push(key.to_string());
+                    }
+                }
+            }
+        }
+        info!(pool = %pool.spec.name(), kept, failed = failed.len(), "held keys re-referenced with their IDs");
+        failed
+    }
+
     pub(super) async fn rebind_held(
         self: &Arc<Self>,
         pool: &Arc<PoolState>,
@@ -126,23 +183,27 @@ pub(super) async fn repair_loop(inner: Weak<Inner>, mut rx: mpsc::UnboundedRecei
             }
             continue;
         }
+        let mut failed = false;
         let jobs: Vec<(Arc<PoolState>, String)> = match job {
             Repair::Release(..) | Repair::Abandon(..) => Vec::new(),
             Repair::Key(p, k) => vec![(p, k)],
             Repair::All => {
-                let mut all: Vec<(Arc<PoolState>, String)> = lock(&strong.pools)
-                    .values()
-                    .flat_map(|p| {
-                        lock(&p.held).keys().map(|k| (p.clone(), k.clone())).collect::<Vec<_>>()
-                    })
-                    .collect();
+                // Every held key of every pool, batched per pool; a key that fails is retried on
+                // its own after the back-off, as a failed single repair is.
+                let mut pools: Vec<Arc<PoolState>> =
+                    lock(&strong.pools).values().cloned().collect();
                 // Hash maps iterate in a per-process random order; repairs run in a fixed one so
                 // that a simulation seed replays the same history.
-                all.sort_by(|a, b| (a.0.spec.name(), &a.1).cmp(&(b.0.spec.name(), &b.1)));
-                all
+                pools.sort_by(|a, b| a.spec.name().cmp(b.spec.name()));
+                for p in pools {
+                    for k in strong.rebind_all_held(&p).await {
+                        strong.repairs.push(Repair::Key(p.clone(), k));
+                        failed = true;
+                    }
+                }
+                Vec::new()
             }
         };
-        let mut failed = false;
         for (p, k) in &jobs {
             if let Err(e) = strong.repair_key(p, k).await {
                 warn!(pool = %p.spec.name(), key = %k, error = %e, "repair failed; will retry");
