@@ -13,10 +13,17 @@ process linking the Rust library.
         ...
         s.release("vni", "tenant-blue")
 
-Run `python3 idalloc_client.py --demo URL` for a demonstration that prints one JSON line per step.
+A service run with --auth-tokens and TLS (docs/security.md) takes a bearer token and a CA file:
+
+    c = Client("https://idalloc.example:7379", token=open("/run/secrets/idalloc-token").read().strip(),
+               cafile="/etc/idalloc/ca.crt")       # certfile/keyfile too when it wants a client cert
+
+Run `python3 idalloc_client.py --demo URL [--token-file F] [--cafile F]` for a demonstration that
+prints one JSON line per step.
 """
 
 import json
+import ssl
 import sys
 import threading
 import urllib.error
@@ -33,16 +40,25 @@ class IdallocError(Exception):
 
 
 class Client:
-    def __init__(self, base_url, timeout=30.0):
+    def __init__(self, base_url, timeout=30.0, token=None, cafile=None, certfile=None,
+                 keyfile=None):
         self.base = base_url.rstrip("/")
         self.timeout = timeout
+        self.headers = {"content-type": "application/json"}
+        if token:
+            self.headers["authorization"] = "Bearer " + token
+        self.context = None
+        if cafile or certfile:
+            self.context = ssl.create_default_context(cafile=cafile)
+            if certfile:
+                self.context.load_cert_chain(certfile, keyfile)
 
     def _call(self, method, path, body=None):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.base + path, data=data, method=method,
-                                     headers={"content-type": "application/json"})
+                                     headers=self.headers)
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout) as r:
+            with urllib.request.urlopen(req, timeout=self.timeout, context=self.context) as r:
                 return json.load(r)
         except urllib.error.HTTPError as e:
             try:
@@ -123,8 +139,8 @@ class Session:
         self.end()
 
 
-def demo(base):
-    c = Client(base)
+def demo(base, token=None, cafile=None):
+    c = Client(base, token=token, cafile=cafile)
     show = lambda **kv: print(json.dumps(kv), flush=True)
     c.create_pool("demo", 1, 1000)
     show(step="pool", pool="demo")
@@ -146,7 +162,14 @@ def demo(base):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--demo":
-        demo(sys.argv[2])
+    args = sys.argv[1:]
+    opts = dict(zip(args[2::2], args[3::2]))
+    if len(args) >= 2 and args[0] == "--demo" and len(args) % 2 == 0 \
+            and set(opts) <= {"--token-file", "--cafile"}:
+        token = None
+        if "--token-file" in opts:
+            with open(opts["--token-file"]) as f:
+                token = f.read().strip()
+        demo(args[1], token=token, cafile=opts.get("--cafile"))
     else:
-        sys.exit("usage: idalloc_client.py --demo http://127.0.0.1:7379")
+        sys.exit("usage: idalloc_client.py --demo URL [--token-file FILE] [--cafile FILE]")

@@ -10,10 +10,12 @@
 pub mod cilium;
 pub mod contender;
 pub mod contiv;
+pub mod heap;
 pub mod micro;
 pub mod remote;
 pub mod report;
 pub mod scenarios;
+pub mod serve;
 pub mod stats;
 
 use std::path::PathBuf;

@@ -17,21 +17,24 @@ use idalloc_testkit::etcd::EtcdServer;
 
 use crate::contender::{err, POOL, RANGE};
 use crate::micro::ns_per;
-use crate::stats::resident_bytes;
 
 /// What the remote-view benchmarks measured.
 #[derive(Clone, Debug, Default)]
 pub struct RemoteFigures {
     /// Bindings in the remote pool, seconds from `watch_remote` to `Synced`.
     pub sync: Option<(usize, f64)>,
-    /// Resident bytes per binding added by the synced view (includes what the allocator kept of
-    /// the listing's buffers).
-    pub bytes_per_binding: Option<f64>,
+    /// Heap bytes per binding the synced remote view retains, and the same for the local cache
+    /// of the same pool (same bindings, same store), counted by the bench binary's allocator.
+    pub remote_heap_per_binding: Option<f64>,
+    pub local_heap_per_binding: Option<f64>,
     /// Bindings per cluster in the lookup benchmark.
     pub lookup_bindings: usize,
     /// ns per lookup: local `key_of`, `key_of_any` over 1 local + 8 remotes, local `get`,
     /// `ids_of` over 1 + 8.
     pub key_of_local_ns: f64,
+    /// Local `key_of` on a pool as big as all nine clusters together (the same working set as
+    /// `key_of_any`, so cache misses weigh the same).
+    pub key_of_local_big_ns: f64,
     pub key_of_any_ns: f64,
     pub get_local_ns: f64,
     pub ids_of_ns: f64,
@@ -43,8 +46,20 @@ fn key(cluster: usize, i: usize) -> String {
 }
 
 /// Writes `n` bindings of pool `POOL` with `prefix` bits into `store` (records as the allocator
-/// writes them, without references).
+/// writes them, without references), on consecutive IDs.
 async fn fill(store: &dyn Store, spec: &PoolSpec, cluster: usize, n: usize) -> Result<(), String> {
+    fill_spaced(store, spec, cluster, n, 1).await
+}
+
+/// [`fill`] on every `stride`-th ID: with a stride of 2 no two bindings are adjacent, as in a
+/// sparse pool allocated at random.
+async fn fill_spaced(
+    store: &dyn Store,
+    spec: &PoolSpec,
+    cluster: usize,
+    n: usize,
+    stride: u64,
+) -> Result<(), String> {
     let layout = Layout::new("idalloc").map_err(|e| err("layout", e))?;
     store
         .txn(TxnRequest::new().and_then([TxnOp::put(layout.pool_spec_key(POOL), spec.to_json())]))
@@ -52,7 +67,7 @@ async fn fill(store: &dyn Store, spec: &PoolSpec, cluster: usize, n: usize) -> R
         .map_err(|e| err("spec", e))?;
     let mut ops = Vec::new();
     for i in 0..n {
-        let id = spec.apply_prefix(spec.min() + i as u64);
+        let id = spec.apply_prefix(spec.min() + i as u64 * stride);
         let k = key(cluster, i);
         ops.push(TxnOp::put(layout.id_key(POOL, id), IdRecord::Bound(k.clone()).encode()));
         ops.push(TxnOp::put(layout.key_key(POOL, &k), encode_id(id)));
@@ -78,37 +93,72 @@ async fn local_pool() -> Result<(Allocator, Pool), String> {
     Ok((alloc, pool))
 }
 
-/// Initial sync of a remote pool of `n` bindings on etcd, and the memory the view adds.
+/// Lets background tasks finish what a sync left them (channel sends, watch start).
+async fn settle() {
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+}
+
+/// Initial sync of a remote pool of `n` bindings on etcd, the heap bytes the view retains, and
+/// the heap bytes the local cache of the same pool retains (an allocator on that etcd).
 async fn sync(n: usize, out: &mut RemoteFigures) -> Result<(), String> {
     let etcd = EtcdServer::start().await?;
     let remote_store = etcd.store().await?;
     let spec = PoolSpec::new(POOL, RANGE.0, RANGE.1);
-    fill(&remote_store, &spec, 2, n).await?;
+    fill_spaced(&remote_store, &spec, 2, n, 2).await?;
     let (_alloc, pool) = local_pool().await?;
     let store: Arc<dyn Store> = Arc::new(etcd.store().await?);
-    let before = resident_bytes();
-    let t0 = Instant::now();
-    let view = pool
-        .watch_remote("b", store, RemoteOptions::default())
-        .await
-        .map_err(|e| err("watch_remote", e))?;
-    view.wait_synced().await;
-    let secs = t0.elapsed().as_secs_f64();
-    let after = resident_bytes();
+    settle().await;
+    let (view, remote_bytes) = crate::heap::measure(async {
+        let t0 = Instant::now();
+        let view = pool.watch_remote("b", store, RemoteOptions::default()).await;
+        if let Ok(v) = &view {
+            v.wait_synced().await;
+        }
+        let secs = t0.elapsed().as_secs_f64();
+        settle().await;
+        view.map(|v| (v, secs))
+    })
+    .await;
+    let (view, secs) = view.map_err(|e| err("watch_remote", e))?;
     if view.len() != n {
         return Err(format!("remote view has {} bindings, expected {n}", view.len()));
     }
     out.sync = Some((n, secs));
-    out.bytes_per_binding = match (before, after) {
-        (Some(b), Some(a)) => Some(a.saturating_sub(b) as f64 / n.max(1) as f64),
-        _ => None,
-    };
+    out.remote_heap_per_binding = remote_bytes.map(|b| b as f64 / n.max(1) as f64);
+
+    // The local cache of the same pool, measured the same way.
+    let local_store = etcd.store().await?;
+    let (local, local_bytes) = crate::heap::measure(async {
+        let alloc = Allocator::new(local_store, AllocatorOptions::default())?;
+        let pool = alloc.pool(POOL).await?;
+        pool.wait_synced().await?;
+        settle().await;
+        Ok::<_, idalloc::Error>((alloc, pool))
+    })
+    .await;
+    let (_local_alloc, local_pool) = local.map_err(|e| err("local pool", e))?;
+    let local_len = local_pool.snapshot().len();
+    if local_len != n {
+        return Err(format!("local cache has {local_len} bindings, expected {n}"));
+    }
+    out.local_heap_per_binding = local_bytes.map(|b| b as f64 / n.max(1) as f64);
     Ok(())
 }
 
-/// Lookups across one local pool and eight remote views of `n` bindings each.
-async fn lookups(n: usize, iters: u64, out: &mut RemoteFigures) -> Result<(), String> {
-    let (_alloc, pool) = local_pool().await?;
+/// One local pool and eight remote views (memory stores) of `n` bindings each, synced: what the
+/// lookup benchmarks (and `examples/lookup_profile.rs`) read.
+pub struct LookupFixture {
+    pub alloc: Allocator,
+    pub pool: Pool,
+    /// Every bound ID, local ones first (`n` per cluster).
+    pub ids: Vec<u64>,
+    /// Every bound key, in the order of `ids`.
+    pub keys: Vec<String>,
+}
+
+/// Builds a [`LookupFixture`].
+pub async fn lookup_fixture(n: usize) -> Result<LookupFixture, String> {
+    let (alloc, pool) = local_pool().await?;
     // Local bindings through the allocator's own path: written to its store and watched.
     let mut ids: Vec<u64> = Vec::new();
     let mut keys: Vec<String> = Vec::new();
@@ -137,8 +187,24 @@ async fn lookups(n: usize, iters: u64, out: &mut RemoteFigures) -> Result<(), St
         }
         tokio::time::sleep(std::time::Duration::from_millis(10)).await;
     }
+    Ok(LookupFixture { alloc, pool, ids, keys })
+}
+
+/// Lookups across one local pool and eight remote views of `n` bindings each.
+async fn lookups(n: usize, iters: u64, out: &mut RemoteFigures) -> Result<(), String> {
+    let LookupFixture { alloc: _alloc, pool, ids, keys } = lookup_fixture(n).await?;
+    // A local pool of 9 x n bindings (written to its store, then listed by the allocator).
+    let big_store = EmbeddedStore::memory();
+    let big_spec = PoolSpec::new(POOL, 1, (1 << 24) - 1).prefix(1 << 32);
+    fill(&big_store, &big_spec, 1, 9 * n).await?;
+    let big_alloc =
+        Allocator::new(big_store, AllocatorOptions::default()).map_err(|e| err("allocator", e))?;
+    let big = big_alloc.pool(POOL).await.map_err(|e| err("big pool", e))?;
+    big.wait_synced().await.map_err(|e| err("big pool sync", e))?;
+    let big_ids: Vec<u64> =
+        (0..iters).map(|i| big_spec.apply_prefix(1 + scatter_of(i, 9 * n) as u64)).collect();
     out.lookup_bindings = n;
-    let scatter = |i: u64, m: usize| (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) as usize % m;
+    let scatter = scatter_of;
     let local_ids: Vec<u64> = (0..iters).map(|i| ids[scatter(i, n)]).collect();
     let all_ids: Vec<u64> = (0..iters).map(|i| ids[scatter(i, ids.len())]).collect();
     let local_keys: Vec<String> =
@@ -148,9 +214,12 @@ async fn lookups(n: usize, iters: u64, out: &mut RemoteFigures) -> Result<(), St
         (0..iters.min(1 << 20)).map(|i| keys[scatter(i, keys.len())].clone()).collect();
     let ak = all_keys.len();
     let p = pool.clone();
-    let (a, b, c, d) = tokio::task::spawn_blocking(move || {
+    let (a, big_ns, b, c, d) = tokio::task::spawn_blocking(move || {
         let a = ns_per(iters, |i| {
             black_box(p.key_of(black_box(local_ids[i as usize])));
+        });
+        let big_ns = ns_per(iters, |i| {
+            black_box(big.key_of(black_box(big_ids[i as usize])));
         });
         let b = ns_per(iters, |i| {
             black_box(p.key_of_any(black_box(all_ids[i as usize])));
@@ -161,15 +230,21 @@ async fn lookups(n: usize, iters: u64, out: &mut RemoteFigures) -> Result<(), St
         let d = ns_per(iters, |i| {
             black_box(p.ids_of(black_box(&all_keys[i as usize % ak])));
         });
-        (a, b, c, d)
+        (a, big_ns, b, c, d)
     })
     .await
     .map_err(|e| format!("lookup thread: {e}"))?;
     out.key_of_local_ns = a;
+    out.key_of_local_big_ns = big_ns;
     out.key_of_any_ns = b;
     out.get_local_ns = c;
     out.ids_of_ns = d;
     Ok(())
+}
+
+/// A cheap index sequence over `m` that visits memory at random (a multiplicative hash).
+fn scatter_of(i: u64, m: usize) -> usize {
+    (i.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 17) as usize % m
 }
 
 /// Runs the remote-view benchmarks: sync of `sync_n` bindings, lookups over 9 x `lookup_n`.
@@ -197,15 +272,20 @@ impl RemoteFigures {
                 let _ = writeln!(s, "- Initial sync: not measured.");
             }
         }
-        if let Some(b) = self.bytes_per_binding {
-            let _ = writeln!(s, "- Resident memory added by that synced view: **{b:.0} bytes per remote binding** (keys of ~60 bytes; the process's RSS delta, so it includes what the allocator kept of the listing's buffers; the view is the same `PoolCache` as the local cache, whose figure is in the micro-benchmarks).");
+        match (self.remote_heap_per_binding, self.local_heap_per_binding) {
+            (Some(r), Some(l)) => {
+                let _ = writeln!(s, "- Heap bytes retained per binding (keys of 50 bytes, on every other ID; counted by the bench binary's global allocator from before `watch_remote` / `Allocator::pool` until after `Synced`, so listing buffers freed after the sync do not count): remote view **{r:.0} B**, local cache of the same pool on the same etcd **{l:.0} B**; remote / local = **{:.2}** (target ≤ 1).", r / l.max(1e-9));
+            }
+            _ => {
+                let _ = writeln!(s, "- Heap bytes per binding: not measured (the counting allocator is installed only by the bench binary).");
+            }
         }
         if self.lookup_bindings > 0 {
             let n = self.lookup_bindings;
-            let _ = writeln!(s, "- Lookups with 1 local pool + 8 remote views of {n} bindings each (on-CPU ns per call, random IDs/keys over all clusters):\n\n| lookup | ns |\n|---|---:|\n| local `Pool::key_of(id)` | {:.0} |\n| `Pool::key_of_any(id)` across 9 clusters (the ID's prefix bits pick the one view to ask) | {:.0} |\n| local `Pool::get(key)` | {:.0} |\n| `Pool::ids_of(key)` across 9 clusters (asks every view) | {:.0} |\n",
-                self.key_of_local_ns, self.key_of_any_ns, self.get_local_ns, self.ids_of_ns);
-            let _ = writeln!(s, "  `key_of_any` is {:.2}× a local `key_of` (target ≤ 2×); `ids_of` is {:.2}× a local `get` (it must look in all 9 views).",
-                self.key_of_any_ns / self.key_of_local_ns.max(1e-9), self.ids_of_ns / self.get_local_ns.max(1e-9));
+            let _ = writeln!(s, "- Lookups with 1 local pool + 8 remote views of {n} bindings each (on-CPU ns per call, random IDs/keys over all clusters):\n\n| lookup | ns |\n|---|---:|\n| local `Pool::key_of(id)` | {:.0} |\n| local `Pool::key_of(id)` on a pool of {} bindings (the working set of all 9 clusters) | {:.0} |\n| `Pool::key_of_any(id)` across 9 clusters (the ID's prefix bits pick the one view to ask) | {:.0} |\n| local `Pool::get(key)` | {:.0} |\n| `Pool::ids_of(key)` across 9 clusters (asks every view) | {:.0} |\n",
+                self.key_of_local_ns, 9 * n, self.key_of_local_big_ns, self.key_of_any_ns, self.get_local_ns, self.ids_of_ns);
+            let _ = writeln!(s, "  `key_of_any` is **{:.2}×** a local `key_of` on a pool as big as the 9 clusters together (target ≤ 2×), and {:.2}× a local `key_of` on one cluster's {n} bindings (that pool's working set is 9 times smaller, so more of it stays in the CPU caches); `ids_of` is {:.2}× a local `get` (it must look in all 9 views).",
+                self.key_of_any_ns / self.key_of_local_big_ns.max(1e-9), self.key_of_any_ns / self.key_of_local_ns.max(1e-9), self.ids_of_ns / self.get_local_ns.max(1e-9));
         }
         for e in &self.errors {
             let _ = writeln!(s, "- failed: {e}");

@@ -299,6 +299,7 @@ Round trips are counted by `CountingStore` around each node's own etcd connectio
                 }
             }
         }
+        s.push_str(SERVE_SECTION);
         s
     }
 
@@ -409,3 +410,7 @@ fn nice_ceiling(v: f64) -> f64 {
     }
     10.0 * p
 }
+
+/// The HTTP service's figures have their own run (they need the release `idalloc` binary); the
+/// full report points to them.
+pub const SERVE_SECTION: &str = "\n## HTTP service (`idalloc serve`)\n\nHTTP against the library on one etcd (acquire + release at 1/8/64 clients, cached lookups): [benchmarks-serve.md](benchmarks-serve.md), from `cargo build --release -p idalloc-cli && cargo run --release -p idalloc-bench -- --serve-only`.\n";

@@ -51,8 +51,20 @@ pub enum Outcome {
 pub enum Record {
     /// A client process started (`proc` names one run of one holder).
     Start { proc: String, holder: String, pid: u32, t: u64 },
-    /// A call is about to be made.
-    Invoke { proc: String, holder: String, seq: u64, op: OpKind, key: String, t: u64 },
+    /// A call is about to be made. `batch`: 0 for a single-key call; `n` for one of the `n` keys
+    /// of one batched call (`acquire_many_durable` / `release_many_durable`), each key with its
+    /// own `seq` and its own return, checked like a single call (a batch keeps each key's
+    /// guarantees: DESIGN §12).
+    Invoke {
+        proc: String,
+        holder: String,
+        seq: u64,
+        op: OpKind,
+        key: String,
+        t: u64,
+        #[serde(default)]
+        batch: u32,
+    },
     /// The call `seq` of `proc` came back.
     Return { proc: String, seq: u64, t: u64, outcome: Outcome },
     /// The client finished its run normally.
@@ -70,6 +82,8 @@ pub struct Op {
     pub invoke: u64,
     /// `None`: the process died during the call (indeterminate).
     pub ret: Option<(u64, Outcome)>,
+    /// The size of the batched call it was part of (0: a single-key call).
+    pub batch: u32,
 }
 
 /// Everything read from a set of history files.
@@ -111,9 +125,18 @@ pub fn read_histories(paths: &[impl AsRef<Path>]) -> Result<History, String> {
             match rec {
                 Record::Start { .. } => h.starts += 1,
                 Record::Done { .. } => h.dones += 1,
-                Record::Invoke { proc, holder, seq, op, key, t } => {
+                Record::Invoke { proc, holder, seq, op, key, t, batch } => {
                     open.insert((proc.clone(), seq), h.ops.len());
-                    h.ops.push(Op { proc, holder, seq, kind: op, key, invoke: t, ret: None });
+                    h.ops.push(Op {
+                        proc,
+                        holder,
+                        seq,
+                        kind: op,
+                        key,
+                        invoke: t,
+                        ret: None,
+                        batch,
+                    });
                 }
                 Record::Return { proc, seq, t, outcome } => {
                     let i = open.remove(&(proc.clone(), seq)).ok_or_else(|| {
@@ -146,6 +169,7 @@ mod tests {
             op: OpKind::Acquire,
             key: "k".into(),
             t: 5,
+            batch: 0,
         };
         let text = format!("{}\n{{\"ev\":\"return\",\"pro", serde_json::to_string(&inv).unwrap());
         std::fs::write(&p, text).unwrap();

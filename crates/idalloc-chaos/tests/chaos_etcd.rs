@@ -651,6 +651,16 @@ async fn run_chaos<T: Target>(mut cluster: T, chaos_secs: u64, cycle: &[&'static
     // The run did what it claims: calls of every kind returned, every fault kind was injected.
     assert!(per_kind.keys().any(|k| k.starts_with("acquire ok")), "no acquire succeeded");
     assert!(per_kind.contains_key("release ok reclaimed"), "no release reclaimed");
+    // Batched calls ran and answered (their keys are checked like single calls).
+    let batched = |kind: OpKind| {
+        history.ops.iter().any(|o| {
+            o.batch > 1
+                && o.kind == kind
+                && matches!(o.ret, Some((_, Outcome::Acquired { .. } | Outcome::Released { .. })))
+        })
+    };
+    assert!(batched(OpKind::Acquire), "no batched acquire succeeded");
+    assert!(batched(OpKind::Release), "no batched release succeeded");
     if chaos_secs >= 40 {
         for kind in cycle {
             assert!(faults.contains_key(*kind), "fault {kind} was never injected");

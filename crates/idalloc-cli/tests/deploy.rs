@@ -757,9 +757,19 @@ fn the_kubernetes_deployment_is_consistent_with_serve() {
     assert_eq!(http["containerPort"].as_u64(), Some(port), "containerPort is the listen port");
     assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/healthz");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let tls = arg("--tls-cert").is_some() && arg("--tls-key").is_some();
     for probe in ["livenessProbe", "readinessProbe"] {
         assert_eq!(c[probe]["httpGet"]["port"], "http", "{probe} probes the served port");
+        let scheme = c[probe]["httpGet"]["scheme"].as_str().unwrap_or("HTTP");
+        assert_eq!(scheme, if tls { "HTTPS" } else { "HTTP" }, "{probe} speaks what serve serves");
     }
+    // serve refuses a non-loopback --listen without TLS and client authentication.
+    let loopback = listen.starts_with("127.") || listen.starts_with("[::1]");
+    let client_auth = arg("--auth-tokens").is_some() || arg("--client-ca").is_some();
+    assert!(
+        loopback || (tls && client_auth) || args.contains(&"--insecure-listen"),
+        "--listen={listen} needs --tls-cert, --tls-key and --auth-tokens or --client-ca"
+    );
     let drain = arg("--drain-timeout").expect("--drain-timeout");
     let drain: u64 = drain.trim_end_matches('s').parse().expect("seconds");
     let grace = pod["terminationGracePeriodSeconds"].as_u64().expect("grace period");
@@ -784,6 +794,16 @@ fn the_kubernetes_deployment_is_consistent_with_serve() {
         .filter(|v| v["secret"]["secretName"].is_string())
         .map(|v| v["name"].as_str().expect("volume name"))
         .collect();
+    let in_secret = |path: &str| {
+        mounts.iter().any(|(vol, dir)| {
+            path.starts_with(&format!("{dir}/")) && secret_volumes.contains(vol.as_str())
+        })
+    };
+    for flag in ["--tls-cert", "--tls-key", "--auth-tokens", "--client-ca"] {
+        if let Some(path) = arg(flag) {
+            assert!(in_secret(&path), "{flag}={path} is not in a mounted Secret");
+        }
+    }
     let mut files = 0;
     for e in env {
         let name = e["name"].as_str().expect("env name");
@@ -796,10 +816,7 @@ fn the_kubernetes_deployment_is_consistent_with_serve() {
         {
             files += 1;
             let path = e["value"].as_str().expect("a path");
-            let from_secret = mounts.iter().any(|(vol, dir)| {
-                path.starts_with(&format!("{dir}/")) && secret_volumes.contains(vol.as_str())
-            });
-            assert!(from_secret, "{name}={path} is not in a mounted Secret");
+            assert!(in_secret(path), "{name}={path} is not in a mounted Secret");
         }
     }
     assert_eq!(files, 4, "CA, certificate, key and password files");

@@ -559,6 +559,60 @@ fn tokens_scope_every_endpoint_class_scope_holders_and_sessions_and_never_reach_
     }
 }
 
+/// The shipped Python client over HTTPS with a token: its demo (create a pool, open a session,
+/// acquire, keep alive, release, end) runs with an admin token and the test CA, and is refused
+/// (401) without the token.
+#[test]
+fn the_python_client_speaks_https_with_a_token() {
+    if Command::new("python3").arg("--version").output().is_err() {
+        assert!(std::env::var("CI").is_err(), "python3 is required under CI");
+        eprintln!("SKIPPED: no python3");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = TestPki::generate(dir.path()).expect("certificates");
+    let (tokens_path, tk) = tokens_file(dir.path());
+    let path = |p: &Path| p.to_str().expect("utf-8").to_string();
+    let s = Serve::start(
+        dir.path(),
+        &[
+            "--tls-cert",
+            &path(&pki.server.cert),
+            "--tls-key",
+            &path(&pki.server.key),
+            "--auth-tokens",
+            &path(&tokens_path),
+        ],
+    );
+    let client: PathBuf =
+        [env!("CARGO_MANIFEST_DIR"), "..", "..", "clients", "python", "idalloc_client.py"]
+            .iter()
+            .collect();
+    let boss = dir.path().join("boss.token");
+    std::fs::write(&boss, format!("{}\n", tk.boss)).expect("write");
+    let run = |extra: &[&str]| {
+        Command::new("python3")
+            .arg(&client)
+            .args(["--demo", &s.https("")])
+            .args(["--cafile", &path(&pki.ca)])
+            .args(extra)
+            .output()
+            .expect("run the python client")
+    };
+    let out = run(&["--token-file", &path(&boss)]);
+    let stdout = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(out.status.success(), "{stdout} {}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<Value> =
+        stdout.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    assert!(lines.iter().any(|l| l["step"] == "acquire" && l["id"].as_u64().is_some()));
+    assert!(lines.iter().any(|l| l["step"] == "release" && l["held"] == true));
+    assert!(lines.iter().any(|l| l["step"] == "end"));
+    let out = run(&[]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("401 unauthenticated"), "{stderr}");
+}
+
 /// Runs serve expecting it to refuse to start: exit 2 and one `error:` line naming `needle`.
 fn refused(extra: &[&str], needle: &str) -> String {
     let listen: &[&str] =

@@ -88,6 +88,8 @@ fn leaf(
         params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     }
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+    // Strict verifiers (Python 3.13's default X.509 checks) want it on every non-root certificate.
+    params.use_authority_key_identifier_extension = true;
     if expired {
         params.not_before = rcgen::date_time_ymd(2000, 1, 1);
         params.not_after = rcgen::date_time_ymd(2001, 1, 1);

@@ -56,7 +56,10 @@ pub struct PoolCache {
     /// hands out (outside its range, reserved, without its prefix bits). Never bindings, never
     /// candidates; reported by [`PoolCache::foreign`].
     foreign: std::collections::BTreeMap<u64, Foreign>,
+    /// Free IDs, for picking candidates. A read-only view (a remote view never allocates) keeps
+    /// it empty (`track_free` false): it would cost a tree node per isolated binding for nothing.
     free: IdSet,
+    track_free: bool,
     revision: Revision,
 }
 
@@ -87,13 +90,34 @@ fn slot_of(value: &[u8]) -> Slot {
 impl PoolCache {
     pub fn new(spec: PoolSpec) -> Self {
         let free = IdSet::new(spec.min(), spec.max(), spec.reserved());
+        PoolCache { free, track_free: true, ..Self::read_only(spec) }
+    }
+
+    /// A cache that only answers lookups (a remote view): no free-ID set.
+    pub fn read_only(spec: PoolSpec) -> Self {
         PoolCache {
             spec,
             bound: Bindings::default(),
             tombstones: FastMap::default(),
             foreign: Default::default(),
-            free,
+            // An empty range: nothing free, nothing stored.
+            free: IdSet::new(1, 0, &[]),
+            track_free: false,
             revision: 0,
+        }
+    }
+
+    /// Marks raw ID `raw` used in the free set, if the cache keeps one.
+    fn use_raw(&mut self, raw: u64) {
+        if self.track_free {
+            self.free.insert(raw);
+        }
+    }
+
+    /// Marks raw ID `raw` free in the free set, if the cache keeps one.
+    fn free_raw(&mut self, raw: u64) {
+        if self.track_free {
+            self.free.remove(raw);
         }
     }
 
@@ -145,7 +169,8 @@ impl PoolCache {
         self.bound.is_empty()
     }
 
-    /// The free-ID set (bound, tombstoned, reserved and locally claimed IDs are used).
+    /// The free-ID set (bound, tombstoned, reserved and locally claimed IDs are used). Empty
+    /// for a [`PoolCache::read_only`] cache.
     pub fn free_ids(&mut self) -> &mut IdSet {
         &mut self.free
     }
@@ -179,7 +204,7 @@ impl PoolCache {
             return;
         }
         if let Some(raw) = self.spec.strip_prefix(id) {
-            self.free.remove(raw);
+            self.free_raw(raw);
         }
     }
 
@@ -237,13 +262,13 @@ impl PoolCache {
                 tracing::warn!(pool = %self.spec.name(), id, "unreadable ID record; the ID counts as used (run `idalloc check`)");
                 self.foreign.insert(id, Foreign::Unreadable);
                 if let Some(raw) = raw {
-                    self.free.insert(raw);
+                    self.use_raw(raw);
                 }
                 None
             }
             Slot::Absent => {
                 if let Some(raw) = raw {
-                    self.free.remove(raw);
+                    self.free_raw(raw);
                 }
                 None
             }
@@ -261,7 +286,7 @@ impl PoolCache {
                     _ => Arc::from(key),
                 };
                 if let Some(raw) = raw {
-                    self.free.insert(raw);
+                    self.use_raw(raw);
                 }
                 if tombstone {
                     self.tombstones.insert(id, key.clone());
@@ -286,12 +311,12 @@ impl PoolCache {
     pub fn learn(&mut self, id: u64, used: bool) {
         if let Some(raw) = self.spec.strip_prefix(id) {
             if used {
-                self.free.insert(raw);
+                self.use_raw(raw);
             } else if !self.bound.contains_id(id)
                 && !self.tombstones.contains_key(&id)
                 && !self.foreign.contains_key(&id)
             {
-                self.free.remove(raw);
+                self.free_raw(raw);
             }
         }
     }

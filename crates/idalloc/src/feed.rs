@@ -131,10 +131,11 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
         };
         // The watch starts AT the view's revision, not after it, and what it replays of that
         // revision is skipped (the view has it). A store accepts a watch from its compaction
-        // revision; etcd 3.4 then still replays a delete made at that revision, but a store that
-        // dropped it (the embedded store does, see docs/design-notes.md) would leave the view
-        // showing a binding that is gone. From `at`, a compaction at `at + 1` is refused as
-        // compacted and re-listed, so the view is right on either.
+        // revision but may have dropped a delete made at exactly that revision (etcd 3.4.23 once
+        // its compaction has run, and the embedded store; newer etcd keeps it: conformance case
+        // `watch_from_the_compaction_revision_of_a_delete`). Watching from `at + 1` after a
+        // compaction at `at + 1` would then miss that delete and show a binding that is gone;
+        // from `at`, such a compaction is refused as compacted and re-listed, right on either.
         let start = at.max(1);
         let mut stream =
             match bounded(cfg.request_timeout, store.watch(cfg.range.clone(), start)).await {

@@ -50,6 +50,20 @@ pub const SESSION_RENEWALS: &str = "idalloc_session_renewals_total";
 pub const SESSIONS_LOST: &str = "idalloc_sessions_lost_total";
 /// Client sessions open in this process (see `ClientSession`).
 pub const CLIENT_SESSIONS: &str = "idalloc_client_sessions";
+/// State of a remote view (DESIGN §12), by `pool`, `remote` and `state` (`syncing`, `synced`,
+/// `stale`, `refused`): 1 for the view's current state, 0 for the others (all 0 once the view is removed).
+/// `remote` is the operator-configured remote name: bounded like pool names.
+pub const REMOTE_STATE: &str = "idalloc_remote_view_state";
+/// Bindings a remote view shows, by `pool` and `remote`.
+pub const REMOTE_BINDINGS: &str = "idalloc_remote_view_bindings";
+/// Remote entries dropped because they failed validation, by `pool` and `remote`.
+pub const REMOTE_DROPS: &str = "idalloc_remote_validation_drops_total";
+/// Times a remote view re-established its remote after losing it (a listing that follows a
+/// failed request, probe or broken watch), by `pool` and `remote`.
+pub const REMOTE_RECONNECTS: &str = "idalloc_remote_reconnects_total";
+/// Seconds since a remote view was last known to follow its remote: 0 while `synced`, growing
+/// while `syncing` or `stale`, by `pool` and `remote`.
+pub const REMOTE_SYNC_AGE: &str = "idalloc_remote_last_sync_age_seconds";
 
 /// Every metric name above, for tests and dashboards that check what is exported.
 pub const ALL: &[&str] = &[
@@ -66,6 +80,11 @@ pub const ALL: &[&str] = &[
     SESSION_RENEWALS,
     SESSIONS_LOST,
     CLIENT_SESSIONS,
+    REMOTE_STATE,
+    REMOTE_BINDINGS,
+    REMOTE_DROPS,
+    REMOTE_RECONNECTS,
+    REMOTE_SYNC_AGE,
 ];
 
 static DESCRIBE: Once = Once::new();
@@ -95,6 +114,21 @@ pub fn describe() {
         describe_counter!(SESSION_RENEWALS, "Session lease renewals by session kind and result");
         describe_counter!(SESSIONS_LOST, "Session leases lost (expired or revoked)");
         describe_gauge!(CLIENT_SESSIONS, "Client sessions open in this process");
+        describe_gauge!(
+            REMOTE_STATE,
+            "Remote view state (1 for the current one) by pool and remote"
+        );
+        describe_gauge!(REMOTE_BINDINGS, "Bindings a remote view shows");
+        describe_counter!(REMOTE_DROPS, "Remote entries dropped by validation");
+        describe_counter!(
+            REMOTE_RECONNECTS,
+            "Remote views re-established after losing their remote"
+        );
+        describe_gauge!(
+            REMOTE_SYNC_AGE,
+            metrics::Unit::Seconds,
+            "Seconds since the remote view was last known to follow its remote (0 while synced)"
+        );
         // Counters of rare events exist at zero from the start (see `pool_opened`).
         for kind in [SessionKind::Process, SessionKind::Client] {
             counter!(SESSIONS_LOST, "session" => kind.label()).increment(0);
@@ -204,6 +238,50 @@ pub(crate) fn session_lost(kind: SessionKind) {
 /// Tracks the number of open client sessions.
 pub(crate) fn client_sessions(delta: f64) {
     gauge!(CLIENT_SESSIONS).increment(delta);
+}
+
+/// The states of a remote view, as `REMOTE_STATE` labels.
+pub(crate) const REMOTE_STATES: [&str; 4] = ["syncing", "synced", "stale", "refused"];
+
+/// Publishes a remote view's state: 1 for `state`, 0 for the others; `None` (the view was
+/// removed): all 0.
+pub(crate) fn remote_state(pool: &str, remote: &str, state: Option<&'static str>) {
+    for s in REMOTE_STATES {
+        let v = if Some(s) == state { 1.0 } else { 0.0 };
+        gauge!(REMOTE_STATE, "pool" => pool.to_string(), "remote" => remote.to_string(), "state" => s)
+            .set(v);
+    }
+}
+
+/// Publishes the number of bindings a remote view shows.
+pub(crate) fn remote_bindings(pool: &str, remote: &str, n: usize) {
+    gauge!(REMOTE_BINDINGS, "pool" => pool.to_string(), "remote" => remote.to_string())
+        .set(n as f64);
+}
+
+/// Creates a new remote view's counters at zero (as `pool_opened` does for a pool: a series
+/// that first appears at 1 shows no `increase()`).
+pub(crate) fn remote_opened(pool: &str, remote: &str) {
+    counter!(REMOTE_DROPS, "pool" => pool.to_string(), "remote" => remote.to_string()).increment(0);
+    counter!(REMOTE_RECONNECTS, "pool" => pool.to_string(), "remote" => remote.to_string())
+        .increment(0);
+}
+
+/// Counts remote entries dropped by validation.
+pub(crate) fn remote_drops(pool: &str, remote: &str, n: usize) {
+    counter!(REMOTE_DROPS, "pool" => pool.to_string(), "remote" => remote.to_string())
+        .increment(n as u64);
+}
+
+/// Counts a remote view re-established after losing its remote.
+pub(crate) fn remote_reconnect(pool: &str, remote: &str) {
+    counter!(REMOTE_RECONNECTS, "pool" => pool.to_string(), "remote" => remote.to_string())
+        .increment(1);
+}
+
+/// Publishes the seconds since a remote view was last known to follow its remote.
+pub(crate) fn remote_sync_age(pool: &str, remote: &str, secs: f64) {
+    gauge!(REMOTE_SYNC_AGE, "pool" => pool.to_string(), "remote" => remote.to_string()).set(secs);
 }
 
 /// The `result` label of a store request.

@@ -17,7 +17,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime};
 
@@ -29,6 +29,7 @@ use crate::cache::{Event, PoolCache};
 use crate::error::{Error, Input, Result};
 use crate::feed::{self, FeedConfig, Gone, Relist, Sink};
 use crate::layout::{IdRecord, Layout};
+use crate::metrics;
 use crate::pool::{validate_key, PoolSpec};
 use crate::store::{GetRequest, KeyRange, KeyValue, Revision, Store, StoreError, WatchEvent};
 
@@ -73,6 +74,22 @@ pub enum RemoteState {
     Synced,
     /// The remote has been unreachable since `since`; the view shows what it last knew.
     Stale { since: SystemTime },
+    /// The remote pool was re-created with a spec this pool must refuse (its ID space overlaps
+    /// another cluster's, or it is unreadable): the view dropped its entries and shows nothing
+    /// until the remote's spec is acceptable again. [`RemotePool::refusal`] says why.
+    Refused,
+}
+
+impl RemoteState {
+    /// The state's name, as in the `idalloc_remote_view_state` metric.
+    pub fn label(&self) -> &'static str {
+        match self {
+            RemoteState::Syncing => "syncing",
+            RemoteState::Synced => "synced",
+            RemoteState::Stale { .. } => "stale",
+            RemoteState::Refused => "refused",
+        }
+    }
 }
 
 /// Checks one remote binding `(id, key)`; `Err` names why it is rejected.
@@ -257,14 +274,40 @@ pub(crate) struct Guarded {
     pub(crate) listed: bool,
     /// `remove_remote` took the view out: the follower must not touch it again.
     removed: bool,
+    /// The remote pool's spec the view validates against, and its ID space.
+    spec: PoolSpec,
+    space: (u64, u64),
+    /// The spec record as last seen (its create revision tells a re-created pool, DESIGN §12).
+    spec_created: Revision,
+    spec_value: Vec<u8>,
+    /// Why the remote's current spec is refused; the view shows nothing meanwhile.
+    refused: Option<String>,
+}
+
+/// An ID space no ID is in (a refused view's): `lo > hi`, so it meets no other space.
+const NO_SPACE: (u64, u64) = (u64::MAX, 0);
+
+/// The ID spaces of some clusters of a pool.
+pub(crate) type Spaces = [(Cluster, (u64, u64))];
+
+/// The pool a view belongs to, as the view needs it when the remote's spec changes.
+pub(crate) trait Neighbours: Send + Sync {
+    /// Runs `f` with the ID spaces of the pool's other clusters (the local pool and every remote
+    /// but `me`), while no remote of the pool can be added or change its space.
+    fn with_others(&self, me: &str, f: &mut dyn FnMut(&Spaces));
 }
 
 /// One remote view, shared by its handles, its follower and the pool.
 pub(crate) struct RemoteView {
     pub(crate) cluster: Cluster,
     name: Arc<str>,
-    spec: PoolSpec,
-    space: (u64, u64),
+    /// The pool's name (the same in every cluster).
+    pool: Arc<str>,
+    /// The view's ID space as the pool routes lookups by it (`key_of_any`): a copy of
+    /// `Guarded::space`, written only while the pool's registry of remotes is locked for writing
+    /// (which then rebuilds its routes), and re-checked under the view's lock.
+    space_lo: AtomicU64,
+    space_hi: AtomicU64,
     layout: Layout,
     validators: Vec<Validator>,
     guarded: Mutex<Guarded>,
@@ -274,9 +317,20 @@ pub(crate) struct RemoteView {
     state: tokio::sync::watch::Sender<RemoteState>,
     /// When the current outage began (tokio time, for `stale_ttl`).
     stale_at: Mutex<Option<tokio::time::Instant>>,
+    /// Since when the view has not been known to follow its remote (opened, or went stale);
+    /// `None` while synced. For the sync-age metric.
+    unsynced_since: Mutex<Option<tokio::time::Instant>>,
+    /// The remote was reported unreachable since the last listing: the next one is a reconnect.
+    lost: AtomicBool,
     dropped: AtomicU64,
     tasks: Mutex<Vec<AbortHandle>>,
     closing: AtomicBool,
+    /// The remote store (read only) and how to follow it.
+    store: Arc<dyn Store>,
+    opts: RemoteOptions,
+    /// Asks the follower of `id/` records to re-list.
+    relist: Arc<Relist>,
+    neighbours: std::sync::OnceLock<Box<dyn Neighbours>>,
 }
 
 impl RemoteView {
@@ -284,8 +338,29 @@ impl RemoteView {
         lock(&self.guarded)
     }
 
+    /// The view's ID space (see `space_lo`).
     pub(crate) fn space(&self) -> (u64, u64) {
-        self.space
+        (self.space_lo.load(Ordering::Relaxed), self.space_hi.load(Ordering::Relaxed))
+    }
+
+    fn set_space(&self, g: &mut Guarded, space: (u64, u64)) {
+        g.space = space;
+        self.space_lo.store(space.0, Ordering::Relaxed);
+        self.space_hi.store(space.1, Ordering::Relaxed);
+    }
+
+    /// The key bound to `id` in the view (no round trip).
+    pub(crate) fn key_of(&self, id: u64) -> Option<String> {
+        let g = self.lock();
+        if id < g.space.0 || id > g.space.1 {
+            return None;
+        }
+        g.cache.key_of(id).map(str::to_string)
+    }
+
+    fn publish_state(&self, s: RemoteState) {
+        self.state.send_replace(s);
+        metrics::remote_state(&self.pool, &self.name, Some(s.label()));
     }
 
     /// Sends `e` to the view's subscribers and the pool's all-clusters subscribers. Call with the
@@ -296,17 +371,18 @@ impl RemoteView {
     }
 
     fn parse_id(&self, k: &[u8]) -> Option<u64> {
-        self.layout.parse_id_key(self.spec.name(), k)
+        self.layout.parse_id_key(&self.pool, k)
     }
 
-    fn check(&self, id: u64, key: &str) -> std::result::Result<(), String> {
-        validate_entry(self.space, &self.validators, id, key)
+    fn check(&self, space: (u64, u64), id: u64, key: &str) -> std::result::Result<(), String> {
+        validate_entry(space, &self.validators, id, key)
     }
 
     fn count_dropped(&self, why: &[String]) {
         if let Some(first) = why.first() {
             self.dropped.fetch_add(why.len() as u64, Ordering::Relaxed);
-            warn!(remote = %self.name, pool = %self.spec.name(), dropped = why.len(), reason = %first, "remote entries failed validation and were dropped");
+            metrics::remote_drops(&self.pool, &self.name, why.len());
+            warn!(remote = %self.name, pool = %&self.pool, dropped = why.len(), reason = %first, "remote entries failed validation and were dropped");
         }
     }
 
@@ -321,6 +397,7 @@ impl RemoteView {
             }
         }
         g.listed = false;
+        metrics::remote_bindings(&self.pool, &self.name, g.cache.len());
     }
 
     /// Ends the view: stops its tasks and drops its entries with `Delete` events.
@@ -332,27 +409,117 @@ impl RemoteView {
         let mut g = self.lock();
         g.removed = true;
         self.clear(&mut g);
+        metrics::remote_state(&self.pool, &self.name, None);
+        metrics::remote_sync_age(&self.pool, &self.name, 0.0);
     }
 
-    pub(crate) fn abort_tasks(&self) {
-        for t in lock(&self.tasks).drain(..) {
-            t.abort();
+    /// Publishes the seconds since the view last followed its remote (0 while synced).
+    fn report_sync_age(&self) {
+        let age = lock(&self.unsynced_since).map_or(0.0, |t| t.elapsed().as_secs_f64());
+        metrics::remote_sync_age(&self.pool, &self.name, age);
+    }
+
+    /// Starts following the remote. Called once the view is registered with its pool, so that
+    /// what the follower publishes (events, metrics) belongs to a view the pool shows.
+    pub(crate) fn start(self: &Arc<Self>, neighbours: Box<dyn Neighbours>) {
+        let _ = self.neighbours.set(neighbours);
+        let cfg = FeedConfig {
+            store: self.store.clone(),
+            range: KeyRange::prefix(self.layout.id_prefix(&self.pool)),
+            page: self.opts.list_page,
+            relist_after_outage: true,
+            probe: Some(self.opts.probe_interval),
+            request_timeout: Some(self.opts.request_timeout),
+        };
+        metrics::remote_state(&self.pool, &self.name, Some("syncing"));
+        metrics::remote_bindings(&self.pool, &self.name, 0);
+        metrics::remote_opened(&self.pool, &self.name);
+        // The spec record, followed apart: a pool deleted and re-created with another spec must
+        // be noticed (its create revision changes), re-validated and re-listed. No probe: the
+        // follower of `id/` records tells outages.
+        let spec_cfg = FeedConfig {
+            range: KeyRange::key(self.layout.pool_spec_key(&self.pool)),
+            probe: None,
+            ..cfg.clone()
+        };
+        let mut tasks = lock(&self.tasks);
+        let sink = RemoteSink(Arc::downgrade(self));
+        tasks.push(tokio::spawn(feed::follow(cfg, self.relist.clone(), sink)).abort_handle());
+        let spec_sink = SpecSink { view: Arc::downgrade(self), rev: AtomicI64::new(0) };
+        tasks.push(
+            tokio::spawn(feed::follow(spec_cfg, Arc::new(Relist::default()), spec_sink))
+                .abort_handle(),
+        );
+        tasks.push(tokio::spawn(report_sync_age(Arc::downgrade(self))).abort_handle());
+        if let Some(ttl) = self.opts.stale_ttl {
+            tasks.push(tokio::spawn(expire_stale(Arc::downgrade(self), ttl)).abort_handle());
         }
     }
 
     fn went_unreachable(&self, error: &StoreError) {
-        let mut changed = false;
-        self.state.send_if_modified(|s| {
-            if *s == RemoteState::Synced {
-                *s = RemoteState::Stale { since: SystemTime::now() };
-                changed = true;
-            }
-            changed
-        });
-        if changed {
-            *lock(&self.stale_at) = Some(tokio::time::Instant::now());
-            warn!(remote = %self.name, pool = %self.spec.name(), error = %error, "remote unreachable; serving its last known view");
+        self.lost.store(true, Ordering::Release);
+        // State changes happen under the view's lock, so that they keep the order of the
+        // changes that cause them (a spec refusal is never overwritten by an older outage).
+        let _g = self.lock();
+        if *self.state.borrow() == RemoteState::Synced {
+            let now = tokio::time::Instant::now();
+            *lock(&self.stale_at) = Some(now);
+            *lock(&self.unsynced_since) = Some(now);
+            self.publish_state(RemoteState::Stale { since: SystemTime::now() });
+            warn!(remote = %self.name, pool = %&self.pool, error = %error, "remote unreachable; serving its last known view");
         }
+    }
+
+    /// The spec record of the remote pool as its follower read it. A record other than the one
+    /// the view validates against (another create revision: the pool was deleted and re-created;
+    /// or another value) is re-validated against the pool's other clusters: accepted, the view
+    /// drops its entries (with `Delete` events), takes the new spec and re-lists; refused, it
+    /// drops its entries and shows nothing, in state `Refused`, until the spec changes again.
+    fn spec_seen(&self, kv: &KeyValue) {
+        {
+            let g = self.lock();
+            if g.removed || (kv.create_revision == g.spec_created && kv.value == g.spec_value) {
+                return;
+            }
+        }
+        let Some(neighbours) = self.neighbours.get() else { return };
+        let parsed = PoolSpec::from_json(&kv.value);
+        neighbours.with_others(&self.name, &mut |others| {
+            let mut g = self.lock();
+            if g.removed {
+                return;
+            }
+            g.spec_created = kv.create_revision;
+            g.spec_value = kv.value.clone();
+            let verdict = match &parsed {
+                Err(e) => Err(format!("its spec of pool {:?} is unreadable: {e}", &*self.pool)),
+                Ok(spec) if spec.name() != &*self.pool => Err(format!(
+                    "its spec record of pool {:?} names pool {:?}",
+                    &*self.pool,
+                    spec.name()
+                )),
+                Ok(spec) => check_overlap(&self.name, spec, others).map_err(|e| e.to_string()),
+            };
+            self.clear(&mut g);
+            *lock(&self.unsynced_since) = Some(tokio::time::Instant::now());
+            match verdict.and_then(|()| parsed.as_ref().map_err(|e| e.to_string())) {
+                Ok(spec) => {
+                    info!(remote = %self.name, pool = %&*self.pool, spec = ?spec, "remote pool re-created with another spec; re-listing");
+                    g.cache = PoolCache::read_only(spec.clone());
+                    g.spec = spec.clone();
+                    self.set_space(&mut g, id_space(spec));
+                    g.refused = None;
+                    self.publish_state(RemoteState::Syncing);
+                }
+                Err(why) => {
+                    warn!(remote = %self.name, pool = %&*self.pool, reason = %why, "remote pool re-created with a spec this pool refuses; its entries are dropped");
+                    self.set_space(&mut g, NO_SPACE);
+                    g.refused = Some(why);
+                    self.publish_state(RemoteState::Refused);
+                }
+            }
+        });
+        self.relist.request();
     }
 }
 
@@ -384,13 +551,21 @@ impl Sink for RemoteSink {
 
     fn listed(&self, kvs: &[KeyValue], revision: Revision) -> std::result::Result<(), Gone> {
         let v = self.view()?;
-        let (kept, dropped) = screen_listing(kvs, |k| v.parse_id(k), |id, key| v.check(id, key));
-        v.count_dropped(&dropped);
+        let dropped;
         {
             let mut g = v.lock();
             if g.removed {
                 return Err(Gone);
             }
+            if g.refused.is_some() {
+                // The remote's spec is refused: the view shows nothing, whatever the listing.
+                return Ok(());
+            }
+            // Screened under the lock: the space cannot change between screening and applying.
+            let space = g.space;
+            let (kept, why) =
+                screen_listing(kvs, |k| v.parse_id(k), |id, key| v.check(space, id, key));
+            dropped = why;
             let events = g.cache.replace_all(&kept, revision, |k| v.parse_id(k));
             for e in events {
                 if e != Event::Synced {
@@ -400,13 +575,19 @@ impl Sink for RemoteSink {
             // Exactly one `Synced` per listing.
             v.emit(Event::Synced);
             g.listed = true;
+            metrics::remote_bindings(&v.pool, &v.name, g.cache.len());
+            if *v.state.borrow() != RemoteState::Synced {
+                info!(remote = %v.name, pool = %&v.pool, bindings = g.cache.len(), "remote view synced");
+            }
+            *lock(&v.stale_at) = None;
+            *lock(&v.unsynced_since) = None;
+            v.publish_state(RemoteState::Synced);
         }
-        let was = *v.state.borrow();
-        if was != RemoteState::Synced {
-            info!(remote = %v.name, pool = %v.spec.name(), bindings = v.lock().cache.len(), "remote view synced");
+        v.count_dropped(&dropped);
+        if v.lost.swap(false, Ordering::AcqRel) {
+            metrics::remote_reconnect(&v.pool, &v.name);
         }
-        *lock(&v.stale_at) = None;
-        v.state.send_replace(RemoteState::Synced);
+        v.report_sync_age();
         Ok(())
     }
 
@@ -418,13 +599,19 @@ impl Sink for RemoteSink {
             if g.removed {
                 return Err(Gone);
             }
+            if g.refused.is_some() {
+                return Ok(());
+            }
+            let space = g.space;
             for ev in events {
-                let (ev, why) = screen_event(ev, |k| v.parse_id(k), |id, key| v.check(id, key));
+                let (ev, why) =
+                    screen_event(ev, |k| v.parse_id(k), |id, key| v.check(space, id, key));
                 dropped.extend(why);
                 if let Some(e) = g.cache.apply(&ev, |k| v.parse_id(k)) {
                     v.emit(e);
                 }
             }
+            metrics::remote_bindings(&v.pool, &v.name, g.cache.len());
         }
         v.count_dropped(&dropped);
         Ok(())
@@ -434,6 +621,51 @@ impl Sink for RemoteSink {
         if let Ok(v) = self.view() {
             v.went_unreachable(error);
         }
+    }
+}
+
+/// Follows a remote pool's spec record (`RemoteView::spec_seen`).
+struct SpecSink {
+    view: Weak<RemoteView>,
+    /// The store revision the follower has seen of the record.
+    rev: AtomicI64,
+}
+
+impl SpecSink {
+    fn view(&self) -> std::result::Result<Arc<RemoteView>, Gone> {
+        match self.view.upgrade() {
+            Some(v) if !v.closing.load(Ordering::Acquire) => Ok(v),
+            _ => Err(Gone),
+        }
+    }
+}
+
+impl Sink for SpecSink {
+    fn revision(&self) -> std::result::Result<Revision, Gone> {
+        self.view()?;
+        Ok(self.rev.load(Ordering::Acquire))
+    }
+
+    fn listed(&self, kvs: &[KeyValue], revision: Revision) -> std::result::Result<(), Gone> {
+        let v = self.view()?;
+        // No record: the pool was deleted; its `id/` records go with it (the other follower
+        // drops them). A re-created pool shows up as a put.
+        if let Some(kv) = kvs.first() {
+            v.spec_seen(kv);
+        }
+        self.rev.store(revision, Ordering::Release);
+        Ok(())
+    }
+
+    fn watched(&self, events: &[WatchEvent]) -> std::result::Result<(), Gone> {
+        let v = self.view()?;
+        for ev in events {
+            if let WatchEvent::Put(kv) = ev {
+                v.spec_seen(kv);
+            }
+            self.rev.fetch_max(ev.kv().mod_revision, Ordering::AcqRel);
+        }
+        Ok(())
     }
 }
 
@@ -451,7 +683,7 @@ async fn expire_stale(view: Weak<RemoteView>, ttl: Duration) {
                     _ = tokio::time::sleep_until(at + ttl) => {
                         let Some(v) = view.upgrade() else { return };
                         if matches!(*v.state.borrow(), RemoteState::Stale { .. }) {
-                            warn!(remote = %v.name, pool = %v.spec.name(), ?ttl, "remote unreachable longer than its stale TTL; dropping its entries");
+                            warn!(remote = %v.name, pool = %&v.pool, ?ttl, "remote unreachable longer than its stale TTL; dropping its entries");
                             let mut g = v.lock();
                             if !g.removed {
                                 v.clear(&mut g);
@@ -472,6 +704,20 @@ async fn expire_stale(view: Weak<RemoteView>, ttl: Duration) {
         }
         if state.changed().await.is_err() {
             return;
+        }
+    }
+}
+
+/// Publishes a view's sync age every second while it lives (the other remote metrics change
+/// with the view; an age grows on its own).
+async fn report_sync_age(view: Weak<RemoteView>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match view.upgrade() {
+            Some(v) if !v.closing.load(Ordering::Acquire) => v.report_sync_age(),
+            _ => return,
         }
     }
 }
@@ -529,44 +775,39 @@ pub(crate) async fn open(
     let (events, _) = broadcast::channel(opts.event_buffer.max(1));
     let (state, _) = tokio::sync::watch::channel(RemoteState::Syncing);
     let name: Arc<str> = Arc::from(name);
+    let space = id_space(&spec);
     let view = Arc::new(RemoteView {
         cluster: Cluster::Remote(name.clone()),
         name,
-        space: id_space(&spec),
+        pool: Arc::from(pool),
+        space_lo: AtomicU64::new(space.0),
+        space_hi: AtomicU64::new(space.1),
         guarded: Mutex::new(Guarded {
-            cache: PoolCache::new(spec.clone()),
+            cache: PoolCache::read_only(spec.clone()),
             listed: false,
             removed: false,
+            spec,
+            space,
+            spec_created: kv.create_revision,
+            spec_value: kv.value.clone(),
+            refused: None,
         }),
-        spec,
         layout,
         validators: opts.validators.clone(),
         events,
         mesh,
         state,
         stale_at: Mutex::new(None),
+        unsynced_since: Mutex::new(Some(tokio::time::Instant::now())),
+        lost: AtomicBool::new(false),
         dropped: AtomicU64::new(0),
         tasks: Mutex::new(Vec::new()),
         closing: AtomicBool::new(false),
-    });
-    let cfg = FeedConfig {
         store,
-        range: KeyRange::prefix(view.layout.id_prefix(view.spec.name())),
-        page: opts.list_page,
-        relist_after_outage: true,
-        probe: Some(opts.probe_interval),
-        request_timeout: Some(opts.request_timeout),
-    };
-    let follower = tokio::spawn(feed::follow(
-        cfg,
-        Arc::new(Relist::default()),
-        RemoteSink(Arc::downgrade(&view)),
-    ));
-    lock(&view.tasks).push(follower.abort_handle());
-    if let Some(ttl) = opts.stale_ttl {
-        let t = tokio::spawn(expire_stale(Arc::downgrade(&view), ttl));
-        lock(&view.tasks).push(t.abort_handle());
-    }
+        opts,
+        relist: Arc::new(Relist::default()),
+        neighbours: std::sync::OnceLock::new(),
+    });
     Ok(view)
 }
 
@@ -580,7 +821,7 @@ impl fmt::Debug for RemotePool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RemotePool")
             .field("name", &self.view.name)
-            .field("spec", &self.view.spec)
+            .field("spec", &self.spec())
             .field("state", &self.state())
             .finish()
     }
@@ -597,9 +838,15 @@ impl RemotePool {
         self.view.cluster.clone()
     }
 
-    /// The remote pool's spec, as read when the view was opened.
-    pub fn spec(&self) -> &PoolSpec {
-        &self.view.spec
+    /// The remote pool's spec the view validates against: as read when the view was opened, or
+    /// the newer one of a re-created pool (see [`RemoteState::Refused`]).
+    pub fn spec(&self) -> PoolSpec {
+        self.view.lock().spec.clone()
+    }
+
+    /// Why the remote's current spec is refused ([`RemoteState::Refused`]); `None` otherwise.
+    pub fn refusal(&self) -> Option<String> {
+        self.view.lock().refused.clone()
     }
 
     /// How far the view can be trusted now.
@@ -626,7 +873,7 @@ impl RemotePool {
 
     /// The key bound to `id` in the remote pool, as the view knows it (no round trip).
     pub fn key_of(&self, id: u64) -> Option<String> {
-        self.view.lock().cache.key_of(id).map(str::to_string)
+        self.view.key_of(id)
     }
 
     /// Every binding of the view, sorted by ID.

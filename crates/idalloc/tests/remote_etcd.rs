@@ -622,3 +622,77 @@ async fn late_subscribers_on_other_threads_see_replay_one_synced_then_live_event
         assert_eq!(m, fin);
     }
 }
+
+/// A remote pool re-created with another spec (DESIGN §12): the view notices (the spec record's
+/// create revision changes in its watch), re-validates the new spec against the local pool and
+/// re-lists. Re-created (by hand) with the local pool's prefix bits, it is refused: state
+/// `Refused`, a refusal naming the overlap, its entries dropped with `Delete` events, nothing
+/// answered from it. Deleted and re-created with prefix bits of its own, it comes back with the
+/// new spec and the new bindings, then one `Synced`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_pool_recreated_with_another_spec_is_revalidated_and_refused_or_relisted() {
+    if !have_etcd() {
+        return;
+    }
+    let a = site(1).await;
+    let b = site(2).await;
+    let old = b.pool.acquire_durable("old", "o").await.expect("acquire").id;
+    let view = a
+        .pool
+        .watch_remote("b", Arc::new(connect(&b.etcd.endpoints()[0]).await), remote_opts())
+        .await
+        .expect("watch b");
+    tokio::time::timeout(Duration::from_secs(30), view.wait_synced()).await.expect("synced");
+    let cb = Cluster::Remote("b".into());
+    assert_eq!(a.pool.key_of_any(old), Some((cb.clone(), "old".to_string())));
+    let mut ev = view.events();
+    assert_eq!(ev.try_recv(), Some(Event::Upsert { id: old, key: "old".into() }));
+    assert_eq!(ev.try_recv(), Some(Event::Synced));
+
+    // The spec record replaced by hand with cluster a's prefix bits; b's ID records stay.
+    let l = Layout::new("idalloc").expect("layout");
+    let spec_key = l.pool_spec_key(POOL);
+    b.store.txn(TxnRequest::new().and_then([TxnOp::delete(spec_key.clone())])).await.expect("del");
+    b.store
+        .txn(TxnRequest::new().and_then([TxnOp::put(spec_key.clone(), spec(1).to_json())]))
+        .await
+        .expect("put");
+    eventually("view refused", || view.state() == RemoteState::Refused).await;
+    let why = view.refusal().expect("a refusal");
+    assert!(why.contains("overlap") && why.contains("local"), "{why}");
+    let e = tokio::time::timeout(Duration::from_secs(30), ev.recv()).await.expect("event");
+    assert_eq!(e, Some(Event::Delete { id: old, key: "old".into() }));
+    assert!(view.snapshot().is_empty());
+    assert_eq!(a.pool.key_of_any(old), None, "nothing answered from a refused view");
+    assert_eq!(a.pool.ids_of("old"), vec![]);
+
+    // Deleted and re-created properly, with prefix bits of its own (cluster 3).
+    let b2 = Allocator::from_arc(b.store.clone(), AllocatorOptions::default()).expect("alloc");
+    assert!(b2.delete_pool(POOL, true).await.expect("delete pool"));
+    let p3 = b2.ensure_pool(&spec(3)).await.expect("re-create");
+    let new = p3.acquire_durable("new", "o").await.expect("acquire").id;
+    assert_eq!(new >> 16, 3);
+    let mut seen = Vec::new();
+    while !(seen.contains(&Event::Synced)
+        && seen.contains(&Event::Upsert { id: new, key: "new".into() }))
+    {
+        let e = tokio::time::timeout(Duration::from_secs(30), ev.recv())
+            .await
+            .unwrap_or_else(|_| panic!("no Upsert of new and Synced within 30 s: {seen:?}"))
+            .expect("stream open");
+        seen.push(e);
+    }
+    assert!(
+        seen.iter()
+            .all(|e| matches!(e, Event::Synced)
+                || *e == Event::Upsert { id: new, key: "new".into() }),
+        "only the new binding and Synced: {seen:?}"
+    );
+    eventually("synced with the new spec", || view.state() == RemoteState::Synced).await;
+    assert_eq!(view.spec(), spec(3));
+    assert_eq!(view.refusal(), None);
+    assert_eq!(view.snapshot(), vec![(new, "new".to_string())]);
+    assert_eq!(a.pool.key_of_any(new), Some((cb, "new".to_string())));
+    assert_eq!(a.pool.key_of_any(old), None);
+    drop((a.alloc, b.alloc, b2));
+}

@@ -15,6 +15,8 @@
 //!
 //! `--acquire-pct` (default 35) is the share of acquires among calls: below 50 keeps few holders
 //! per key, so bindings are often reclaimed and re-created (the contended paths).
+//! `--batch-pct` (default 25) is the share of calls that are batched: `acquire_many_durable` or
+//! `release_many_durable` on 2–4 distinct keys, recorded as one invoke and one return per key.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -47,6 +49,7 @@ struct Args {
     max_id: u64,
     reuse_delay_ms: u64,
     acquire_pct: u64,
+    batch_pct: u64,
     tls: Option<EtcdTls>,
     auth: Option<EtcdAuth>,
 }
@@ -110,6 +113,7 @@ fn parse_args() -> Result<Args, String> {
         max_id: num("max-id", Some(64))?,
         reuse_delay_ms: num("reuse-delay-ms", Some(0))?,
         acquire_pct: num("acquire-pct", Some(35))?.min(100),
+        batch_pct: num("batch-pct", Some(25))?.min(100),
     })
 }
 
@@ -192,41 +196,86 @@ async fn run(a: Args) -> Result<(), String> {
     let mut rng = StdRng::seed_from_u64(a.seed);
     let mut seq = 0u64;
     while now_ns() < a.until_ns {
-        seq += 1;
-        let key = format!("k{}", rng.random_range(0..a.keys));
         let op = if rng.random_range(0..100) < a.acquire_pct {
             OpKind::Acquire
         } else {
             OpKind::Release
         };
-        log.write(&Record::Invoke {
-            proc: proc_tag.clone(),
-            holder: a.holder.clone(),
-            seq,
-            op,
-            key: key.clone(),
-            t: now_ns(),
-        })?;
+        // One key, or 2–4 distinct keys in one batched call.
+        let mut keys: Vec<String> = Vec::new();
+        let want = if rng.random_range(0..100) < a.batch_pct { rng.random_range(2..=4) } else { 1 };
+        while keys.len() < want.min(a.keys) {
+            let key = format!("k{}", rng.random_range(0..a.keys));
+            if !keys.contains(&key) {
+                keys.push(key);
+            }
+        }
+        let batch = if keys.len() > 1 { keys.len() as u32 } else { 0 };
+        let first = seq + 1;
+        for key in &keys {
+            seq += 1;
+            log.write(&Record::Invoke {
+                proc: proc_tag.clone(),
+                holder: a.holder.clone(),
+                seq,
+                op,
+                key: key.clone(),
+                t: now_ns(),
+                batch,
+            })?;
+        }
         let call = async {
-            match op {
-                OpKind::Acquire => pool
-                    .acquire_durable(&key, &a.holder)
+            let acquired = |r: idalloc::Result<idalloc::Acquired>| {
+                r.map(|r| Outcome::Acquired { id: r.id, new: r.new })
+            };
+            let released = |r: idalloc::Result<idalloc::Released>| {
+                r.map(|r| Outcome::Released { held: r.held, reclaimed: r.reclaimed })
+            };
+            match (op, batch) {
+                (OpKind::Acquire, 0) => {
+                    vec![acquired(pool.acquire_durable(&keys[0], &a.holder).await)]
+                }
+                (OpKind::Release, 0) => {
+                    vec![released(pool.release_durable(&keys[0], &a.holder).await)]
+                }
+                (OpKind::Acquire, _) => pool
+                    .acquire_many_durable(&keys, &a.holder)
                     .await
-                    .map(|r| Outcome::Acquired { id: r.id, new: r.new }),
-                OpKind::Release => pool
-                    .release_durable(&key, &a.holder)
+                    .into_iter()
+                    .map(acquired)
+                    .collect(),
+                (OpKind::Release, _) => pool
+                    .release_many_durable(&keys, &a.holder)
                     .await
-                    .map(|r| Outcome::Released { held: r.held, reclaimed: r.reclaimed }),
+                    .into_iter()
+                    .map(released)
+                    .collect(),
             }
         };
-        let outcome = match tokio::time::timeout(HANG_BOUND, call).await {
-            Ok(Ok(o)) => o,
-            Ok(Err(e)) => Outcome::Error { kind: error_kind(&e).into(), msg: e.to_string() },
-            Err(_) => {
-                Outcome::Error { kind: "Hang".into(), msg: format!("no answer in {HANG_BOUND:?}") }
-            }
+        let outcomes: Vec<Outcome> = match tokio::time::timeout(HANG_BOUND, call).await {
+            Ok(results) => results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(o) => o,
+                    Err(e) => Outcome::Error { kind: error_kind(&e).into(), msg: e.to_string() },
+                })
+                .collect(),
+            Err(_) => keys
+                .iter()
+                .map(|_| Outcome::Error {
+                    kind: "Hang".into(),
+                    msg: format!("no answer in {HANG_BOUND:?}"),
+                })
+                .collect(),
         };
-        log.write(&Record::Return { proc: proc_tag.clone(), seq, t: now_ns(), outcome })?;
+        if outcomes.len() != keys.len() {
+            return Err(format!("{} keys, {} results", keys.len(), outcomes.len()));
+        }
+        let t = now_ns();
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            let seq = first + i as u64;
+            log.write(&Record::Return { proc: proc_tag.clone(), seq, t, outcome })?;
+        }
         let pause = rng.random_range(0..=2 * a.pause_ms);
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }

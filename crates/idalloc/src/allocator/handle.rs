@@ -9,7 +9,7 @@ use tracing::warn;
 
 use super::coalesce::{self, Turn};
 use super::events::{ClusterEvents, Events};
-use super::pool_state::{lock, Held, PoolState};
+use super::pool_state::{lock, read, write, Held, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
 use super::types::{Acquired, Binding, Released};
@@ -356,7 +356,7 @@ impl Pool {
     /// (tagged `local`) means events of any cluster were missed: re-read
     /// [`Pool::snapshot_all`].
     pub fn cluster_events(&self) -> ClusterEvents {
-        let remotes = lock(&self.state.remotes);
+        let remotes = read(&self.state.remotes);
         let cache = self.state.lock_cache();
         let views: Vec<_> = remotes.values().map(|v| (v.clone(), v.lock())).collect();
         let mut replay = VecDeque::new();
@@ -387,7 +387,7 @@ impl Pool {
         opts: RemoteOptions,
     ) -> Result<RemotePool> {
         remote::validate_remote_name(name)?;
-        if lock(&self.state.remotes).contains_key(name) {
+        if read(&self.state.remotes).contains_key(name) {
             return Err(Error::invalid_str(
                 Input::Options,
                 "remote name",
@@ -399,13 +399,12 @@ impl Pool {
         let view =
             remote::open(name, &self.state.spec, store, opts, &others, self.state.mesh.clone())
                 .await?;
-        let mut remotes = lock(&self.state.remotes);
+        let mut remotes = write(&self.state.remotes);
         // Checked again: another call may have added a remote while the spec was read.
         let now: Vec<_> = remotes.values().map(|v| (v.cluster.clone(), v.space())).collect();
         let clash = remotes.contains_key(name)
             || now.iter().any(|(_, (lo, hi))| view.space().0 <= *hi && *lo <= view.space().1);
         if clash {
-            view.abort_tasks();
             return Err(Error::invalid_str(
                 Input::Options,
                 "remote name",
@@ -414,13 +413,14 @@ impl Pool {
             ));
         }
         remotes.insert(name.to_string(), view.clone());
+        view.start(Box::new(Neighbours(Arc::downgrade(&self.state))));
         Ok(RemotePool { view })
     }
 
     /// Drops remote view `name` (Cilium's `RemoveRemoteKVStore`): stops following it and emits a
     /// `Delete` for every binding it contributed. False if there was none.
     pub fn remove_remote(&self, name: &str) -> bool {
-        let mut remotes = lock(&self.state.remotes);
+        let mut remotes = write(&self.state.remotes);
         match remotes.remove(name) {
             Some(v) => {
                 v.shut();
@@ -432,17 +432,17 @@ impl Pool {
 
     /// The remote views of this pool, by name.
     pub fn remotes(&self) -> Vec<RemotePool> {
-        lock(&self.state.remotes).values().map(|v| RemotePool { view: v.clone() }).collect()
+        read(&self.state.remotes).values().map(|v| RemotePool { view: v.clone() }).collect()
     }
 
     /// Remote view `name`, if this pool has one.
     pub fn remote(&self, name: &str) -> Option<RemotePool> {
-        lock(&self.state.remotes).get(name).map(|v| RemotePool { view: v.clone() })
+        read(&self.state.remotes).get(name).map(|v| RemotePool { view: v.clone() })
     }
 
     pub(super) fn spaces(&self) -> Vec<(Cluster, (u64, u64))> {
         let mut v = vec![(Cluster::Local, remote::id_space(&self.state.spec))];
-        v.extend(lock(&self.state.remotes).values().map(|r| (r.cluster.clone(), r.space())));
+        v.extend(read(&self.state.remotes).values().map(|r| (r.cluster.clone(), r.space())));
         v
     }
 
@@ -453,11 +453,11 @@ impl Pool {
         if id >= lo && id <= hi {
             return self.key_of(id).map(|k| (Cluster::Local, k));
         }
-        let view = lock(&self.state.remotes)
-            .values()
-            .find(|v| id >= v.space().0 && id <= v.space().1)
-            .cloned()?;
-        let k = view.lock().cache.key_of(id).map(str::to_string)?;
+        // The registry is only read (no writer waits on lookups, lookups not on each other), and
+        // held while the one view is asked, so no view is cloned out of it.
+        let remotes = read(&self.state.remotes);
+        let view = remotes.route(id)?;
+        let k = view.key_of(id)?;
         Some((view.cluster.clone(), k))
     }
 
@@ -467,7 +467,7 @@ impl Pool {
         if let Some(id) = self.get(key) {
             out.push((Cluster::Local, id));
         }
-        for v in lock(&self.state.remotes).values() {
+        for v in read(&self.state.remotes).values() {
             if let Some(id) = v.lock().cache.get(key) {
                 out.push((v.cluster.clone(), id));
             }
@@ -480,7 +480,7 @@ impl Pool {
     pub fn snapshot_all(&self) -> Vec<(Cluster, u64, String)> {
         let mut out: Vec<(Cluster, u64, String)> =
             self.snapshot().into_iter().map(|(id, k)| (Cluster::Local, id, k)).collect();
-        let views: Vec<_> = lock(&self.state.remotes).values().cloned().collect();
+        let views: Vec<_> = read(&self.state.remotes).values().cloned().collect();
         for v in views {
             let snap = v.lock().cache.snapshot();
             out.extend(snap.into_iter().map(|(id, k)| (v.cluster.clone(), id, k)));
@@ -494,7 +494,7 @@ impl Pool {
         for (id, k) in self.state.lock_cache().snapshot() {
             f(&Cluster::Local, id, &k);
         }
-        let views: Vec<_> = lock(&self.state.remotes).values().cloned().collect();
+        let views: Vec<_> = read(&self.state.remotes).values().cloned().collect();
         for v in views {
             let g = v.lock();
             for (id, k) in g.cache.snapshot() {
@@ -548,5 +548,26 @@ impl Pool {
             lock(&self.state.held).iter().map(|(k, h)| (k.clone(), h.id, h.count)).collect();
         v.sort();
         v
+    }
+}
+
+/// A pool as its remote views see it when a remote's spec changes (`remote::Neighbours`): the
+/// other clusters' ID spaces, with the registry locked for writing so that no remote is added or
+/// changes its space meanwhile. Weak: a view must not keep its pool alive.
+struct Neighbours(std::sync::Weak<PoolState>);
+
+impl remote::Neighbours for Neighbours {
+    fn with_others(&self, me: &str, f: &mut dyn FnMut(&remote::Spaces)) {
+        let Some(state) = self.0.upgrade() else { return };
+        let mut remotes = write(&state.remotes);
+        let mut others = vec![(Cluster::Local, remote::id_space(&state.spec))];
+        others.extend(
+            remotes
+                .iter()
+                .filter(|(n, _)| n.as_str() != me)
+                .map(|(_, r)| (r.cluster.clone(), r.space())),
+        );
+        f(&others);
+        remotes.reroute();
     }
 }

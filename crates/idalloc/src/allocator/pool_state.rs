@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use tokio::sync::broadcast;
 use tokio::time::Instant;
@@ -39,7 +39,10 @@ pub(crate) struct PoolState {
     /// Events of every cluster of the pool (local and remote views), tagged.
     pub(super) mesh: broadcast::Sender<ClusterEvent>,
     /// Remote views of this pool by name (lock order: this map, then the cache, then each view).
-    pub(super) remotes: Mutex<std::collections::BTreeMap<String, Arc<RemoteView>>>,
+    /// A read-write lock: lookups across clusters (`key_of_any`, `ids_of`) only read it and must
+    /// not queue behind each other; it is written when a remote is added or removed, or changes
+    /// its ID space.
+    pub(super) remotes: RwLock<Remotes>,
     /// A listing has been applied to the cache (set under the cache lock): replays end with
     /// `Synced`.
     pub(crate) listed: AtomicBool,
@@ -66,6 +69,76 @@ pub(super) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panic while holding one of these short, non-async critical sections would be a bug in this
     // crate; the data is still consistent at every await-free step, so keep going.
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The remote views of a pool: by name, and by ID space for lookups.
+#[derive(Default)]
+pub(crate) struct Remotes {
+    by_name: std::collections::BTreeMap<String, Arc<RemoteView>>,
+    /// `(lo, hi, view)` by `lo`, without refused views (they have no space); rebuilt on every
+    /// change. A lookup by ID searches this short contiguous list instead of walking the map and
+    /// reading each view's space (issue 13: `key_of_any` ≤ 2x a local `key_of`).
+    routes: Vec<(u64, u64, Arc<RemoteView>)>,
+}
+
+impl Remotes {
+    pub(crate) fn get(&self, name: &str) -> Option<&Arc<RemoteView>> {
+        self.by_name.get(name)
+    }
+
+    pub(crate) fn contains_key(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The views by name.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&String, &Arc<RemoteView>)> {
+        self.by_name.iter()
+    }
+
+    /// The views, by name.
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Arc<RemoteView>> {
+        self.by_name.values()
+    }
+
+    pub(crate) fn insert(&mut self, name: String, view: Arc<RemoteView>) {
+        self.by_name.insert(name, view);
+        self.reroute();
+    }
+
+    pub(crate) fn remove(&mut self, name: &str) -> Option<Arc<RemoteView>> {
+        let v = self.by_name.remove(name);
+        self.reroute();
+        v
+    }
+
+    /// Rebuilds the routes from the views' spaces (after one changed).
+    pub(crate) fn reroute(&mut self) {
+        self.routes = self
+            .by_name
+            .values()
+            .map(|v| (v.space(), v))
+            .filter(|((lo, hi), _)| lo <= hi)
+            .map(|((lo, hi), v)| (lo, hi, v.clone()))
+            .collect();
+        self.routes.sort_unstable_by_key(|r| r.0);
+    }
+
+    /// The view whose ID space holds `id` (spaces never overlap, so at most one).
+    pub(crate) fn route(&self, id: u64) -> Option<&Arc<RemoteView>> {
+        let i = self.routes.partition_point(|r| r.0 <= id);
+        let (_, hi, v) = self.routes.get(i.checked_sub(1)?)?;
+        (id <= *hi).then_some(v)
+    }
+}
+
+/// [`lock`] for reading a read-write lock.
+pub(super) fn read<T>(m: &RwLock<T>) -> RwLockReadGuard<'_, T> {
+    m.read().unwrap_or_else(|p| p.into_inner())
+}
+
+/// [`lock`] for writing a read-write lock.
+pub(super) fn write<T>(m: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
+    m.write().unwrap_or_else(|p| p.into_inner())
 }
 
 impl PoolState {

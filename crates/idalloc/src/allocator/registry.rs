@@ -198,7 +198,7 @@ impl Inner {
             key_locks: Mutex::new(HashMap::new()),
             events,
             mesh,
-            remotes: Mutex::new(std::collections::BTreeMap::new()),
+            remotes: std::sync::RwLock::default(),
             listed: AtomicBool::new(false),
             synced,
             applied,
