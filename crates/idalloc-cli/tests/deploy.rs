@@ -7,12 +7,15 @@
 //! (file store, free loopback port) after one of each operation, with the labels the expression
 //! matches on, groups by and prints in annotations. Histogram series are checked as the exporter
 //! writes them (`…_bucket`, `…_sum`, `…_count` of a metric whose `# TYPE` is `histogram`), and
-//! `rate()`/`increase()` must be given a counter or a histogram's series, never a gauge.
+//! `rate()`/`increase()` must be given a counter or a histogram's series, never a gauge. The
+//! remote-view metrics, which `serve` does not export (it runs no remote views), come from the
+//! library with a remote view in this process, rendered by the same exporter.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use promql_parser::label::Matchers;
@@ -475,11 +478,55 @@ fn scrape_after_every_operation() -> Exported {
     }
 }
 
+/// The library's remote-view metrics (DESIGN §12), which `serve` does not export (it runs no
+/// remote views): a pool with a view of another store's pool, in this process, with the same
+/// Prometheus exporter `serve` installs, rendered as `serve` renders `/metrics`.
+fn scrape_of_a_library_with_a_remote_view() -> Exported {
+    use idalloc::store::embedded::EmbeddedStore;
+    use idalloc::store::Store;
+    use idalloc::{Allocator, AllocatorOptions, PoolSpec, RemoteOptions};
+    let handle = idalloc_server::install_prometheus().expect("the test's only recorder");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let local = Allocator::new(EmbeddedStore::memory(), AllocatorOptions::default())
+            .expect("allocator");
+        let pool =
+            local.ensure_pool(&PoolSpec::new("r", 1, 0xffff).prefix(1 << 16)).await.expect("pool");
+        let remote_store: Arc<dyn Store> = Arc::new(EmbeddedStore::memory());
+        let remote =
+            Allocator::from_arc(remote_store.clone(), AllocatorOptions::default()).expect("remote");
+        let rpool =
+            remote.ensure_pool(&PoolSpec::new("r", 1, 0xffff).prefix(2 << 16)).await.expect("pool");
+        rpool.acquire_durable("k", "h").await.expect("remote acquire");
+        let view = pool
+            .watch_remote("b", remote_store, RemoteOptions::default())
+            .await
+            .expect("remote view");
+        tokio::time::timeout(Duration::from_secs(10), view.wait_synced())
+            .await
+            .expect("the view syncs");
+        let text = handle.render();
+        let _ = local.close().await;
+        let _ = remote.close().await;
+        Exported::parse(&text)
+    })
+}
+
 // --- the tests ------------------------------------------------------------------------------------
 
 #[test]
 fn the_dashboard_and_the_alert_rules_name_only_exported_metrics() {
-    let exported = scrape_after_every_operation();
+    let mut exported = scrape_after_every_operation();
+    let library = scrape_of_a_library_with_a_remote_view();
+    assert!(library.series.contains_key("idalloc_remote_view_state"), "{library:?}");
+    for (name, labels) in library.series {
+        exported.series.entry(name).or_default().extend(labels);
+    }
+    exported.types.extend(library.types);
     // The scrape parser itself: a histogram's series, a counter and a gauge with their labels.
     assert_eq!(exported.type_of("idalloc_operation_duration_seconds_bucket"), Some("histogram"));
     assert!(exported.series["idalloc_operation_duration_seconds_bucket"].contains("le"));

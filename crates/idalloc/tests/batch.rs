@@ -302,7 +302,10 @@ async fn pool_deleted_mid_batch_stops_the_rest(backend: Backend) {
         let ok = got.iter().filter(|r| r.is_ok()).count();
         let gone = got.iter().filter(|r| matches!(r, Err(Error::PoolNotFound { .. }))).count();
         assert_eq!(ok + gone, 250, "every key either bound before the delete or PoolNotFound");
-        assert!(gone >= 150, "at most one batch ran before the delete: {ok} ok");
+        // The three requests (100, 100 and 50 keys) are sent at once: the one whose hook deletes
+        // the pool fails whole, the others may commit before or after the delete (on etcd the
+        // 50-key one sometimes landed first: 150 ok, a flake of the old bound `gone >= 150`).
+        assert!(gone >= 50, "the request sent after the delete wrote nothing: {ok} ok");
         // Nothing was written into the deleted pool after the delete.
         let left = raw
             .get(idalloc::store::GetRequest::new(KeyRange::prefix(l.pool_data_prefix("p"))))
