@@ -7,6 +7,7 @@
 //! contender and scenario, so no contender inherits another's database), and every node counts
 //! its requests with [`idalloc_testkit::counting::CountingStore`].
 
+pub mod batched;
 pub mod cilium;
 pub mod contender;
 pub mod contiv;
@@ -44,6 +45,8 @@ pub struct Config {
     pub micro_iters: u64,
     pub sync_bindings: usize,
     pub cli_keys: usize,
+    /// Held keys restored after a restart (issue 14).
+    pub restore_keys: usize,
     /// Bindings per cluster in the remote-view lookup benchmark (1 local + 8 remotes).
     pub remote_lookup_bindings: usize,
     /// The `idalloc` CLI binary, if it exists.
@@ -67,6 +70,7 @@ impl Config {
             micro_iters: 2_000_000,
             sync_bindings: 100_000,
             cli_keys: 100_000,
+            restore_keys: 10_000,
             remote_lookup_bindings: 10_000,
             cli: None,
         }
@@ -88,6 +92,7 @@ impl Config {
             micro_iters: 20_000,
             sync_bindings: 1000,
             cli_keys: 200,
+            restore_keys: 200,
             remote_lookup_bindings: 200,
             cli: None,
         }
@@ -123,6 +128,12 @@ pub struct Report {
     pub embedded: Vec<(String, usize, Outcome<Run>)>,
     /// (store label, keys, seconds), or why not run.
     pub cli: Vec<(String, usize, Outcome<f64>)>,
+    /// `release --from` of the same keys: (store label, keys, seconds).
+    pub cli_release: Vec<(String, usize, Outcome<f64>)>,
+    /// Batched etcd ceiling: (keys, keys/s), issue 14.
+    pub batched_ceiling: Option<(usize, Outcome<f64>)>,
+    /// Restart restoration: (keys, (restore seconds, sync seconds)).
+    pub restore: Option<(usize, Outcome<(f64, f64)>)>,
     /// Remote views (issue 13).
     pub remote: Option<remote::RemoteFigures>,
     pub config: Option<Config>,
@@ -135,27 +146,7 @@ fn log(msg: &str) {
 /// Runs every scenario of `cfg`; failures of one contender are recorded, not fatal.
 pub async fn run(cfg: &Config) -> Report {
     let t0 = Instant::now();
-    let mut r = Report {
-        quick: cfg.quick,
-        date: stats::utc_now(),
-        cores: stats::cores(),
-        cpu: stats::cpu_model(),
-        etcd: stats::etcd_version(),
-        load_before: stats::load_average(),
-        load_after: String::new(),
-        wall_secs: 0.0,
-        new_keys: Vec::new(),
-        bound: Vec::new(),
-        release: Vec::new(),
-        existing: Vec::new(),
-        overlap: Vec::new(),
-        micro: Micro::default(),
-        sync: Err("not run".into()),
-        embedded: Vec::new(),
-        cli: Vec::new(),
-        remote: None,
-        config: Some(cfg.clone()),
-    };
+    let mut r = run_nothing(cfg);
 
     for &c in &cfg.concurrency {
         for kind in Kind::ALL {
@@ -202,10 +193,15 @@ pub async fn run(cfg: &Config) -> Report {
             }
             r.embedded.push(("memory".into(), 64, scenarios::embedded(None, 64, cfg.run).await));
             log("CLI");
-            r.cli = cli(cfg, dir.path()).await;
+            (r.cli, r.cli_release) = cli(cfg, dir.path()).await;
         }
         Err(e) => r.embedded.push(("file".into(), 1, Err(format!("no temp dir: {e}")))),
     }
+
+    log("batched etcd ceiling");
+    r.batched_ceiling = Some((cfg.cli_keys, batched::batched_ceiling(cfg.cli_keys, 64).await));
+    log("restart restoration");
+    r.restore = Some((cfg.restore_keys, batched::restore(cfg.restore_keys).await));
 
     log("micro-benchmarks");
     let (n, iters) = (cfg.micro_bindings, cfg.micro_iters);
@@ -224,6 +220,69 @@ pub async fn run(cfg: &Config) -> Report {
     r
 }
 
+/// Issue 14's scenarios alone, in one run: new keys at concurrency 64 (idalloc, whose concurrent
+/// single-key acquires are coalesced, and the one-key-per-txn etcd ceiling), the file store at 1
+/// and 64 tasks, `acquire --from` / `release --from` on the file store and etcd, the batched etcd
+/// ceiling and restart restoration. [`Report::batching_markdown`] writes it up.
+pub async fn run_batching(cfg: &Config) -> Report {
+    let t0 = Instant::now();
+    let mut r = run_nothing(cfg);
+    for kind in [Kind::Idalloc, Kind::Ceiling] {
+        log(&format!("new keys, concurrency 64: {}", kind.name()));
+        r.new_keys.push((64, kind, scenarios::new_keys(kind, 64, cfg.run).await));
+    }
+    match tempfile::tempdir() {
+        Ok(dir) => {
+            for c in [1, 64] {
+                log(&format!("file store, {c} tasks"));
+                r.embedded.push((
+                    "file (redb, fsync per commit)".into(),
+                    c,
+                    scenarios::embedded(Some(dir.path()), c, cfg.run).await,
+                ));
+            }
+            log("CLI");
+            (r.cli, r.cli_release) = cli(cfg, dir.path()).await;
+        }
+        Err(e) => r.embedded.push(("file".into(), 1, Err(format!("no temp dir: {e}")))),
+    }
+    log("batched etcd ceiling");
+    r.batched_ceiling = Some((cfg.cli_keys, batched::batched_ceiling(cfg.cli_keys, 64).await));
+    log("restart restoration");
+    r.restore = Some((cfg.restore_keys, batched::restore(cfg.restore_keys).await));
+    r.load_after = stats::load_average();
+    r.wall_secs = t0.elapsed().as_secs_f64();
+    r
+}
+
+/// An empty report of `cfg`'s machine and moment.
+fn run_nothing(cfg: &Config) -> Report {
+    Report {
+        quick: cfg.quick,
+        date: stats::utc_now(),
+        cores: stats::cores(),
+        cpu: stats::cpu_model(),
+        etcd: stats::etcd_version(),
+        load_before: stats::load_average(),
+        load_after: String::new(),
+        wall_secs: 0.0,
+        new_keys: Vec::new(),
+        bound: Vec::new(),
+        release: Vec::new(),
+        existing: Vec::new(),
+        overlap: Vec::new(),
+        micro: Micro::default(),
+        sync: Err("not run".into()),
+        embedded: Vec::new(),
+        cli: Vec::new(),
+        cli_release: Vec::new(),
+        batched_ceiling: None,
+        restore: None,
+        remote: None,
+        config: Some(cfg.clone()),
+    }
+}
+
 /// Bound on one CLI run.
 fn cli_limit(cfg: &Config) -> Duration {
     if cfg.quick {
@@ -233,28 +292,32 @@ fn cli_limit(cfg: &Config) -> Duration {
     }
 }
 
-async fn cli(cfg: &Config, dir: &std::path::Path) -> Vec<(String, usize, Outcome<f64>)> {
+type CliRuns = Vec<(String, usize, Outcome<f64>)>;
+
+/// `acquire --from` then `release --from` of the same keys, on the file store and on etcd.
+async fn cli(cfg: &Config, dir: &std::path::Path) -> (CliRuns, CliRuns) {
     let n = cfg.cli_keys;
     let Some(bin) = cfg.cli.clone().filter(|b| b.is_file()) else {
-        let why = "not run: the `idalloc` CLI binary was not found (the CLI branch had not landed \
-                   in main when this report was made)"
-            .to_string();
-        return vec![("file".into(), n, Err(why.clone())), ("etcd".into(), n, Err(why))];
+        let why = "not run: the `idalloc` CLI binary was not found".to_string();
+        let none = vec![("file".into(), n, Err(why.clone())), ("etcd".into(), n, Err(why))];
+        return (none.clone(), none);
     };
+    let limit = cli_limit(cfg);
     let file = format!("file:{}", dir.join("cli.redb").display());
-    let mut out = vec![(
-        "file".to_string(),
-        n,
-        scenarios::cli_acquire(&bin, &file, dir, n, cli_limit(cfg)).await,
-    )];
+    let mut acq =
+        vec![("file".to_string(), n, scenarios::cli_acquire(&bin, &file, dir, n, limit).await)];
+    let mut rel =
+        vec![("file".to_string(), n, scenarios::cli_release(&bin, &file, dir, n, limit).await)];
     let etcd = match idalloc_testkit::etcd::EtcdServer::start().await {
         Ok(e) => e,
         Err(e) => {
-            out.push(("etcd".into(), n, Err(e)));
-            return out;
+            acq.push(("etcd".into(), n, Err(e.clone())));
+            rel.push(("etcd".into(), n, Err(e)));
+            return (acq, rel);
         }
     };
     let url = etcd.endpoint().replacen("http://", "etcd://", 1);
-    out.push(("etcd".into(), n, scenarios::cli_acquire(&bin, &url, dir, n, cli_limit(cfg)).await));
-    out
+    acq.push(("etcd".into(), n, scenarios::cli_acquire(&bin, &url, dir, n, limit).await));
+    rel.push(("etcd".into(), n, scenarios::cli_release(&bin, &url, dir, n, limit).await));
+    (acq, rel)
 }

@@ -17,7 +17,7 @@ use idalloc_bench::{run, Config};
 static HEAP: idalloc_bench::heap::Counting = idalloc_bench::heap::Counting;
 
 fn usage(msg: &str) -> String {
-    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
+    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only | --batching-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -26,6 +26,7 @@ async fn main() -> Result<(), String> {
     let mut quick = false;
     let mut remote_only = false;
     let mut serve_only = false;
+    let mut batching_only = false;
     let mut out: Option<PathBuf> = None;
     let mut cli: Option<PathBuf> = std::env::var_os("IDALLOC_CLI").map(PathBuf::from);
     let mut args = std::env::args().skip(1);
@@ -46,6 +47,8 @@ async fn main() -> Result<(), String> {
             "--remote-only" => remote_only = true,
             // HTTP service against the library (issue 12), written to --out.
             "--serve-only" => serve_only = true,
+            // Issue 14's scenarios alone (batching, coalescing, restoration), written to --out.
+            "--batching-only" => batching_only = true,
             // idalloc on the embedded stores alone (file at 1 and 64 tasks, memory at 64), printed:
             // for before/after comparisons of the embedded store (docs/store-benchmarks.md).
             "--embedded-only" => {
@@ -105,6 +108,18 @@ async fn main() -> Result<(), String> {
         println!("{}", f.target());
         println!("wrote {}", out.display());
         return if f.errors.is_empty() { Ok(()) } else { Err(f.errors.join("; ")) };
+    }
+    if batching_only {
+        let out = out.unwrap_or_else(|| PathBuf::from("docs/benchmarks-batching.md"));
+        cfg.cli = cli.or_else(|| Some(PathBuf::from("target/release/idalloc")));
+        let report = idalloc_bench::run_batching(&cfg).await;
+        std::fs::write(&out, report.batching_markdown())
+            .map_err(|e| format!("writing {}: {e}", out.display()))?;
+        for t in report.batching_targets() {
+            println!("{t}");
+        }
+        println!("wrote {} in {:.0} s", out.display(), report.wall_secs);
+        return Ok(());
     }
     let out = out.unwrap_or_else(|| PathBuf::from("docs/benchmarks.md"));
     if remote_only {

@@ -338,9 +338,35 @@ pub async fn cli_acquire(
     n: usize,
     limit: Duration,
 ) -> Result<f64, String> {
+    cli_from(cli, store_url, dir, n, limit, true).await
+}
+
+/// `idalloc release POOL --from FILE` of the `n` keys [`cli_acquire`] acquired.
+pub async fn cli_release(
+    cli: &Path,
+    store_url: &str,
+    dir: &Path,
+    n: usize,
+    limit: Duration,
+) -> Result<f64, String> {
+    cli_from(cli, store_url, dir, n, limit, false).await
+}
+
+async fn cli_from(
+    cli: &Path,
+    store_url: &str,
+    dir: &Path,
+    n: usize,
+    limit: Duration,
+    acquire: bool,
+) -> Result<f64, String> {
     let keys: String = (0..n).map(|i| key("cli", 0, 0, i) + "\n").collect();
     let file = dir.join(format!("keys-{n}.txt"));
     std::fs::write(&file, keys).map_err(|e| err("writing CLI key file", e))?;
+    let range = format!("{}-{}", RANGE.0, RANGE.1);
+    let verb: Vec<&str> =
+        if acquire { vec!["acquire", POOL, "--range", &range] } else { vec!["release", POOL] };
+    let verb: Vec<String> = verb.into_iter().map(str::to_string).collect();
     let errors = dir.join("cli-stderr.txt");
     let stderr = std::fs::File::create(&errors).map_err(|e| err("CLI stderr file", e))?;
     let (cli, store_url) = (cli.to_path_buf(), store_url.to_string());
@@ -348,9 +374,10 @@ pub async fn cli_acquire(
     let status =
         tokio::task::spawn_blocking(move || -> Result<std::process::ExitStatus, String> {
             let mut child = std::process::Command::new(cli)
-                .args(["--store", &store_url, "acquire", POOL, "--from"])
+                .args(["--store", &store_url])
+                .args(&verb)
+                .arg("--from")
                 .arg(&file)
-                .args(["--range", &format!("{}-{}", RANGE.0, RANGE.1)])
                 .stdout(std::process::Stdio::null())
                 .stderr(stderr)
                 .spawn()

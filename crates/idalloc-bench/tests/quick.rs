@@ -37,6 +37,13 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
             let r = ok(&format!("{} new keys c={c}", kind.name()), r);
             assert!(r.ops > 0, "{} did no operation at concurrency {c}", kind.name());
             assert_eq!(r.failures, 0, "{} had failures at concurrency {c}", kind.name());
+            if kind == Kind::Idalloc && c > 1 {
+                // Concurrent single-key acquires of one process are coalesced (issue 14): at
+                // most one round trip per key, fewer when calls overlap.
+                let x = r.rt_per_op();
+                assert!(x > 0.0 && x <= 1.0, "idalloc round trips/op at c={c}: {x}");
+                continue;
+            }
             let expected = match kind {
                 Kind::Idalloc | Kind::Ceiling => 1.0,
                 Kind::Cilium => 7.0, // one node: no lock contention, no lost create
@@ -49,11 +56,12 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
         let (_, r) = list.iter().find(|(kk, _)| *kk == k).expect("contender present");
         ok(k.name(), r).rt_per_op()
     };
-    assert_eq!(rt(&report.bound, Kind::Idalloc), 1.0);
+    // idalloc's 8 tasks are coalesced: at most one round trip per key.
+    assert!(rt(&report.bound, Kind::Idalloc) <= 1.0);
     assert_eq!(rt(&report.bound, Kind::Ceiling), 1.0);
     assert_eq!(rt(&report.bound, Kind::Cilium), 4.0);
     assert_eq!(rt(&report.bound, Kind::Contiv), 1.0);
-    assert_eq!(rt(&report.release, Kind::Idalloc), 1.0);
+    assert!(rt(&report.release, Kind::Idalloc) <= 1.0);
     assert_eq!(rt(&report.release, Kind::Ceiling), 1.0);
     assert_eq!(rt(&report.release, Kind::Cilium), 1.0);
     assert_eq!(rt(&report.release, Kind::Contiv), 2.0);
@@ -84,7 +92,22 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
     for (label, c, r) in &report.embedded {
         let r = ok(&format!("embedded {label} c={c}"), r);
         assert!(r.ops > 0);
-        assert_eq!(r.rt_per_op(), 1.0, "embedded {label}: one txn per new key");
+        let x = r.rt_per_op();
+        if *c == 1 {
+            assert_eq!(x, 1.0, "embedded {label}: one txn per new key");
+        } else {
+            assert!(x > 0.0 && x <= 1.0, "embedded {label} c={c}: coalesced, {x}");
+        }
+    }
+    // Issue 14: the batched etcd ceiling and restart restoration ran (every key got its old ID
+    // back: `restore` checks it).
+    match &report.batched_ceiling {
+        Some((n, Ok(rate))) => assert!(*n == cfg.cli_keys && *rate > 0.0),
+        other => panic!("batched ceiling: {other:?}"),
+    }
+    match &report.restore {
+        Some((n, Ok((secs, _)))) => assert!(*n == cfg.restore_keys && *secs > 0.0),
+        other => panic!("restore: {other:?}"),
     }
     assert_eq!(report.micro.bindings, cfg.micro_bindings);
     assert_eq!(report.micro.picks.len(), 6);
@@ -103,6 +126,7 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
         "Micro-benchmarks",
         "## Scale",
         "## Embedded store",
+        "## Batching (issue 14)",
     ] {
         assert!(md.contains(heading), "report has a section {heading:?}");
     }

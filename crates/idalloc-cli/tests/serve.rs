@@ -843,3 +843,40 @@ fn the_shipped_python_client_runs_against_serve() {
     // Released and reclaimed: the ID is free again.
     get(&s, &format!("/v1/pools/demo/ids/{id}?consistent=true")).err(404, "not_found");
 }
+
+/// Issue 14: a durable holder's bulk acquire and release (`"keys"`) go in batched txns, not one
+/// txn per key: 50 keys take one txn each way (counted by the service's own store-request metric),
+/// and every key gets its own ID and is released.
+#[test]
+fn bulk_requests_of_a_durable_holder_go_in_batched_txns() {
+    let Some((_rt, etcd)) = etcd() else { return };
+    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    post(&s, "/v1/pools", json!({"name": "bulk", "min": 1, "max": 1000})).ok();
+    let txns = || {
+        let m = parse_prometheus(&get(&s, "/metrics").text);
+        metric(&m, "idalloc_store_requests_total", &[("kind", "txn"), ("result", "ok")])
+    };
+    // The pool's cache is listed and the spec read before counting.
+    post(&s, "/v1/pools/bulk/acquire", json!({"key": "warm", "holder": "h"})).ok();
+    let keys: Vec<String> = (0..50).map(|i| format!("bulk-{i}")).collect();
+    let t0 = txns();
+    let r = post(&s, "/v1/pools/bulk/acquire", json!({"keys": keys, "holder": "h"})).ok();
+    assert_eq!(txns() - t0, 1.0, "50 keys in one batched txn");
+    let results = r["results"].as_array().expect("results");
+    let ids: std::collections::HashSet<u64> =
+        results.iter().map(|x| x["id"].as_u64().expect("id")).collect();
+    assert_eq!(ids.len(), 50, "distinct IDs: {r}");
+    for (x, k) in results.iter().zip(&keys) {
+        assert_eq!(x["key"], json!(k));
+        let got = get_until(&s, &format!("/v1/pools/bulk/keys/{k}"), |g| g.body["id"] == x["id"]);
+        assert_eq!(got.body["id"], x["id"], "{k}");
+    }
+    let t1 = txns();
+    let r = post(&s, "/v1/pools/bulk/release", json!({"keys": keys, "holder": "h"})).ok();
+    assert_eq!(txns() - t1, 1.0, "50 releases in one batched txn");
+    let results = r["results"].as_array().expect("results");
+    assert!(
+        results.iter().all(|x| x["held"] == json!(true) && x["reclaimed"] == json!(true)),
+        "{r}"
+    );
+}

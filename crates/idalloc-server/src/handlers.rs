@@ -173,12 +173,25 @@ pub async fn acquire(
     let owner = owner(&st, caller(&client), body.session, body.holder)?;
     let pool = st.pool(&name).await?;
     let mut out = Vec::with_capacity(keys.len());
-    for key in keys {
-        let a = match &owner {
-            Owner::Session(s) => s.acquire(&pool, &key).await.map_err(|e| session_error(s, e))?,
-            Owner::Holder(h) => pool.acquire_durable(&key, h).await?,
-        };
-        out.push(Acquired { key, id: a.id, new: a.new });
+    match &owner {
+        Owner::Session(s) => {
+            for key in keys {
+                let a = s.acquire(&pool, &key).await.map_err(|e| session_error(s, e))?;
+                out.push(Acquired { key, id: a.id, new: a.new });
+            }
+        }
+        // A durable holder's list goes in batched txns (issue 14): ~100 keys per round trip.
+        Owner::Holder(h) => {
+            let got = if single {
+                vec![pool.acquire_durable(&keys[0], h).await]
+            } else {
+                pool.acquire_many_durable(&keys, h).await
+            };
+            for (key, a) in keys.into_iter().zip(got) {
+                let a = a?;
+                out.push(Acquired { key, id: a.id, new: a.new });
+            }
+        }
     }
     Ok(if single {
         Json(out.pop()).into_response()
@@ -200,12 +213,25 @@ pub async fn release(
     let owner = owner(&st, caller(&client), body.session, body.holder)?;
     let pool = st.pool(&name).await?;
     let mut out = Vec::with_capacity(keys.len());
-    for key in keys {
-        let r = match &owner {
-            Owner::Session(s) => s.release(&pool, &key).await?,
-            Owner::Holder(h) => pool.release_durable(&key, h).await?,
-        };
-        out.push(Released { key, held: r.held, reclaimed: r.reclaimed });
+    match &owner {
+        Owner::Session(s) => {
+            for key in keys {
+                let r = s.release(&pool, &key).await?;
+                out.push(Released { key, held: r.held, reclaimed: r.reclaimed });
+            }
+        }
+        // Batched, as acquire.
+        Owner::Holder(h) => {
+            let got = if single {
+                vec![pool.release_durable(&keys[0], h).await]
+            } else {
+                pool.release_many_durable(&keys, h).await
+            };
+            for (key, r) in keys.into_iter().zip(got) {
+                let r = r?;
+                out.push(Released { key, held: r.held, reclaimed: r.reclaimed });
+            }
+        }
     }
     Ok(if single {
         Json(out.pop()).into_response()

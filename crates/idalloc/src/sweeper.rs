@@ -24,6 +24,9 @@ use crate::layout::{IdRecord, Layout};
 use crate::protocol::{parse_id_value, sweep_outcome, sweep_txn, Orphan, SWEEP_BATCH};
 use crate::store::{list_all, KeyRange, Revision};
 
+/// Sweep batches in flight at once.
+const SWEEP_IN_FLIGHT: usize = 8;
+
 /// What a sweep found and did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {
@@ -107,12 +110,20 @@ pub(crate) async fn sweep(
         report.reclaimed = orphans.iter().map(|o| (orphan_id(o), o.key.clone())).collect();
         return Ok(report);
     }
-    for batch in orphans.chunks(SWEEP_BATCH) {
-        let resp = req
-            .txn_with_quarantine(pool, true, |lease| {
-                sweep_txn(layout, name, batch, lease, Some(pool.spec_rev))
-            })
-            .await?;
+    // The batches are independent (each orphan guarded by its own nested compares), so several
+    // are in flight at once: a large sweep costs a few round-trip times, not one per batch.
+    let batches: Vec<&[Orphan]> = orphans.chunks(SWEEP_BATCH).collect();
+    let mut answers = Vec::with_capacity(batches.len());
+    for wave in batches.chunks(SWEEP_IN_FLIGHT) {
+        let mut sends = Vec::with_capacity(wave.len());
+        for &batch in wave {
+            let build = move |lease| sweep_txn(layout, name, batch, lease, Some(pool.spec_rev));
+            sends.push(Box::pin(req.txn_with_quarantine(pool, true, build)));
+        }
+        answers.extend(futures::future::join_all(sends).await);
+    }
+    for (batch, resp) in batches.into_iter().zip(answers) {
+        let resp = resp?;
         let Some(done) = sweep_outcome(&resp, batch.len()).map_err(Error::from)? else {
             // The spec is not the one the sweep was decided for: the pool was deleted or
             // re-created. The else branch read the spec back; retire the pool's state as a
