@@ -2,9 +2,10 @@
 //!
 //! Scripts branch on the exit code, so each library error maps to exactly one code: 1 for "the
 //! world is not as needed" (store down, pool full, specs disagree), 2 for "the command is wrong"
-//! (fix the input), 3 for "not there" (lets `get`/`lookup` double as existence checks).
+//! (fix the input), 3 for "not there" (lets `get`/`lookup` double as existence checks), 4 for
+//! "the store holds data idalloc cannot use" (a person must look: `idalloc check`).
 
-use idalloc::Error;
+use idalloc::{Error, Input};
 
 /// Exit code of a successful command.
 pub const OK: u8 = 0;
@@ -14,6 +15,8 @@ pub const RUNTIME: u8 = 1;
 pub const USAGE: u8 = 2;
 /// Pool, key or ID not found.
 pub const NOT_FOUND: u8 = 3;
+/// Corrupt data: a record or store file idalloc cannot use (see `idalloc check`).
+pub const CORRUPT: u8 = 4;
 
 /// A failed command: its exit code and the message printed after `error: `.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,9 +56,10 @@ impl From<Error> for Failure {
         let code = match &e {
             // Deleting a pool that still has bindings is refused as InvalidInput by the library,
             // but the command line is fine: the state of the pool is what stands in the way.
-            Error::InvalidInput { what, .. } if what == "pool to delete" => RUNTIME,
+            Error::InvalidInput { input: Input::PoolInUse, .. } => RUNTIME,
             Error::InvalidInput { .. } => USAGE,
             Error::PoolNotFound { .. } => NOT_FOUND,
+            Error::Corrupt { .. } => CORRUPT,
             Error::RangeMismatch { .. }
             | Error::PoolReplaced { .. }
             | Error::Exhausted { .. }
@@ -103,14 +107,21 @@ mod tests {
 
     #[test]
     fn codes() {
-        let f: Failure = Error::invalid_str("key", "", "keys are non-empty").into();
+        let f: Failure = Error::invalid_str(Input::Key, "key", "", "keys are non-empty").into();
         assert_eq!(f.code, USAGE);
         let f: Failure = Error::PoolNotFound { pool: "p".into() }.into();
         assert_eq!(f.code, NOT_FOUND);
-        let f: Failure = Error::Unavailable { reason: "x".into() }.into();
+        let f: Failure = Error::unavailable("x").into();
         assert_eq!(f.code, RUNTIME);
-        let f: Failure = Error::invalid("pool to delete", "p", "has records").into();
+        let f: Failure = Error::unavailable_for_good("x").into();
         assert_eq!(f.code, RUNTIME);
+        // The code follows the typed input kind, whatever the message says.
+        let f: Failure = Error::invalid(Input::PoolInUse, "anything", "p", "has records").into();
+        assert_eq!(f.code, RUNTIME);
+        let f: Failure = Error::invalid(Input::Spec, "pool to delete", "p", "x").into();
+        assert_eq!(f.code, USAGE);
+        let f: Failure = Error::corrupt("P/pools/p", "unreadable").into();
+        assert_eq!(f.code, CORRUPT);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
+use idalloc::remote::RemoteReader;
 use idalloc::{Cluster, ClusterEvent, Event, Pool, RemoteOptions, RemotePool};
 use serde_json::{json, Value};
 
@@ -106,6 +107,48 @@ pub async fn attach(
     Ok(views)
 }
 
+/// Opens a direct reader of every remote (one-shot answers: its spec is read and checked as for
+/// a view, then only the records a question needs; no listing of the remote pool).
+async fn readers(
+    settings: &Settings,
+    pool: &Pool,
+    args: &RemoteArgs,
+) -> Result<Vec<RemoteReader>, Failure> {
+    let mut readers: Vec<RemoteReader> = Vec::new();
+    for r in &args.remotes {
+        if readers.iter().any(|x| x.cluster().name() == r.name) {
+            return Err(Failure::usage(format!(
+                "--remote {:?} is given twice: every remote needs its own name",
+                r.name
+            )));
+        }
+        let (url, etcd) = crate::connect::remote_connection(&r.url, &settings.etcd)
+            .map_err(|f| Failure { message: format!("--remote {}: {}", r.name, f.message), ..f })?;
+        let s = Settings { url, etcd, ..settings.clone() };
+        let opened = open::open_store(&s, false).await?;
+        let opts = RemoteOptions {
+            prefix: settings.prefix.clone(),
+            request_timeout: settings.attempt_timeout(),
+            ..RemoteOptions::default()
+        };
+        let mut others = vec![(Cluster::Local, idalloc::remote::id_space(pool.spec()))];
+        others.extend(readers.iter().map(|x| (x.cluster(), x.space())));
+        let reader = RemoteReader::open(&r.name, pool.spec(), opened.store, &opts, &others)
+            .await
+            .map_err(|e| {
+            let f = Failure::from(e.clone());
+            Failure { message: format!("--remote {}: {}", r.name, e), ..f }
+        })?;
+        readers.push(reader);
+    }
+    Ok(readers)
+}
+
+fn remote_failure(r: &RemoteReader, e: idalloc::Error) -> Failure {
+    let f = Failure::from(e.clone());
+    Failure { message: format!("--remote {}: {}", r.cluster(), e), ..f }
+}
+
 /// `get POOL KEY --remote ...`: the key's ID in every cluster that has one.
 pub async fn get(
     settings: &Settings,
@@ -115,9 +158,12 @@ pub async fn get(
     out: Out,
 ) -> Result<u8, Failure> {
     let local = pool.get_consistent(key).await?;
-    attach(settings, pool, args, true).await?;
     let mut found: Vec<(Cluster, u64)> = local.map(|id| (Cluster::Local, id)).into_iter().collect();
-    found.extend(pool.ids_of(key).into_iter().filter(|(c, _)| *c != Cluster::Local));
+    for r in readers(settings, pool, args).await? {
+        if let Some(id) = r.get(key).await.map_err(|e| remote_failure(&r, e))? {
+            found.push((r.cluster(), id));
+        }
+    }
     if found.is_empty() {
         return Err(Failure::not_found(format!(
             "key {} has no ID in pool {:?} in any cluster (local, {})",
@@ -149,12 +195,16 @@ pub async fn lookup(
     out: Out,
 ) -> Result<u8, Failure> {
     let (lo, hi) = idalloc::remote::id_space(pool.spec());
+    let readers = readers(settings, pool, args).await?;
     let found = if id >= lo && id <= hi {
-        attach(settings, pool, args, false).await?;
         pool.key_of_consistent(id).await?.map(|k| (Cluster::Local, k))
     } else {
-        attach(settings, pool, args, true).await?;
-        pool.key_of_any(id)
+        match readers.iter().find(|r| id >= r.space().0 && id <= r.space().1) {
+            Some(r) => {
+                r.key_of(id).await.map_err(|e| remote_failure(r, e))?.map(|k| (r.cluster(), k))
+            }
+            None => None,
+        }
     };
     match found {
         Some((c, key)) => {

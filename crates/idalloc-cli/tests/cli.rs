@@ -892,7 +892,7 @@ fn check_finds_and_repairs(t: &Target) {
     // ID), and a key record naming an ID the pool never hands out is refused, not returned (issue 9
     // item 7): `get` fails naming the ID and pointing at `check`; the records are untouched.
     let r = t.run(&["get", "t", "res"]);
-    assert_eq!(r.code, 1, "{r:?}");
+    assert_eq!(r.code, 4, "corrupt data has its own exit code: {r:?}");
     assert!(r.stderr.contains("names ID 50") && r.stderr.contains("idalloc check"), "{r:?}");
     let r = t.run(&["check", "t"]);
     assert!(r.stdout.contains("ID 50 of key \"res\" is reserved"), "{r:?}");
@@ -977,10 +977,12 @@ fn broken_and_lying_specs_are_reported_and_others_served() {
         &[],
     );
 
-    t.run(&["acquire", "lies", "victim"]).fails(1).err_has("holds the spec of pool \"good\"");
-    t.run(&["acquire", "lies", "victim", "--range", "200-300"]).fails(1);
+    // Corrupt data: exit 4, not 1 (a person must look, retrying will not help).
+    t.run(&["acquire", "lies", "victim"]).fails(4).err_has("holds the spec of pool \"good\"");
+    t.run(&["acquire", "lies", "victim", "--range", "200-300"]).fails(4);
     assert!(t.run(&["--json", "list", "good"]).json()["bindings"].as_array().unwrap().is_empty());
-    t.run(&["get", "lies", "victim"]).fails(1).err_has("idalloc/pools/lies");
+    t.run(&["get", "lies", "victim"]).fails(4).err_has("idalloc/pools/lies");
+    t.run(&["get", "broken", "victim"]).fails(4).err_has("corrupt data in idalloc/pools/broken");
 
     let r = t.run(&["pool", "list"]);
     assert_eq!(r.code, 0, "{r:?}");

@@ -351,7 +351,8 @@ fn every_endpoint(s: &Serve) {
     send("PUT", &s.url("/v1/pools"), None).err(405, "method_not_allowed");
 
     // Delete: refused while records exist, then forced; then gone.
-    let m = send("DELETE", &s.url("/v1/pools/tiny"), None).err(400, "invalid_input");
+    // The pool's records stand in the way, not the request: 409 (typed Input::PoolInUse).
+    let m = send("DELETE", &s.url("/v1/pools/tiny"), None).err(409, "invalid_input");
     assert!(m.contains("force"), "{m}");
     assert_eq!(send("DELETE", &s.url("/v1/pools/tiny?force=true"), None).ok()["deleted"], true);
     send("DELETE", &s.url("/v1/pools/tiny"), None).err(404, "pool_not_found");

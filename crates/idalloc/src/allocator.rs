@@ -33,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tracing::warn;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Input, Result};
 use crate::layout::Layout;
 use crate::pool::{validate_holder, validate_key, validate_pool_name, PoolSpec};
 use crate::store::{Compare, GetRequest, KeyRange, LeaseId, OpResponse, Store, TxnOp, TxnRequest};
@@ -91,13 +91,19 @@ impl Allocator {
         validate_holder(&holder)?;
         if opts.session_ttl < Duration::from_secs(1) {
             return Err(Error::invalid(
+                Input::Options,
                 "session TTL",
                 format!("{:?}", opts.session_ttl),
                 "the session lease TTL is at least 1 s",
             ));
         }
         if opts.retry.max_attempts == 0 {
-            return Err(Error::invalid("retry attempts", "0", "at least 1 attempt"));
+            return Err(Error::invalid(
+                Input::Options,
+                "retry attempts",
+                "0",
+                "at least 1 attempt",
+            ));
         }
         let rng = match opts.seed {
             Some(s) => StdRng::seed_from_u64(s),
@@ -218,6 +224,7 @@ impl Allocator {
             if foreign > 0 {
                 let data = String::from_utf8_lossy(&l.pool_data_prefix(name)).into_owned();
                 return Err(Error::invalid(
+                    Input::PoolInUse,
                     "pool to delete",
                     name,
                     format!(
@@ -231,6 +238,7 @@ impl Allocator {
             }
             let records: i64 = (2..5).map(count_at).sum();
             return Err(Error::invalid(
+                Input::PoolInUse,
                 "pool to delete",
                 name,
                 format!("the pool still has {records} records (bindings, references, tombstones); release them or delete with force"),

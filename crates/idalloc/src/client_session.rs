@@ -20,7 +20,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::allocator::{Inner, Pool};
-use crate::error::{Error, Result};
+use crate::error::{Error, Input, Result};
 use crate::metrics::{self, SessionKind};
 use crate::store::LeaseId;
 use crate::{Acquired, Released};
@@ -50,6 +50,7 @@ impl std::fmt::Debug for ClientSession {
 /// The error a session operation returns once its lease is gone (expired or ended).
 pub(crate) fn lease_gone(lease: LeaseId) -> Error {
     Error::invalid(
+        Input::SessionGone,
         "client session",
         format!("lease {lease:x}"),
         "the session's lease has expired or was ended; its references are gone; open a new session",
@@ -59,6 +60,7 @@ pub(crate) fn lease_gone(lease: LeaseId) -> Error {
 pub(crate) async fn open(inner: &Arc<Inner>, ttl: Duration) -> Result<ClientSession> {
     if ttl < Duration::from_secs(1) || ttl > MAX_CLIENT_TTL {
         return Err(Error::invalid(
+            Input::Options,
             "session TTL",
             format!("{ttl:?}"),
             format!("between 1 s and {} s", MAX_CLIENT_TTL.as_secs()),
@@ -115,13 +117,13 @@ impl ClientSession {
     }
 
     /// The ID of `key` in `pool`, with this session's reference on its lease. Idempotent within
-    /// the session. One round trip when uncontended. Fails with `InvalidInput` ("client session")
+    /// the session. One round trip when uncontended. Fails with `InvalidInput` ([`Input::SessionGone`])
     /// once the lease is gone, and the session is then [lost](ClientSession::is_lost).
     pub async fn acquire(&self, pool: &Pool, key: &str) -> Result<Acquired> {
         self.check()?;
         let f = pool.acquire_on_lease(key, &self.holder, self.lease);
         let r = metrics::timed(pool.spec().name(), "acquire_session", f).await;
-        if matches!(&r, Err(Error::InvalidInput { what, .. }) if what == "client session") {
+        if matches!(&r, Err(Error::InvalidInput { input: Input::SessionGone, .. })) {
             self.mark_lost();
         }
         r

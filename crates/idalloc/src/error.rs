@@ -13,14 +13,40 @@ use crate::store::StoreError;
 /// whole key would drown the message, and the first 80 bytes are enough to recognise it.
 pub const SHOWN_VALUE_BYTES: usize = 80;
 
+/// Which kind of input an [`Error::InvalidInput`] is about, so callers map it (CLI exit codes, HTTP
+/// statuses) without reading the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Input {
+    /// A key (empty, over 4096 bytes, not UTF-8).
+    Key,
+    /// A holder name.
+    Holder,
+    /// A pool name.
+    PoolName,
+    /// A pool spec or one of its parts (range, reserved IDs, prefix, durations, its JSON).
+    Spec,
+    /// Configuration: allocator, remote or session options, the store prefix, a remote's name.
+    Options,
+    /// The call is well formed, but the pool's records stand in the way: deleting a pool that
+    /// still has bindings, references or tombstones (or another deployment's records) without
+    /// `force`. Not the caller's typing: the state of the pool must change first.
+    PoolInUse,
+    /// A client session whose lease has expired or was ended: its references are gone; open a new
+    /// session.
+    SessionGone,
+}
+
 /// Everything an allocator operation can fail with (DESIGN G6).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Error {
-    /// The caller passed a value the allocator cannot accept (a bad key, pool name, range...).
-    /// Retrying the same call cannot help.
+    /// The caller passed a value the allocator cannot accept (a bad key, pool name, range...), or
+    /// asked for something the pool's state forbids ([`Input::PoolInUse`]). Retrying the same call
+    /// cannot help.
     #[error("invalid {what} {value}: {rule}")]
     InvalidInput {
-        /// What kind of value it is: "key", "pool name", "reserved ID list"...
+        /// Which kind of input: what callers match on.
+        input: Input,
+        /// What the value is, for humans: "key", "pool name", "reserved ID list"...
         what: String,
         /// The offending value as shown to humans: quoted, truncated to [`SHOWN_VALUE_BYTES`]
         /// bytes, with its length when truncated (see [`show_value`]).
@@ -74,13 +100,20 @@ pub enum Error {
         /// Number of allocatable IDs (range size minus reserved IDs).
         capacity: u64,
     },
-    /// The store could not serve the request (unreachable, timed out after bounded retries, or
-    /// unusable). The operation did not take effect, or took effect in a way a retry will observe
-    /// and reuse (every write is idempotent on retry).
+    /// The store could not serve the request (unreachable, timed out after bounded retries,
+    /// contended, or unusable). The operation did not take effect, or took effect in a way a
+    /// retry will observe and reuse (every write is idempotent on retry).
     #[error("store unavailable: {reason}")]
     Unavailable {
         /// What went wrong, for humans.
         reason: String,
+        /// Whether the same call may succeed later (the store was unreachable, slow or
+        /// contended). `false` when waiting cannot help: the allocator is closed, the store file
+        /// is locked read-only, the store answered with something idalloc did not ask for.
+        retryable: bool,
+        /// The store's own error, when one caused this.
+        #[source]
+        source: Option<StoreError>,
     },
     /// The store refused this client (TLS, authentication or permissions: see
     /// [`StoreError::Access`]). Unlike [`Error::Unavailable`], retrying cannot help: the
@@ -90,8 +123,23 @@ pub enum Error {
         /// Which endpoint refused what, and why, for humans.
         reason: String,
     },
+    /// Data the allocator needs cannot be used: a record idalloc never writes (an unreadable or
+    /// lying pool spec, a key record that is not one of the pool's IDs), or a damaged store file.
+    /// Never guessed around and never retried: a person must look (`idalloc check` names what
+    /// is wrong and repairs what is safe).
+    #[error("corrupt data in {what}: {reason}")]
+    Corrupt {
+        /// Which data: the store record's name or the store file's path.
+        what: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The key held by a holder lost its ID (store data lost or edited by hand) and another key got
     /// that ID in between; the key was bound to a new ID. DESIGN G2: never silently.
+    ///
+    /// Reported as an [`Event::Conflict`](crate::Event::Conflict) on the pool's events (the
+    /// holder keeps its key, on the new ID); no operation returns this variant today. It stays in
+    /// the closed list so callers that forward events as errors have a kind for them.
     #[error(
         "key {key} in pool \"{pool}\" lost ID {old_id} to another key and is now bound to ID {new_id}",
         key = show_value(key)
@@ -112,9 +160,9 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
-    /// A short, stable name of the variant (`invalid_input`, `range_mismatch`, `pool_not_found`, `pool_replaced`,
-    /// `exhausted`, `unavailable`, `access_denied`, `conflict`): the `kind` of the HTTP API's error bodies and the
-    /// `outcome` label of metrics.
+    /// A short, stable name of the variant (`invalid_input`, `range_mismatch`, `pool_not_found`,
+    /// `pool_replaced`, `exhausted`, `unavailable`, `access_denied`, `corrupt`, `conflict`): the
+    /// `kind` of the HTTP API's error bodies and the `outcome` label of metrics.
     pub fn kind(&self) -> &'static str {
         match self {
             Error::InvalidInput { .. } => "invalid_input",
@@ -124,19 +172,62 @@ impl Error {
             Error::Exhausted { .. } => "exhausted",
             Error::Unavailable { .. } => "unavailable",
             Error::AccessDenied { .. } => "access_denied",
+            Error::Corrupt { .. } => "corrupt",
             Error::Conflict { .. } => "conflict",
         }
     }
 
+    /// True if the same call may succeed later without anything else changing: only a retryable
+    /// [`Error::Unavailable`].
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Error::Unavailable { retryable: true, .. })
+    }
+
     /// Builds [`Error::InvalidInput`] for a string value, quoting and truncating it with
     /// [`show_value`].
-    pub fn invalid_str(what: impl Into<String>, value: &str, rule: impl Into<String>) -> Self {
-        Error::InvalidInput { what: what.into(), value: show_value(value), rule: rule.into() }
+    pub fn invalid_str(
+        input: Input,
+        what: impl Into<String>,
+        value: &str,
+        rule: impl Into<String>,
+    ) -> Self {
+        Error::InvalidInput {
+            input,
+            what: what.into(),
+            value: show_value(value),
+            rule: rule.into(),
+        }
     }
 
     /// Builds [`Error::InvalidInput`] for a value already rendered for humans (a number, a range).
-    pub fn invalid(what: impl Into<String>, value: impl ToString, rule: impl Into<String>) -> Self {
-        Error::InvalidInput { what: what.into(), value: value.to_string(), rule: rule.into() }
+    pub fn invalid(
+        input: Input,
+        what: impl Into<String>,
+        value: impl ToString,
+        rule: impl Into<String>,
+    ) -> Self {
+        Error::InvalidInput {
+            input,
+            what: what.into(),
+            value: value.to_string(),
+            rule: rule.into(),
+        }
+    }
+
+    /// A retryable [`Error::Unavailable`] with no store error behind it (timed out, contended).
+    pub fn unavailable(reason: impl Into<String>) -> Self {
+        Error::Unavailable { reason: reason.into(), retryable: true, source: None }
+    }
+
+    /// An [`Error::Unavailable`] that waiting cannot cure (the allocator is closed, the store
+    /// answered with something idalloc did not ask for).
+    pub fn unavailable_for_good(reason: impl Into<String>) -> Self {
+        Error::Unavailable { reason: reason.into(), retryable: false, source: None }
+    }
+
+    /// Builds [`Error::Corrupt`].
+    pub fn corrupt(what: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::Corrupt { what: what.into(), reason: reason.into() }
     }
 }
 
@@ -154,28 +245,27 @@ pub fn show_value(value: &str) -> String {
     format!("{:?}… ({} bytes)", &value[..end], value.len())
 }
 
-/// Store failures surface as [`Error::Unavailable`].
-///
-/// Retryable failures (the store is unreachable or timed out) are exactly what `Unavailable` means.
-/// The others are mapped there too, with the store's reason kept in the message, because G6 has no
-/// other variant for them and none of them is the caller's fault: an invalid store request is an
-/// allocator bug, a lease or compaction error is handled by the driver before it can reach a caller,
-/// and a locked or corrupt store file means the store cannot serve requests. The prefix
-/// "(not retryable)" tells an operator that waiting will not help. The lead may refine this (for
-/// example with a `retryable` flag) once the driver exists.
+/// Store failures: [`StoreError::Access`] is [`Error::AccessDenied`], a damaged store file is
+/// [`Error::Corrupt`], everything else is [`Error::Unavailable`] with the store error as its source
+/// and `retryable` from [`StoreError::is_retryable`] (an invalid store request is an allocator bug,
+/// a lease or compaction error is handled by the driver before it can reach a caller, a locked or
+/// read-only store file must be freed or reopened: none of them is the caller's fault, and G6 has
+/// no better kind for them).
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
-        if let StoreError::Access { .. } = e {
-            return Error::AccessDenied { reason: e.to_string() };
-        }
-        if let StoreError::Unavailable(reason) = e {
+        match e {
+            StoreError::Access { .. } => Error::AccessDenied { reason: e.to_string() },
+            StoreError::Corrupt { path, reason } => Error::Corrupt { what: path, reason },
             // Not `e.to_string()`: both Displays start with "store unavailable: ", and the
             // message would say it twice.
-            Error::Unavailable { reason }
-        } else if e.is_retryable() {
-            Error::Unavailable { reason: e.to_string() }
-        } else {
-            Error::Unavailable { reason: format!("(not retryable) {e}") }
+            StoreError::Unavailable(ref reason) => {
+                Error::Unavailable { reason: reason.clone(), retryable: true, source: Some(e) }
+            }
+            e => Error::Unavailable {
+                reason: e.to_string(),
+                retryable: e.is_retryable(),
+                source: Some(e),
+            },
         }
     }
 }
@@ -208,6 +298,7 @@ mod tests {
     #[test]
     fn invalid_input_message_names_value_and_rule() {
         let e = Error::invalid_str(
+            Input::Key,
             "key",
             &"k".repeat(4097),
             "keys are non-empty UTF-8, at most 4096 bytes",
@@ -243,18 +334,61 @@ mod tests {
 
     #[test]
     fn store_errors_become_unavailable_with_reason() {
-        let e: Error = StoreError::Unavailable("connection refused".into()).into();
-        assert_eq!(e, Error::Unavailable { reason: "connection refused".into() });
+        let down = StoreError::Unavailable("connection refused".into());
+        let e: Error = down.clone().into();
+        assert_eq!(
+            e,
+            Error::Unavailable {
+                reason: "connection refused".into(),
+                retryable: true,
+                source: Some(down.clone())
+            }
+        );
+        assert!(e.is_retryable());
         // Said once, not "store unavailable: store unavailable: ..." (issue 9, item 11).
         assert_eq!(e.to_string(), "store unavailable: connection refused");
-        let e: Error =
-            StoreError::Corrupt { path: "/x.redb".into(), reason: "bad magic".into() }.into();
-        match e {
-            Error::Unavailable { reason } => {
-                assert!(reason.starts_with("(not retryable)"), "{reason}");
-                assert!(reason.contains("/x.redb") && reason.contains("bad magic"), "{reason}");
+        let source = std::error::Error::source(&e).map(|s| s.to_string());
+        assert_eq!(source, Some(down.to_string()));
+    }
+
+    #[test]
+    fn retryability_is_a_field_not_a_message_prefix() {
+        let locked = StoreError::Locked { path: "/x.redb".into(), waited: Default::default() };
+        let e: Error = locked.clone().into();
+        match &e {
+            Error::Unavailable { reason, retryable, source } => {
+                assert!(!retryable);
+                assert_eq!(source.as_ref(), Some(&locked));
+                assert!(!reason.contains("not retryable"), "{reason}");
+                assert!(reason.contains("/x.redb"), "{reason}");
             }
             other => panic!("expected Unavailable, got {other:?}"),
         }
+        assert!(!e.is_retryable());
+        assert!(Error::unavailable("timed out").is_retryable());
+        assert!(!Error::unavailable_for_good("closed").is_retryable());
+        assert!(!Error::PoolNotFound { pool: "p".into() }.is_retryable());
+    }
+
+    #[test]
+    fn a_corrupt_store_file_is_its_own_kind() {
+        let e: Error =
+            StoreError::Corrupt { path: "/x.redb".into(), reason: "bad magic".into() }.into();
+        assert_eq!(e, Error::Corrupt { what: "/x.redb".into(), reason: "bad magic".into() });
+        assert_eq!(e.kind(), "corrupt");
+        assert!(!e.is_retryable());
+        assert_eq!(e.to_string(), "corrupt data in /x.redb: bad magic");
+    }
+
+    #[test]
+    fn access_refusals_are_access_denied() {
+        let e: Error = StoreError::Access {
+            endpoint: "127.0.0.1:1".into(),
+            cause: crate::store::AccessCause::Permission,
+            detail: "no role".into(),
+        }
+        .into();
+        assert_eq!(e.kind(), "access_denied");
+        assert!(!e.is_retryable());
     }
 }

@@ -16,7 +16,7 @@
 
 use std::fmt::Write as _;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Input, Result};
 
 /// The store prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "idalloc";
@@ -55,7 +55,7 @@ impl Layout {
             || prefix.ends_with('/')
             || prefix.chars().any(char::is_control)
         {
-            return Err(Error::invalid_str("store prefix", &prefix, RULE));
+            return Err(Error::invalid_str(Input::Options, "store prefix", &prefix, RULE));
         }
         Ok(Layout { prefix })
     }

@@ -109,7 +109,7 @@ pub use allocator::{
 };
 pub use cache::{Event, Foreign};
 pub use client_session::ClientSession;
-pub use error::{Error, Result};
+pub use error::{Error, Input, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 pub use sweeper::SweepReport;

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::{show_value, Error, Result};
+use crate::error::{show_value, Error, Input, Result};
 
 /// Longest key, in bytes (DESIGN §1). Bounds the size of store keys (escaped keys appear in three
 /// record names) and of txns.
@@ -269,6 +269,7 @@ impl PoolSpec {
         validate_pool_name(&self.name)?;
         if self.min == 0 {
             return Err(Error::invalid(
+                Input::Spec,
                 "pool min",
                 0,
                 "the lowest ID must be at least 1: ID 0 means \"no ID\" and is never handed out",
@@ -276,6 +277,7 @@ impl PoolSpec {
         }
         if self.min > self.max {
             return Err(Error::invalid(
+                Input::Spec,
                 "pool range",
                 format!("[{}, {}]", self.min, self.max),
                 "min must not exceed max",
@@ -283,6 +285,7 @@ impl PoolSpec {
         }
         if self.reserved.len() > MAX_RESERVED_RANGES {
             return Err(Error::invalid(
+                Input::Spec,
                 "reserved ID list",
                 format!("of {} ranges", self.reserved.len()),
                 format!(
@@ -292,6 +295,7 @@ impl PoolSpec {
         }
         if let Some(&(lo, hi)) = self.reserved.iter().find(|(lo, hi)| lo > hi) {
             return Err(Error::invalid(
+                Input::Spec,
                 "reserved range",
                 format!("[{lo}, {hi}]"),
                 "start must not exceed end",
@@ -301,6 +305,7 @@ impl PoolSpec {
             self.reserved.iter().find(|&&(lo, hi)| lo < self.min || hi > self.max)
         {
             return Err(Error::invalid(
+                Input::Spec,
                 "reserved range",
                 fmt_range(lo, hi),
                 format!("reserved IDs must lie in the pool range [{}, {}]", self.min, self.max),
@@ -308,6 +313,7 @@ impl PoolSpec {
         }
         if self.capacity() == 0 {
             return Err(Error::invalid(
+                Input::Spec,
                 "reserved ID list",
                 fmt_ranges(&self.reserved),
                 format!("at least one ID of [{}, {}] must stay allocatable", self.min, self.max),
@@ -316,6 +322,7 @@ impl PoolSpec {
         let id_bits = bits_covering(self.max);
         if self.prefix & id_bits != 0 {
             return Err(Error::invalid(
+                Input::Spec,
                 "pool prefix",
                 format!("{:#x}", self.prefix),
                 format!(
@@ -327,6 +334,7 @@ impl PoolSpec {
         for (what, d) in [("idle_grace", self.idle_grace), ("reuse_delay", self.reuse_delay)] {
             if d > MAX_DELAY {
                 return Err(Error::invalid(
+                    Input::Spec,
                     what,
                     format!("{}ms", whole_millis(d)),
                     format!("at most {}ms (30 days)", MAX_DELAY.as_millis()),
@@ -444,6 +452,7 @@ impl PoolSpec {
     pub fn from_json(bytes: &[u8]) -> Result<PoolSpec> {
         let spec: PoolSpec = serde_json::from_slice(bytes).map_err(|e| {
             Error::invalid_str(
+                Input::Spec,
                 "pool spec JSON",
                 &String::from_utf8_lossy(bytes),
                 format!("cannot parse: {e}"),
@@ -467,7 +476,7 @@ pub fn validate_pool_name(name: &str) -> Result<()> {
     if ok {
         Ok(())
     } else {
-        Err(Error::invalid_str("pool name", name, POOL_NAME_RULE))
+        Err(Error::invalid_str(Input::PoolName, "pool name", name, POOL_NAME_RULE))
     }
 }
 
@@ -476,6 +485,7 @@ pub fn validate_pool_name(name: &str) -> Result<()> {
 pub fn validate_key(key: &str) -> Result<()> {
     if key.is_empty() || key.len() > MAX_KEY_BYTES {
         return Err(Error::invalid(
+            Input::Key,
             "key",
             if key.is_empty() { "\"\" (0 bytes)".to_string() } else { show_len(key) },
             KEY_RULE,
@@ -493,6 +503,7 @@ pub fn validate_key_bytes(key: &[u8]) -> Result<&str> {
             Ok(s)
         }
         Err(e) => Err(Error::invalid(
+            Input::Key,
             "key",
             format!("{} ({} bytes)", show_value(&String::from_utf8_lossy(key)), key.len()),
             format!("{KEY_RULE}; invalid UTF-8 at byte offset {}", e.valid_up_to()),
@@ -504,7 +515,7 @@ pub fn validate_key_bytes(key: &[u8]) -> Result<&str> {
 /// keys).
 pub fn validate_holder(holder: &str) -> Result<()> {
     if holder.is_empty() || holder.len() > MAX_HOLDER_BYTES {
-        return Err(Error::invalid("holder", show_len(holder), HOLDER_RULE));
+        return Err(Error::invalid(Input::Holder, "holder", show_len(holder), HOLDER_RULE));
     }
     Ok(())
 }
@@ -530,6 +541,7 @@ pub fn parse_id_list(list: &str) -> Result<Vec<(u64, u64)>> {
     const RULE: &str = "a reserved ID list is comma-separated decimal IDs or inclusive ranges a-b with a <= b, e.g. 5,7,10-20";
     if list.trim().is_empty() {
         return Err(Error::invalid_str(
+            Input::Spec,
             "reserved ID list",
             list,
             format!("the list is empty (for no reserved IDs, give no list); {RULE}"),
@@ -541,12 +553,13 @@ pub fn parse_id_list(list: &str) -> Result<Vec<(u64, u64)>> {
         let bad = || {
             if t.is_empty() {
                 Error::invalid_str(
+                    Input::Spec,
                     "reserved ID list",
                     list,
                     format!("it has an empty item (a comma at either end or two in a row); {RULE}"),
                 )
             } else {
-                Error::invalid_str("reserved ID list token", t, RULE)
+                Error::invalid_str(Input::Spec, "reserved ID list token", t, RULE)
             }
         };
         let parse = |s: &str| -> Result<u64> {
@@ -577,7 +590,7 @@ mod tests {
 
     fn rule_of(e: Error) -> (String, String, String) {
         match e {
-            Error::InvalidInput { what, value, rule } => (what, value, rule),
+            Error::InvalidInput { what, value, rule, .. } => (what, value, rule),
             other => panic!("expected InvalidInput, got {other:?}"),
         }
     }

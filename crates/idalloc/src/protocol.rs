@@ -9,6 +9,7 @@
 //! The records of one binding (DESIGN §4): `id/<ID> -> key` (or a tombstone), `key/<k> -> ID`, and one
 //! `ref/<k>/<holder> -> ID` per holder. Every txn here keeps `id/` and `key/` in agreement.
 
+use crate::error::Error;
 use crate::layout::{IdRecord, Layout};
 use crate::store::{
     prefix_end, Compare, CompareOp, CompareTarget, GetResponse, KeyRange, KeyValue, LeaseId,
@@ -360,6 +361,20 @@ impl ProtocolError {
         ProtocolError::BadRecord {
             key: String::from_utf8_lossy(&kv.key).into_owned(),
             value: String::from_utf8_lossy(&kv.value).into_owned(),
+        }
+    }
+}
+
+/// A record idalloc cannot read is [`Error::Corrupt`]; a response of the wrong shape is an
+/// [`Error::Unavailable`] that retrying cannot cure (the store does not answer as etcd does).
+impl From<ProtocolError> for Error {
+    fn from(e: ProtocolError) -> Self {
+        match e {
+            ProtocolError::BadRecord { key, value } => Error::corrupt(
+                key,
+                format!("it holds {value:?}, which idalloc cannot read; run `idalloc check`"),
+            ),
+            ProtocolError::Shape(_) => Error::unavailable_for_good(e.to_string()),
         }
     }
 }

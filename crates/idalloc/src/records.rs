@@ -69,6 +69,23 @@ impl fmt::Display for SpecProblem {
     }
 }
 
+/// A spec record that cannot be used is corrupt data, named by its record.
+impl From<SpecProblem> for crate::error::Error {
+    fn from(p: SpecProblem) -> Self {
+        let reason = match &p.kind {
+            SpecProblemKind::BadRecordName => "it is not named after a valid pool (another \
+                deployment's records under this prefix, or written by hand)"
+                .to_string(),
+            SpecProblemKind::Unreadable(why) => format!("the spec is unreadable: {why}"),
+            SpecProblemKind::NameMismatch { spec_name } => format!(
+                "it holds the spec of pool {spec_name:?}; a spec must name its own record's pool, \
+                 so it is not used (fix or delete the record; see `idalloc check`)"
+            ),
+        };
+        crate::error::Error::corrupt(p.record, reason)
+    }
+}
+
 /// Reads one spec record (`P/pools/<name>`): the spec, or why it cannot be used.
 pub fn parse_spec(layout: &Layout, kv: &KeyValue) -> Result<PoolSpec, SpecProblem> {
     let record = String::from_utf8_lossy(&kv.key).into_owned();

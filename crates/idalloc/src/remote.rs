@@ -26,7 +26,7 @@ use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
 use crate::cache::{Event, PoolCache};
-use crate::error::{Error, Result};
+use crate::error::{Error, Input, Result};
 use crate::feed::{self, FeedConfig, Gone, Relist, Sink};
 use crate::layout::{IdRecord, Layout};
 use crate::metrics;
@@ -154,6 +154,7 @@ pub fn check_overlap(name: &str, spec: &PoolSpec, others: &[(Cluster, (u64, u64)
     for (c, (olo, ohi)) in others {
         if lo <= *ohi && *olo <= hi {
             return Err(Error::invalid(
+                Input::Options,
                 "remote",
                 name,
                 format!(
@@ -241,10 +242,16 @@ pub(crate) fn screen_event(
 /// Checks a remote's name: like a pool name, and not `local`.
 pub fn validate_remote_name(name: &str) -> Result<()> {
     crate::pool::validate_pool_name(name).map_err(|_| {
-        Error::invalid_str("remote name", name, "[a-z0-9][a-z0-9._-]{0,62}, not \"local\"")
+        Error::invalid_str(
+            Input::Options,
+            "remote name",
+            name,
+            "[a-z0-9][a-z0-9._-]{0,62}, not \"local\"",
+        )
     })?;
     if name == "local" {
         return Err(Error::invalid_str(
+            Input::Options,
             "remote name",
             name,
             "\"local\" names this allocator's own store; pick another name",
@@ -281,7 +288,7 @@ pub(crate) struct Guarded {
 const NO_SPACE: (u64, u64) = (u64::MAX, 0);
 
 /// The ID spaces of some clusters of a pool.
-pub(crate) type Spaces = [(Cluster, (u64, u64))];
+pub type Spaces = [(Cluster, (u64, u64))];
 
 /// The pool a view belongs to, as the view needs it when the remote's spec changes.
 pub(crate) trait Neighbours: Send + Sync {
@@ -727,30 +734,15 @@ pub(crate) async fn open(
     validate_remote_name(name)?;
     let layout = Layout::new(&opts.prefix)?;
     if opts.list_page < 1 {
-        return Err(Error::invalid("remote list page", opts.list_page.to_string(), "at least 1"));
+        return Err(Error::invalid(
+            Input::Options,
+            "remote list page",
+            opts.list_page.to_string(),
+            "at least 1",
+        ));
     }
     let pool = local.name();
-    let key = layout.pool_spec_key(pool);
-    let t = opts.request_timeout;
-    let resp = match tokio::time::timeout(t, store.get(GetRequest::key(key))).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            return Err(Error::Unavailable {
-                reason: format!("remote {name:?}: reading pool {pool:?}: {e}"),
-            })
-        }
-        Err(_) => {
-            return Err(Error::Unavailable {
-                reason: format!("remote {name:?}: reading pool {pool:?}: no answer within {t:?}"),
-            })
-        }
-    };
-    let Some(kv) = resp.kvs.first() else {
-        return Err(Error::PoolNotFound { pool: format!("{pool}\" in remote \"{name}") });
-    };
-    let spec = PoolSpec::from_json(&kv.value).map_err(|e| Error::Unavailable {
-        reason: format!("remote {name:?}: the spec of pool {pool:?} is unreadable: {e}"),
-    })?;
+    let (spec, kv) = read_spec(name, pool, &*store, &layout, opts.request_timeout).await?;
     check_overlap(name, &spec, others)?;
     let (events, _) = broadcast::channel(opts.event_buffer.max(1));
     let (state, _) = tokio::sync::watch::channel(RemoteState::Syncing);
@@ -789,6 +781,130 @@ pub(crate) async fn open(
         neighbours: std::sync::OnceLock::new(),
     });
     Ok(view)
+}
+
+/// One bounded read of a remote store.
+async fn read_remote(
+    name: &str,
+    what: &str,
+    store: &dyn Store,
+    req: GetRequest,
+    t: Duration,
+) -> Result<Vec<KeyValue>> {
+    match tokio::time::timeout(t, store.get(req)).await {
+        Ok(Ok(r)) => Ok(r.kvs),
+        Ok(Err(e)) => Err(match Error::from(e) {
+            Error::Unavailable { reason, retryable, source } => Error::Unavailable {
+                reason: format!("remote {name:?}: {what}: {reason}"),
+                retryable,
+                source,
+            },
+            other => other,
+        }),
+        Err(_) => {
+            Err(Error::unavailable(format!("remote {name:?}: {what}: no answer within {t:?}")))
+        }
+    }
+}
+
+/// Reads the spec record of pool `pool` in remote `name` (one round trip).
+async fn read_spec(
+    name: &str,
+    pool: &str,
+    store: &dyn Store,
+    layout: &Layout,
+    t: Duration,
+) -> Result<(PoolSpec, KeyValue)> {
+    let req = GetRequest::key(layout.pool_spec_key(pool));
+    let kvs = read_remote(name, &format!("reading pool {pool:?}"), store, req, t).await?;
+    let Some(kv) = kvs.into_iter().next() else {
+        return Err(Error::PoolNotFound { pool: format!("{pool}\" in remote \"{name}") });
+    };
+    let spec = PoolSpec::from_json(&kv.value).map_err(|e| {
+        Error::corrupt(
+            format!("remote {name:?}: {}", String::from_utf8_lossy(&kv.key)),
+            format!("the spec of pool {pool:?} is unreadable: {e}"),
+        )
+    })?;
+    Ok((spec, kv))
+}
+
+/// Direct reads of a remote pool, for a process that answers one lookup and exits (the CLI's
+/// `get`/`lookup --remote`): the spec is read and checked as by [`crate::Pool::watch_remote`]
+/// (overlap refused), then each question reads only the records it needs (1 or 2 round trips),
+/// instead of listing the whole remote pool into a view. The same validation applies: an answer
+/// outside the remote's ID space, or refused by a validator, is no answer.
+pub struct RemoteReader {
+    name: Arc<str>,
+    store: Arc<dyn Store>,
+    layout: Layout,
+    spec: PoolSpec,
+    validators: Vec<Validator>,
+    timeout: Duration,
+}
+
+impl RemoteReader {
+    /// Reads remote `name`'s spec of `local`'s pool (one round trip) and refuses it if its ID
+    /// space meets any of `others` (the local pool's and other remotes').
+    pub async fn open(
+        name: &str,
+        local: &PoolSpec,
+        store: Arc<dyn Store>,
+        opts: &RemoteOptions,
+        others: &Spaces,
+    ) -> Result<RemoteReader> {
+        validate_remote_name(name)?;
+        let layout = Layout::new(&opts.prefix)?;
+        let (spec, _) =
+            read_spec(name, local.name(), &*store, &layout, opts.request_timeout).await?;
+        check_overlap(name, &spec, others)?;
+        Ok(RemoteReader {
+            name: Arc::from(name),
+            store,
+            layout,
+            spec,
+            validators: opts.validators.clone(),
+            timeout: opts.request_timeout,
+        })
+    }
+
+    /// As a [`Cluster`].
+    pub fn cluster(&self) -> Cluster {
+        Cluster::Remote(self.name.clone())
+    }
+
+    /// The remote pool's ID space.
+    pub fn space(&self) -> (u64, u64) {
+        id_space(&self.spec)
+    }
+
+    /// The key bound to `id` in the remote pool (one round trip).
+    pub async fn key_of(&self, id: u64) -> Result<Option<String>> {
+        let space = self.space();
+        if id < space.0 || id > space.1 {
+            return Ok(None);
+        }
+        let req = GetRequest::key(self.layout.id_key(self.spec.name(), id));
+        let kvs = read_remote(&self.name, "reading an ID", &*self.store, req, self.timeout).await?;
+        Ok(kvs.first().and_then(|kv| match IdRecord::decode(&kv.value) {
+            Some(IdRecord::Bound(k)) if validate_entry(space, &self.validators, id, &k).is_ok() => {
+                Some(k)
+            }
+            _ => None,
+        }))
+    }
+
+    /// The ID bound to `key` in the remote pool: its key record names the ID, and the ID record
+    /// must say `key` (two round trips; the ID record is what a view would show).
+    pub async fn get(&self, key: &str) -> Result<Option<u64>> {
+        validate_key(key)?;
+        let req = GetRequest::key(self.layout.key_key(self.spec.name(), key));
+        let kvs = read_remote(&self.name, "reading a key", &*self.store, req, self.timeout).await?;
+        let Some(id) = kvs.first().and_then(|kv| crate::layout::parse_id_value(&kv.value)) else {
+            return Ok(None);
+        };
+        Ok(self.key_of(id).await?.filter(|k| k == key).map(|_| id))
+    }
 }
 
 /// A handle on one remote view ([`crate::Pool::watch_remote`]). Cheap to clone.

@@ -124,9 +124,7 @@ pub(crate) async fn sweep(
     }
     for (batch, resp) in batches.into_iter().zip(answers) {
         let resp = resp?;
-        let Some(done) = sweep_outcome(&resp, batch.len())
-            .map_err(|e| Error::Unavailable { reason: e.to_string() })?
-        else {
+        let Some(done) = sweep_outcome(&resp, batch.len()).map_err(Error::from)? else {
             // The spec is not the one the sweep was decided for: the pool was deleted or
             // re-created. The else branch read the spec back; retire the pool's state as a
             // failed bind would (docs/design-notes.md, "Pool handles outlive their pool").

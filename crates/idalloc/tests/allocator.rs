@@ -15,7 +15,7 @@ use std::time::Duration;
 use common::*;
 use idalloc::store::embedded::EmbeddedStore;
 use idalloc::store::{GetRequest, KeyRange, Store, TxnOp, TxnRequest};
-use idalloc::{Error, Event, PoolSpec, Strategy};
+use idalloc::{Error, Event, Input, PoolSpec, Strategy};
 use idalloc_testkit::counting::CountingStore;
 use idalloc_testkit::fault::{FaultConfig, FaultStore};
 
@@ -205,7 +205,7 @@ async fn bad_input_is_invalid_input_naming_value_and_rule() {
     let long = "x".repeat(4097);
     for (key, needle) in [("", "empty"), (long.as_str(), "4097")] {
         match p.acquire(key).await {
-            Err(e @ Error::InvalidInput { .. }) => {
+            Err(e @ Error::InvalidInput { input: Input::Key, .. }) => {
                 let msg = e.to_string();
                 assert!(msg.contains("4096"), "rule in {msg}");
                 assert!(msg.contains(needle) || key.is_empty(), "value in {msg}");
@@ -215,21 +215,29 @@ async fn bad_input_is_invalid_input_naming_value_and_rule() {
             }
         }
     }
-    for (spec, needle) in [
-        (PoolSpec::new("Bad Name", 1, 10), "Bad Name"),
-        (PoolSpec::new("p2", 10, 5), "10"),
-        (PoolSpec::new("p3", 0, 5), "0"),
-        (PoolSpec::new("p4", 1, 10).reserve(11..=11), "11"),
-        (PoolSpec::new("p5", 1, 255).prefix(0x80), "0x80"),
+    for (spec, needle, kind) in [
+        (PoolSpec::new("Bad Name", 1, 10), "Bad Name", Input::PoolName),
+        (PoolSpec::new("p2", 10, 5), "10", Input::Spec),
+        (PoolSpec::new("p3", 0, 5), "0", Input::Spec),
+        (PoolSpec::new("p4", 1, 10).reserve(11..=11), "11", Input::Spec),
+        (PoolSpec::new("p5", 1, 255).prefix(0x80), "0x80", Input::Spec),
     ] {
         match a.init_pool(&spec).await {
-            Err(e @ Error::InvalidInput { .. }) => {
+            Err(e @ Error::InvalidInput { input, .. }) if input == kind => {
                 let msg = e.to_string();
                 assert!(msg.contains(needle), "{needle} in {msg}");
             }
             other => panic!("expected InvalidInput for {spec:?}, got {other:?}"),
         }
     }
+    // A holder name is its own input kind; deleting a pool that still has bindings is refused as
+    // the pool's state standing in the way (PoolInUse: exit 1 in the CLI, 409 in the service), not
+    // as a malformed call.
+    let r = p.acquire_durable("k", "").await;
+    assert!(matches!(r, Err(Error::InvalidInput { input: Input::Holder, .. })), "{r:?}");
+    p.acquire("k").await.expect("acquire");
+    let r = a.delete_pool("p", false).await;
+    assert!(matches!(r, Err(Error::InvalidInput { input: Input::PoolInUse, .. })), "{r:?}");
     // Nothing half-written: none of the rejected pools exists.
     let names: Vec<String> =
         a.list_pools().await.expect("list").iter().map(|s| s.name().to_string()).collect();
@@ -604,7 +612,10 @@ async fn regression_release_with_lost_response_is_completed_not_restored() {
 
     fault.set_config(FaultConfig { lose_response: 1.0, ..FaultConfig::default() }).expect("config");
     match p.release("k").await {
-        Err(Error::Unavailable { reason }) => assert!(reason.contains("background"), "{reason}"),
+        Err(Error::Unavailable { reason, retryable, .. }) => {
+            assert!(retryable, "an unknown release outcome is worth retrying");
+            assert!(reason.contains("background"), "{reason}")
+        }
         other => panic!("expected Unavailable, got {other:?}"),
     }
     fault.set_config(FaultConfig::default()).expect("config");

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use idalloc::store::embedded::EmbeddedStore;
-use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
+use idalloc::{Allocator, AllocatorOptions, Error, Input, PoolSpec};
 
 fn alloc() -> Allocator {
     Allocator::new(EmbeddedStore::memory(), AllocatorOptions::default()).expect("allocator")
@@ -36,7 +36,7 @@ async fn session_references_are_idempotent_and_end_with_the_session() {
     assert_eq!(holders(&pool.list().await.unwrap(), "j"), Some(vec![]));
     assert_eq!(pool.sweep().await.unwrap().reclaimed.len(), 1);
     match s.acquire(&pool, "x").await {
-        Err(Error::InvalidInput { what, .. }) => assert_eq!(what, "client session"),
+        Err(Error::InvalidInput { input, .. }) => assert_eq!(input, Input::SessionGone),
         other => panic!("expected the session to refuse, got {other:?}"),
     }
     assert!(!s.keep_alive().await.unwrap());
@@ -55,7 +55,10 @@ async fn a_session_whose_lease_expired_is_lost_on_its_next_use() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(!s.is_lost(), "nothing told the session yet");
-    assert!(matches!(s.acquire(&pool, "k2").await, Err(Error::InvalidInput { .. })));
+    assert!(matches!(
+        s.acquire(&pool, "k2").await,
+        Err(Error::InvalidInput { input: Input::SessionGone, .. })
+    ));
     assert!(s.is_lost(), "an acquire that found the lease gone marks the session lost");
     assert!(!s.keep_alive().await.unwrap());
 }
@@ -65,7 +68,10 @@ async fn session_ttls_out_of_range_are_refused() {
     let a = alloc();
     for ttl in [Duration::ZERO, Duration::from_millis(500), Duration::from_secs(86_401)] {
         match a.client_session(ttl).await {
-            Err(Error::InvalidInput { what, .. }) => assert_eq!(what, "session TTL"),
+            Err(Error::InvalidInput { input, what, .. }) => {
+                assert_eq!(input, Input::Options);
+                assert_eq!(what, "session TTL");
+            }
             other => panic!("{ttl:?}: expected InvalidInput, got {other:?}"),
         }
     }

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use idalloc::store::embedded::EmbeddedStore;
 use idalloc::store::{GetRequest, KeyRange, Store};
-use idalloc::{PoolSpec, Released, Strategy};
+use idalloc::{Error, PoolSpec, Released, Strategy};
 use idalloc_testkit::hooks::{freezable, hold_back, late_commit, HoldBack};
 
 use common::{allocator, check_g1, count_refs, raw_binding, wait_until};
@@ -399,9 +399,12 @@ async fn a_key_record_outside_the_pool_range_is_refused() {
     for (key, id) in [("old", 78u64), ("res", 250)] {
         assert_eq!(pool.get(key), None, "the cache never shows {key} -> {id}");
         let r = pool.acquire_durable(key, "h").await;
-        assert!(r.is_err(), "{key}: an ID the pool never hands out must not be returned: {r:?}");
+        assert!(
+            matches!(r, Err(Error::Corrupt { .. })),
+            "{key}: an ID the pool never hands out must not be returned, and is corrupt data: {r:?}"
+        );
         let r = pool.get_consistent(key).await;
-        assert!(r.is_err(), "{key}: {r:?}");
+        assert!(matches!(r, Err(Error::Corrupt { .. })), "{key}: {r:?}");
     }
     // Other keys are served.
     let id = pool.acquire_durable("fine", "h").await.unwrap().id;

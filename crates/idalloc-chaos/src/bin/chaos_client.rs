@@ -145,6 +145,7 @@ fn error_kind(e: &Error) -> &'static str {
         Error::Unavailable { .. } => "Unavailable",
         Error::Conflict { .. } => "Conflict",
         Error::AccessDenied { .. } => "AccessDenied",
+        Error::Corrupt { .. } => "Corrupt",
     }
 }
 
@@ -184,7 +185,7 @@ async fn run(a: Args) -> Result<(), String> {
     let pool = loop {
         match alloc.ensure_pool(&spec).await {
             Ok(p) => break p,
-            Err(Error::Unavailable { reason }) if now_ns() < a.until_ns => {
+            Err(Error::Unavailable { reason, .. }) if now_ns() < a.until_ns => {
                 eprintln!("{proc_tag}: opening the pool: {reason}; retrying");
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }

@@ -231,11 +231,9 @@ impl Inner {
                     Ok(Ok(parts)) => parts,
                     Ok(Err(_)) | Err(_) => {
                         unclaim(&plans, g);
-                        let e = Error::Unavailable {
-                            reason: format!(
-                                "pool {name:?}: a batch answer had an unexpected shape"
-                            ),
-                        };
+                        let e = Error::unavailable_for_good(format!(
+                            "pool {name:?}: a batch answer had an unexpected shape"
+                        ));
                         for &j in g {
                             slots[plans[j].0].result = Some(Err(e.clone()));
                         }
@@ -295,12 +293,10 @@ impl Inner {
                 Some(r) => r,
                 None => Err(gone.clone().unwrap_or_else(|| {
                     warn!(pool = %name, key = s.key, "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
-                    Error::Unavailable {
-                        reason: format!(
+                    Error::unavailable(format!(
                             "key {:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts",
                             s.key
-                        ),
-                    }
+                        ))
                 })),
             })
             .collect()
@@ -451,9 +447,7 @@ impl Inner {
                     if out.fenced_out {
                         s.fenced_out += 1;
                         if s.fenced_out > MAX_BIND_ATTEMPTS {
-                            s.result = Some(Err(Error::Unavailable {
-                                reason: format!("release of key {:?} in pool {name:?} kept finding its reference rewritten", s.key),
-                            }));
+                            s.result = Some(Err(Error::unavailable(format!("release of key {:?} in pool {name:?} kept finding its reference rewritten", s.key))));
                         }
                         continue;
                     }
@@ -488,12 +482,10 @@ impl Inner {
             .into_iter()
             .map(|s| match s.result {
                 Some(r) => r,
-                None => Err(gone.clone().unwrap_or_else(|| Error::Unavailable {
-                    reason: format!(
+                None => Err(gone.clone().unwrap_or_else(|| Error::unavailable(format!(
                         "release of key {:?} in pool {name:?} did not settle within {MAX_BIND_ATTEMPTS} rounds",
                         s.key
-                    ),
-                })),
+                    )))),
             })
             .collect()
     }
@@ -560,7 +552,7 @@ impl Pool {
     /// An `id` outside the pool's allocatable range is ignored.
     pub async fn acquire_with_hint(&self, key: &str, id: u64) -> Result<Acquired> {
         let mut r = self.acquire_many_with_hints(&[(key, Some(id))]).await;
-        r.pop().unwrap_or_else(|| Err(Error::Unavailable { reason: "no result".into() }))
+        r.pop().unwrap_or_else(|| Err(Error::unavailable_for_good("no result")))
     }
 
     /// [`Pool::acquire`] for many keys, packed many per round trip (one round trip per batch of up
@@ -686,12 +678,10 @@ impl Pool {
             for ((d, (key, id)), r) in items.into_iter().zip(results) {
                 let r = match r {
                     Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
-                    Err(Error::Unavailable { reason }) => {
+                    Err(Error::Unavailable { reason, retryable, source }) => {
                         warn!(pool = %self.state.spec.name(), key, id, %reason, "release outcome unknown; completing it in the background");
                         self.inner.repairs.push(Repair::Release(self.state.clone(), key.to_string(), id));
-                        Err(Error::Unavailable {
-                            reason: format!("{reason}; the release is completed in the background"),
-                        })
+                        Err(Error::Unavailable { reason: format!("{reason}; the release is completed in the background"), retryable, source })
                     }
                     Err(e @ (Error::PoolNotFound { .. } | Error::RangeMismatch { .. })) => Err(e),
                     Err(e) => {
@@ -705,7 +695,7 @@ impl Pool {
             }
             local
                 .into_iter()
-                .map(|r| r.unwrap_or_else(|| Err(Error::Unavailable { reason: "no result".into() })))
+                .map(|r| r.unwrap_or_else(|| Err(Error::unavailable_for_good("no result"))))
                 .collect()
         })
         .await
@@ -785,7 +775,7 @@ impl Pool {
             start = end;
         }
         out.into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(Error::Unavailable { reason: "no result".into() })))
+            .map(|r| r.unwrap_or_else(|| Err(Error::unavailable_for_good("no result"))))
             .collect()
     }
 }
@@ -800,9 +790,8 @@ fn spread<T: Clone>(
     let mut first = vec![true; per_key.len()];
     at.iter()
         .map(|&d| {
-            let r = per_key[d]
-                .clone()
-                .unwrap_or_else(|| Err(Error::Unavailable { reason: "no result".into() }));
+            let r =
+                per_key[d].clone().unwrap_or_else(|| Err(Error::unavailable_for_good("no result")));
             if std::mem::take(&mut first[d]) {
                 r
             } else {

@@ -39,12 +39,14 @@ pub(crate) enum RefLease {
 /// prefix): the store holds something idalloc did not write (DESIGN §11, G3).
 fn key_record_value(pool: &PoolState, key: &str, value: Option<&[u8]>) -> Result<Option<u64>> {
     let Some(value) = value else { return Ok(None) };
-    let id = protocol::parse_id_value(value).ok_or_else(|| Error::Unavailable {
-        reason: format!(
-            "(not retryable) key record of {key:?} in pool {:?} holds {:?}, not an ID; run `idalloc check`",
-            pool.spec.name(),
-            String::from_utf8_lossy(value)
-        ),
+    let id = protocol::parse_id_value(value).ok_or_else(|| {
+        Error::corrupt(
+            format!("the key record of {key:?} in pool {:?}", pool.spec.name()),
+            format!(
+                "it holds {:?}, not an ID; run `idalloc check`",
+                String::from_utf8_lossy(value)
+            ),
+        )
     })?;
     check_key_record(pool, key, id)?;
     Ok(Some(id))
@@ -55,16 +57,16 @@ pub(super) fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<(
     if protocol::id_is_allocatable(&pool.spec, id) {
         return Ok(());
     }
-    Err(Error::Unavailable {
-        reason: format!(
-            "(not retryable) key record of {key:?} in pool {:?} names ID {id}, which the pool never hands out (range [{}, {}], reserved {:?}, prefix {:#x}); run `idalloc check`",
-            pool.spec.name(),
+    Err(Error::corrupt(
+        format!("the key record of {key:?} in pool {:?}", pool.spec.name()),
+        format!(
+            "it names ID {id}, which the pool never hands out (range [{}, {}], reserved {:?}, prefix {:#x}); run `idalloc check`",
             pool.spec.min(),
             pool.spec.max(),
             pool.spec.reserved(),
             pool.spec.prefix_bits(),
         ),
-    })
+    ))
 }
 
 /// The move-off pin of a plan: the ID a key moves off and the mod revision of its record as read
@@ -128,11 +130,9 @@ impl Inner {
                     match self.pick_candidate(pool, lost) {
                         Ok(id) => (BindPlan { expect_key, id, expect_id: None, moved_from }, true),
                         Err(_) if store_has_free => {
-                            return Err(Error::Unavailable {
-                                reason: format!(
+                            return Err(Error::unavailable(format!(
                                     "pool {name:?}: the store has free IDs this process's view has not caught up with; retry"
-                                ),
-                            });
+                                )));
                         }
                         Err(exhausted) if full_confirmed => return Err(exhausted),
                         Err(exhausted) => {
@@ -228,11 +228,9 @@ impl Inner {
             }
         }
         warn!(pool = %name, key, "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
-        Err(Error::Unavailable {
-            reason: format!(
-                "key {key:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts"
-            ),
-        })
+        Err(Error::unavailable(format!(
+            "key {key:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts"
+        )))
     }
 
     pub(super) async fn read_key_record(&self, pool: &PoolState, key: &str) -> Result<Option<u64>> {
@@ -386,12 +384,10 @@ impl Inner {
             })
             .await;
             if !matches!(moved, Ok(true)) {
-                return Err(Error::Unavailable {
-                    reason: format!(
-                        "pool {:?} could not be listed from the store: no progress within {bound:?}",
-                        pool.spec.name()
-                    ),
-                });
+                return Err(Error::unavailable(format!(
+                    "pool {:?} could not be listed from the store: no progress within {bound:?}",
+                    pool.spec.name()
+                )));
             }
         }
     }

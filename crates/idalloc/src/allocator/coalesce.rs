@@ -250,9 +250,7 @@ impl<T> Drop for Waiter<T> {
 }
 
 fn dropped() -> Error {
-    Error::Unavailable {
-        reason: "the coalesced request was dropped (the runtime is shutting down)".into(),
-    }
+    Error::unavailable_for_good("the coalesced request was dropped (the runtime is shutting down)")
 }
 
 /// An acquire of `key` finished for a caller that is gone: release what it may have left.

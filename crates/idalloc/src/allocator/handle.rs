@@ -13,7 +13,7 @@ use super::pool_state::{lock, read, write, Held, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
 use super::types::{Acquired, Binding, Released};
-use crate::error::{Error, Result};
+use crate::error::{Error, Input, Result};
 use crate::layout::IdRecord;
 use crate::pool::{validate_holder, validate_key, PoolSpec};
 use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool};
@@ -193,7 +193,7 @@ impl Pool {
                     };
                     match r {
                         Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
-                        Err(Error::Unavailable { reason }) => {
+                        Err(Error::Unavailable { reason, retryable, source }) => {
                             // The store may or may not have applied the release. Restoring the
                             // local hold could claim a key whose reference is gone (and whose
                             // ID another key may take); keeping nothing could leak the
@@ -209,6 +209,8 @@ impl Pool {
                                 reason: format!(
                                     "{reason}; the release is completed in the background"
                                 ),
+                                retryable,
+                                source,
                             })
                         }
                         Err(e @ (Error::PoolNotFound { .. } | Error::RangeMismatch { .. })) => {
@@ -387,6 +389,7 @@ impl Pool {
         remote::validate_remote_name(name)?;
         if read(&self.state.remotes).contains_key(name) {
             return Err(Error::invalid_str(
+                Input::Options,
                 "remote name",
                 name,
                 "this pool already has a remote view of that name; remove it first",
@@ -403,6 +406,7 @@ impl Pool {
             || now.iter().any(|(_, (lo, hi))| view.space().0 <= *hi && *lo <= view.space().1);
         if clash {
             return Err(Error::invalid_str(
+                Input::Options,
                 "remote name",
                 name,
                 "another remote view of this pool was added meanwhile with this name or an overlapping ID space",

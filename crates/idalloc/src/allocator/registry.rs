@@ -123,7 +123,7 @@ impl Inner {
             None => Ok(None),
             Some(kv) => crate::records::parse_spec(&self.layout, kv)
                 .map(|spec| Some((spec, kv.create_revision)))
-                .map_err(|p| Error::Unavailable { reason: format!("(not retryable) {p}") }),
+                .map_err(Error::from),
         }
     }
 
@@ -137,9 +137,17 @@ impl Inner {
                 Ok((spec.clone(), rev))
             }
             (Some(existing), rev) => {
-                let existing = PoolSpec::from_json(&existing).map_err(|e| Error::Unavailable {
-                    reason: format!("pool spec of {:?} is unreadable: {e}", spec.name()),
-                })?;
+                // The one parser of spec records: an unreadable spec or one naming another pool
+                // is corrupt data, not a spec that differs (issue 9, item 7).
+                let kv = crate::store::KeyValue {
+                    key: self.layout.pool_spec_key(spec.name()),
+                    value: existing,
+                    create_revision: 0,
+                    mod_revision: 0,
+                    version: 0,
+                    lease: 0,
+                };
+                let existing = crate::records::parse_spec(&self.layout, &kv)?;
                 if existing == *spec {
                     Ok((existing, rev))
                 } else {
@@ -228,5 +236,5 @@ impl Inner {
 }
 
 pub(super) fn protocol_error(e: protocol::ProtocolError) -> Error {
-    Error::Unavailable { reason: e.to_string() }
+    e.into()
 }

@@ -71,9 +71,10 @@ impl Inner {
                 // late, before this release. Decide again with what this response taught us.
                 fenced_out += 1;
                 if fenced_out > MAX_BIND_ATTEMPTS {
-                    return Err(Error::Unavailable {
-                        reason: format!("release of key {key:?} in pool {:?} kept finding its reference rewritten", pool.spec.name()),
-                    });
+                    return Err(Error::unavailable(format!(
+                        "release of key {key:?} in pool {:?} kept finding its reference rewritten",
+                        pool.spec.name()
+                    )));
                 }
                 debug!(pool = %pool.spec.name(), key, "release fenced out by a newer reference; again");
                 continue;
@@ -158,11 +159,9 @@ impl Inner {
                 return Ok(Released { held: out.had_ref, reclaimed: false });
             }
         }
-        Err(Error::Unavailable {
-            reason: format!(
-                "release of key {key:?} in pool {:?} kept finding its reference rewritten",
-                pool.spec.name()
-            ),
-        })
+        Err(Error::unavailable(format!(
+            "release of key {key:?} in pool {:?} kept finding its reference rewritten",
+            pool.spec.name()
+        )))
     }
 }

@@ -196,7 +196,7 @@ impl Requester {
     ) -> Result<TxnResponse> {
         match self.txn_with_leases(pool, tombstones, None, build).await? {
             Some(resp) => Ok(resp),
-            None => Err(Error::Unavailable { reason: "unreachable: no session lease used".into() }),
+            None => Err(Error::unavailable_for_good("unreachable: no session lease used")),
         }
     }
 
@@ -232,9 +232,10 @@ impl Requester {
             // A vanished quarantine lease: again at once, with a fresh one.
             backoff.again();
             if backoff.attempt() > self.retry.max_attempts + 2 {
-                return Err(Error::Unavailable {
-                    reason: format!("pool {:?}: quarantine lease kept vanishing", pool.spec.name()),
-                });
+                return Err(Error::unavailable(format!(
+                    "pool {:?}: quarantine lease kept vanishing",
+                    pool.spec.name()
+                )));
             }
         }
     }

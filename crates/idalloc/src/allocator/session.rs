@@ -18,7 +18,7 @@ impl Inner {
     /// The session lease, granted (and its keep-alive started) on first use.
     pub(super) async fn session_lease(self: &Arc<Self>) -> Result<LeaseId> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(Error::Unavailable { reason: "the allocator is closed".into() });
+            return Err(Error::unavailable_for_good("the allocator is closed"));
         }
         let mut s = self.session.lock().await;
         if let Some(l) = s.lease {
