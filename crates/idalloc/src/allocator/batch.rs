@@ -12,12 +12,12 @@
 //! record once, at the outer level, guarded by the pool's spec (docs/design-notes.md, "Batched
 //! operations").
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use tracing::{debug, warn};
 
-use super::bind::{check_key_record, MAX_BIND_ATTEMPTS};
+use super::bind::{check_key_record, Hints, MAX_BIND_ATTEMPTS};
 use super::handle::Pool;
 use super::pool_state::{lock, Held, KeyGuard, PoolState};
 use super::registry::{protocol_error, Inner};
@@ -58,17 +58,6 @@ struct ReleaseSlot<'a> {
     result: Option<Result<Released>>,
 }
 
-/// How far a batched bind trusts the cache about a key's preferred ID.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Hints {
-    /// A preferred ID the cache shows taken is skipped for a normal pick (restart restoration:
-    /// skipping a hint is always safe, and it saves a failing txn).
-    Lenient,
-    /// Only a record read from the store moves a key off its preferred ID, as in [`Inner::bind`]
-    /// (re-referencing held keys: moving one means a `Conflict` for the application, G2).
-    Strict,
-}
-
 impl Inner {
     /// [`Inner::bind`] for many distinct keys at once (each with an optional preferred ID), with
     /// `holder`'s reference on the session lease (`leased`) or durable.
@@ -105,6 +94,13 @@ impl Inner {
         for round in 0..MAX_BIND_ATTEMPTS {
             // (slot, plan, the ID was a picked candidate)
             let mut plans: Vec<(usize, BindPlan, bool)> = Vec::new();
+            // IDs that keys still to bind prefer: a normal pick passes over them, or two keys of
+            // one txn tree would race for one ID and the loser would cost another round trip (a
+            // restored checkpoint took three instead of one when a moved key picked another
+            // key's old ID).
+            let preferred: HashSet<u64> =
+                slots.iter().filter(|s| s.result.is_none()).filter_map(|s| s.preferred).collect();
+            let mut passed_over: Vec<u64> = Vec::new();
             for (i, s) in slots.iter_mut().enumerate() {
                 if s.result.is_some() {
                     continue;
@@ -140,7 +136,7 @@ impl Inner {
                     Decision::NeedCandidate { expect_key, moved_from } => {
                         let moved_from =
                             super::bind::pinned(moved_from, |id| s.observed.get(&id).map(|o| o.1));
-                        match self.pick_candidate(pool, s.lost) {
+                        match self.pick_avoiding(pool, s.lost, &preferred, &mut passed_over) {
                             Ok(id) => plans.push((
                                 i,
                                 BindPlan { expect_key, id, expect_id: None, moved_from },
@@ -159,6 +155,13 @@ impl Inner {
                             },
                         }
                     }
+                }
+            }
+            if !passed_over.is_empty() {
+                // Claimed only to be passed over: free again (their own keys' plans use them).
+                let mut cache = pool.lock_cache();
+                for id in passed_over {
+                    cache.learn(id, false);
                 }
             }
             if plans.is_empty() {

@@ -3,7 +3,7 @@
 //! keeps its ID: only a record read from the store may move a key) and G3 (candidates come from
 //! the pool's free set, with its prefix applied).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -328,6 +328,27 @@ impl Inner {
                 .await;
     }
 
+    /// [`Inner::pick_candidate`], passing over the IDs in `avoid` (other keys' preferred IDs in a
+    /// batched bind). A passed-over ID stays claimed in `passed_over` until the caller frees it
+    /// (so the next pick moves on); when nothing else is free, one of them is used after all.
+    pub(super) fn pick_avoiding(
+        &self,
+        pool: &PoolState,
+        lost: u32,
+        avoid: &HashSet<u64>,
+        passed_over: &mut Vec<u64>,
+    ) -> Result<u64> {
+        loop {
+            match self.pick_candidate(pool, lost) {
+                Ok(id) if avoid.contains(&id) && passed_over.len() < avoid.len() => {
+                    passed_over.push(id)
+                }
+                Ok(id) => return Ok(id),
+                Err(exhausted) => return passed_over.pop().ok_or(exhausted),
+            }
+        }
+    }
+
     /// Picks a free ID and marks it used locally, so concurrent binds in this process do not race
     /// for the same candidate. After `lost` collisions, `lowest` picks among the lowest
     /// `2^lost` (at most 64) free IDs instead of always the lowest, so nodes that keep choosing the
@@ -391,4 +412,15 @@ impl Inner {
             }
         }
     }
+}
+
+/// How far a batched bind trusts the cache about a key's preferred ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Hints {
+    /// A preferred ID the cache shows taken is skipped for a normal pick (restart restoration:
+    /// skipping a hint is always safe, and it saves a failing txn).
+    Lenient,
+    /// Only a record read from the store moves a key off its preferred ID, as in [`Inner::bind`]
+    /// (re-referencing held keys: moving one means a `Conflict` for the application, G2).
+    Strict,
 }

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::batch::Hints;
+use super::bind::Hints;
 use super::pool_state::{lock, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-use super::batch::Hints;
+use super::bind::Hints;
 use super::pool_state::{lock, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
