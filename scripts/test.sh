@@ -112,5 +112,7 @@ echo "test.sh: etcd $(etcd --version | head -n1 | awk '{print $3}') at $IDALLOC_
 # --- checks ----------------------------------------------------------------------------------------
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
+# The API docs build without broken or private links (the crate docs carry the guarantee map).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # --no-fail-fast: one flaky or failing binary must not hide the results of the others.
 cargo test --workspace --no-fail-fast "$@"

@@ -19,7 +19,7 @@
 //! and key ([`EtcdTls`]); a user and password ([`EtcdAuth`]), whose token etcd-client renews when
 //! etcd says it expired or is unknown (after `--auth-token-ttl` idle seconds, or an etcd
 //! restart). A refusal (TLS, credentials, permissions) is [`StoreError::Access`], not
-//! `Unavailable`: when a store that never had an answer times out, [`diagnose`] probes the
+//! `Unavailable`: when a store that never had an answer times out, the `diagnose` module probes the
 //! endpoints to name the cause. Passwords never appear in `Debug` output or errors.
 
 mod diagnose;
