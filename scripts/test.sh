@@ -112,6 +112,8 @@ echo "test.sh: etcd $(etcd --version | head -n1 | awk '{print $3}') at $IDALLOC_
 # --- checks ----------------------------------------------------------------------------------------
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
+# The library's modules import each other without cycles (issue 10: layout tells the architecture).
+python3 scripts/check-imports.py
 # The API docs build without broken or private links (the crate docs carry the guarantee map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # --no-fail-fast: one flaky or failing binary must not hide the results of the others.

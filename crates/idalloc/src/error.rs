@@ -6,12 +6,9 @@
 //! changed under a holder (re-read). Messages name the offending value and the rule it broke, so an
 //! operator reading a log line does not need the source to understand it.
 
-use crate::pool::PoolSpec;
+pub use crate::show::{show_value, SHOWN_VALUE_BYTES};
+use crate::spec::PoolSpec;
 use crate::store::StoreError;
-
-/// How many bytes of an offending value an error message shows. Keys may be 4 KiB; a log line with the
-/// whole key would drown the message, and the first 80 bytes are enough to recognise it.
-pub const SHOWN_VALUE_BYTES: usize = 80;
 
 /// Which kind of input an [`Error::InvalidInput`] is about, so callers map it (CLI exit codes, HTTP
 /// statuses) without reading the message.
@@ -233,21 +230,7 @@ impl Error {
 
 /// Renders a string value for an error message: Rust-quoted (so control characters and quotes are
 /// visible and unambiguous), cut to at most [`SHOWN_VALUE_BYTES`] bytes on a character boundary, and
-/// followed by its length in bytes when cut, because "too long" errors are about that length.
-pub fn show_value(value: &str) -> String {
-    if value.len() <= SHOWN_VALUE_BYTES {
-        return format!("{value:?}");
-    }
-    let mut end = SHOWN_VALUE_BYTES;
-    while !value.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{:?}… ({} bytes)", &value[..end], value.len())
-}
-
-/// Store failures: [`StoreError::Access`] is [`Error::AccessDenied`], a damaged store file is
-/// [`Error::Corrupt`], everything else is [`Error::Unavailable`] with the store error as its source
-/// and `retryable` from [`StoreError::is_retryable`] (an invalid store request is an allocator bug,
+/// followed by its length in byte:is_retryable`] (an invalid store request is an allocator bug,
 /// a lease or compaction error is handled by the driver before it can reach a caller, a locked or
 /// read-only store file must be freed or reopened: none of them is the caller's fault, and G6 has
 /// no better kind for them).

@@ -59,7 +59,9 @@
 //!   (the bind loop), `release`, `repair_queue` + `repair` (DESIGN §7), `handle` ([`Pool`]),
 //!   `events`, `types` (options and results). `sync` (the cache feeder) and [`sweeper`] use only
 //!   the request path, the key layout and the repair queue, never the allocator itself: no module
-//!   imports one that imports it back (`scripts/check-imports.py`).
+//!   imports one that imports it back (`scripts/check-imports.py`, run by `scripts/test.sh`; the
+//!   pool spec's data lives in the leaf `spec`, so the error type can carry specs while `pool`'s
+//!   validation returns errors).
 //! - [`remote`] with `feed`: read-only views of other clusters, one list+watch follower for all.
 //! - [`client_session`]: leases kept alive by a remote client (what `idalloc serve` hands out).
 //! - [`metrics`]: the metric names and the helpers the driver records them with.
@@ -99,6 +101,8 @@ pub mod pool;
 pub mod protocol;
 pub mod records;
 pub mod remote;
+mod show;
+mod spec;
 pub mod store;
 pub mod sweeper;
 mod sync;
