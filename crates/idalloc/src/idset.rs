@@ -17,6 +17,9 @@
 //! create-only txns rarely collide. Treap priorities come from a private deterministic generator
 //! (not the caller's RNG) so that the tree shape, and thus the cost, cannot be steered by the IDs
 //! inserted, and so that a seeded simulation stays reproducible. Picks allocate nothing.
+//!
+//! Over 600 lines only with its tests: the structure itself is about 430 lines; a seeded model
+//! test runs its operations against a plain ordered set.
 
 use rand::Rng;
 

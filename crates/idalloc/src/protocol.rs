@@ -8,6 +8,10 @@
 //!
 //! The records of one binding (DESIGN §4): `id/<ID> -> key` (or a tombstone), `key/<k> -> ID`, and one
 //! `ref/<k>/<holder> -> ID` per holder. Every txn here keeps `id/` and `key/` in agreement.
+//!
+//! One file (about 750 lines of code, the rest its tests) because it is the protocol of DESIGN §5
+//! in one place: bind, release, stray-reference and sweep txns share the compare builders and the
+//! fences, and a reviewer checks the G1–G5 arguments against one file, not five.
 
 use crate::error::Error;
 use crate::layout::{IdRecord, Layout};

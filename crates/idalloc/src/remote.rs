@@ -14,6 +14,12 @@
 //!
 //! The pure parts (ID spaces, validation, screening listings and events) are plain functions at
 //! the top; the view and its sink follow.
+//!
+//! One file (about 1,000 lines of code) because a remote view is one state machine: the validators,
+//! the view's state and its transitions, the two feed sinks (records and spec) and the public
+//! handle all read and write the same guarded state, and splitting them would make that state
+//! crate-visible. The pure parts (`id_space`, `check_overlap`, `validate_entry`) are free functions
+//! at the top, tested on their own.
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -11,6 +11,11 @@
 //! twice in one txn tree, so the per-key plans are built without their bump and the batch bumps the
 //! record once, at the outer level, guarded by the pool's spec (docs/design-notes.md, "Batched
 //! operations").
+//!
+//! One file (about 800 lines) because batched bind and batched release share the packing frame, the
+//! per-round bookkeeping (read-backs, the fence bumped once per tree) and the result ordering; the
+//! pure packing is `crate::batch`, the single-key decisions `crate::protocol`, so what remains here
+//! is the driver loop of both.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -8,6 +8,10 @@
 //! Types mirror etcd's protobuf messages closely (revisions are `i64`, a lease ID of `0` means "no
 //! lease", a range is `key` plus `range_end`) so that the etcd implementation is a thin mapping and so
 //! that readers who know etcd know this module.
+//!
+//! About 680 lines of code because the trait's request and response types mirror etcd's protobuf
+//! messages one to one (so readers who know etcd know this module), and the byte-bounded paging
+//! (`list_all`) belongs beside the trait every store implements.
 
 use std::fmt;
 use std::time::Duration;

@@ -9,6 +9,11 @@
 //! Where etcd has a quirk that a client can observe, this module copies it and says so; the
 //! references are to etcd 3.4's `etcdserver/apply.go`, `etcdserver/api/v3rpc/key.go` and
 //! `mvcc/kvstore_txn.go`.
+//!
+//! One file (about 850 lines of code, the rest its tests) because etcd's MVCC semantics are one
+//! invariant set: revisions, versions, compaction, leases and txn validation all update the same
+//! maps together, as in etcd's `mvcc/kvstore_txn.go`; split, each part would need the others'
+//! internals.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Bound;
