@@ -132,16 +132,7 @@ pub(crate) async fn sweep(
                 Some(crate::store::OpResponse::Get(g)) => g.kvs.first().map(|kv| kv.value.clone()),
                 _ => None,
             };
-            let err = match spec_now.map(|b| crate::pool::PoolSpec::from_json(&b)) {
-                None => Error::PoolNotFound { pool: name.to_string() },
-                Some(Ok(existing)) if existing != pool.spec => Error::RangeMismatch {
-                    pool: name.to_string(),
-                    existing: Box::new(existing),
-                    requested: Box::new(pool.spec.clone()),
-                },
-                Some(_) => Error::PoolReplaced { pool: name.to_string() },
-            };
-            pool.retire(err);
+            pool.retire(pool.gone_error(spec_now));
             return Err(pool
                 .live()
                 .err()

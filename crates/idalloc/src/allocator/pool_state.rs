@@ -168,6 +168,24 @@ impl PoolState {
         }
     }
 
+    /// Why a write found this pool's spec changed, from the spec there now (`spec_now`, read back
+    /// by the write's else branch): `PoolNotFound` (deleted), `RangeMismatch` (re-created with
+    /// another spec) or `PoolReplaced` (re-created with the same spec; docs/design-notes.md,
+    /// "Pool handles outlive their pool").
+    pub(crate) fn gone_error(&self, spec_now: Option<Vec<u8>>) -> crate::error::Error {
+        use crate::error::Error;
+        let name = self.spec.name().to_string();
+        match spec_now.map(|b| PoolSpec::from_json(&b)) {
+            None => Error::PoolNotFound { pool: name },
+            Some(Ok(existing)) if existing != self.spec => Error::RangeMismatch {
+                pool: name,
+                existing: Box::new(existing),
+                requested: Box::new(self.spec.clone()),
+            },
+            Some(_) => Error::PoolReplaced { pool: name },
+        }
+    }
+
     /// Retires the state for good (see [`PoolState::retired`]): later operations fail with `err`,
     /// its sync task and sweeper stop, and its view and holds are dropped (they described a pool
     /// that no longer exists; keeping them would serve reads of the dead pool as if current).

@@ -86,15 +86,7 @@ impl Inner {
     pub(super) fn pool_gone(&self, pool: &PoolState, spec_now: Option<Vec<u8>>) -> Error {
         let name = pool.spec.name();
         warn!(pool = %name, "the pool was deleted (or re-created) under this handle");
-        let err = match spec_now.map(|b| PoolSpec::from_json(&b)) {
-            None => Error::PoolNotFound { pool: name.to_string() },
-            Some(Ok(existing)) if existing != pool.spec => Error::RangeMismatch {
-                pool: name.to_string(),
-                existing: Box::new(existing),
-                requested: Box::new(pool.spec.clone()),
-            },
-            Some(_) => Error::PoolReplaced { pool: name.to_string() },
-        };
+        let err = pool.gone_error(spec_now);
         self.retire(pool, err.clone());
         pool.live().err().unwrap_or(err)
     }
