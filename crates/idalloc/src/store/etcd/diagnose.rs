@@ -158,7 +158,14 @@ fn handshake_failure(e: &std::io::Error, host: &str) -> String {
             "the server does not speak TLS on this port: use http://, or check the port".into()
         }
         Some(other) => format!("TLS handshake failed: {other}"),
-        None if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+        // A plain-text etcd answers a ClientHello by closing the connection; whether the client
+        // then reads an end of file or a reset (the server closed with our hello unread) depends
+        // on timing: both are the same cause (a test saw the reset once, under load).
+        None if matches!(
+            e.kind(),
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+        ) =>
+        {
             "the server closed the connection during the TLS handshake: it does not speak TLS on \
              this port (use http://), or it refused this client"
                 .into()
@@ -191,5 +198,22 @@ fn alert_text(alert: AlertDescription) -> String {
              by a CA the server trusts): TLS alert {alert:?}"
         ),
         other => format!("the server aborted the TLS handshake: TLS alert {other:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A plain-text server closing on our hello reads as an end of file or as a reset, by timing:
+    /// both name the same cause.
+    #[test]
+    fn eof_and_reset_in_the_handshake_both_say_the_server_does_not_speak_tls() {
+        for kind in [std::io::ErrorKind::UnexpectedEof, std::io::ErrorKind::ConnectionReset] {
+            let text = handshake_failure(&std::io::Error::from(kind), "127.0.0.1");
+            assert!(text.contains("does not speak TLS"), "{kind:?}: {text}");
+        }
+        let other = handshake_failure(&std::io::Error::from(std::io::ErrorKind::TimedOut), "h");
+        assert!(!other.contains("does not speak TLS"), "{other}");
     }
 }
