@@ -150,6 +150,40 @@ fn keys(key: Option<String>, keys: Option<Vec<String>>) -> ApiResult<(Vec<String
     }
 }
 
+/// What an acquire or release request asks for, checked: its keys (every one validated before
+/// anything is written, so a bad key in a list writes nothing), whether it was the single-key
+/// form, whose references it makes, and the pool.
+struct KeysRequest {
+    keys: Vec<String>,
+    single: bool,
+    owner: Owner,
+    pool: Pool,
+}
+
+async fn keys_request(
+    st: &AppState,
+    client: &Caller,
+    name: &str,
+    body: AcquireBody,
+) -> ApiResult<KeysRequest> {
+    let (keys, single) = keys(body.key, body.keys)?;
+    for k in &keys {
+        idalloc::pool::validate_key(k)?;
+    }
+    let owner = owner(st, caller(client), body.session, body.holder)?;
+    let pool = st.pool(name).await?;
+    Ok(KeysRequest { keys, single, owner, pool })
+}
+
+/// The answer of an acquire or release: the one result for the single-key form, else the list.
+fn answer<T: serde::Serialize>(mut out: Vec<T>, single: bool) -> Response {
+    if single {
+        Json(out.pop()).into_response()
+    } else {
+        Json(json!({ "results": out })).into_response()
+    }
+}
+
 /// A session error after the lease vanished is "session not found", not "invalid input".
 fn session_error(s: &ClientSession, e: idalloc::Error) -> ApiError {
     if s.is_lost() {
@@ -165,13 +199,7 @@ pub async fn acquire(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
-    let (keys, single) = keys(body.key, body.keys)?;
-    // Validate every key before acquiring any: a bad key in a list writes nothing.
-    for k in &keys {
-        idalloc::pool::validate_key(k)?;
-    }
-    let owner = owner(&st, caller(&client), body.session, body.holder)?;
-    let pool = st.pool(&name).await?;
+    let KeysRequest { keys, single, owner, pool } = keys_request(&st, &client, &name, body).await?;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
         Owner::Session(s) => {
@@ -193,11 +221,7 @@ pub async fn acquire(
             }
         }
     }
-    Ok(if single {
-        Json(out.pop()).into_response()
-    } else {
-        Json(json!({ "results": out })).into_response()
-    })
+    Ok(answer(out, single))
 }
 
 pub async fn release(
@@ -206,12 +230,7 @@ pub async fn release(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
-    let (keys, single) = keys(body.key, body.keys)?;
-    for k in &keys {
-        idalloc::pool::validate_key(k)?;
-    }
-    let owner = owner(&st, caller(&client), body.session, body.holder)?;
-    let pool = st.pool(&name).await?;
+    let KeysRequest { keys, single, owner, pool } = keys_request(&st, &client, &name, body).await?;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
         Owner::Session(s) => {
@@ -233,11 +252,7 @@ pub async fn release(
             }
         }
     }
-    Ok(if single {
-        Json(out.pop()).into_response()
-    } else {
-        Json(json!({ "results": out })).into_response()
-    })
+    Ok(answer(out, single))
 }
 
 #[derive(Deserialize)]
