@@ -345,12 +345,35 @@ impl EtcdStore {
 
     /// Runs one request under the request timeout, mapping a timeout to `Unavailable` (or, before
     /// etcd ever answered, to the refusal the endpoints' probe finds).
-    async fn bounded<T>(
-        &self,
-        what: &str,
-        fut: impl Future<Output = Result<T, etcd_client::Error>>,
-    ) -> Result<T, Failure> {
-        let failure = match tokio::time::timeout(self.request_timeout, fut).await {
+    ///
+    /// `send` makes the request afresh each time it is called: a request that never left this
+    /// client, because the connection to the member the channel chose could not be made, is sent
+    /// again at once (see [`never_sent`]), up to [`UNSENT_RESENDS`] times within the same timeout.
+    /// Why here and not in the caller's back-off: tonic's balanced channel keeps a dead member in
+    /// its set, and that member looks ready (its failed reconnect is handed to the next request as
+    /// an instant error) and idle, so the power-of-two-choices balancer prefers it. Four back-off
+    /// attempts could all land on it while two members were healthy (issue 9: the chaos run saw a
+    /// `release` fail with "tcp connect error" while only a follower was down). Re-sending is safe
+    /// for every request, txns included, because nothing reached etcd.
+    async fn bounded<T, F>(&self, what: &str, mut send: impl FnMut() -> F) -> Result<T, Failure>
+    where
+        F: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let attempts = async {
+            let mut resends = 0;
+            loop {
+                match send().await {
+                    Err(e) if resends < UNSENT_RESENDS && never_sent(&e) => {
+                        resends += 1;
+                        tracing::debug!(what, resends, error = %e, "etcd member unreachable; re-sending");
+                        // A breath, so that a cluster with every member down is not spun on.
+                        tokio::time::sleep(Duration::from_millis(u64::from(resends))).await;
+                    }
+                    r => return r,
+                }
+            }
+        };
+        let failure = match tokio::time::timeout(self.request_timeout, attempts).await {
             Ok(Ok(v)) => {
                 self.diag.answered.store(true, Ordering::Relaxed);
                 return Ok(v);
@@ -388,9 +411,12 @@ impl EtcdStore {
 
     /// The current revision, or 0 if it cannot be read (used only to enrich an error).
     async fn current_revision(&self, key: &[u8]) -> Revision {
-        let mut kv = self.client.kv_client();
-        let req = kv.get(probe_key(key), Some(GetOptions::new().with_count_only()));
-        match self.bounded("get", req).await {
+        let send = || {
+            let mut kv = self.client.kv_client();
+            let key = probe_key(key);
+            async move { kv.get(key, Some(GetOptions::new().with_count_only())).await }
+        };
+        match self.bounded("get", send).await {
             Ok(resp) => resp.header().map_or(0, |h| h.revision()),
             Err(_) => 0,
         }
@@ -399,8 +425,8 @@ impl EtcdStore {
     /// The oldest revision still available, found by asking for a watch at `requested` (etcd's
     /// watch reports the compaction point; reads do not). 0 if it cannot be found out.
     async fn compact_revision_hint(&self, requested: Revision, key: &[u8]) -> Revision {
-        let mut watch = self.client.watch_client();
-        let lookup = async move {
+        let lookup = || async move {
+            let mut watch = self.client.watch_client();
             let opts = WatchOptions::new().with_start_revision(requested);
             let mut stream = watch.watch(probe_key(key), Some(opts)).await?;
             while let Some(resp) = stream.message().await? {
@@ -515,6 +541,31 @@ fn classify(e: etcd_client::Error) -> Failure {
         etcd_client::Error::InvalidUri(u) => Failure::Invalid(format!("invalid etcd URI: {u}")),
         other => Failure::Unavailable(format!("etcd: {other}")),
     }
+}
+
+/// How many times [`EtcdStore::bounded`] re-sends a request that never left this client. With one
+/// member of three down and the balancer preferring it (it looks idle), all of 16 tries land on it
+/// with probability (2/3)^16 ≈ 0.15%, and the caller's back-off multiplies that again; with every
+/// member down the request fails after these tries (milliseconds), as before.
+const UNSENT_RESENDS: u32 = 16;
+
+/// True if `e` says the request was never sent: the channel could not connect to the member it
+/// chose (tonic marks such failures with [`tonic::ConnectError`] in the status's source chain).
+/// A timeout, a reset connection or any answer from etcd is not this: the request may have been
+/// applied.
+fn never_sent(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else { return false };
+    if status.code() != tonic::Code::Unavailable {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(status);
+    while let Some(err) = source {
+        if err.is::<tonic::ConnectError>() {
+            return true;
+        }
+        source = err.source();
+    }
+    false
 }
 
 /// The key an error look-up reads: the request's own key, or (for requests without one, such as
@@ -726,13 +777,13 @@ impl EtcdStore {
         range: &KeyRange,
         start_revision: Revision,
     ) -> StoreResult<(etcd_client::WatchStream, Option<etcd_client::WatchResponse>)> {
-        let mut client = self.client.watch_client();
         let mut opts = WatchOptions::new().with_start_revision(start_revision);
         if !range.range_end.is_empty() {
             opts = opts.with_range(range.range_end.clone());
         }
-        let key = range.key.clone();
-        let open = async move {
+        let open = || async {
+            let mut client = self.client.watch_client();
+            let (key, opts) = (range.key.clone(), opts.clone());
             let mut stream = client.watch(key, Some(opts)).await?;
             let first = stream.message().await?;
             Ok((stream, first))
@@ -758,9 +809,12 @@ struct WatchState {
 #[async_trait::async_trait]
 impl Store for EtcdStore {
     async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        let mut kv = self.client.kv_client();
-        let fut = kv.txn(etcd_txn(&req));
-        match self.bounded("txn", fut).await {
+        let send = || {
+            let mut kv = self.client.kv_client();
+            let txn = etcd_txn(&req);
+            async move { kv.txn(txn).await }
+        };
+        match self.bounded("txn", send).await {
             Ok(resp) => {
                 let revision = resp.header().map_or(0, |h| h.revision());
                 Ok(txn_response(&resp, revision))
@@ -770,9 +824,12 @@ impl Store for EtcdStore {
     }
 
     async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-        let mut kv = self.client.kv_client();
-        let fut = kv.get(req.range.key.clone(), Some(get_options(&req)));
-        match self.bounded("get", fut).await {
+        let send = || {
+            let mut kv = self.client.kv_client();
+            let (key, options) = (req.range.key.clone(), get_options(&req));
+            async move { kv.get(key, Some(options)).await }
+        };
+        match self.bounded("get", send).await {
             Ok(resp) => Ok(get_response(&resp)),
             Err(f) => Err(self
                 .resolve(f, ErrCtx { revision: req.revision, lease: 0, key: req.range.key.clone() })
@@ -781,9 +838,11 @@ impl Store for EtcdStore {
     }
 
     async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-        let mut lease = self.client.lease_client();
-        let fut = lease.grant(ttl, None);
-        match self.bounded("lease grant", fut).await {
+        let send = || {
+            let mut lease = self.client.lease_client();
+            async move { lease.grant(ttl, None).await }
+        };
+        match self.bounded("lease grant", send).await {
             Ok(resp) if resp.error().is_empty() => Ok(Lease { id: resp.id(), ttl: resp.ttl() }),
             Ok(resp) => Err(StoreError::InvalidRequest(format!(
                 "etcd refused a lease of {ttl} s: {}",
@@ -797,8 +856,8 @@ impl Store for EtcdStore {
     /// a renewal, reads the answer) but does not hand out the TTL of that answer; so a second
     /// renewal on the same stream reads it. Both renewals are idempotent (each resets the TTL).
     async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        let mut lease = self.client.lease_client();
-        let fut = async move {
+        let send = || async move {
+            let mut lease = self.client.lease_client();
             let (mut keeper, mut stream) = match lease.keep_alive(id).await {
                 Ok(pair) => pair,
                 // etcd answers TTL <= 0 for an unknown lease; etcd-client turns that into this.
@@ -816,7 +875,7 @@ impl Store for EtcdStore {
                 )),
             }
         };
-        match self.bounded("lease keep-alive", fut).await {
+        match self.bounded("lease keep-alive", send).await {
             Ok(ttl) => Ok(ttl),
             Err(Failure::LeaseNotFound) => Ok(None),
             Err(f) => {
@@ -826,9 +885,11 @@ impl Store for EtcdStore {
     }
 
     async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        let mut lease = self.client.lease_client();
-        let fut = lease.revoke(id);
-        match self.bounded("lease revoke", fut).await {
+        let send = || {
+            let mut lease = self.client.lease_client();
+            async move { lease.revoke(id).await }
+        };
+        match self.bounded("lease revoke", send).await {
             Ok(_) => Ok(true),
             Err(Failure::LeaseNotFound) => Ok(false),
             Err(f) => {
@@ -859,7 +920,7 @@ impl Store for EtcdStore {
         if refusal(&first).is_some() && self.diag.user.is_some() {
             // Renew once and retry: a real lack of permission is refused again.
             drop(stream);
-            if let Err(f) = self.bounded("authenticate", self.client.refresh_token()).await {
+            if let Err(f) = self.bounded("authenticate", || self.client.refresh_token()).await {
                 return Err(self.resolve(f, ErrCtx::default()).await);
             }
             (stream, first) = self.open_watch(&range, start_revision).await?;
@@ -912,9 +973,11 @@ impl Store for EtcdStore {
     }
 
     async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        let mut kv = self.client.kv_client();
-        let fut = kv.compact(revision, None);
-        match self.bounded("compact", fut).await {
+        let send = || {
+            let mut kv = self.client.kv_client();
+            async move { kv.compact(revision, None).await }
+        };
+        match self.bounded("compact", send).await {
             Ok(_) => Ok(()),
             Err(f) => Err(self.resolve(f, ErrCtx { revision, lease: 0, key: Vec::new() }).await),
         }
