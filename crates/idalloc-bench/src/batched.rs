@@ -8,9 +8,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
-use idalloc::batch::{self, Frame};
+use idalloc::bench_api::{assemble, BindPlan, Fences, Frame, RefTarget};
 use idalloc::layout::Layout;
-use idalloc::protocol::{BindPlan, Fences, RefTarget};
 use idalloc::store::{Store, TxnOp};
 use idalloc::{Allocator, AllocatorOptions, PoolSpec};
 use idalloc_testkit::etcd::EtcdServer;
@@ -55,7 +54,7 @@ pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<f64, String> {
                     let target = RefTarget { holder: "node0", lease };
                     plan.txn_fenced(&layout, POOL, k, Some(target), fences)
                 });
-                let req = batch::assemble(&Frame::default(), txns);
+                let req = assemble(&Frame::default(), txns);
                 let resp = store.txn(req).await.map_err(|e| err("batched ceiling txn", e))?;
                 let won = resp
                     .responses

@@ -4,8 +4,7 @@
 use std::hint::black_box;
 use std::time::Instant;
 
-use idalloc::cache::PoolCache;
-use idalloc::idset::IdSet;
+use idalloc::bench_api::{IdSet, PoolCache};
 use idalloc::layout::{dec, enc, Layout};
 use idalloc::store::{KeyValue, WatchEvent};
 use idalloc::{PoolSpec, Strategy};

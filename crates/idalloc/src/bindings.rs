@@ -58,6 +58,7 @@ impl Bindings {
         self.by_key.len()
     }
 
+    #[cfg(any(test, feature = "bench"))]
     pub fn is_empty(&self) -> bool {
         self.by_key.is_empty()
     }

@@ -165,6 +165,9 @@ impl PoolCache {
         self.bound.len()
     }
 
+    /// Only where `bench_api` exports the type (a public `len` wants its `is_empty`); the crate
+    /// itself never asks.
+    #[cfg(feature = "bench")]
     pub fn is_empty(&self) -> bool {
         self.bound.is_empty()
     }

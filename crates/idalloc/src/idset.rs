@@ -23,7 +23,7 @@
 
 use rand::Rng;
 
-use crate::pool::{PoolSpec, Strategy};
+use crate::pool::Strategy;
 
 const NIL: usize = usize::MAX;
 
@@ -99,16 +99,19 @@ impl IdSet {
     }
 
     /// The set for a pool spec: its range and reserved IDs, nothing else used yet.
-    pub fn for_spec(spec: &PoolSpec) -> Self {
+    #[cfg(test)]
+    pub fn for_spec(spec: &crate::pool::PoolSpec) -> Self {
         IdSet::new(spec.min(), spec.max(), spec.reserved())
     }
 
     /// Lowest raw ID of the range.
+    #[cfg(test)]
     pub fn min(&self) -> u64 {
         self.min
     }
 
     /// Highest raw ID of the range.
+    #[cfg(test)]
     pub fn max(&self) -> u64 {
         self.max
     }
@@ -183,6 +186,7 @@ impl IdSet {
     }
 
     /// True if `id` is used (bound, tombstoned or reserved). IDs outside the range are not.
+    #[cfg(test)]
     pub fn contains(&self, id: u64) -> bool {
         let (p, _) = self.neighbours(id);
         p != NIL && self.nodes[p].end >= id
@@ -200,16 +204,20 @@ impl IdSet {
     }
 
     /// Number of used IDs in the range (reserved ones included).
+    #[cfg(test)]
     pub fn used_count(&self) -> u64 {
         self.sum(self.root)
     }
 
-    /// Number of maximal runs of used IDs: what the memory use is proportional to.
+    /// Number of maximal runs of used IDs: what the memory use is proportional to (the tests and
+    /// the bench crate's pick benchmark report it).
+    #[cfg(any(test, feature = "bench"))]
     pub fn run_count(&self) -> usize {
         self.nodes.len() - self.free_slots.len()
     }
 
-    /// The used IDs as maximal inclusive runs, in increasing order (diagnostics, CLI output).
+    /// The used IDs as maximal inclusive runs, in increasing order (the tests' model check).
+    #[cfg(test)]
     pub fn used_runs(&self) -> Vec<(u64, u64)> {
         let mut out = Vec::with_capacity(self.run_count());
         let mut stack = Vec::new();
@@ -435,6 +443,7 @@ impl IdSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pool::PoolSpec;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
     use std::collections::BTreeSet;

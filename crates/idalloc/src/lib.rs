@@ -45,11 +45,30 @@
 //! | `WithMasterKeyProtection` | — | always on: a held key's lost ID record is re-created (DESIGN §7) |
 //! | `Delete()` | `Close()` | [`Allocator::close`] (revokes the session lease) |
 //!
+//! # What is public
+//!
+//! - At the root: [`Allocator`], [`AllocatorOptions`], [`RetryPolicy`], [`Pool`] with its
+//!   results [`Acquired`], [`Released`], [`Binding`], [`SweepReport`] and its events [`Events`] /
+//!   [`Event`] / [`Foreign`] (and [`ClusterEvents`]); [`PoolSpec`] and [`Strategy`];
+//!   [`ClientSession`]; the remote views [`Cluster`], [`RemotePool`], [`RemoteOptions`],
+//!   [`RemoteState`], [`ClusterEvent`]; [`Error`], [`Input`], [`Result`].
+//! - Modules: [`store`] (the storage seam and its etcd and embedded implementations, for
+//!   building an allocator and for tools that read the raw records), [`allocator`], [`pool`],
+//!   [`error`], [`remote`], [`client_session`] (the homes of the types above, with their less
+//!   used companions), [`layout`] (the store keys and record values, for tools that read
+//!   them), [`records`] (the parser of a pool's raw records), [`audit`] and [`check`] (the
+//!   `check` audit), [`metrics`] (the metric names).
+//! - Everything else is crate-private: the free-ID set, the bind/release/sweep protocol, the
+//!   watch-fed cache, the sweeper and the batch packing can change without notice. The bench
+//!   crate's micro-benchmarks reach them through `bench_api`, compiled only with the `bench`
+//!   feature and outside any stability promise.
+//!
 //! # Layout of the crate
 //!
 //! - [`store`]: the storage seam (one trait with etcd semantics) and its implementations.
-//! - [`pool`], [`layout`], [`idset`], [`protocol`], [`cache`]: pure code — specs and validation,
-//!   store keys, free-ID choice, which txn to send and what its answer means, the watch-fed view.
+//! - [`pool`], [`layout`], and the private `idset`, `protocol`, `batch`, `cache`: pure code —
+//!   specs and validation, store keys, free-ID choice, which txn to send and what its answer
+//!   means (and how many of them one request carries), the watch-fed view.
 //! - [`records`]: the one parser of a pool's raw records (typed snapshot, spec records).
 //! - [`audit`] (pure: invariants and safe repairs) and [`check`] (its I/O): the `check` audit.
 //! - [`allocator`]: the async driver, in parts that each do one job (`src/allocator/`):
@@ -57,7 +76,7 @@
 //!   quarantine lease), `session` (lease, keep-alive, loss), `registry` (the shared state and the
 //!   pool registry), `pool_state` (per-pool state and the per-key single-flight guard), `bind`
 //!   (the bind loop), `release`, `repair_queue` + `repair` (DESIGN §7), `handle` ([`Pool`]),
-//!   `events`, `types` (options and results). `sync` (the cache feeder) and [`sweeper`] use only
+//!   `events`, `types` (options and results). `sync` (the cache feeder) and `sweeper` use only
 //!   the request path, the key layout and the repair queue, never the allocator itself: no module
 //!   imports one that imports it back (`scripts/check-imports.py`, run by `scripts/test.sh`; the
 //!   pool spec's data lives in the leaf `spec`, so the error type can carry specs while `pool`'s
@@ -75,8 +94,8 @@
 //! |---|---|---|
 //! | G1 uniqueness | `protocol::decide` and `BindPlan::txn_fenced` (every bind compares the key and ID records it relies on), the bind loop in `allocator/bind.rs` (only a record read from the store may move a key), the spec-revision and holder fences (`Inner::fences`, DESIGN §11) | `simulation.rs`: `simulation_seeds`, `checker_catches_binds_without_the_key_absent_compare`; `allocator.rs`: `many_allocators_overlapping_keys_agree`, `concurrent_acquires_of_one_key_share_one_request`; `regressions.rs`: `a_bind_racing_pool_delete_writes_nothing_into_the_deleted_pool`; idalloc-chaos `chaos_on_a_3_member_etcd_cluster_is_linearizable` |
 //! | G2 stability | `allocator/repair_queue.rs` (`after_cache_event`, `check_held`), `allocator/repair.rs` (`repair_key`, `rebind_held`: `Conflict` event if the ID changed), `allocator/session.rs` (lost lease → re-reference every held key) | `allocator.rs`: `lost_records_are_recreated_and_a_taken_id_is_a_conflict`, `lost_session_lease_is_replaced_and_keys_keep_their_ids`; `allocator_backends.rs`: `lost_lease_lost_data_and_conflict`; `regressions.rs`: `stale_cache_must_not_move_a_key_off_its_id`; `simulation.rs`: `simulation_seeds` |
-//! | G3 range | [`PoolSpec::validate`], `idset` (candidates only from the free set), `Inner::pick_candidate` with [`PoolSpec::apply_prefix`] | `allocator.rs`: `cilium_pool_of_n_takes_exactly_n_keys_then_exhausted`, `huge_range_works`; `simulation.rs`: `simulation_seeds` |
-//! | G4 no leaks | `Inner::release_ref` (the last reference reclaims in the same txn), [`sweeper`] (idle grace), the session lease (a dead process's references expire), `Repair::Release` / `Repair::Abandon` (unknown outcomes completed) | `allocator.rs`: `crash_then_ttl_then_sweep_then_reuse_delay`, `idle_grace_keeps_the_id_for_a_returning_key_then_sweeps`, `release_that_never_arrived_is_completed_in_the_background`; `allocator_backends.rs`: `crashed_process_is_reclaimed_after_its_ttl`; `regressions.rs`: `late_create_after_the_last_release_leaks_nothing`, `late_commit_of_a_timed_out_acquire_does_not_resurrect_a_released_reference` |
+//! | G3 range | [`PoolSpec::validate`], `idset.rs` (candidates only from the free set), `Inner::pick_candidate` with [`PoolSpec::apply_prefix`] | `allocator.rs`: `cilium_pool_of_n_takes_exactly_n_keys_then_exhausted`, `huge_range_works`; `simulation.rs`: `simulation_seeds` |
+//! | G4 no leaks | `Inner::release_ref` (the last reference reclaims in the same txn), `sweeper.rs` (`sweep`: idle grace), the session lease (a dead process's references expire), `Repair::Release` / `Repair::Abandon` (unknown outcomes completed) | `allocator.rs`: `crash_then_ttl_then_sweep_then_reuse_delay`, `idle_grace_keeps_the_id_for_a_returning_key_then_sweeps`, `release_that_never_arrived_is_completed_in_the_background`; `allocator_backends.rs`: `crashed_process_is_reclaimed_after_its_ttl`; `regressions.rs`: `late_create_after_the_last_release_leaks_nothing`, `late_commit_of_a_timed_out_acquire_does_not_resurrect_a_released_reference` |
 //! | G5 reuse delay | `protocol::retire_id` (a tombstone instead of a delete), `Requester::quarantine_lease` / `Requester::txn_with_quarantine` (a fresh lease per attempt) | `allocator.rs`: `crash_then_ttl_then_sweep_then_reuse_delay`; `simulation.rs`: `checker_catches_reclaims_without_tombstones`, `simulation_seeds` |
 //! | G6 clear failure | [`Error`] (the closed list), `Requester::call` (every request bounded by the timeout and the retry policy), the `validate_*` functions of [`pool`] | `allocator.rs`: `bad_input_is_invalid_input_naming_value_and_rule`, `round_trip_budgets_are_exact`; `regressions.rs`: `force_delete_stops_a_running_acquirer`; `simulation.rs`: `simulation_seeds` (every error is one of G6's kinds) |
 //!
@@ -87,24 +106,24 @@
 
 pub mod allocator;
 pub mod audit;
-pub mod batch;
-pub mod bindings;
-pub mod cache;
+mod batch;
+mod bindings;
+mod cache;
 pub mod check;
 pub mod client_session;
 pub mod error;
 mod feed;
-pub mod idset;
+mod idset;
 pub mod layout;
 pub mod metrics;
 pub mod pool;
-pub mod protocol;
+mod protocol;
 pub mod records;
 pub mod remote;
 mod show;
 mod spec;
 pub mod store;
-pub mod sweeper;
+mod sweeper;
 mod sync;
 
 pub use allocator::{
@@ -117,3 +136,15 @@ pub use error::{Error, Input, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 pub use sweeper::SweepReport;
+
+/// Crate internals for the bench crate's micro-benchmarks (free-ID picks, cache lookups, the
+/// batched etcd ceiling built from the real bind plan). **Unstable**: compiled only with the
+/// `bench` feature, which only `idalloc-bench` enables; these types change without notice and
+/// are no part of the public API.
+#[cfg(feature = "bench")]
+pub mod bench_api {
+    pub use crate::batch::{assemble, Frame};
+    pub use crate::cache::PoolCache;
+    pub use crate::idset::IdSet;
+    pub use crate::protocol::{BindPlan, Fences, RefTarget};
+}

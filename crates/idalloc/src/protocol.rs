@@ -191,7 +191,9 @@ impl BindPlan {
     }
 
     /// The txn: `If key record == expect_key ∧ id record == expect_id Then write what is missing
-    /// Else read both back`.
+    /// Else read both back`. Unfenced: the driver always sends [`BindPlan::txn_fenced`]; the tests
+    /// check the plain shape with it.
+    #[cfg(test)]
     pub fn txn(
         &self,
         layout: &Layout,
@@ -202,7 +204,8 @@ impl BindPlan {
         self.txn_fenced(layout, pool, key, holder, Fences::default())
     }
 
-    /// [`BindPlan::txn`] with fences (see [`Fences`]):
+    /// The bind txn (`If key record == expect_key ∧ id record == expect_id Then write what is
+    /// missing Else read back`) with fences (see [`Fences`]):
     /// - the pool's spec record is the one decided against (`spec_rev`);
     /// - when the plan expects an existing key record, that record is unchanged since `seen`: every
     ///   release rewrites or deletes it, so a join the store applies late fails;
@@ -261,7 +264,9 @@ impl BindPlan {
         TxnRequest::new().when(compare).and_then(then).or_else(read_back)
     }
 
-    /// Reads the response of [`BindPlan::txn`]: bound, or what the records hold now.
+    /// Reads the response of [`BindPlan::txn`]: bound, or what the records hold now (tests only,
+    /// like the unfenced txn).
+    #[cfg(test)]
     pub fn outcome(&self, resp: &TxnResponse) -> Result<BindOutcome, ProtocolError> {
         self.outcome_fenced(resp, Fences::default())
     }
