@@ -139,8 +139,9 @@ impl Inner {
                 match decision {
                     Decision::Send(plan) => plans.push((i, plan, false)),
                     Decision::NeedCandidate { expect_key, moved_from } => {
-                        let moved_from =
-                            super::bind::pinned(moved_from, |id| s.observed.get(&id).map(|o| o.1));
+                        let moved_from = crate::protocol::pinned(moved_from, |id| {
+                            s.observed.get(&id).map(|o| o.1)
+                        });
                         match self.pick_avoiding(pool, s.lost, &preferred, &mut passed_over) {
                             Ok(id) => plans.push((
                                 i,

@@ -3,7 +3,7 @@
 //! keeps its ID: only a record read from the store may move a key) and G3 (candidates come from
 //! the pool's free set, with its prefix applied).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,14 +14,12 @@ use super::pool_state::{lock, PoolState};
 use super::registry::{protocol_error, Inner};
 use super::types::Acquired;
 use crate::error::{Error, Result};
-use crate::layout::IdRecord;
 use crate::pool::Strategy;
-use crate::protocol::{self, decide, BindOutcome, BindPlan, Decision, RefTarget};
+use crate::protocol::{
+    self, Action, BindLoop, BindOutcome, BindPlan, Failure, FullCheck, Input, RefTarget,
+};
+pub(super) use crate::protocol::{Hints, MAX_BIND_ATTEMPTS};
 use crate::store::{GetRequest, Revision, StoreError};
-
-/// Attempts of one bind loop before giving up with `Unavailable` (each attempt is one round trip and
-/// only repeats because another writer changed the records in between).
-pub(super) const MAX_BIND_ATTEMPTS: usize = 64;
 
 /// On which lease a bind puts the holder's reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +55,12 @@ pub(super) fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<(
     if protocol::id_is_allocatable(&pool.spec, id) {
         return Ok(());
     }
-    Err(Error::corrupt(
+    Err(foreign_key_record(pool, key, id))
+}
+
+/// The error for a key record naming `id`, which the pool never hands out (DESIGN §11, G3).
+fn foreign_key_record(pool: &PoolState, key: &str, id: u64) -> Error {
+    Error::corrupt(
         format!("the key record of {key:?} in pool {:?}", pool.spec.name()),
         format!(
             "it names ID {id}, which the pool never hands out (range [{}, {}], reserved {:?}, prefix {:#x}); run `idalloc check`",
@@ -66,18 +69,17 @@ pub(super) fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<(
             pool.spec.reserved(),
             pool.spec.prefix_bits(),
         ),
-    ))
+    )
 }
 
-/// The move-off pin of a plan: the ID a key moves off and the mod revision of its record as read
-/// from the store (`revision_of`). `decide` only asks to move a key off an ID whose record was
-/// read (a cached record never proves another key's claim), so the revision is known; if it were
-/// not, 0 ("absent") makes the txn fail and read the record back rather than move blindly.
-pub(super) fn pinned(
-    moved_from: Option<(u64, IdRecord)>,
-    revision_of: impl Fn(u64) -> Option<Revision>,
-) -> Option<(u64, Revision)> {
-    moved_from.map(|(id, _)| (id, revision_of(id).unwrap_or(0)))
+/// The pool is full (G6 `Exhausted`).
+fn exhausted(pool: &PoolState) -> Error {
+    Error::Exhausted {
+        pool: pool.spec.name().to_string(),
+        min: pool.spec.min(),
+        max: pool.spec.max(),
+        capacity: pool.spec.capacity(),
+    }
 }
 
 impl Inner {
@@ -95,142 +97,119 @@ impl Inner {
         pool.live()?;
         self.wait_synced(pool).await?;
         let name = pool.spec.name();
-        let mut key_rec = pool.lock_cache().get(key);
-        // ID records read from the store, with their mod revisions (0: absent).
-        let mut observed: HashMap<u64, (Option<IdRecord>, Revision)> = HashMap::new();
-        // Candidates that turned out taken: spreads `lowest` picks after collisions.
-        let mut lost = 0u32;
-        // The exhausted path's store read was done (and found the pool full / not full).
-        let (mut full_confirmed, mut store_has_free) = (false, false);
-        for attempt in 0..MAX_BIND_ATTEMPTS {
-            let decision = {
-                let cache = pool.lock_cache();
-                decide(
-                    key,
-                    key_rec,
-                    |id| match observed.get(&id) {
-                        Some((rec, _)) => Some(rec.clone()),
-                        // The cache may lag behind the store (a broken watch, a partition): it
-                        // may still show an ID under a key it no longer belongs to. Only a record
-                        // read from the store may prove that an ID belongs to another key (which
-                        // moves this key to a fresh ID); an unverified "not ours" counts as
-                        // unknown, so the next txn compares on it and reads it back.
-                        None => match cache.record(id) {
-                            Some(rec) if rec.key() == key => Some(Some(rec)),
-                            _ => None,
-                        },
-                    },
-                    preferred,
-                )
-            };
-            let (plan, claimed) = match decision {
-                Decision::Send(plan) => (plan, false),
-                Decision::NeedCandidate { expect_key, moved_from } => {
-                    let moved_from = pinned(moved_from, |id| observed.get(&id).map(|o| o.1));
-                    match self.pick_candidate(pool, lost) {
-                        Ok(id) => (BindPlan { expect_key, id, expect_id: None, moved_from }, true),
-                        Err(_) if store_has_free => {
-                            return Err(Error::unavailable(format!(
-                                    "pool {name:?}: the store has free IDs this process's view has not caught up with; retry"
-                                )));
-                        }
-                        Err(exhausted) if full_confirmed => return Err(exhausted),
-                        Err(exhausted) => {
-                            // A full pool is only final once the store confirms it: the key has
-                            // no binding yet (the cache may lag behind another node's bind of
-                            // it), and the store holds as many ID records as the pool has IDs
-                            // (the cache may lag behind other nodes' reclaims). One read.
-                            let (rec, records, revision) =
-                                self.read_key_and_usage(pool, key).await?;
-                            full_confirmed = true;
-                            key_rec = rec;
-                            if key_rec.is_some() || preferred.is_some() {
-                                continue;
-                            }
-                            if records >= pool.spec.capacity() {
-                                return Err(exhausted);
-                            }
-                            // Let the watch catch up with the store, then pick again.
-                            self.wait_applied(pool, revision).await;
-                            store_has_free = true;
-                            continue;
-                        }
-                    }
-                }
-            };
-            let lease = match leased {
-                RefLease::Durable => 0,
-                RefLease::Session => self.session_lease().await?,
-                RefLease::Client(l) => l,
-            };
-            let target = holder.map(|h| RefTarget { holder: h, lease });
-            let fences = self.fences(pool);
-            let req = plan.txn_fenced(&self.layout, name, key, target, fences);
-            let (result, doubt) = self.req.txn_noting_doubt(req).await;
-            if doubt && leased == RefLease::Session {
-                lock(&pool.doubt).insert(key.to_string());
+        let cached = pool.lock_cache().get(key);
+        let mut bl =
+            BindLoop::new(&pool.spec, key, cached, preferred, Hints::Strict, FullCheck::Usage);
+        // The driver's half of the loop: execute each step, feed back what happened. Every branch
+        // of the decisions is `BindLoop`'s (and unit-tested there); this only does the I/O.
+        let mut input = Input::Resume;
+        loop {
+            let step = bl.next(input, |id| pool.lock_cache().record(id));
+            if let Some((id, used)) = step.learn {
+                pool.lock_cache().learn(id, used);
             }
-            let resp = match result {
-                Ok(r) => r,
-                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
-                    if claimed {
-                        pool.lock_cache().learn(plan.id, false);
-                    }
-                    return Err(crate::client_session::lease_gone(l));
+            input = match step.action {
+                Action::Pick { lost } => Input::Picked(self.pick_candidate(pool, lost).ok()),
+                Action::ReadUsage => {
+                    let (key_rec, used, revision) = self.read_key_and_usage(pool, key).await?;
+                    Input::Usage { key_rec, used, revision }
                 }
-                Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
-                    if claimed {
-                        pool.lock_cache().learn(plan.id, false);
-                    }
-                    self.session_lost(l).await;
-                    continue;
+                Action::ReadKeyRecord => Input::KeyRecord(self.read_key_record(pool, key).await?),
+                Action::Wait(revision) => {
+                    self.wait_applied(pool, revision).await;
+                    Input::Resume
                 }
-                Err(e) => {
-                    if claimed {
-                        pool.lock_cache().learn(plan.id, false);
-                    }
-                    return Err(e.into());
+                Action::Send(plan) => self.send_bind(pool, &mut bl, &plan, holder, leased).await?,
+                Action::Done { id, new } => {
+                    debug!(pool = %name, key, id, attempt = bl.attempts(), "bound");
+                    return Ok(Acquired { id, new });
                 }
+                Action::Fail(failure) => return Err(self.bind_failure(pool, key, failure).await),
             };
-            match plan.outcome_fenced(&resp, fences).map_err(protocol_error)? {
-                BindOutcome::PoolGone { spec_now } => {
-                    if claimed {
-                        pool.lock_cache().learn(plan.id, false);
-                    }
-                    return Err(self.pool_gone(pool, spec_now));
-                }
-                BindOutcome::Bound { id, .. } => {
-                    pool.lock_cache().learn(id, true);
-                    debug!(pool = %name, key, id, attempt, "bound");
-                    return Ok(Acquired { id, new: plan.creates_binding() });
-                }
-                BindOutcome::Observed(obs) => {
-                    debug!(pool = %name, key, ?obs, attempt, "bind compare failed; deciding again");
-                    pool.lock_cache().learn(obs.id, obs.id_rec.is_some());
-                    if claimed && obs.id_rec.is_some() {
-                        lost += 1;
-                    }
-                    // Let the cache catch up with what the failed attempt saw before choosing
-                    // again: a collision usually means others are binding too, and the watch
-                    // teaches all their IDs at once where the read-back teaches one.
-                    self.wait_applied(pool, obs.records_revision).await;
-                    observed.insert(obs.id, (obs.id_rec, obs.records_revision));
-                    if let Some((from, rec, rev)) = obs.moved_from {
-                        observed.insert(from, (rec, rev));
-                    }
-                    key_rec = obs.key_rec;
-                    if let Some(x) = key_rec {
-                        if let Err(e) = check_key_record(pool, key, x) {
-                            return Err(self.unless_pool_gone(pool, e).await);
-                        }
-                    }
-                }
-            }
         }
-        warn!(pool = %name, key, "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
-        Err(Error::unavailable(format!(
-            "key {key:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts"
-        )))
+    }
+
+    /// Sends one plan of `bl` and returns what it came to. A failure that ends the loop is fed to
+    /// `bl` first (so it frees a claimed candidate) and then returned.
+    async fn send_bind(
+        self: &Arc<Self>,
+        pool: &PoolState,
+        bl: &mut BindLoop<'_>,
+        plan: &BindPlan,
+        holder: Option<&str>,
+        leased: RefLease,
+    ) -> Result<Input> {
+        let abort = |bl: &mut BindLoop<'_>, e: Error| {
+            if let Some((id, used)) = bl.next(Input::NotApplied { retry: false }, |_| None).learn {
+                pool.lock_cache().learn(id, used);
+            }
+            e
+        };
+        let key = bl.key();
+        let lease = match leased {
+            RefLease::Durable => 0,
+            RefLease::Session => match self.session_lease().await {
+                Ok(l) => l,
+                Err(e) => return Err(abort(bl, e)),
+            },
+            RefLease::Client(l) => l,
+        };
+        let target = holder.map(|h| RefTarget { holder: h, lease });
+        let fences = self.fences(pool);
+        let req = plan.txn_fenced(&self.layout, pool.spec.name(), key, target, fences);
+        let (result, doubt) = self.req.txn_noting_doubt(req).await;
+        if doubt && leased == RefLease::Session {
+            lock(&pool.doubt).insert(key.to_string());
+        }
+        match result {
+            Ok(resp) => match plan.outcome_fenced(&resp, fences) {
+                Ok(outcome) => {
+                    if let BindOutcome::Observed(obs) = &outcome {
+                        debug!(pool = %pool.spec.name(), key, ?obs, attempt = bl.attempts(), "bind compare failed; deciding again");
+                    }
+                    Ok(Input::Answer(outcome))
+                }
+                Err(pe) => Err(abort(bl, protocol_error(pe))),
+            },
+            Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
+                Err(abort(bl, crate::client_session::lease_gone(l)))
+            }
+            Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
+                self.session_lost(l).await;
+                Ok(Input::NotApplied { retry: true })
+            }
+            Err(e) => Err(abort(bl, e.into())),
+        }
+    }
+
+    /// The error for a bind loop's `failure`.
+    pub(super) async fn bind_failure(
+        &self,
+        pool: &PoolState,
+        key: &str,
+        failure: Failure,
+    ) -> Error {
+        let name = pool.spec.name();
+        match failure {
+            Failure::Exhausted => exhausted(pool),
+            Failure::ViewBehind => Error::unavailable(format!(
+                "pool {name:?}: the store has free IDs this process's view has not caught up with; retry"
+            )),
+            Failure::Contended => {
+                warn!(pool = %name, key, "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
+                Error::unavailable(format!(
+                    "key {key:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts"
+                ))
+            }
+            Failure::PoolGone { spec_now } => self.pool_gone(pool, spec_now),
+            Failure::ForeignKeyRecord { id } => {
+                self.unless_pool_gone(pool, foreign_key_record(pool, key, id)).await
+            }
+            // The driver returns its own error before asking; kept total rather than panicking.
+            Failure::Aborted => Error::unavailable_for_good(format!(
+                "the bind of key {key:?} in pool {name:?} stopped"
+            )),
+        }
     }
 
     pub(super) async fn read_key_record(&self, pool: &PoolState, key: &str) -> Result<Option<u64>> {
@@ -375,12 +354,7 @@ impl Inner {
                 cache.free_ids().insert(raw);
                 Ok(pool.spec.apply_prefix(raw))
             }
-            None => Err(Error::Exhausted {
-                pool: pool.spec.name().to_string(),
-                min: pool.spec.min(),
-                max: pool.spec.max(),
-                capacity: pool.spec.capacity(),
-            }),
+            None => Err(exhausted(pool)),
         }
     }
 
@@ -412,15 +386,4 @@ impl Inner {
             }
         }
     }
-}
-
-/// How far a batched bind trusts the cache about a key's preferred ID.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Hints {
-    /// A preferred ID the cache shows taken is skipped for a normal pick (restart restoration:
-    /// skipping a hint is always safe, and it saves a failing txn).
-    Lenient,
-    /// Only a record read from the store moves a key off its preferred ID, as in [`Inner::bind`]
-    /// (re-referencing held keys: moving one means a `Conflict` for the application, G2).
-    Strict,
 }

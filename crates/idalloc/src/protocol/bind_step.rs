@@ -1,0 +1,813 @@
+//! The bind loop of DESIGN §5 as a pure state machine: an input (what the store answered, what the
+//! local view offered) goes in, the next step comes out. No I/O, no clock, no randomness: the
+//! drivers (`allocator::bind` for one key, `allocator::batch` per key of a batch) execute the steps
+//! (pick a candidate, send a txn, read a record, wait for the watch) and feed back what happened.
+//!
+//! Why a machine rather than the loop itself: the loop's memory (records read from the store and
+//! their revisions, collisions lost, whether the store confirmed a full pool) is where G1–G3 are
+//! decided, and as a machine every branch is a unit test that checks the step it emits, without a
+//! store (the openraft engine / raft-rs `RawNode` split, DESIGN §9).
+//!
+//! The protocol of one step: [`BindLoop::next`] with [`Input::Resume`] starts the loop (and goes on
+//! after every [`Action::Wait`]); every other action names the input that answers it. Before it
+//! acts, the driver applies [`Step::learn`] to its cache (a candidate it claimed and did not use is
+//! freed again; an ID a txn found taken is marked used).
+
+use std::collections::HashMap;
+
+use super::{decide, id_is_allocatable, BindOutcome, BindPlan, Decision};
+use crate::layout::IdRecord;
+use crate::pool::PoolSpec;
+use crate::store::Revision;
+
+/// Attempts (decisions) of one bind loop before it gives up as contended: each attempt costs one
+/// round trip and only repeats because another writer changed the records in between.
+pub const MAX_BIND_ATTEMPTS: usize = 64;
+
+/// How far the loop trusts the cache about a key's preferred ID.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hints {
+    /// A preferred ID the cache shows taken is skipped for a normal pick (restart restoration:
+    /// skipping a hint is always safe, and it saves a failing txn).
+    Lenient,
+    /// Only a record read from the store moves a key off its preferred ID (single-key binds and
+    /// re-referencing held keys: moving one means a `Conflict` for the application, G2).
+    Strict,
+}
+
+/// How the loop confirms a full pool when the local view has no free ID left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FullCheck {
+    /// One read of the key record and of the number of used ID records ([`Action::ReadUsage`]): a
+    /// full view is final only if the key has no binding and the store is full too (the view may
+    /// lag behind other nodes' reclaims). The single-key bind.
+    Usage,
+    /// One read of the key record ([`Action::ReadKeyRecord`]), skipped once a txn of this loop has
+    /// read it back: the batched bind, which must not list the pool once per key.
+    KeyRecord,
+}
+
+/// What happened since the last step (the answer to the last [`Action`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Input {
+    /// Decide now: the first call, and the answer to [`Action::Wait`].
+    Resume,
+    /// The answer to [`Action::Pick`]: the candidate claimed in the local view, or `None` if the
+    /// view has no free ID.
+    Picked(Option<u64>),
+    /// The answer to [`Action::ReadUsage`]: the key record, the number of ID records that count as
+    /// used, and the revision they were read at.
+    Usage { key_rec: Option<u64>, used: u64, revision: Revision },
+    /// The answer to [`Action::ReadKeyRecord`].
+    KeyRecord(Option<u64>),
+    /// The answer to [`Action::Send`]: what the txn came to.
+    Answer(BindOutcome),
+    /// The txn of [`Action::Send`] was not applied (the request failed, the lease is gone, the
+    /// answer had the wrong shape). `retry`: the driver repaired the cause (renewed its session)
+    /// and the loop goes on; otherwise the driver fails with the error it holds.
+    NotApplied { retry: bool },
+}
+
+/// The next thing the driver does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// Tell the local view first: `(id, used)`, as the cache's `learn`.
+    pub learn: Option<(u64, bool)>,
+    pub action: Action,
+}
+
+/// What the driver executes (and which [`Input`] it answers with).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Claim a free candidate in the local view, spread over the lowest `2^lost` free IDs for the
+    /// `lowest` strategy after `lost` collisions → [`Input::Picked`].
+    Pick { lost: u32 },
+    /// Send this plan's txn (fenced, with the holder's reference) → [`Input::Answer`] or
+    /// [`Input::NotApplied`].
+    Send(BindPlan),
+    /// Read the key record and the pool's usage ([`FullCheck::Usage`]) → [`Input::Usage`].
+    ReadUsage,
+    /// Read the key record ([`FullCheck::KeyRecord`]) → [`Input::KeyRecord`].
+    ReadKeyRecord,
+    /// Wait (bounded) until the local view has applied this revision (0: no wait) → [`Input::Resume`].
+    /// After a collision: others are binding too, and the watch teaches all their IDs at once
+    /// where a read-back teaches one.
+    Wait(Revision),
+    /// Bound: the key holds `id`; `new` if this loop created the binding.
+    Done { id: u64, new: bool },
+    /// Give up.
+    Fail(Failure),
+}
+
+/// Why a bind loop gave up (the driver turns it into an [`crate::Error`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Failure {
+    /// The pool is full, as confirmed by the store (G6 `Exhausted`).
+    Exhausted,
+    /// The store has free IDs the local view has not caught up with (`Unavailable`, retryable).
+    ViewBehind,
+    /// [`MAX_BIND_ATTEMPTS`] decisions without binding (`Unavailable`).
+    Contended,
+    /// The pool's spec is not the one decided against (deleted: `None`; re-created: its spec).
+    PoolGone { spec_now: Option<Vec<u8>> },
+    /// The key record names an ID the pool never hands out (DESIGN §11, G3): refused, unless the
+    /// pool was re-created under the driver (which the driver checks).
+    ForeignKeyRecord { id: u64 },
+    /// The txn was not applied and not retried: the driver's own error stands.
+    Aborted,
+}
+
+/// Where the loop is between two calls.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Ready to decide ([`Input::Resume`]).
+    Idle,
+    /// Waiting for [`Input::Picked`], to complete this half-made plan.
+    Picking { expect_key: Option<u64>, moved_from: Option<(u64, Revision)> },
+    /// Waiting for the answer to this plan; `claimed`: its ID is a candidate this loop claimed.
+    Sent { plan: BindPlan, claimed: bool },
+    /// Waiting for the answer to a read.
+    Reading,
+    /// Done or failed: every further input fails.
+    Over,
+}
+
+/// One key's bind loop (see the module docs).
+#[derive(Clone, Debug)]
+pub struct BindLoop<'a> {
+    spec: &'a PoolSpec,
+    key: &'a str,
+    preferred: Option<u64>,
+    hints: Hints,
+    full_check: FullCheck,
+    /// The key record as last read from the store or, before any read, as the cache believes.
+    key_rec: Option<u64>,
+    /// A txn or read of this loop read the key record back (the `KeyRecord` full check's memory).
+    key_rec_read: bool,
+    /// ID records read from the store, with their mod revisions (0: absent).
+    observed: HashMap<u64, (Option<IdRecord>, Revision)>,
+    /// Candidates that turned out taken: spreads `lowest` picks after collisions.
+    lost: u32,
+    /// The `Usage` full check ran and found the store full / not full.
+    full_confirmed: bool,
+    store_has_free: bool,
+    attempts: usize,
+    phase: Phase,
+}
+
+impl<'a> BindLoop<'a> {
+    /// A loop binding `key` in the pool of `spec`, starting from `cached_key_rec` (the cache's
+    /// belief about the key record), keeping `preferred` if at all possible.
+    pub fn new(
+        spec: &'a PoolSpec,
+        key: &'a str,
+        cached_key_rec: Option<u64>,
+        preferred: Option<u64>,
+        hints: Hints,
+        full_check: FullCheck,
+    ) -> Self {
+        BindLoop {
+            spec,
+            key,
+            preferred,
+            hints,
+            full_check,
+            key_rec: cached_key_rec,
+            key_rec_read: false,
+            observed: HashMap::new(),
+            lost: 0,
+            full_confirmed: false,
+            store_has_free: false,
+            attempts: 0,
+            phase: Phase::Idle,
+        }
+    }
+
+    /// The key this loop binds.
+    pub fn key(&self) -> &'a str {
+        self.key
+    }
+
+    /// Decisions made so far (for logs).
+    pub fn attempts(&self) -> usize {
+        self.attempts
+    }
+
+    /// Takes `input` and returns the next step. `cache(id)` is the local view's record of `id`,
+    /// consulted only when deciding ([`Input::Resume`]).
+    pub fn next(&mut self, input: Input, cache: impl Fn(u64) -> Option<IdRecord>) -> Step {
+        let phase = std::mem::replace(&mut self.phase, Phase::Idle);
+        match (phase, input) {
+            (Phase::Idle, Input::Resume) => self.decide(cache),
+            (Phase::Picking { expect_key, moved_from }, Input::Picked(Some(id))) => {
+                let plan = BindPlan { expect_key, id, expect_id: None, moved_from };
+                self.send(plan, true)
+            }
+            (Phase::Picking { .. }, Input::Picked(None)) => self.view_full(),
+            (Phase::Reading, Input::Usage { key_rec, used, revision }) => {
+                self.full_confirmed = true;
+                self.key_rec = key_rec;
+                self.key_rec_read = true;
+                if key_rec.is_some() || self.preferred.is_some() {
+                    // Not a new key after all (another node bound it; or a repair keeping its
+                    // ID): decide again with what was read.
+                    self.wait(None, 0)
+                } else if used >= self.spec.capacity() {
+                    self.fail(None, Failure::Exhausted)
+                } else {
+                    // Let the watch catch up with the store, then pick again.
+                    self.store_has_free = true;
+                    self.wait(None, revision)
+                }
+            }
+            (Phase::Reading, Input::KeyRecord(key_rec)) => {
+                self.key_rec = key_rec;
+                self.key_rec_read = true;
+                if key_rec.is_none() && self.preferred.is_none() {
+                    self.fail(None, Failure::Exhausted)
+                } else {
+                    self.wait(None, 0)
+                }
+            }
+            (Phase::Sent { plan, claimed }, Input::Answer(outcome)) => {
+                self.answer(plan, claimed, outcome)
+            }
+            (Phase::Sent { plan, claimed }, Input::NotApplied { retry }) => {
+                let free = claimed.then_some((plan.id, false));
+                if retry {
+                    self.wait(free, 0)
+                } else {
+                    self.fail(free, Failure::Aborted)
+                }
+            }
+            // An input that answers no step of this loop (a driver bug), or any input after the
+            // end: stop rather than guess.
+            (_, _) => self.fail(None, Failure::Aborted),
+        }
+    }
+
+    /// One decision (DESIGN §5): what the key record points at, else the preferred ID, else a
+    /// fresh candidate.
+    fn decide(&mut self, cache: impl Fn(u64) -> Option<IdRecord>) -> Step {
+        if self.attempts >= MAX_BIND_ATTEMPTS {
+            return self.fail(None, Failure::Contended);
+        }
+        self.attempts += 1;
+        let (key, key_rec, hints) = (self.key, self.key_rec, self.hints);
+        let observed = &self.observed;
+        let decision = decide(
+            key,
+            key_rec,
+            |id| match observed.get(&id) {
+                Some((rec, _)) => Some(rec.clone()),
+                // The cache may lag behind the store (a broken watch, a partition): it may still
+                // show an ID under a key it no longer belongs to. Only a record read from the
+                // store may prove that an ID belongs to another key (which moves this key to a
+                // fresh ID, G2); an unverified "not ours" counts as unknown, so the next txn
+                // compares on it and reads it back. With lenient hints and no key record, the only
+                // ID asked about is the preferred one, and a cache showing it taken just means a
+                // normal pick instead of a txn that would fail.
+                None => match cache(id) {
+                    Some(rec)
+                        if rec.key() == key || (key_rec.is_none() && hints == Hints::Lenient) =>
+                    {
+                        Some(Some(rec))
+                    }
+                    _ => None,
+                },
+            },
+            self.preferred,
+        );
+        match decision {
+            Decision::Send(plan) => self.send(plan, false),
+            Decision::NeedCandidate { expect_key, moved_from } => {
+                let moved_from = pinned(moved_from, |id| observed.get(&id).map(|o| o.1));
+                self.phase = Phase::Picking { expect_key, moved_from };
+                Step { learn: None, action: Action::Pick { lost: self.lost } }
+            }
+        }
+    }
+
+    /// The local view has no free ID: a full pool is final only once the store confirms it.
+    fn view_full(&mut self) -> Step {
+        match self.full_check {
+            FullCheck::Usage if self.store_has_free => self.fail(None, Failure::ViewBehind),
+            FullCheck::Usage if self.full_confirmed => self.fail(None, Failure::Exhausted),
+            FullCheck::KeyRecord if self.key_rec_read => self.fail(None, Failure::Exhausted),
+            FullCheck::Usage => self.read(Action::ReadUsage),
+            FullCheck::KeyRecord => self.read(Action::ReadKeyRecord),
+        }
+    }
+
+    /// What a sent plan came to.
+    fn answer(&mut self, plan: BindPlan, claimed: bool, outcome: BindOutcome) -> Step {
+        match outcome {
+            BindOutcome::PoolGone { spec_now } => {
+                self.fail(claimed.then_some((plan.id, false)), Failure::PoolGone { spec_now })
+            }
+            BindOutcome::Bound { id, .. } => {
+                self.phase = Phase::Over;
+                Step {
+                    learn: Some((id, true)),
+                    action: Action::Done { id, new: plan.creates_binding() },
+                }
+            }
+            BindOutcome::Observed(obs) => {
+                let learn = Some((obs.id, obs.id_rec.is_some()));
+                if claimed && obs.id_rec.is_some() {
+                    self.lost += 1;
+                }
+                self.observed.insert(obs.id, (obs.id_rec, obs.records_revision));
+                if let Some((from, rec, rev)) = obs.moved_from {
+                    self.observed.insert(from, (rec, rev));
+                }
+                self.key_rec = obs.key_rec;
+                self.key_rec_read = true;
+                match self.key_rec {
+                    Some(x) if !id_is_allocatable(self.spec, x) => {
+                        self.fail(learn, Failure::ForeignKeyRecord { id: x })
+                    }
+                    _ => self.wait(learn, obs.records_revision),
+                }
+            }
+        }
+    }
+
+    fn send(&mut self, plan: BindPlan, claimed: bool) -> Step {
+        self.phase = Phase::Sent { plan: plan.clone(), claimed };
+        Step { learn: None, action: Action::Send(plan) }
+    }
+
+    fn read(&mut self, action: Action) -> Step {
+        self.phase = Phase::Reading;
+        Step { learn: None, action }
+    }
+
+    fn wait(&mut self, learn: Option<(u64, bool)>, revision: Revision) -> Step {
+        self.phase = Phase::Idle;
+        Step { learn, action: Action::Wait(revision) }
+    }
+
+    fn fail(&mut self, learn: Option<(u64, bool)>, failure: Failure) -> Step {
+        self.phase = Phase::Over;
+        Step { learn, action: Action::Fail(failure) }
+    }
+}
+
+/// The move-off pin of a plan: the ID a key moves off and the mod revision of its record as read
+/// from the store (`revision_of`). `decide` only asks to move a key off an ID whose record was
+/// read (a cached record never proves another key's claim), so the revision is known; if it were
+/// not, 0 ("absent") makes the txn fail and read the record back rather than move blindly.
+pub fn pinned(
+    moved_from: Option<(u64, IdRecord)>,
+    revision_of: impl Fn(u64) -> Option<Revision>,
+) -> Option<(u64, Revision)> {
+    moved_from.map(|(id, _)| (id, revision_of(id).unwrap_or(0)))
+}
+
+/// Each test drives the machine through one branch and checks the steps it emits; each names the
+/// DESIGN.md section (or guarantee) it checks.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::Observation;
+
+    const KEY: &str = "k";
+
+    /// Pool `p`: IDs 1..=100 (capacity 100), 50 reserved.
+    fn spec() -> PoolSpec {
+        PoolSpec::new("p", 1, 100).reserve(50..=50)
+    }
+
+    fn bound(k: &str) -> IdRecord {
+        IdRecord::Bound(k.into())
+    }
+
+    /// A cache that knows nothing.
+    fn empty(_: u64) -> Option<IdRecord> {
+        None
+    }
+
+    fn act(action: Action) -> Step {
+        Step { learn: None, action }
+    }
+
+    fn strict<'a>(spec: &'a PoolSpec, cached: Option<u64>, preferred: Option<u64>) -> BindLoop<'a> {
+        BindLoop::new(spec, KEY, cached, preferred, Hints::Strict, FullCheck::Usage)
+    }
+
+    fn batched<'a>(spec: &'a PoolSpec, preferred: Option<u64>) -> BindLoop<'a> {
+        BindLoop::new(spec, KEY, None, preferred, Hints::Lenient, FullCheck::KeyRecord)
+    }
+
+    /// A failed compare's read-back: the key record, the sent ID's record and its mod revision.
+    fn observed(
+        key_rec: Option<u64>,
+        id: u64,
+        id_rec: Option<IdRecord>,
+        records_revision: Revision,
+    ) -> Input {
+        Input::Answer(BindOutcome::Observed(Observation {
+            key_rec,
+            id,
+            id_rec,
+            revision: records_revision + 1,
+            records_revision,
+            moved_from: None,
+        }))
+    }
+
+    fn create(id: u64) -> Action {
+        Action::Send(BindPlan { expect_key: None, id, expect_id: None, moved_from: None })
+    }
+
+    fn join(id: u64) -> Action {
+        Action::Send(BindPlan {
+            expect_key: Some(id),
+            id,
+            expect_id: Some(bound(KEY)),
+            moved_from: None,
+        })
+    }
+
+    /// Runs a new key up to its create txn for candidate `c`.
+    fn sent_create(l: &mut BindLoop<'_>, c: u64) {
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(Some(c)), empty), act(create(c)));
+    }
+
+    #[test]
+    fn known_binding_joins_in_one_txn() {
+        // DESIGN §5, "acquire(k), binding known from the cache": one txn comparing key/k == ID.
+        let spec = spec();
+        let mut l = strict(&spec, Some(7), None);
+        let cache = |id| (id == 7).then(|| bound(KEY));
+        assert_eq!(l.next(Input::Resume, cache), act(join(7)));
+        let done = l.next(Input::Answer(BindOutcome::Bound { id: 7, revision: 9 }), empty);
+        assert_eq!(
+            done,
+            Step { learn: Some((7, true)), action: Action::Done { id: 7, new: false } }
+        );
+    }
+
+    #[test]
+    fn new_key_picks_a_candidate_and_creates_in_one_txn() {
+        // DESIGN §5, "acquire(k), new key": pick C from the local view, one create txn.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        sent_create(&mut l, 12);
+        let done = l.next(Input::Answer(BindOutcome::Bound { id: 12, revision: 3 }), empty);
+        assert_eq!(
+            done,
+            Step { learn: Some((12, true)), action: Action::Done { id: 12, new: true } }
+        );
+        assert_eq!(l.attempts(), 1);
+    }
+
+    #[test]
+    fn candidate_taken_learns_it_and_waits_for_the_watch_then_picks_wider() {
+        // DESIGN §5, new key, Else branch: "if only C was taken, learn it and pick another"; the
+        // loss widens `lowest`'s spread, and the loop waits for the watch to reach the read-back.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        sent_create(&mut l, 12);
+        let step = l.next(observed(None, 12, Some(bound("other")), 40), empty);
+        assert_eq!(step, Step { learn: Some((12, true)), action: Action::Wait(40) });
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 1 }));
+    }
+
+    #[test]
+    fn candidate_found_free_is_not_a_loss() {
+        // DESIGN §5: a create that failed only on the key's compare did not lose its candidate;
+        // it is learned free and the spread stays.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        sent_create(&mut l, 12);
+        let step = l.next(observed(None, 12, None, 0), empty);
+        assert_eq!(step, Step { learn: Some((12, false)), action: Action::Wait(0) });
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+    }
+
+    #[test]
+    fn key_bound_elsewhere_meanwhile_is_joined() {
+        // DESIGN §5, new key, Else branch: "if key/k exists use it (1 more RT)".
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        sent_create(&mut l, 12);
+        let step = l.next(observed(Some(30), 12, None, 0), empty);
+        assert_eq!(step, Step { learn: Some((12, false)), action: Action::Wait(0) });
+        // The other node's ID record is not in the cache yet: optimistically ours, compared.
+        assert_eq!(l.next(Input::Resume, empty), act(join(30)));
+    }
+
+    #[test]
+    fn cache_saying_the_id_is_another_keys_never_moves_the_key() {
+        // G2: only a record read from the store may move a held key; a lagging cache's "not
+        // ours" counts as unknown, so the txn compares the record and reads it back.
+        let spec = spec();
+        let mut l = strict(&spec, Some(7), None);
+        let cache = |id| (id == 7).then(|| bound("other"));
+        assert_eq!(l.next(Input::Resume, cache), act(join(7)));
+    }
+
+    #[test]
+    fn id_read_back_as_another_keys_moves_the_key_pinning_that_record() {
+        // DESIGN §7 / G2 exception (lost store data): the key record points at an ID the store
+        // shows bound to another key; the key moves to a fresh ID with a txn pinning the mod
+        // revision of that record, and a later read-back re-pins it.
+        let spec = spec();
+        let mut l = strict(&spec, Some(7), None);
+        assert_eq!(l.next(Input::Resume, empty), act(join(7)));
+        let step = l.next(observed(Some(7), 7, Some(bound("other")), 42), empty);
+        assert_eq!(step, Step { learn: Some((7, true)), action: Action::Wait(42) });
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        let move_plan = |id, rev| {
+            Action::Send(BindPlan {
+                expect_key: Some(7),
+                id,
+                expect_id: None,
+                moved_from: Some((7, rev)),
+            })
+        };
+        assert_eq!(l.next(Input::Picked(Some(20)), empty), act(move_plan(20, 42)));
+        // The move failed: 7 was rewritten in between (revision 50); 20 was free.
+        let again = Input::Answer(BindOutcome::Observed(Observation {
+            key_rec: Some(7),
+            id: 20,
+            id_rec: None,
+            revision: 51,
+            records_revision: 0,
+            moved_from: Some((7, Some(bound("third")), 50)),
+        }));
+        assert_eq!(
+            l.next(again, empty),
+            Step { learn: Some((20, false)), action: Action::Wait(0) }
+        );
+        // The claimed candidate came back free: no loss, and the new pin is revision 50.
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(Some(21)), empty), act(move_plan(21, 50)));
+    }
+
+    #[test]
+    fn preferred_id_is_kept_when_free() {
+        // DESIGN §7: a repair re-creates the binding with the same ID when that ID is free.
+        let spec = spec();
+        let mut l = strict(&spec, None, Some(9));
+        assert_eq!(l.next(Input::Resume, empty), act(create(9)));
+    }
+
+    #[test]
+    fn preferred_id_tombstoned_for_the_same_key_is_taken_back() {
+        // DESIGN §7: "... when that ID is free or tombstoned for the same key".
+        let spec = spec();
+        let mut l = strict(&spec, None, Some(9));
+        let cache = |id| (id == 9).then(|| IdRecord::Tombstone(KEY.into()));
+        assert_eq!(
+            l.next(Input::Resume, cache),
+            act(Action::Send(BindPlan {
+                expect_key: None,
+                id: 9,
+                expect_id: Some(IdRecord::Tombstone(KEY.into())),
+                moved_from: None
+            }))
+        );
+    }
+
+    #[test]
+    fn strict_hints_try_a_preferred_id_the_cache_shows_taken() {
+        // DESIGN §7 / G2: re-referencing a held key only moves it on a record read from the
+        // store, so a cache showing its ID taken still gets the txn (which reads it back).
+        let spec = spec();
+        let mut l = strict(&spec, None, Some(9));
+        let cache = |id| (id == 9).then(|| bound("other"));
+        assert_eq!(l.next(Input::Resume, cache), act(create(9)));
+    }
+
+    #[test]
+    fn lenient_hints_skip_a_preferred_id_the_cache_shows_taken() {
+        // DESIGN §12 "Batching" (restart restoration): skipping a hint the cache shows taken is
+        // safe and saves a failing txn.
+        let spec = spec();
+        let mut l = batched(&spec, Some(9));
+        let cache = |id| (id == 9).then(|| bound("other"));
+        assert_eq!(l.next(Input::Resume, cache), act(Action::Pick { lost: 0 }));
+    }
+
+    #[test]
+    fn preferred_id_read_back_as_another_keys_gives_a_fresh_pick() {
+        // DESIGN §7: "If the ID now belongs to another key, ... bind a new ID".
+        let spec = spec();
+        let mut l = strict(&spec, None, Some(9));
+        assert_eq!(l.next(Input::Resume, empty), act(create(9)));
+        let step = l.next(observed(None, 9, Some(bound("other")), 5), empty);
+        assert_eq!(step, Step { learn: Some((9, true)), action: Action::Wait(5) });
+        // Not a claimed candidate: no loss.
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+    }
+
+    #[test]
+    fn full_view_is_confirmed_by_the_store_before_exhausted() {
+        // G6 `Exhausted` only when the store is full too: the view may lag behind reclaims.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        let full = Input::Usage { key_rec: None, used: spec.capacity(), revision: 77 };
+        assert_eq!(l.next(full, empty), act(Action::Fail(Failure::Exhausted)));
+    }
+
+    #[test]
+    fn store_with_free_ids_waits_for_the_watch_then_reports_a_lagging_view() {
+        // G6: a view that stays behind a store with free IDs is `Unavailable` (retryable), never
+        // `Exhausted`; the loop first lets the watch catch up to the read's revision.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        l.next(Input::Resume, empty);
+        l.next(Input::Picked(None), empty);
+        let free = Input::Usage { key_rec: None, used: spec.capacity() - 1, revision: 77 };
+        assert_eq!(l.next(free, empty), act(Action::Wait(77)));
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(Some(3)), empty), act(create(3)));
+        // Had the view still been full: no second read.
+        let mut l = strict(&spec, None, None);
+        l.next(Input::Resume, empty);
+        l.next(Input::Picked(None), empty);
+        l.next(Input::Usage { key_rec: None, used: 1, revision: 77 }, empty);
+        l.next(Input::Resume, empty);
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::Fail(Failure::ViewBehind)));
+    }
+
+    #[test]
+    fn full_view_but_key_bound_in_the_store_joins_it() {
+        // DESIGN §5: a full pool does not stop a key another node already bound (the view may lag
+        // behind that bind); after the confirming read, a full view fails without reading again.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        l.next(Input::Resume, empty);
+        l.next(Input::Picked(None), empty);
+        let bound_elsewhere =
+            Input::Usage { key_rec: Some(30), used: spec.capacity(), revision: 8 };
+        assert_eq!(l.next(bound_elsewhere, empty), act(Action::Wait(0)));
+        assert_eq!(l.next(Input::Resume, empty), act(join(30)));
+        // Released meanwhile: the key record is gone, the view still full.
+        assert_eq!(
+            l.next(observed(None, 30, None, 0), empty),
+            Step { learn: Some((30, false)), action: Action::Wait(0) }
+        );
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::Fail(Failure::Exhausted)));
+    }
+
+    #[test]
+    fn full_view_with_a_preferred_id_decides_again() {
+        // DESIGN §7: a repair keeping its ID is not stopped by a full view.
+        let spec = spec();
+        let mut l = strict(&spec, None, Some(9));
+        l.next(Input::Resume, empty);
+        l.next(observed(None, 9, Some(bound("other")), 5), empty);
+        l.next(Input::Resume, empty);
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        let read = Input::Usage { key_rec: None, used: spec.capacity(), revision: 6 };
+        assert_eq!(l.next(read, empty), act(Action::Wait(0)));
+    }
+
+    #[test]
+    fn batched_full_view_reads_the_key_record_once() {
+        // DESIGN §12 "Batching" / G6: the batched loop confirms a full view with the key record
+        // only (not a listing per key): no binding → `Exhausted`, a binding → join it.
+        let spec = spec();
+        let mut l = batched(&spec, None);
+        l.next(Input::Resume, empty);
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadKeyRecord));
+        assert_eq!(l.next(Input::KeyRecord(None), empty), act(Action::Fail(Failure::Exhausted)));
+
+        let mut l = batched(&spec, None);
+        l.next(Input::Resume, empty);
+        l.next(Input::Picked(None), empty);
+        assert_eq!(l.next(Input::KeyRecord(Some(30)), empty), act(Action::Wait(0)));
+        assert_eq!(l.next(Input::Resume, empty), act(join(30)));
+    }
+
+    #[test]
+    fn batched_full_view_with_a_preferred_id_decides_again() {
+        // DESIGN §7: restoring a preferred ID is not stopped by a full view.
+        let spec = spec();
+        let mut l = batched(&spec, Some(9));
+        let cache = |id| (id == 9).then(|| bound("other"));
+        l.next(Input::Resume, cache);
+        l.next(Input::Picked(None), empty);
+        assert_eq!(l.next(Input::KeyRecord(None), empty), act(Action::Wait(0)));
+    }
+
+    #[test]
+    fn batched_full_view_after_a_read_back_is_exhausted_at_once() {
+        // DESIGN §12 "Batching": a failed txn already read the key record back; no second read.
+        let spec = spec();
+        let mut l = batched(&spec, None);
+        sent_create(&mut l, 12);
+        l.next(observed(None, 12, Some(bound("other")), 4), empty);
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 1 }));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::Fail(Failure::Exhausted)));
+    }
+
+    #[test]
+    fn pool_gone_fails_and_frees_the_candidate() {
+        // DESIGN §11: a pool's spec is part of every decision; a changed spec ends the loop.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        sent_create(&mut l, 12);
+        let gone = Input::Answer(BindOutcome::PoolGone { spec_now: Some(b"{}".to_vec()) });
+        assert_eq!(
+            l.next(gone, empty),
+            Step {
+                learn: Some((12, false)),
+                action: Action::Fail(Failure::PoolGone { spec_now: Some(b"{}".to_vec()) })
+            }
+        );
+        // A join's ID was not claimed: nothing to free.
+        let mut l = strict(&spec, Some(7), None);
+        l.next(Input::Resume, empty);
+        let gone = Input::Answer(BindOutcome::PoolGone { spec_now: None });
+        assert_eq!(l.next(gone, empty), act(Action::Fail(Failure::PoolGone { spec_now: None })));
+    }
+
+    #[test]
+    fn key_record_naming_an_id_the_pool_never_hands_out_is_refused() {
+        // DESIGN §11 / G3: a key record outside the range (or reserved) is never joined.
+        let spec = spec();
+        for foreign in [500, 50] {
+            let mut l = strict(&spec, None, None);
+            sent_create(&mut l, 12);
+            assert_eq!(
+                l.next(observed(Some(foreign), 12, None, 0), empty),
+                Step {
+                    learn: Some((12, false)),
+                    action: Action::Fail(Failure::ForeignKeyRecord { id: foreign })
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn txn_not_applied_frees_the_candidate_and_retries_or_fails() {
+        // G6: a request that failed leaves nothing claimed; a renewed session retries (DESIGN §7),
+        // any other error ends the loop with the driver's error.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        sent_create(&mut l, 12);
+        assert_eq!(
+            l.next(Input::NotApplied { retry: true }, empty),
+            Step { learn: Some((12, false)), action: Action::Wait(0) }
+        );
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(Some(13)), empty), act(create(13)));
+        assert_eq!(
+            l.next(Input::NotApplied { retry: false }, empty),
+            Step { learn: Some((13, false)), action: Action::Fail(Failure::Aborted) }
+        );
+        // A join claimed nothing.
+        let mut l = strict(&spec, Some(7), None);
+        l.next(Input::Resume, empty);
+        assert_eq!(
+            l.next(Input::NotApplied { retry: false }, empty),
+            act(Action::Fail(Failure::Aborted))
+        );
+    }
+
+    #[test]
+    fn gives_up_as_contended_after_the_attempt_budget() {
+        // G6 "never a hang": at most MAX_BIND_ATTEMPTS decisions (one round trip each).
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        for n in 0..MAX_BIND_ATTEMPTS {
+            assert!(matches!(l.next(Input::Resume, empty).action, Action::Pick { .. }), "{n}");
+            l.next(Input::Picked(Some(12)), empty);
+            l.next(observed(None, 12, None, 0), empty);
+        }
+        assert_eq!(l.attempts(), MAX_BIND_ATTEMPTS);
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Fail(Failure::Contended)));
+    }
+
+    #[test]
+    fn inputs_out_of_turn_end_the_loop() {
+        // G6 "never a panic": a driver feeding an answer to no step gets a failure, not a guess.
+        let spec = spec();
+        let mut l = strict(&spec, None, None);
+        assert_eq!(l.next(Input::Picked(Some(3)), empty), act(Action::Fail(Failure::Aborted)));
+        // And nothing goes on after the end.
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Fail(Failure::Aborted)));
+        let mut l = strict(&spec, Some(7), None);
+        l.next(Input::Resume, empty);
+        l.next(Input::Answer(BindOutcome::Bound { id: 7, revision: 2 }), empty);
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Fail(Failure::Aborted)));
+    }
+
+    #[test]
+    fn a_move_without_a_read_revision_pins_absent() {
+        // DESIGN §11 (late commits): a move pinned to an unknown revision compares "absent", so
+        // the txn fails and reads the record back instead of moving blindly.
+        assert_eq!(pinned(Some((7, bound("o"))), |_| None), Some((7, 0)));
+        assert_eq!(pinned(Some((7, bound("o"))), |_| Some(42)), Some((7, 42)));
+        assert_eq!(pinned(None, |_| Some(42)), None);
+    }
+}
