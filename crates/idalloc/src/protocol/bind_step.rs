@@ -44,6 +44,8 @@ pub enum FullCheck {
     Usage,
     /// One read of the key record ([`Action::ReadKeyRecord`]), skipped once a txn of this loop has
     /// read it back: the batched bind, which must not list the pool once per key.
+    // Until the batched driver runs on `BindLoop` (it has this rule in its own loop today).
+    #[allow(dead_code)]
     KeyRecord,
 }
 
