@@ -16,9 +16,7 @@
 
 mod bind_step;
 
-pub use bind_step::{
-    pinned, Action, BindLoop, Failure, FullCheck, Hints, Input, MAX_BIND_ATTEMPTS,
-};
+pub use bind_step::{Action, BindLoop, Failure, FullCheck, Hints, Input, Step, MAX_BIND_ATTEMPTS};
 
 use crate::error::Error;
 use crate::layout::{IdRecord, Layout};

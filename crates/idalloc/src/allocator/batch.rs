@@ -1,10 +1,11 @@
 //! Batched acquire and release (issue 14): many keys per round trip.
 //!
-//! Each round decides one plan per pending key exactly as the single-key loops do (the same
-//! [`decide`], candidate pick, [`BindPlan::txn_fenced`] / [`ReleasePlan::txn`] with the same
-//! fences), packs the plans as nested txns ([`crate::batch`]) and sends the batches. A key whose
-//! compares failed learns from its own read-back and goes into the next round with a fresh
-//! decision; the others are done. Every key gets at most as many attempts as a lone bind
+//! Each round decides one plan per pending key exactly as the single-key loops do (each key's bind
+//! decisions are its own [`BindLoop`], as in `Inner::bind`, with lenient hints and the key-record
+//! check of a full view; the same candidate pick, [`BindPlan::txn_fenced`] / [`ReleasePlan::txn`]
+//! with the same fences), packs the plans as nested txns ([`crate::batch`]) and sends the batches.
+//! A key whose compares failed learns from its own read-back and goes into the next round with a
+//! fresh decision; the others are done. Every key gets at most as many attempts as a lone bind
 //! ([`MAX_BIND_ATTEMPTS`]), and the results come back per key in input order.
 //!
 //! Releases share one thing between keys: the holder's fence record. etcd refuses a key written
@@ -22,7 +23,7 @@ use std::sync::Arc;
 
 use tracing::{debug, warn};
 
-use super::bind::{check_key_record, Hints, MAX_BIND_ATTEMPTS};
+use super::bind::{Hints, MAX_BIND_ATTEMPTS};
 use super::handle::Pool;
 use super::pool_state::{lock, Held, KeyGuard, PoolState};
 use super::registry::{protocol_error, Inner};
@@ -30,10 +31,10 @@ use super::repair_queue::Repair;
 use super::types::{Acquired, Released};
 use crate::batch::{self, Frame, MAX_BATCH_KEYS};
 use crate::error::{Error, Result};
-use crate::layout::IdRecord;
 use crate::pool::{validate_holder, validate_key};
 use crate::protocol::{
-    decide, spec_compare, BindOutcome, BindPlan, Decision, LastRelease, RefTarget, ReleasePlan,
+    spec_compare, Action, BindLoop, BindOutcome, BindPlan, Failure, FullCheck, Input, LastRelease,
+    RefTarget, ReleasePlan, Step,
 };
 use crate::store::{OpResponse, StoreError, TxnOp, TxnRequest};
 
@@ -41,15 +42,9 @@ use crate::store::{OpResponse, StoreError, TxnOp, TxnRequest};
 /// taken in sorted order, so concurrent batches and single calls never deadlock).
 const CHUNK: usize = 2048;
 
-/// One key of a bind round.
+/// One key of a bind round: its loop's decisions ([`BindLoop`]) and, once settled, its result.
 struct BindSlot<'a> {
-    key: &'a str,
-    preferred: Option<u64>,
-    key_rec: Option<u64>,
-    key_rec_read: bool,
-    /// ID records read from the store, with their mod revisions (0: absent).
-    observed: HashMap<u64, (Option<IdRecord>, crate::store::Revision)>,
-    lost: u32,
+    bl: BindLoop<'a>,
     result: Option<Result<Acquired>>,
 }
 
@@ -85,82 +80,91 @@ impl Inner {
             let cache = pool.lock_cache();
             keys.iter()
                 .map(|&(key, preferred)| BindSlot {
-                    key,
-                    preferred,
-                    key_rec: cache.get(key),
-                    key_rec_read: false,
-                    observed: HashMap::new(),
-                    lost: 0,
+                    bl: BindLoop::new(
+                        &pool.spec,
+                        key,
+                        cache.get(key),
+                        preferred,
+                        hints,
+                        FullCheck::KeyRecord,
+                    ),
                     result: None,
                 })
                 .collect()
         };
+        // Applies what a step tells the cache.
+        let learn = |step: &Step| {
+            if let Some((id, used)) = step.learn {
+                pool.lock_cache().learn(id, used);
+            }
+        };
+        // A sent plan that was not applied: its loop frees a claimed candidate (`retry`: the key
+        // goes into the next round; otherwise the caller settles its result).
+        let not_applied = |s: &mut BindSlot<'_>, retry: bool| {
+            learn(&s.bl.next(Input::NotApplied { retry }, |_| None));
+        };
         let mut gone: Option<Error> = None;
         for round in 0..MAX_BIND_ATTEMPTS {
-            // (slot, plan, the ID was a picked candidate)
-            let mut plans: Vec<(usize, BindPlan, bool)> = Vec::new();
+            // (slot, plan)
+            let mut plans: Vec<(usize, BindPlan)> = Vec::new();
             // IDs that keys still to bind prefer: a normal pick passes over them, or two keys of
             // one txn tree would race for one ID and the loser would cost another round trip (a
             // restored checkpoint took three instead of one when a moved key picked another
             // key's old ID).
-            let preferred: HashSet<u64> =
-                slots.iter().filter(|s| s.result.is_none()).filter_map(|s| s.preferred).collect();
+            let preferred: HashSet<u64> = slots
+                .iter()
+                .filter(|s| s.result.is_none())
+                .filter_map(|s| s.bl.preferred())
+                .collect();
             let mut passed_over: Vec<u64> = Vec::new();
             for (i, s) in slots.iter_mut().enumerate() {
                 if s.result.is_some() {
                     continue;
                 }
-                let decision = {
-                    let cache = pool.lock_cache();
-                    let (key, key_rec) = (s.key, s.key_rec);
-                    decide(
-                        key,
-                        s.key_rec,
-                        |id| match s.observed.get(&id) {
-                            Some((rec, _)) => Some(rec.clone()),
-                            // As in `bind`: only a record read from the store proves that the
-                            // ID the key record points at is another key's (that moves the key).
-                            // Without a key record the only ID asked about is the preferred one,
-                            // and a cache showing it taken just means a normal pick instead of a
-                            // txn that would fail: skipping a hint is always safe.
-                            None => match cache.record(id) {
-                                Some(rec)
-                                    if rec.key() == key
-                                        || (key_rec.is_none() && hints == Hints::Lenient) =>
-                                {
-                                    Some(Some(rec))
-                                }
-                                _ => None,
-                            },
+                // Run the key's loop until it sends a plan (packed below), settles, or waits for
+                // the next round.
+                let mut input = Input::Resume;
+                loop {
+                    let step = s.bl.next(input, |id| pool.lock_cache().record(id));
+                    learn(&step);
+                    input = match step.action {
+                        Action::Pick { lost } => Input::Picked(
+                            self.pick_avoiding(pool, lost, &preferred, &mut passed_over).ok(),
+                        ),
+                        Action::ReadKeyRecord => match self.read_key_record(pool, s.bl.key()).await
+                        {
+                            Ok(rec) => Input::KeyRecord(rec),
+                            Err(e) => {
+                                s.result = Some(Err(e));
+                                break;
+                            }
                         },
-                        s.preferred,
-                    )
-                };
-                match decision {
-                    Decision::Send(plan) => plans.push((i, plan, false)),
-                    Decision::NeedCandidate { expect_key, moved_from } => {
-                        let moved_from = crate::protocol::pinned(moved_from, |id| {
-                            s.observed.get(&id).map(|o| o.1)
-                        });
-                        match self.pick_avoiding(pool, s.lost, &preferred, &mut passed_over) {
-                            Ok(id) => plans.push((
-                                i,
-                                BindPlan { expect_key, id, expect_id: None, moved_from },
-                                true,
-                            )),
-                            Err(exhausted) if s.key_rec_read => s.result = Some(Err(exhausted)),
-                            Err(exhausted) => match self.read_key_record(pool, s.key).await {
-                                Err(e) => s.result = Some(Err(e)),
-                                Ok(rec) => {
-                                    s.key_rec = rec;
-                                    s.key_rec_read = true;
-                                    if rec.is_none() && s.preferred.is_none() {
-                                        s.result = Some(Err(exhausted));
-                                    }
+                        Action::ReadUsage => {
+                            match self.read_key_and_usage(pool, s.bl.key()).await {
+                                Ok((key_rec, used, revision)) => {
+                                    Input::Usage { key_rec, used, revision }
                                 }
-                            },
+                                Err(e) => {
+                                    s.result = Some(Err(e));
+                                    break;
+                                }
+                            }
                         }
-                    }
+                        Action::Send(plan) => {
+                            plans.push((i, plan));
+                            break;
+                        }
+                        // Decide again in the next round (the round waits for the watch once).
+                        Action::Wait(_) => break,
+                        Action::Done { id, new } => {
+                            s.result = Some(Ok(Acquired { id, new }));
+                            break;
+                        }
+                        Action::Fail(f) => {
+                            s.result = Some(Err(self.bind_failure(pool, s.bl.key(), f).await));
+                            break;
+                        }
+                    };
                 }
             }
             if !passed_over.is_empty() {
@@ -176,20 +180,13 @@ impl Inner {
                 }
                 continue;
             }
-            let unclaim = |plans: &[(usize, BindPlan, bool)], which: &[usize]| {
-                let mut cache = pool.lock_cache();
-                for &j in which {
-                    if plans[j].2 {
-                        cache.learn(plans[j].1.id, false);
-                    }
-                }
-            };
             let lease = if leased {
                 match self.session_lease().await {
                     Ok(l) => l,
                     Err(e) => {
-                        let all: Vec<usize> = (0..plans.len()).collect();
-                        unclaim(&plans, &all);
+                        for (i, _) in &plans {
+                            not_applied(&mut slots[*i], false);
+                        }
                         gone = Some(e);
                         break;
                     }
@@ -201,8 +198,8 @@ impl Inner {
             let fences = self.fences(pool);
             let txns: Vec<TxnRequest> = plans
                 .iter()
-                .map(|(i, plan, _)| {
-                    plan.txn_fenced(&self.layout, name, slots[*i].key, Some(target), fences)
+                .map(|(i, plan)| {
+                    plan.txn_fenced(&self.layout, name, slots[*i].bl.key(), Some(target), fences)
                 })
                 .collect();
             let frame = Frame::default();
@@ -217,76 +214,71 @@ impl Inner {
                 if doubt && leased {
                     let mut d = lock(&pool.doubt);
                     for &j in g {
-                        d.insert(slots[plans[j].0].key.to_string());
+                        d.insert(slots[plans[j].0].bl.key().to_string());
                     }
                 }
-                let resp = match result {
-                    Ok(r) => r,
-                    Err(StoreError::LeaseNotFound(l)) if leased => {
-                        unclaim(&plans, g);
-                        self.session_lost(l).await;
-                        continue;
-                    }
-                    Err(e) => {
-                        unclaim(&plans, g);
-                        let e: Error = e.into();
-                        for &j in g {
-                            slots[plans[j].0].result = Some(Err(e.clone()));
-                        }
-                        continue;
-                    }
-                };
-                let parts = match batch::split(resp, &frame, g.len()) {
-                    Ok(Ok(parts)) => parts,
-                    Ok(Err(_)) | Err(_) => {
-                        unclaim(&plans, g);
-                        let e = Error::unavailable_for_good(format!(
+                let failed = match result {
+                    Ok(resp) => match batch::split(resp, &frame, g.len()) {
+                        Ok(Ok(parts)) => Ok(parts),
+                        Ok(Err(_)) | Err(_) => Err(Some(Error::unavailable_for_good(format!(
                             "pool {name:?}: a batch answer had an unexpected shape"
-                        ));
+                        )))),
+                    },
+                    Err(StoreError::LeaseNotFound(l)) if leased => {
+                        self.session_lost(l).await;
+                        Err(None)
+                    }
+                    Err(e) => Err(Some(e.into())),
+                };
+                let parts = match failed {
+                    Ok(parts) => parts,
+                    // The group was not applied: retried in the next round (`None`: the session
+                    // was renewed) or settled with the error.
+                    Err(e) => {
                         for &j in g {
-                            slots[plans[j].0].result = Some(Err(e.clone()));
+                            let s = &mut slots[plans[j].0];
+                            not_applied(s, e.is_none());
+                            if let Some(e) = &e {
+                                s.result = Some(Err(e.clone()));
+                            }
                         }
                         continue;
                     }
                 };
                 for (&j, part) in g.iter().zip(parts) {
-                    let (i, plan, claimed) = &plans[j];
+                    let (i, plan) = &plans[j];
                     let s = &mut slots[*i];
-                    match plan.outcome_fenced(&part, fences) {
+                    let outcome = match plan.outcome_fenced(&part, fences) {
+                        Ok(outcome) => outcome,
                         Err(pe) => {
-                            unclaim(&plans, &[j]);
+                            not_applied(s, false);
                             s.result = Some(Err(protocol_error(pe)));
+                            continue;
                         }
-                        Ok(BindOutcome::PoolGone { spec_now }) => {
-                            unclaim(&plans, &[j]);
+                    };
+                    if let BindOutcome::Observed(obs) = &outcome {
+                        debug!(pool = %name, key = s.bl.key(), ?obs, round, "batched bind compare failed; deciding again");
+                    }
+                    let step = s.bl.next(Input::Answer(outcome), |_| None);
+                    learn(&step);
+                    match step.action {
+                        Action::Done { id, new } => s.result = Some(Ok(Acquired { id, new })),
+                        Action::Wait(revision) => newest = newest.max(revision),
+                        Action::Fail(Failure::PoolGone { spec_now }) => {
                             if gone.is_none() {
                                 gone = Some(self.pool_gone(pool, spec_now));
                             }
                         }
-                        Ok(BindOutcome::Bound { id, .. }) => {
-                            pool.lock_cache().learn(id, true);
-                            s.result = Some(Ok(Acquired { id, new: plan.creates_binding() }));
+                        // A stale handle (its pool re-created over another range) retires
+                        // instead of blaming the key record (`bind_failure` checks).
+                        Action::Fail(f) => {
+                            s.result = Some(Err(self.bind_failure(pool, s.bl.key(), f).await))
                         }
-                        Ok(BindOutcome::Observed(obs)) => {
-                            debug!(pool = %name, key = s.key, ?obs, round, "batched bind compare failed; deciding again");
-                            pool.lock_cache().learn(obs.id, obs.id_rec.is_some());
-                            if *claimed && obs.id_rec.is_some() {
-                                s.lost += 1;
-                            }
-                            newest = newest.max(obs.records_revision);
-                            s.observed.insert(obs.id, (obs.id_rec, obs.records_revision));
-                            if let Some((from, rec, rev)) = obs.moved_from {
-                                s.observed.insert(from, (rec, rev));
-                            }
-                            s.key_rec = obs.key_rec;
-                            s.key_rec_read = true;
-                            if let Some(x) = s.key_rec {
-                                // A stale handle (its pool re-created over another
-                                // range) retires instead of blaming the record.
-                                if let Err(e) = check_key_record(pool, s.key, x) {
-                                    s.result = Some(Err(self.unless_pool_gone(pool, e).await));
-                                }
-                            }
+                        other => {
+                            s.result = Some(Err(Error::unavailable_for_good(format!(
+                            "the bind of key {:?} in pool {name:?} answered a txn with {other:?}",
+                            s.bl.key()
+                        ))))
                         }
                     }
                 }
@@ -301,10 +293,10 @@ impl Inner {
             .map(|s| match s.result {
                 Some(r) => r,
                 None => Err(gone.clone().unwrap_or_else(|| {
-                    warn!(pool = %name, key = s.key, "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
+                    warn!(pool = %name, key = s.bl.key(), "gave up binding after {MAX_BIND_ATTEMPTS} contended attempts");
                     Error::unavailable(format!(
                             "key {:?} in pool {name:?} stayed contended for {MAX_BIND_ATTEMPTS} attempts",
-                            s.key
+                            s.bl.key()
                         ))
                 })),
             })

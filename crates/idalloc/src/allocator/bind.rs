@@ -51,7 +51,7 @@ fn key_record_value(pool: &PoolState, key: &str, value: Option<&[u8]>) -> Result
 }
 
 /// Refuses a key record naming an ID the pool never hands out (see [`protocol::id_is_allocatable`]).
-pub(super) fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
+fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
     if protocol::id_is_allocatable(&pool.spec, id) {
         return Ok(());
     }
@@ -242,7 +242,7 @@ impl Inner {
     /// The key's record and the number of ID records of the pool that count as used (see below),
     /// with the revision they were read at (one round trip, two for a full pool; the exhausted
     /// path's confirmation).
-    async fn read_key_and_usage(
+    pub(super) async fn read_key_and_usage(
         &self,
         pool: &PoolState,
         key: &str,

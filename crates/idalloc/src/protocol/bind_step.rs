@@ -44,8 +44,6 @@ pub enum FullCheck {
     Usage,
     /// One read of the key record ([`Action::ReadKeyRecord`]), skipped once a txn of this loop has
     /// read it back: the batched bind, which must not list the pool once per key.
-    // Until the batched driver runs on `BindLoop` (it has this rule in its own loop today).
-    #[allow(dead_code)]
     KeyRecord,
 }
 
@@ -188,6 +186,11 @@ impl<'a> BindLoop<'a> {
     /// The key this loop binds.
     pub fn key(&self) -> &'a str {
         self.key
+    }
+
+    /// The ID to keep if at all possible (a batch's other keys pass over it).
+    pub fn preferred(&self) -> Option<u64> {
+        self.preferred
     }
 
     /// Decisions made so far (for logs).
@@ -360,7 +363,7 @@ impl<'a> BindLoop<'a> {
 /// from the store (`revision_of`). `decide` only asks to move a key off an ID whose record was
 /// read (a cached record never proves another key's claim), so the revision is known; if it were
 /// not, 0 ("absent") makes the txn fail and read the record back rather than move blindly.
-pub fn pinned(
+fn pinned(
     moved_from: Option<(u64, IdRecord)>,
     revision_of: impl Fn(u64) -> Option<Revision>,
 ) -> Option<(u64, Revision)> {
