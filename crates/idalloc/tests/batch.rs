@@ -262,46 +262,85 @@ async fn pool_deleted_mid_batch_stops_the_rest(backend: Backend) {
     assert!(matches!(a.pool("p").await, Err(Error::PoolNotFound { .. })));
 }
 
-/// Restart restoration (docs/batching.md): a process checkpoints `held()`, dies, its bindings are
-/// reclaimed, and the restarted process re-acquires every key in one batched pass with its old ID
-/// as the hint: the same IDs where still free, a normal pick where another key took the ID.
-async fn restart_restores_held_keys_with_their_ids_in_one_pass(backend: Backend) {
-    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
-    let raw: Arc<dyn Store> = store;
-    let spec = PoolSpec::new("p", 1, 1000);
-    let before = alloc(raw.clone(), &l, "node");
-    let p = before.ensure_pool(&spec).await.expect("pool");
-    let ks = keys("ep-", 20);
+/// A restart of docs/batching.md, up to the restore: process "node" acquires `n` keys of a pool
+/// with `spec` and checkpoints `held()`, dies (its references go with its session), "other"
+/// sweeps the bindings, a key "intruder" takes the old ID of checkpoint entry `moved` (a free ID
+/// now), and "node" restarts on a counting store and syncs until it sees the intruder.
+struct Restarted {
+    checkpoint: Vec<(String, u64)>,
+    /// The old ID the intruder took.
+    taken: u64,
+    counted: Arc<CountingStore<Arc<dyn Store>>>,
+    /// The restarted "node" and its pool.
+    after: Allocator,
+    p: idalloc::Pool,
+    other: Allocator,
+}
+
+async fn restart_with_one_id_taken(
+    raw: &Arc<dyn Store>,
+    l: &Layout,
+    spec: &PoolSpec,
+    n: usize,
+    moved: usize,
+) -> Restarted {
+    let before = alloc(raw.clone(), l, "node");
+    let p = before.ensure_pool(spec).await.expect("pool");
+    let ks = keys("ep-", n);
     assert!(p.acquire_many(&ks).await.iter().all(Result::is_ok));
     let checkpoint: Vec<(String, u64)> =
         p.held().into_iter().map(|(k, id, _count)| (k, id)).collect();
-    assert_eq!(checkpoint.len(), 20);
     before.close().await.expect("close"); // references gone with the session
-    let other = alloc(raw.clone(), &l, "other");
+    let other = alloc(raw.clone(), l, "other");
     let po = other.pool("p").await.expect("pool");
-    assert_eq!(po.sweep().await.expect("sweep").reclaimed.len(), 20, "bindings reclaimed");
-    // Meanwhile another key takes ep-3's old ID (its hint: the ID is free now).
-    let taken = checkpoint[3].1;
+    assert_eq!(po.sweep().await.expect("sweep").reclaimed.len(), n, "bindings reclaimed");
+    // Meanwhile another key takes the moved key's old ID (its hint: the ID is free now).
+    let taken = checkpoint[moved].1;
     // (A hint the cache still shows taken is skipped, so wait until it sees the sweep.)
     wait_until(|| po.key_of(taken).is_none()).await;
     assert_eq!(po.acquire_with_hint("intruder", taken).await.expect("intruder").id, taken);
 
     let counted = Arc::new(CountingStore::new(raw.clone()));
-    let after = alloc(counted.clone(), &l, "node");
+    let after = alloc(counted.clone(), l, "node");
     let p = after.pool("p").await.expect("pool");
     p.wait_synced().await.expect("synced");
     wait_until(|| p.get("intruder") == Some(taken)).await;
+    Restarted { checkpoint, taken, counted, after, p, other }
+}
+
+impl Restarted {
+    /// Re-acquires every checkpointed key with its old ID as the hint: one batch, one round trip.
+    async fn restore(&self) -> Vec<Result<idalloc::Acquired, Error>> {
+        self.counted.reset();
+        let hints: Vec<(&str, Option<u64>)> =
+            self.checkpoint.iter().map(|(k, id)| (k.as_str(), Some(*id))).collect();
+        let got = self.p.acquire_many_with_hints(&hints).await;
+        let n = self.checkpoint.len();
+        assert_eq!(self.counted.counts().total(), 1, "{n} keys restored in one round trip");
+        got
+    }
+
+    async fn close(self) {
+        self.after.close().await.expect("close");
+        self.other.close().await.expect("close");
+    }
+}
+
+/// Restart restoration (docs/batching.md): a process checkpoints `held()`, dies, its bindings are
+/// reclaimed, and the restarted process re-acquires every key in one batched pass with its old ID
+/// as the hint: the same IDs where still free, a normal pick where another key took the ID.
+async fn restart_restores_held_keys_with_their_ids_in_one_pass(backend: Backend) {
+    let Some(Env { store: raw, layout: l, _guard }) = env(backend).await else { return };
+    let r = restart_with_one_id_taken(&raw, &l, &PoolSpec::new("p", 1, 1000), 20, 3).await;
+    let (checkpoint, taken) = (&r.checkpoint, r.taken);
+    assert_eq!(checkpoint.len(), 20);
     // The session lease, on an ID of no checkpointed key (a random pick could take one).
     let spare = (1..=1000).find(|i| checkpoint.iter().all(|(_, id)| id != i) && *i != taken);
     let spare = spare.expect("a spare ID");
-    assert_eq!(p.acquire_with_hint("warm", spare).await.expect("warm").id, spare);
-    counted.reset();
-    let hints: Vec<(&str, Option<u64>)> =
-        checkpoint.iter().map(|(k, id)| (k.as_str(), Some(*id))).collect();
-    let got = p.acquire_many_with_hints(&hints).await;
-    assert_eq!(counted.counts().total(), 1, "20 keys restored in one round trip");
-    for (i, ((k, old), r)) in checkpoint.iter().zip(&got).enumerate() {
-        let a = r.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
+    assert_eq!(r.p.acquire_with_hint("warm", spare).await.expect("warm").id, spare);
+    let got = r.restore().await;
+    for (i, ((k, old), res)) in checkpoint.iter().zip(&got).enumerate() {
+        let a = res.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
         if i == 3 {
             assert_ne!(a.id, *old, "{k}: its old ID belongs to another key now");
         } else {
@@ -310,11 +349,10 @@ async fn restart_restores_held_keys_with_their_ids_in_one_pass(backend: Backend)
         assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(a.id));
     }
     // A hint outside the pool is ignored, not written.
-    let outside = p.acquire_with_hint("far", 5000).await.expect("far").id;
+    let outside = r.p.acquire_with_hint("far", 5000).await.expect("far").id;
     assert!((1..=1000).contains(&outside));
     check_g1_in(&*raw, &l, "p").await;
-    after.close().await.expect("close");
-    other.close().await.expect("close");
+    r.close().await;
 }
 
 /// Restoring a checkpoint where one key's old ID went to another key: that key gets a normal
@@ -322,41 +360,19 @@ async fn restart_restores_held_keys_with_their_ids_in_one_pass(backend: Backend)
 /// loser would cost more round trips). With the lowest-free strategy the old code picked exactly
 /// such an ID every time; the random strategy did it now and then (a flaky restore test).
 async fn a_moved_key_passes_over_the_other_keys_preferred_ids(backend: Backend) {
-    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
-    let raw: Arc<dyn Store> = store;
+    let Some(Env { store: raw, layout: l, _guard }) = env(backend).await else { return };
     let spec = PoolSpec::new("p", 1, 1000).strategy(Strategy::Lowest);
-    let before = alloc(raw.clone(), &l, "node");
-    let p = before.ensure_pool(&spec).await.expect("pool");
-    let ks = keys("ep-", 10);
-    assert!(p.acquire_many(&ks).await.iter().all(Result::is_ok));
-    let checkpoint: Vec<(String, u64)> =
-        p.held().into_iter().map(|(k, id, _count)| (k, id)).collect();
-    let mut old: Vec<u64> = checkpoint.iter().map(|(_, id)| *id).collect();
+    // Another key takes the old ID of the checkpoint's last key.
+    let r = restart_with_one_id_taken(&raw, &l, &spec, 10, 9).await;
+    let mut old: Vec<u64> = r.checkpoint.iter().map(|(_, id)| *id).collect();
     old.sort();
     assert_eq!(old, (1..=10).collect::<Vec<u64>>(), "lowest-free picks");
-    before.close().await.expect("close");
-    let other = alloc(raw.clone(), &l, "other");
-    let po = other.pool("p").await.expect("pool");
-    assert_eq!(po.sweep().await.expect("sweep").reclaimed.len(), 10);
-    // Another key takes the old ID of the checkpoint's last key.
-    let (moved, taken) = checkpoint[9].clone();
-    wait_until(|| po.key_of(taken).is_none()).await;
-    assert_eq!(po.acquire_with_hint("intruder", taken).await.expect("intruder").id, taken);
-
-    let counted = Arc::new(CountingStore::new(raw.clone()));
-    let after = alloc(counted.clone(), &l, "node");
-    let p = after.pool("p").await.expect("pool");
-    p.wait_synced().await.expect("synced");
-    wait_until(|| p.get("intruder") == Some(taken)).await;
-    assert_eq!(p.acquire_with_hint("warm", 500).await.expect("session").id, 500);
-    counted.reset();
-    let hints: Vec<(&str, Option<u64>)> =
-        checkpoint.iter().map(|(k, id)| (k.as_str(), Some(*id))).collect();
-    let got = p.acquire_many_with_hints(&hints).await;
-    assert_eq!(counted.counts().total(), 1, "10 keys restored in one round trip");
-    for ((k, id), r) in checkpoint.iter().zip(&got) {
-        let a = r.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
-        if *k == moved {
+    let moved = &r.checkpoint[9].0;
+    assert_eq!(r.p.acquire_with_hint("warm", 500).await.expect("session").id, 500);
+    let got = r.restore().await;
+    for ((k, id), res) in r.checkpoint.iter().zip(&got) {
+        let a = res.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
+        if k == moved {
             // 1..=10 are the others' (or the intruder's): the lowest ID nobody prefers.
             assert_eq!(a.id, 11, "{k}");
         } else {
@@ -364,8 +380,7 @@ async fn a_moved_key_passes_over_the_other_keys_preferred_ids(backend: Backend) 
         }
     }
     check_g1_in(&*raw, &l, "p").await;
-    after.close().await.expect("close");
-    other.close().await.expect("close");
+    r.close().await;
 }
 
 /// Makes every txn take `0` before it reaches the store: a store with a round-trip time, so that
