@@ -12,9 +12,8 @@
 //! library with a remote view in this process, rendered by the same exporter.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -380,10 +379,10 @@ fn label_refs(t: &str) -> Vec<String> {
 
 // --- the serve process ----------------------------------------------------------------------------
 
-/// A running `idalloc serve` on a file store; SIGKILLed and reaped on drop.
+/// A running `idalloc serve` on a file store in its own directory (the testkit's launcher);
+/// SIGKILLed and reaped on drop.
 struct Serve {
-    child: Child,
-    base: String,
+    process: idalloc_testkit::serve::Serve,
     _dir: tempfile::TempDir,
 }
 
@@ -391,22 +390,12 @@ impl Serve {
     fn start() -> Serve {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = format!("file:{}", dir.path().join("ids.redb").display());
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idalloc"))
-            .args(["--store", &store, "serve", "--listen", "127.0.0.1:0"])
-            .args(["--sweep-interval", "1s"])
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("spawn idalloc serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout"))
-            .read_line(&mut line)
-            .expect("the listening line");
-        let addr =
-            line.trim().strip_prefix("listening on ").expect("listening on ADDR").to_string();
-        Serve { child, base: format!("http://{addr}"), _dir: dir }
+        let process = idalloc_testkit::serve::Serve::start(
+            env!("CARGO_BIN_EXE_idalloc"),
+            &["--store", &store],
+            &[],
+        );
+        Serve { process, _dir: dir }
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
@@ -415,7 +404,7 @@ impl Serve {
             .timeout_global(Some(Duration::from_secs(30)))
             .build()
             .into();
-        let url = format!("{}{path}", self.base);
+        let url = self.process.http(path);
         let r = match (method, body) {
             ("GET", _) => agent.get(&url).call(),
             ("DELETE", _) => agent.delete(&url).call(),
@@ -431,13 +420,6 @@ impl Serve {
         let (status, text) = self.call(method, path, body);
         assert!((200..300).contains(&status), "{method} {path}: {status} {text}");
         serde_json::from_str(&text).unwrap_or(Value::Null)
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

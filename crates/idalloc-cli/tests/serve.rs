@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use idalloc_testkit::serve::Serve;
 use serde_json::{json, Value};
 
 fn bin() -> &'static str {
@@ -22,73 +23,9 @@ fn unique_prefix() -> String {
     p.trim_matches('/').replace('/', "-")
 }
 
-/// A running `idalloc serve`. Killed (SIGKILL) and reaped on drop unless stopped before.
-struct Serve {
-    child: Child,
-    base: String,
-}
-
-impl Serve {
-    fn start(store: &str, prefix: &str, extra: &[&str]) -> Serve {
-        let mut cmd = Command::new(bin());
-        cmd.args(["--store", store, "--prefix", prefix, "--timeout", "3s", "serve"])
-            .args(["--listen", "127.0.0.1:0", "--sweep-interval", "1s"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        let mut child = cmd.spawn().expect("spawn idalloc serve");
-        let stdout = child.stdout.take().expect("stdout");
-        let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read the listening line");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        assert!(addr.starts_with("127.0.0.1:"), "{addr}");
-        Serve { child, base: format!("http://{addr}") }
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    /// SIGTERM, then waits for the exit (bounded); returns the exit code.
-    fn terminate(&mut self) -> Option<i32> {
-        let ok = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -TERM failed");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(st) = self.child.try_wait().expect("wait") {
-                return st.code();
-            }
-            assert!(Instant::now() < deadline, "serve did not exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            self.kill9();
-        }
-    }
+/// `idalloc --store STORE --prefix PREFIX --timeout 3s serve … EXTRA`, by the testkit's launcher.
+fn start_serve(store: &str, prefix: &str, extra: &[&str]) -> Serve {
+    Serve::start(bin(), &["--store", store, "--prefix", prefix, "--timeout", "3s"], extra)
 }
 
 fn agent() -> ureq::Agent {
@@ -126,7 +63,7 @@ fn send(method: &str, url: &str, body: Option<&str>) -> Resp {
 }
 
 fn get(s: &Serve, path: &str) -> Resp {
-    send("GET", &s.url(path), None)
+    send("GET", &s.http(path), None)
 }
 
 /// GETs `path` until `done` holds for the answer (at most 5 s; a cached read follows the watch).
@@ -142,7 +79,7 @@ fn get_until(s: &Serve, path: &str, done: impl Fn(&Resp) -> bool) -> Resp {
 }
 
 fn post(s: &Serve, path: &str, body: Value) -> Resp {
-    send("POST", &s.url(path), Some(&body.to_string()))
+    send("POST", &s.http(path), Some(&body.to_string()))
 }
 
 impl Resp {
@@ -185,7 +122,7 @@ fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
 /// client that insists on sending the whole body sees the connection closed under it.
 fn oversized_post(s: &Serve, path: &str, len: usize) -> (u16, String) {
     use std::io::Write;
-    let addr = s.base.trim_start_matches("http://");
+    let addr = s.addr();
     let mut c = std::net::TcpStream::connect(addr).expect("connect");
     c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
     let head = format!(
@@ -298,12 +235,15 @@ fn every_endpoint(s: &Serve) {
     let b = get(s, "/v1/pools/vni/bindings").ok();
     let s1b = b["bindings"].as_array().unwrap().iter().find(|x| x["key"] == "s1").cloned().unwrap();
     assert_eq!(s1b["holders"], json!([holder]));
-    assert_eq!(send("PUT", &s.url(&format!("/v1/sessions/{sid}/keepalive")), None).ok()["ttl"], 30);
+    assert_eq!(
+        send("PUT", &s.http(&format!("/v1/sessions/{sid}/keepalive")), None).ok()["ttl"],
+        30
+    );
     let r = post(s, "/v1/pools/vni/release", json!({"key": "s1", "session": sid})).ok();
     assert_eq!((r["held"].as_bool(), r["reclaimed"].as_bool()), (Some(true), Some(true)));
     post(s, "/v1/pools/vni/acquire", json!({"key": "s2", "session": sid})).ok();
-    send("DELETE", &s.url(&format!("/v1/sessions/{sid}")), None).ok();
-    send("PUT", &s.url(&format!("/v1/sessions/{sid}/keepalive")), None)
+    send("DELETE", &s.http(&format!("/v1/sessions/{sid}")), None).ok();
+    send("PUT", &s.http(&format!("/v1/sessions/{sid}/keepalive")), None)
         .err(404, "session_not_found");
     post(s, "/v1/pools/vni/acquire", json!({"key": "s3", "session": sid}))
         .err(404, "session_not_found");
@@ -316,7 +256,7 @@ fn every_endpoint(s: &Serve) {
 
     // Bad input: each a JSON error, nothing written.
     let before = get(s, "/v1/pools/vni").ok()["bound"].clone();
-    let url = s.url("/v1/pools/vni/acquire");
+    let url = s.http("/v1/pools/vni/acquire");
     let m = send("POST", &url, Some("{\"key\": ")).err(400, "invalid_input");
     assert!(m.contains("JSON"), "{m}");
     let m = post(s, "/v1/pools/vni/acquire", json!({"key": "x", "holder": "h", "hodler": "h"}))
@@ -348,14 +288,14 @@ fn every_endpoint(s: &Serve) {
     post(s, "/v1/sessions", json!({"ttl": 10, "extra": 1})).err(400, "invalid_input");
     assert_eq!(get(s, "/v1/pools/vni").ok()["bound"], before, "bad input wrote nothing");
     get(s, "/v1/nothing").err(404, "not_found");
-    send("PUT", &s.url("/v1/pools"), None).err(405, "method_not_allowed");
+    send("PUT", &s.http("/v1/pools"), None).err(405, "method_not_allowed");
 
     // Delete: refused while records exist, then forced; then gone.
     // The pool's records stand in the way, not the request: 409 (typed Input::PoolInUse).
-    let m = send("DELETE", &s.url("/v1/pools/tiny"), None).err(409, "invalid_input");
+    let m = send("DELETE", &s.http("/v1/pools/tiny"), None).err(409, "invalid_input");
     assert!(m.contains("force"), "{m}");
-    assert_eq!(send("DELETE", &s.url("/v1/pools/tiny?force=true"), None).ok()["deleted"], true);
-    send("DELETE", &s.url("/v1/pools/tiny"), None).err(404, "pool_not_found");
+    assert_eq!(send("DELETE", &s.http("/v1/pools/tiny?force=true"), None).ok()["deleted"], true);
+    send("DELETE", &s.http("/v1/pools/tiny"), None).err(404, "pool_not_found");
 
     // The OpenAPI document names every route.
     let doc = get(s, "/v1/openapi.json").ok();
@@ -379,7 +319,7 @@ fn every_endpoint(s: &Serve) {
 fn every_endpoint_on_the_file_store() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = format!("file:{}", dir.path().join("ids.redb").display());
-    let mut s = Serve::start(&store, "idalloc", &[]);
+    let mut s = start_serve(&store, "idalloc", &[]);
     every_endpoint(&s);
     assert_eq!(s.terminate(), Some(0));
 }
@@ -387,7 +327,7 @@ fn every_endpoint_on_the_file_store() {
 #[test]
 fn every_endpoint_on_etcd() {
     let Some((_rt, etcd)) = etcd() else { return };
-    let mut s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    let mut s = start_serve(&etcd.endpoint(), &unique_prefix(), &[]);
     every_endpoint(&s);
     assert_eq!(s.terminate(), Some(0));
 }
@@ -403,7 +343,7 @@ fn holders(s: &Serve, pool: &str, key: &str) -> Option<Vec<String>> {
 #[test]
 fn a_session_that_stops_renewing_loses_its_references_after_its_ttl() {
     let Some((_rt, etcd)) = etcd() else { return };
-    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    let s = start_serve(&etcd.endpoint(), &unique_prefix(), &[]);
     post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 1000})).ok();
     let sess = post(&s, "/v1/sessions", json!({"ttl": 2})).ok();
     let sid = sess["session"].as_str().unwrap().to_string();
@@ -417,7 +357,7 @@ fn a_session_that_stops_renewing_loses_its_references_after_its_ttl() {
     // The kept session renews for 3 x its TTL; the other does not renew at all.
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(6) {
-        send("PUT", &s.url(&format!("/v1/sessions/{kid}/keepalive")), None).ok();
+        send("PUT", &s.http(&format!("/v1/sessions/{kid}/keepalive")), None).ok();
         std::thread::sleep(Duration::from_millis(500));
     }
     assert!(
@@ -428,7 +368,7 @@ fn a_session_that_stops_renewing_loses_its_references_after_its_ttl() {
     wait_until("the dead session's reference and binding to go", Duration::from_secs(20), || {
         holders(&s, "p", "dies").is_none()
     });
-    send("PUT", &s.url(&format!("/v1/sessions/{sid}/keepalive")), None)
+    send("PUT", &s.http(&format!("/v1/sessions/{sid}/keepalive")), None)
         .err(404, "session_not_found");
     post(&s, "/v1/pools/p/acquire", json!({"key": "again", "session": sid}))
         .err(404, "session_not_found");
@@ -440,8 +380,8 @@ fn a_session_that_stops_renewing_loses_its_references_after_its_ttl() {
 fn kill_9_of_serve_lets_its_sessions_references_expire() {
     let Some((_rt, etcd)) = etcd() else { return };
     let prefix = unique_prefix();
-    let mut a = Serve::start(&etcd.endpoint(), &prefix, &[]);
-    let b = Serve::start(&etcd.endpoint(), &prefix, &[]);
+    let mut a = start_serve(&etcd.endpoint(), &prefix, &[]);
+    let b = start_serve(&etcd.endpoint(), &prefix, &[]);
     post(&a, "/v1/pools", json!({"name": "p", "min": 1, "max": 1000})).ok();
     let sid =
         post(&a, "/v1/sessions", json!({"ttl": 2})).ok()["session"].as_str().unwrap().to_string();
@@ -464,8 +404,8 @@ fn kill_9_of_serve_lets_its_sessions_references_expire() {
 fn two_instances_on_one_etcd_agree_on_every_id() {
     let Some((_rt, etcd)) = etcd() else { return };
     let prefix = unique_prefix();
-    let a = Serve::start(&etcd.endpoint(), &prefix, &[]);
-    let b = Serve::start(&etcd.endpoint(), &prefix, &[]);
+    let a = start_serve(&etcd.endpoint(), &prefix, &[]);
+    let b = start_serve(&etcd.endpoint(), &prefix, &[]);
     post(&a, "/v1/pools", json!({"name": "p", "min": 1, "max": 100000})).ok();
     let keys: Vec<String> = (0..60).map(|i| format!("key-{i}")).collect();
     // Both instances acquire the same keys at once, in opposite orders.
@@ -517,7 +457,7 @@ fn concurrent_clients_from_several_processes_agree() {
         return;
     }
     let Some((_rt, etcd)) = etcd() else { return };
-    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    let s = start_serve(&etcd.endpoint(), &unique_prefix(), &[]);
     post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 100000})).ok();
     let keys: Vec<String> = (0..30).map(|i| format!("shared-{i}")).collect();
     let children: Vec<Child> = (0..4)
@@ -525,7 +465,7 @@ fn concurrent_clients_from_several_processes_agree() {
             let mut ks = keys.clone();
             ks.rotate_left(i * 7);
             Command::new("python3")
-                .args(["-c", PY_CLIENT, &s.base, &format!("proc-{i}")])
+                .args(["-c", PY_CLIENT, &s.http(""), &format!("proc-{i}")])
                 .args(&ks)
                 .stdout(Stdio::piped())
                 .spawn()
@@ -606,7 +546,7 @@ fn metric(
 #[test]
 fn metrics_parse_and_move_with_operations() {
     let Some((_rt, etcd)) = etcd() else { return };
-    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    let s = start_serve(&etcd.endpoint(), &unique_prefix(), &[]);
     post(&s, "/v1/pools", json!({"name": "m", "min": 1, "max": 10})).ok();
     let before = parse_prometheus(&get(&s, "/metrics").text);
     let acq = [("operation", "acquire_durable"), ("outcome", "ok"), ("pool", "m")];
@@ -618,7 +558,7 @@ fn metrics_parse_and_move_with_operations() {
     }
     let sid =
         post(&s, "/v1/sessions", json!({"ttl": 5})).ok()["session"].as_str().unwrap().to_string();
-    send("PUT", &s.url(&format!("/v1/sessions/{sid}/keepalive")), None).ok();
+    send("PUT", &s.http(&format!("/v1/sessions/{sid}/keepalive")), None).ok();
     post(&s, "/v1/pools/m/acquire", json!({"key": "x", "holder": ""})).err(400, "invalid_input");
     wait_until("the pool gauge to show 3 bindings", Duration::from_secs(10), || {
         let m = parse_prometheus(&get(&s, "/metrics").text);
@@ -689,7 +629,7 @@ fn store_down_gives_503_and_not_ready_then_recovers_by_itself() {
     }
     let mut cluster = rt.block_on(idalloc_testkit::etcd::EtcdCluster::start(1)).expect("etcd");
     let endpoint = cluster.endpoints()[0].clone();
-    let s = Serve::start(&endpoint, "idalloc", &[]);
+    let s = start_serve(&endpoint, "idalloc", &[]);
     post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 100})).ok();
     post(&s, "/v1/pools/p/acquire", json!({"key": "before", "holder": "h"})).ok();
     assert_eq!(get(&s, "/readyz").status, 200);
@@ -714,12 +654,12 @@ fn store_down_gives_503_and_not_ready_then_recovers_by_itself() {
 #[test]
 fn watch_streams_replay_then_live_and_resumes_from_a_revision() {
     let Some((_rt, etcd)) = etcd() else { return };
-    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    let s = start_serve(&etcd.endpoint(), &unique_prefix(), &[]);
     post(&s, "/v1/pools", json!({"name": "w", "min": 1, "max": 100})).ok();
     let first = post(&s, "/v1/pools/w/acquire", json!({"key": "old", "holder": "h"})).ok()["id"]
         .as_u64()
         .unwrap();
-    let resp = agent().get(&s.url("/v1/pools/w/watch")).call().expect("watch");
+    let resp = agent().get(&s.http("/v1/pools/w/watch")).call().expect("watch");
     assert_eq!(resp.status().as_u16(), 200);
     let mut lines = BufReader::new(resp.into_body().into_reader()).lines();
     let mut next_event = move || -> (String, Option<i64>, Value) {
@@ -763,7 +703,7 @@ fn watch_streams_replay_then_live_and_resumes_from_a_revision() {
     );
     // Resume after the "new" upsert: the delete is replayed, and nothing before it.
     let mut resumed = agent()
-        .get(&s.url(&format!("/v1/pools/w/watch?from_revision={}", rev + 1)))
+        .get(&s.http(&format!("/v1/pools/w/watch?from_revision={}", rev + 1)))
         .call()
         .expect("resume");
     let mut buf = [0u8; 512];
@@ -781,12 +721,12 @@ fn watch_streams_replay_then_live_and_resumes_from_a_revision() {
 fn sigterm_ends_watches_exits_zero_and_refuses_new_connections() {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = format!("file:{}", dir.path().join("ids.redb").display());
-    let mut s = Serve::start(&store, "idalloc", &[]);
+    let mut s = start_serve(&store, "idalloc", &[]);
     post(&s, "/v1/pools", json!({"name": "p", "min": 1, "max": 10})).ok();
     let sid =
         post(&s, "/v1/sessions", json!({"ttl": 30})).ok()["session"].as_str().unwrap().to_string();
     post(&s, "/v1/pools/p/acquire", json!({"key": "kept", "session": sid})).ok();
-    let resp = agent().get(&s.url("/v1/pools/p/watch")).call().expect("watch");
+    let resp = agent().get(&s.http("/v1/pools/p/watch")).call().expect("watch");
     let reader = std::thread::spawn(move || {
         let mut all = String::new();
         let _ = resp.into_body().into_reader().read_to_string(&mut all);
@@ -796,11 +736,11 @@ fn sigterm_ends_watches_exits_zero_and_refuses_new_connections() {
     assert_eq!(s.terminate(), Some(0));
     let streamed = reader.join().expect("reader");
     assert!(streamed.contains("event: synced"), "{streamed}");
-    let err = agent().get(&s.url("/healthz")).call();
+    let err = agent().get(&s.http("/healthz")).call();
     assert!(err.is_err(), "no one listens after shutdown");
     // The session was not ended: its reference is still in the store (the file store keeps
     // leases across restarts; it expires after its TTL).
-    let s2 = Serve::start(&store, "idalloc", &[]);
+    let s2 = start_serve(&store, "idalloc", &[]);
     let h = holders(&s2, "p", "kept").expect("binding still there");
     assert_eq!(h.len(), 1);
 }
@@ -820,10 +760,10 @@ fn the_shipped_python_client_runs_against_serve() {
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let store = format!("file:{}", dir.path().join("ids.redb").display());
-    let s = Serve::start(&store, "idalloc", &[]);
+    let s = start_serve(&store, "idalloc", &[]);
     let out = Command::new("python3")
         .arg(&client)
-        .args(["--demo", &s.base])
+        .args(["--demo", &s.http("")])
         .output()
         .expect("run the python client");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -850,7 +790,7 @@ fn the_shipped_python_client_runs_against_serve() {
 #[test]
 fn bulk_requests_of_a_durable_holder_go_in_batched_txns() {
     let Some((_rt, etcd)) = etcd() else { return };
-    let s = Serve::start(&etcd.endpoint(), &unique_prefix(), &[]);
+    let s = start_serve(&etcd.endpoint(), &unique_prefix(), &[]);
     post(&s, "/v1/pools", json!({"name": "bulk", "min": 1, "max": 1000})).ok();
     let txns = || {
         let m = parse_prometheus(&get(&s, "/metrics").text);

@@ -7,13 +7,13 @@
 //! The store is `memory:` (authentication sits in front of the store; the store side of issue 11
 //! is tested in `cli_secure.rs` and `etcd_secure.rs`). Every process is stopped by its PID.
 
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdout, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use idalloc_testkit::secure::{CertFiles, TestPki};
+use idalloc_testkit::serve::Serve;
 use serde_json::{json, Value};
 use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig, TlsProvider};
 
@@ -21,79 +21,11 @@ fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_idalloc")
 }
 
-/// A running `idalloc serve` with its stderr in a file. Killed and reaped on drop.
-struct Serve {
-    child: Child,
-    addr: String,
-    stdout: BufReader<ChildStdout>,
-    stderr: PathBuf,
-}
-
-impl Serve {
-    fn start(dir: &Path, extra: &[&str]) -> Serve {
-        let stderr = dir.join(format!("serve-{}.stderr", now_ns()));
-        let err = std::fs::File::create(&stderr).expect("stderr file");
-        let mut child = Command::new(bin())
-            .args(["--store", "memory:", "--timeout", "3s", "serve"])
-            .args(["--listen", "127.0.0.1:0", "--sweep-interval", "1s"])
-            .args(extra)
-            .env("RUST_LOG", "debug")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(err)
-            .spawn()
-            .expect("spawn idalloc serve");
-        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("read the listening line");
-        let Some(addr) = line.trim().strip_prefix("listening on ") else {
-            let _ = child.kill();
-            let _ = child.wait();
-            let log = std::fs::read_to_string(&stderr).unwrap_or_default();
-            panic!("serve did not start: {line:?}; stderr:\n{log}");
-        };
-        assert!(addr.starts_with("127.0.0.1:"), "{addr}");
-        Serve { addr: addr.to_string(), child, stdout, stderr }
-    }
-
-    fn https(&self, path: &str) -> String {
-        format!("https://{}{path}", self.addr)
-    }
-
-    fn signal(&self, sig: &str) {
-        let ok = Command::new("kill")
-            .args([&format!("-{sig}"), &self.child.id().to_string()])
-            .status()
-            .expect("run kill")
-            .success();
-        assert!(ok, "kill -{sig} failed");
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.stderr).expect("read stderr")
-    }
-
-    /// SIGTERM, waits for the exit; returns everything the process wrote (stdout, stderr).
-    fn stop(mut self) -> (String, String) {
-        self.signal("TERM");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while self.child.try_wait().expect("wait").is_none() {
-            assert!(Instant::now() < deadline, "serve did not exit after SIGTERM");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let mut out = String::new();
-        let _ = self.stdout.read_to_string(&mut out);
-        (out, self.log())
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
+/// `idalloc --store memory: --timeout 3s serve … EXTRA` with its debug log in a file under
+/// `dir`, by the testkit's launcher.
+fn start_serve(dir: &Path, extra: &[&str]) -> Serve {
+    let log = dir.join(format!("serve-{}.stderr", now_ns()));
+    Serve::start_logged(bin(), &["--store", "memory:", "--timeout", "3s"], extra, log)
 }
 
 fn now_ns() -> u128 {
@@ -223,7 +155,7 @@ fn https_serves_refuses_plain_http_and_a_wrong_ca_and_rotates_its_certificate() 
     let key = dir.path().join("live.key");
     std::fs::copy(&pki.server.cert, &cert).expect("copy");
     std::fs::copy(&pki.server.key, &key).expect("copy");
-    let s = Serve::start(
+    let s = start_serve(
         dir.path(),
         &["--tls-cert", cert.to_str().expect("utf-8"), "--tls-key", key.to_str().expect("utf-8")],
     );
@@ -237,7 +169,7 @@ fn https_serves_refuses_plain_http_and_a_wrong_ca_and_rotates_its_certificate() 
         .expect_err("a client trusting another CA must not connect");
     assert!(e.to_lowercase().contains("certificate") || e.contains("UnknownIssuer"), "{e}");
     // Plain HTTP to the TLS port gets no HTTP answer.
-    let plain = call(&plain_agent(), "GET", &format!("http://{}/healthz", s.addr), None, None);
+    let plain = call(&plain_agent(), "GET", &s.http("/healthz"), None, None);
     assert!(plain.is_err(), "plain HTTP to the TLS port answered: {plain:?}");
 
     // Rotation on SIGHUP: a new certificate from a new CA, without restart.
@@ -278,7 +210,7 @@ fn mutual_tls_refuses_clients_without_a_certificate_of_the_client_ca() {
     let dir = tempfile::tempdir().expect("tempdir");
     let pki = TestPki::generate(dir.path()).expect("certificates");
     let path = |p: &Path| p.to_str().expect("utf-8").to_string();
-    let s = Serve::start(
+    let s = start_serve(
         dir.path(),
         &[
             "--tls-cert",
@@ -347,7 +279,7 @@ fn tokens_scope_every_endpoint_class_scope_holders_and_sessions_and_never_reach_
     let pki = TestPki::generate(dir.path()).expect("certificates");
     let (tokens_path, tk) = tokens_file(dir.path());
     let path = |p: &Path| p.to_str().expect("utf-8").to_string();
-    let s = Serve::start(
+    let s = start_serve(
         dir.path(),
         &[
             "--tls-cert",
@@ -573,7 +505,7 @@ fn the_python_client_speaks_https_with_a_token() {
     let pki = TestPki::generate(dir.path()).expect("certificates");
     let (tokens_path, tk) = tokens_file(dir.path());
     let path = |p: &Path| p.to_str().expect("utf-8").to_string();
-    let s = Serve::start(
+    let s = start_serve(
         dir.path(),
         &[
             "--tls-cert",

@@ -19,6 +19,7 @@
 //! - [`recorder`]: an in-memory `metrics` recorder, to check that the library's metrics move.
 //! - [`sabotage`]: rewrites the allocator's txns to break a guarantee on purpose, so the
 //!   simulation can show its checker notices.
+//! - [`serve`]: the ONE launcher of an `idalloc serve` process, for the CLI's HTTP tests.
 //!
 //! The library's integration tests, the CLI's tests, the chaos test and the bench harness depend
 //! on this crate; the library's own unit tests do not (a dev-dependency cycle would give them a
@@ -36,3 +37,4 @@ pub mod hooks;
 pub mod recorder;
 pub mod sabotage;
 pub mod secure;
+pub mod serve;

@@ -6,134 +6,38 @@
 //! and deterministic; etcd's leases expire in real time, which a paused clock cannot advance, so
 //! on etcd the same tests run in real time with short TTLs. Tests that need the clock to jump
 //! (reuse delays, idle grace, hours-long waits) cannot run on etcd: they stay embedded-only in
-//! `tests/allocator.rs`.
+//! `tests/allocator.rs`. The backends and the macro that runs a test on each come from
+//! `tests/common/backends.rs` (shared with `tests/batch.rs`).
 //! DESIGN §2 (G1–G4 on every backend), §5 (round-trip budgets), §7 (recovery).
 
 mod common;
 
-use std::any::Any;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::backends::{allocator_on, env, on_backends, Backend};
 use common::*;
 use idalloc::layout::{IdRecord, Layout};
-use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::{Store, TxnOp, TxnRequest};
-use idalloc::{Allocator, AllocatorOptions, Error, Event, PoolSpec, Strategy};
+use idalloc::{Allocator, Error, Event, PoolSpec, Strategy};
 use idalloc_testkit::counting::CountingStore;
-use idalloc_testkit::etcd::{connect_test_store, test_etcd_endpoint, unique_prefix};
 
 const TTL: Duration = Duration::from_secs(3);
 
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Memory,
-    File,
-    Etcd,
-    /// An etcd of its own with mutual TLS, user authentication with 2 s tokens, and a user whose
-    /// role covers only `idalloc-secure/` (issue 11, docs/security.md).
-    SecureEtcd,
-}
-
-struct Env {
-    store: Arc<dyn Store>,
-    layout: Layout,
-    /// What must outlive the store: the etcd server or the file's temp dir.
-    _guard: Box<dyn Any + Send>,
-}
-
-/// The backend's store and a prefix of the test's own, or `None` if the test is skipped (no
-/// etcd outside CI).
-async fn env(backend: Backend) -> Option<Env> {
-    match backend {
-        Backend::Memory => Some(Env {
-            store: Arc::new(EmbeddedStore::memory()),
-            layout: layout(),
-            _guard: Box::new(()),
-        }),
-        Backend::File => {
-            let dir = tempfile::tempdir().expect("temp dir");
-            let store =
-                EmbeddedStore::open(dir.path().join("store.redb"), EmbeddedOptions::default())
-                    .await
-                    .expect("open file store");
-            Some(Env { store: Arc::new(store), layout: layout(), _guard: Box::new(dir) })
-        }
-        Backend::Etcd => {
-            let etcd = test_etcd_endpoint().await?;
-            let store = connect_test_store(&etcd.endpoint()).await.expect("connect");
-            let prefix = String::from_utf8(unique_prefix()).expect("utf8");
-            let layout = Layout::new(prefix.trim_end_matches('/')).expect("prefix");
-            Some(Env { store: Arc::new(store), layout, _guard: Box::new(etcd) })
-        }
-        Backend::SecureEtcd => {
-            use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
-            if !idalloc_testkit::etcd::etcd_on_path() {
-                assert!(std::env::var("CI").map_or(true, |v| v != "true"), "no etcd under CI");
-                return None;
-            }
-            let spec = SecureSpec {
-                tls: true,
-                client_cert_auth: true,
-                auth: true,
-                auth_token_ttl: Some(2),
-            };
-            let etcd = SecureEtcd::start(spec).await.unwrap_or_else(|e| panic!("{e}"));
-            let opts = etcd.options(Some(SecureEtcd::user_auth()));
-            let store = idalloc::store::etcd::EtcdStore::connect(opts).await.expect("connect");
-            let layout = Layout::new(format!("{}alloc", SecureEtcd::PREFIX)).expect("prefix");
-            Some(Env { store: Arc::new(store), layout, _guard: Box::new(etcd) })
-        }
-    }
-}
-
-/// One `#[tokio::test]` per backend for each listed test, in modules `memory`, `file`, `etcd`.
-macro_rules! on_every_backend {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test(start_paused = true)]
-            async fn $name() {
-                super::$name(super::Backend::Memory).await
-            })*
-        }
-        mod file {
-            $(#[tokio::test(start_paused = true)]
-            async fn $name() {
-                super::$name(super::Backend::File).await
-            })*
-        }
-        mod etcd {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::Backend::Etcd).await
-            })*
-        }
-        mod secure_etcd {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::Backend::SecureEtcd).await
-            })*
-        }
-    };
-}
-
-on_every_backend!(
-    round_trip_budgets_are_exact,
-    cilium_and_contiv_behaviour,
-    many_allocators_overlapping_keys_agree,
-    lost_lease_lost_data_and_conflict,
-    crashed_process_is_reclaimed_after_its_ttl,
+on_backends!(
+    [Memory, File, Etcd, SecureEtcd],
+    [
+        round_trip_budgets_are_exact,
+        cilium_and_contiv_behaviour,
+        many_allocators_overlapping_keys_agree,
+        lost_lease_lost_data_and_conflict,
+        crashed_process_is_reclaimed_after_its_ttl,
+    ]
 );
 
 fn alloc(store: Arc<dyn Store>, l: &Layout, holder: &str) -> Allocator {
-    let opts = AllocatorOptions {
-        prefix: l.prefix().to_string(),
-        holder: Some(holder.to_string()),
-        session_ttl: TTL,
-        ..AllocatorOptions::default()
-    };
-    Allocator::from_arc(store, opts).expect("allocator")
+    allocator_on(store, l, holder, TTL)
 }
 
 async fn round_trip_budgets_are_exact(backend: Backend) {

@@ -10,80 +10,32 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::backends::{allocator_on, env, on_backends, Backend, Env};
 use common::*;
 use idalloc::layout::Layout;
 use idalloc::store::embedded::EmbeddedStore;
 use idalloc::store::{KeyRange, Store, StoreResult, TxnOp, TxnRequest};
-use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec, Strategy};
+use idalloc::{Allocator, Error, PoolSpec, Strategy};
 use idalloc_testkit::counting::CountingStore;
-use idalloc_testkit::etcd::{connect_test_store, test_etcd_endpoint, unique_prefix};
 use idalloc_testkit::hooked::{Hook, HookedStore, Request};
 use idalloc_testkit::hooks::freezable;
 
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Memory,
-    Etcd,
-}
-
-/// Runs `$body` with `$store` bound to a fresh store of the backend (a concrete type, so the test
-/// kit's wrappers can stack on it) and `$layout` to a prefix of the test's own.
-macro_rules! with_store {
-    ($backend:expr, |$store:ident, $layout:ident| $body:expr) => {
-        match $backend {
-            Backend::Memory => {
-                let $store = EmbeddedStore::memory();
-                let $layout = layout();
-                $body
-            }
-            Backend::Etcd => {
-                let Some(etcd) = test_etcd_endpoint().await else { return };
-                let $store = connect_test_store(&etcd.endpoint()).await.expect("connect");
-                let prefix = String::from_utf8(unique_prefix()).expect("utf8");
-                let $layout = Layout::new(prefix.trim_end_matches('/')).expect("prefix");
-                $body;
-                drop(etcd);
-            }
-        }
-    };
-}
-
-macro_rules! on_memory_and_etcd {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
-            $(#[tokio::test(start_paused = true)]
-            async fn $name() {
-                super::$name(super::Backend::Memory).await
-            })*
-        }
-        mod etcd {
-            $(#[tokio::test]
-            async fn $name() {
-                super::$name(super::Backend::Etcd).await
-            })*
-        }
-    };
-}
-
-on_memory_and_etcd!(
-    one_round_trip_per_batch,
-    some_keys_lose_races_and_others_win,
-    keys_at_the_size_limit_split_into_requests_etcd_accepts,
-    pool_deleted_mid_batch_stops_the_rest,
-    restart_restores_held_keys_with_their_ids_in_one_pass,
-    a_moved_key_passes_over_the_other_keys_preferred_ids,
-    concurrent_single_calls_share_round_trips,
-    lost_session_re_references_held_keys_in_batches,
+on_backends!(
+    [Memory, Etcd],
+    [
+        one_round_trip_per_batch,
+        some_keys_lose_races_and_others_win,
+        keys_at_the_size_limit_split_into_requests_etcd_accepts,
+        pool_deleted_mid_batch_stops_the_rest,
+        restart_restores_held_keys_with_their_ids_in_one_pass,
+        a_moved_key_passes_over_the_other_keys_preferred_ids,
+        concurrent_single_calls_share_round_trips,
+        lost_session_re_references_held_keys_in_batches,
+    ]
 );
 
 fn alloc(store: Arc<dyn Store>, l: &Layout, holder: &str) -> Allocator {
-    let opts = AllocatorOptions {
-        prefix: l.prefix().to_string(),
-        holder: Some(holder.to_string()),
-        session_ttl: Duration::from_secs(5),
-        ..AllocatorOptions::default()
-    };
-    Allocator::from_arc(store, opts).expect("allocator")
+    allocator_on(store, l, holder, Duration::from_secs(5))
 }
 
 fn keys(prefix: &str, n: usize) -> Vec<String> {
@@ -91,163 +43,157 @@ fn keys(prefix: &str, n: usize) -> Vec<String> {
 }
 
 async fn one_round_trip_per_batch(backend: Backend) {
-    with_store!(backend, |store, l| {
-        let raw: Arc<dyn Store> = Arc::new(store);
-        let counted = Arc::new(CountingStore::new(raw.clone()));
-        let a = alloc(counted.clone(), &l, "a");
-        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
-        p.acquire("warm").await.expect("warm"); // the session lease exists from here on
+    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
+    let raw: Arc<dyn Store> = store;
+    let counted = Arc::new(CountingStore::new(raw.clone()));
+    let a = alloc(counted.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm"); // the session lease exists from here on
 
-        let ks = keys("k", 50);
-        counted.reset();
-        let got = p.acquire_many(&ks).await;
-        assert_eq!(counted.counts().total(), 1, "50 new keys: one batch, one round trip");
-        let ids: Vec<u64> = got.iter().map(|r| r.as_ref().expect("acquired").id).collect();
-        assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)));
-        assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 50, "distinct IDs");
-        for (k, id) in ks.iter().zip(&ids) {
-            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
-        }
-        counted.reset();
-        let again = p.acquire_many(&ks).await;
-        assert_eq!(counted.counts().total(), 0, "held keys only count up");
-        assert!(again
-            .iter()
-            .zip(&ids)
-            .all(|(r, id)| r.as_ref().is_ok_and(|a| a.id == *id && !a.new)));
+    let ks = keys("k", 50);
+    counted.reset();
+    let got = p.acquire_many(&ks).await;
+    assert_eq!(counted.counts().total(), 1, "50 new keys: one batch, one round trip");
+    let ids: Vec<u64> = got.iter().map(|r| r.as_ref().expect("acquired").id).collect();
+    assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)));
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 50, "distinct IDs");
+    for (k, id) in ks.iter().zip(&ids) {
+        assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
+    }
+    counted.reset();
+    let again = p.acquire_many(&ks).await;
+    assert_eq!(counted.counts().total(), 0, "held keys only count up");
+    assert!(again.iter().zip(&ids).all(|(r, id)| r.as_ref().is_ok_and(|a| a.id == *id && !a.new)));
 
-        // 250 keys: three batches of at most 100, sent together.
-        let many = keys("m", 250);
-        counted.reset();
-        assert!(p.acquire_many(&many).await.iter().all(Result::is_ok));
-        assert_eq!(counted.counts().txn, 3);
-        assert_eq!(counted.counts().total(), 3);
+    // 250 keys: three batches of at most 100, sent together.
+    let many = keys("m", 250);
+    counted.reset();
+    assert!(p.acquire_many(&many).await.iter().all(Result::is_ok));
+    assert_eq!(counted.counts().txn, 3);
+    assert_eq!(counted.counts().total(), 3);
 
-        // Duplicates: one write, counted twice.
-        counted.reset();
-        let dup = p.acquire_many(&["d", "e", "d"]).await;
-        assert_eq!(counted.counts().total(), 1);
-        let (d0, d2) = (dup[0].clone().expect("d"), dup[2].clone().expect("d again"));
-        assert_eq!((d0.id, d0.new, d2.id, d2.new), (d0.id, true, d0.id, false));
-        counted.reset();
-        let rel = p.release_many(&["d", "e", "d"]).await;
-        assert_eq!(counted.counts().total(), 1, "one batch for the releases that reach the store");
-        let rel: Vec<(bool, bool)> =
-            rel.into_iter().map(|r| r.map(|r| (r.held, r.reclaimed)).expect("released")).collect();
-        assert_eq!(rel, vec![(true, false), (true, true), (true, true)]);
-        assert_eq!(raw_binding_in(&*raw, &l, "p", "d").await, None);
+    // Duplicates: one write, counted twice.
+    counted.reset();
+    let dup = p.acquire_many(&["d", "e", "d"]).await;
+    assert_eq!(counted.counts().total(), 1);
+    let (d0, d2) = (dup[0].clone().expect("d"), dup[2].clone().expect("d again"));
+    assert_eq!((d0.id, d0.new, d2.id, d2.new), (d0.id, true, d0.id, false));
+    counted.reset();
+    let rel = p.release_many(&["d", "e", "d"]).await;
+    assert_eq!(counted.counts().total(), 1, "one batch for the releases that reach the store");
+    let rel: Vec<(bool, bool)> =
+        rel.into_iter().map(|r| r.map(|r| (r.held, r.reclaimed)).expect("released")).collect();
+    assert_eq!(rel, vec![(true, false), (true, true), (true, true)]);
+    assert_eq!(raw_binding_in(&*raw, &l, "p", "d").await, None);
 
-        // Releases of many keys (acquired twice above): the first only counts down, the second
-        // takes one round trip and reclaims every binding.
-        counted.reset();
-        let rel = p.release_many(&ks).await;
-        assert_eq!(counted.counts().total(), 0);
-        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && !r.reclaimed)));
-        let rel = p.release_many(&ks).await;
-        assert_eq!(counted.counts().total(), 1);
-        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)));
-        for k in &ks {
-            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, None, "{k}");
-        }
+    // Releases of many keys (acquired twice above): the first only counts down, the second
+    // takes one round trip and reclaims every binding.
+    counted.reset();
+    let rel = p.release_many(&ks).await;
+    assert_eq!(counted.counts().total(), 0);
+    assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && !r.reclaimed)));
+    let rel = p.release_many(&ks).await;
+    assert_eq!(counted.counts().total(), 1);
+    assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)));
+    for k in &ks {
+        assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, None, "{k}");
+    }
 
-        // Durable: one round trip each way (the releases find the IDs in the cache). The cache
-        // must first see the releases above, as a lone acquire's budget assumes too.
-        wait_until(|| ks.iter().all(|k| p.get(k).is_none())).await;
-        counted.reset();
-        let dur = p.acquire_many_durable(&ks, "owner").await;
-        assert_eq!(counted.counts().total(), 1);
-        let last = dur[49].as_ref().expect("durable").id;
-        wait_until(|| p.get("k49") == Some(last)).await;
-        counted.reset();
-        let rel = p.release_many_durable(&ks, "owner").await;
-        assert_eq!(counted.counts().total(), 1);
-        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)));
+    // Durable: one round trip each way (the releases find the IDs in the cache). The cache
+    // must first see the releases above, as a lone acquire's budget assumes too.
+    wait_until(|| ks.iter().all(|k| p.get(k).is_none())).await;
+    counted.reset();
+    let dur = p.acquire_many_durable(&ks, "owner").await;
+    assert_eq!(counted.counts().total(), 1);
+    let last = dur[49].as_ref().expect("durable").id;
+    wait_until(|| p.get("k49") == Some(last)).await;
+    counted.reset();
+    let rel = p.release_many_durable(&ks, "owner").await;
+    assert_eq!(counted.counts().total(), 1);
+    assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)));
 
-        // A lone operation keeps its budget.
-        counted.reset();
-        p.acquire("lone").await.expect("lone");
-        assert_eq!(counted.counts().total(), 1, "lone acquire");
-        counted.reset();
-        p.release("lone").await.expect("lone");
-        assert_eq!(counted.counts().total(), 1, "lone release");
-        check_g1_in(&*raw, &l, "p").await;
-        a.close().await.expect("close");
-    })
+    // A lone operation keeps its budget.
+    counted.reset();
+    p.acquire("lone").await.expect("lone");
+    assert_eq!(counted.counts().total(), 1, "lone acquire");
+    counted.reset();
+    p.release("lone").await.expect("lone");
+    assert_eq!(counted.counts().total(), 1, "lone release");
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
 }
 
 async fn some_keys_lose_races_and_others_win(backend: Backend) {
-    with_store!(backend, |store, l| {
-        let frozen = Arc::new(freezable(store));
-        let raw: Arc<dyn Store> = frozen.clone();
-        let counted = Arc::new(CountingStore::new(raw.clone()));
-        let a = alloc(counted.clone(), &l, "a");
-        let b = alloc(raw.clone(), &l, "b");
-        let spec = PoolSpec::new("p", 1, 1000).strategy(Strategy::Lowest);
-        let pa = a.ensure_pool(&spec).await.expect("pool");
-        let pb = b.ensure_pool(&spec).await.expect("pool");
-        let warm = pa.acquire("warm").await.expect("warm").id;
-        assert_eq!(warm, 1);
-        wait_until(|| pb.get("warm") == Some(1)).await;
-        // A's watch stalls: it does not learn what B binds next, and decides on a stale cache.
-        frozen.hook().freeze(true);
-        let theirs = ["k0", "k1", "k2", "o0", "o1"];
-        let b_ids: Vec<u64> = pb
-            .acquire_many_durable(&theirs, "b-owner")
-            .await
-            .into_iter()
-            .map(|r| r.expect("b").id)
-            .collect();
-        assert_eq!(b_ids, vec![2, 3, 4, 5, 6]);
-        // A picks 2, 3, … in order: n0, n1, k0, k1, k2 collide with B's IDs (and k0..k2 with
-        // B's keys); n2..n6 get 7..11 in the same txn. The losers are decided again from their
-        // read-backs and win in the next round.
-        let mine = ["n0", "n1", "k0", "k1", "k2", "n2", "n3", "n4", "n5", "n6"];
-        counted.reset();
-        let got: Vec<_> =
-            pa.acquire_many(&mine).await.into_iter().map(|r| r.expect("acquired")).collect();
-        assert_eq!(counted.counts().txn, 2, "one round for all, one for the losers");
-        let ids: Vec<u64> = got.iter().map(|g| g.id).collect();
-        assert_eq!(&ids[5..], &[7, 8, 9, 10, 11], "winners of the first round");
-        assert_eq!(&ids[2..5], &b_ids[..3], "k0..k2 joined B's bindings");
-        assert!(got[2..5].iter().all(|g| !g.new));
-        assert!(got[..2].iter().all(|g| g.new && !b_ids.contains(&g.id) && g.id > 11));
-        assert_ne!(ids[0], ids[1]);
-        frozen.hook().freeze(false);
-        for (k, id) in mine.iter().zip(&ids) {
-            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
-        }
-        check_g1_in(&*raw, &l, "p").await;
-        a.close().await.expect("close");
-        b.close().await.expect("close");
-    })
+    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
+    let frozen = Arc::new(freezable(store));
+    let raw: Arc<dyn Store> = frozen.clone();
+    let counted = Arc::new(CountingStore::new(raw.clone()));
+    let a = alloc(counted.clone(), &l, "a");
+    let b = alloc(raw.clone(), &l, "b");
+    let spec = PoolSpec::new("p", 1, 1000).strategy(Strategy::Lowest);
+    let pa = a.ensure_pool(&spec).await.expect("pool");
+    let pb = b.ensure_pool(&spec).await.expect("pool");
+    let warm = pa.acquire("warm").await.expect("warm").id;
+    assert_eq!(warm, 1);
+    wait_until(|| pb.get("warm") == Some(1)).await;
+    // A's watch stalls: it does not learn what B binds next, and decides on a stale cache.
+    frozen.hook().freeze(true);
+    let theirs = ["k0", "k1", "k2", "o0", "o1"];
+    let b_ids: Vec<u64> = pb
+        .acquire_many_durable(&theirs, "b-owner")
+        .await
+        .into_iter()
+        .map(|r| r.expect("b").id)
+        .collect();
+    assert_eq!(b_ids, vec![2, 3, 4, 5, 6]);
+    // A picks 2, 3, … in order: n0, n1, k0, k1, k2 collide with B's IDs (and k0..k2 with
+    // B's keys); n2..n6 get 7..11 in the same txn. The losers are decided again from their
+    // read-backs and win in the next round.
+    let mine = ["n0", "n1", "k0", "k1", "k2", "n2", "n3", "n4", "n5", "n6"];
+    counted.reset();
+    let got: Vec<_> =
+        pa.acquire_many(&mine).await.into_iter().map(|r| r.expect("acquired")).collect();
+    assert_eq!(counted.counts().txn, 2, "one round for all, one for the losers");
+    let ids: Vec<u64> = got.iter().map(|g| g.id).collect();
+    assert_eq!(&ids[5..], &[7, 8, 9, 10, 11], "winners of the first round");
+    assert_eq!(&ids[2..5], &b_ids[..3], "k0..k2 joined B's bindings");
+    assert!(got[2..5].iter().all(|g| !g.new));
+    assert!(got[..2].iter().all(|g| g.new && !b_ids.contains(&g.id) && g.id > 11));
+    assert_ne!(ids[0], ids[1]);
+    frozen.hook().freeze(false);
+    for (k, id) in mine.iter().zip(&ids) {
+        assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
+    }
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
+    b.close().await.expect("close");
 }
 
 async fn keys_at_the_size_limit_split_into_requests_etcd_accepts(backend: Backend) {
-    with_store!(backend, |store, l| {
-        let raw: Arc<dyn Store> = Arc::new(store);
-        let counted = Arc::new(CountingStore::new(raw.clone()));
-        let a = alloc(counted.clone(), &l, "a");
-        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
-        p.acquire("warm").await.expect("warm");
-        // 4096 bytes of `/` (escaped in record names) and 39 more keys of 4096 bytes.
-        let mut ks = vec!["/".repeat(4096)];
-        ks.extend((0..39).map(|i| format!("{}{i:02}", "/".repeat(4094))));
-        ks.push("small".to_string());
-        assert!(ks[..40].iter().all(|k| k.len() == 4096));
-        counted.reset();
-        let got = p.acquire_many(&ks).await;
-        for (k, r) in ks.iter().zip(&got) {
-            let id = r.as_ref().unwrap_or_else(|e| panic!("{} bytes: {e}", k.len())).id;
-            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(id));
-        }
-        let round_trips = counted.counts().total();
-        assert!(round_trips > 1, "40 keys of 4 KiB do not fit one request");
-        assert!(round_trips < 41, "but they share requests: {round_trips}");
-        let rel = p.release_many(&ks).await;
-        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.reclaimed)), "{rel:?}");
-        check_g1_in(&*raw, &l, "p").await;
-        a.close().await.expect("close");
-    })
+    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
+    let raw: Arc<dyn Store> = store;
+    let counted = Arc::new(CountingStore::new(raw.clone()));
+    let a = alloc(counted.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm");
+    // 4096 bytes of `/` (escaped in record names) and 39 more keys of 4096 bytes.
+    let mut ks = vec!["/".repeat(4096)];
+    ks.extend((0..39).map(|i| format!("{}{i:02}", "/".repeat(4094))));
+    ks.push("small".to_string());
+    assert!(ks[..40].iter().all(|k| k.len() == 4096));
+    counted.reset();
+    let got = p.acquire_many(&ks).await;
+    for (k, r) in ks.iter().zip(&got) {
+        let id = r.as_ref().unwrap_or_else(|e| panic!("{} bytes: {e}", k.len())).id;
+        assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(id));
+    }
+    let round_trips = counted.counts().total();
+    assert!(round_trips > 1, "40 keys of 4 KiB do not fit one request");
+    assert!(round_trips < 41, "but they share requests: {round_trips}");
+    let rel = p.release_many(&ks).await;
+    assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.reclaimed)), "{rel:?}");
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
 }
 
 /// Deletes pool `p` (every record under it) just before the txn numbered `at` (counting from 1)
@@ -283,94 +229,130 @@ impl<S: Store> Hook<S> for DeletePoolAt {
 }
 
 async fn pool_deleted_mid_batch_stops_the_rest(backend: Backend) {
-    with_store!(backend, |store, l| {
-        let hooked = Arc::new(HookedStore::with_hook(
-            store,
-            DeletePoolAt {
-                at: AtomicUsize::new(usize::MAX),
-                seen: AtomicUsize::new(0),
-                layout: l.clone(),
-            },
-        ));
-        let raw: Arc<dyn Store> = hooked.clone();
-        let a = alloc(raw.clone(), &l, "a");
-        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
-        p.acquire("warm").await.expect("warm");
-        // The second of the batch's three requests finds the pool gone.
-        hooked.hook().arm(2);
-        let ks = keys("k", 250);
-        let got = p.acquire_many(&ks).await;
-        let ok = got.iter().filter(|r| r.is_ok()).count();
-        let gone = got.iter().filter(|r| matches!(r, Err(Error::PoolNotFound { .. }))).count();
-        assert_eq!(ok + gone, 250, "every key either bound before the delete or PoolNotFound");
-        // The three requests (100, 100 and 50 keys) are sent at once: the one whose hook deletes
-        // the pool fails whole, the others may commit before or after the delete (on etcd the
-        // 50-key one sometimes landed first: 150 ok, a flake of the old bound `gone >= 150`).
-        assert!(gone >= 50, "the request sent after the delete wrote nothing: {ok} ok");
-        // Nothing was written into the deleted pool after the delete.
-        let left = raw
-            .get(idalloc::store::GetRequest::new(KeyRange::prefix(l.pool_data_prefix("p"))))
-            .await
-            .expect("get");
-        assert!(left.kvs.is_empty(), "records written after the delete: {}", left.kvs.len());
-        assert!(matches!(a.pool("p").await, Err(Error::PoolNotFound { .. })));
-    })
+    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
+    let hooked = Arc::new(HookedStore::with_hook(
+        store,
+        DeletePoolAt {
+            at: AtomicUsize::new(usize::MAX),
+            seen: AtomicUsize::new(0),
+            layout: l.clone(),
+        },
+    ));
+    let raw: Arc<dyn Store> = hooked.clone();
+    let a = alloc(raw.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm");
+    // The second of the batch's three requests finds the pool gone.
+    hooked.hook().arm(2);
+    let ks = keys("k", 250);
+    let got = p.acquire_many(&ks).await;
+    let ok = got.iter().filter(|r| r.is_ok()).count();
+    let gone = got.iter().filter(|r| matches!(r, Err(Error::PoolNotFound { .. }))).count();
+    assert_eq!(ok + gone, 250, "every key either bound before the delete or PoolNotFound");
+    // The three requests (100, 100 and 50 keys) are sent at once: the one whose hook deletes
+    // the pool fails whole, the others may commit before or after the delete (on etcd the
+    // 50-key one sometimes landed first: 150 ok, a flake of the old bound `gone >= 150`).
+    assert!(gone >= 50, "the request sent after the delete wrote nothing: {ok} ok");
+    // Nothing was written into the deleted pool after the delete.
+    let left = raw
+        .get(idalloc::store::GetRequest::new(KeyRange::prefix(l.pool_data_prefix("p"))))
+        .await
+        .expect("get");
+    assert!(left.kvs.is_empty(), "records written after the delete: {}", left.kvs.len());
+    assert!(matches!(a.pool("p").await, Err(Error::PoolNotFound { .. })));
+}
+
+/// A restart of docs/batching.md, up to the restore: process "node" acquires `n` keys of a pool
+/// with `spec` and checkpoints `held()`, dies (its references go with its session), "other"
+/// sweeps the bindings, a key "intruder" takes the old ID of checkpoint entry `moved` (a free ID
+/// now), and "node" restarts on a counting store and syncs until it sees the intruder.
+struct Restarted {
+    checkpoint: Vec<(String, u64)>,
+    /// The old ID the intruder took.
+    taken: u64,
+    counted: Arc<CountingStore<Arc<dyn Store>>>,
+    /// The restarted "node" and its pool.
+    after: Allocator,
+    p: idalloc::Pool,
+    other: Allocator,
+}
+
+async fn restart_with_one_id_taken(
+    raw: &Arc<dyn Store>,
+    l: &Layout,
+    spec: &PoolSpec,
+    n: usize,
+    moved: usize,
+) -> Restarted {
+    let before = alloc(raw.clone(), l, "node");
+    let p = before.ensure_pool(spec).await.expect("pool");
+    let ks = keys("ep-", n);
+    assert!(p.acquire_many(&ks).await.iter().all(Result::is_ok));
+    let checkpoint: Vec<(String, u64)> =
+        p.held().into_iter().map(|(k, id, _count)| (k, id)).collect();
+    before.close().await.expect("close"); // references gone with the session
+    let other = alloc(raw.clone(), l, "other");
+    let po = other.pool("p").await.expect("pool");
+    assert_eq!(po.sweep().await.expect("sweep").reclaimed.len(), n, "bindings reclaimed");
+    // Meanwhile another key takes the moved key's old ID (its hint: the ID is free now).
+    let taken = checkpoint[moved].1;
+    // (A hint the cache still shows taken is skipped, so wait until it sees the sweep.)
+    wait_until(|| po.key_of(taken).is_none()).await;
+    assert_eq!(po.acquire_with_hint("intruder", taken).await.expect("intruder").id, taken);
+
+    let counted = Arc::new(CountingStore::new(raw.clone()));
+    let after = alloc(counted.clone(), l, "node");
+    let p = after.pool("p").await.expect("pool");
+    p.wait_synced().await.expect("synced");
+    wait_until(|| p.get("intruder") == Some(taken)).await;
+    Restarted { checkpoint, taken, counted, after, p, other }
+}
+
+impl Restarted {
+    /// Re-acquires every checkpointed key with its old ID as the hint: one batch, one round trip.
+    async fn restore(&self) -> Vec<Result<idalloc::Acquired, Error>> {
+        self.counted.reset();
+        let hints: Vec<(&str, Option<u64>)> =
+            self.checkpoint.iter().map(|(k, id)| (k.as_str(), Some(*id))).collect();
+        let got = self.p.acquire_many_with_hints(&hints).await;
+        let n = self.checkpoint.len();
+        assert_eq!(self.counted.counts().total(), 1, "{n} keys restored in one round trip");
+        got
+    }
+
+    async fn close(self) {
+        self.after.close().await.expect("close");
+        self.other.close().await.expect("close");
+    }
 }
 
 /// Restart restoration (docs/batching.md): a process checkpoints `held()`, dies, its bindings are
 /// reclaimed, and the restarted process re-acquires every key in one batched pass with its old ID
 /// as the hint: the same IDs where still free, a normal pick where another key took the ID.
 async fn restart_restores_held_keys_with_their_ids_in_one_pass(backend: Backend) {
-    with_store!(backend, |store, l| {
-        let raw: Arc<dyn Store> = Arc::new(store);
-        let spec = PoolSpec::new("p", 1, 1000);
-        let before = alloc(raw.clone(), &l, "node");
-        let p = before.ensure_pool(&spec).await.expect("pool");
-        let ks = keys("ep-", 20);
-        assert!(p.acquire_many(&ks).await.iter().all(Result::is_ok));
-        let checkpoint: Vec<(String, u64)> =
-            p.held().into_iter().map(|(k, id, _count)| (k, id)).collect();
-        assert_eq!(checkpoint.len(), 20);
-        before.close().await.expect("close"); // references gone with the session
-        let other = alloc(raw.clone(), &l, "other");
-        let po = other.pool("p").await.expect("pool");
-        assert_eq!(po.sweep().await.expect("sweep").reclaimed.len(), 20, "bindings reclaimed");
-        // Meanwhile another key takes ep-3's old ID (its hint: the ID is free now).
-        let taken = checkpoint[3].1;
-        // (A hint the cache still shows taken is skipped, so wait until it sees the sweep.)
-        wait_until(|| po.key_of(taken).is_none()).await;
-        assert_eq!(po.acquire_with_hint("intruder", taken).await.expect("intruder").id, taken);
-
-        let counted = Arc::new(CountingStore::new(raw.clone()));
-        let after = alloc(counted.clone(), &l, "node");
-        let p = after.pool("p").await.expect("pool");
-        p.wait_synced().await.expect("synced");
-        wait_until(|| p.get("intruder") == Some(taken)).await;
-        // The session lease, on an ID of no checkpointed key (a random pick could take one).
-        let spare = (1..=1000).find(|i| checkpoint.iter().all(|(_, id)| id != i) && *i != taken);
-        let spare = spare.expect("a spare ID");
-        assert_eq!(p.acquire_with_hint("warm", spare).await.expect("warm").id, spare);
-        counted.reset();
-        let hints: Vec<(&str, Option<u64>)> =
-            checkpoint.iter().map(|(k, id)| (k.as_str(), Some(*id))).collect();
-        let got = p.acquire_many_with_hints(&hints).await;
-        assert_eq!(counted.counts().total(), 1, "20 keys restored in one round trip");
-        for (i, ((k, old), r)) in checkpoint.iter().zip(&got).enumerate() {
-            let a = r.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
-            if i == 3 {
-                assert_ne!(a.id, *old, "{k}: its old ID belongs to another key now");
-            } else {
-                assert_eq!(a.id, *old, "{k} got its old ID back");
-            }
-            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(a.id));
+    let Some(Env { store: raw, layout: l, _guard }) = env(backend).await else { return };
+    let r = restart_with_one_id_taken(&raw, &l, &PoolSpec::new("p", 1, 1000), 20, 3).await;
+    let (checkpoint, taken) = (&r.checkpoint, r.taken);
+    assert_eq!(checkpoint.len(), 20);
+    // The session lease, on an ID of no checkpointed key (a random pick could take one).
+    let spare = (1..=1000).find(|i| checkpoint.iter().all(|(_, id)| id != i) && *i != taken);
+    let spare = spare.expect("a spare ID");
+    assert_eq!(r.p.acquire_with_hint("warm", spare).await.expect("warm").id, spare);
+    let got = r.restore().await;
+    for (i, ((k, old), res)) in checkpoint.iter().zip(&got).enumerate() {
+        let a = res.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
+        if i == 3 {
+            assert_ne!(a.id, *old, "{k}: its old ID belongs to another key now");
+        } else {
+            assert_eq!(a.id, *old, "{k} got its old ID back");
         }
-        // A hint outside the pool is ignored, not written.
-        let outside = p.acquire_with_hint("far", 5000).await.expect("far").id;
-        assert!((1..=1000).contains(&outside));
-        check_g1_in(&*raw, &l, "p").await;
-        after.close().await.expect("close");
-        other.close().await.expect("close");
-    })
+        assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(a.id));
+    }
+    // A hint outside the pool is ignored, not written.
+    let outside = r.p.acquire_with_hint("far", 5000).await.expect("far").id;
+    assert!((1..=1000).contains(&outside));
+    check_g1_in(&*raw, &l, "p").await;
+    r.close().await;
 }
 
 /// Restoring a checkpoint where one key's old ID went to another key: that key gets a normal
@@ -378,51 +360,27 @@ async fn restart_restores_held_keys_with_their_ids_in_one_pass(backend: Backend)
 /// loser would cost more round trips). With the lowest-free strategy the old code picked exactly
 /// such an ID every time; the random strategy did it now and then (a flaky restore test).
 async fn a_moved_key_passes_over_the_other_keys_preferred_ids(backend: Backend) {
-    with_store!(backend, |store, l| {
-        let raw: Arc<dyn Store> = Arc::new(store);
-        let spec = PoolSpec::new("p", 1, 1000).strategy(Strategy::Lowest);
-        let before = alloc(raw.clone(), &l, "node");
-        let p = before.ensure_pool(&spec).await.expect("pool");
-        let ks = keys("ep-", 10);
-        assert!(p.acquire_many(&ks).await.iter().all(Result::is_ok));
-        let checkpoint: Vec<(String, u64)> =
-            p.held().into_iter().map(|(k, id, _count)| (k, id)).collect();
-        let mut old: Vec<u64> = checkpoint.iter().map(|(_, id)| *id).collect();
-        old.sort();
-        assert_eq!(old, (1..=10).collect::<Vec<u64>>(), "lowest-free picks");
-        before.close().await.expect("close");
-        let other = alloc(raw.clone(), &l, "other");
-        let po = other.pool("p").await.expect("pool");
-        assert_eq!(po.sweep().await.expect("sweep").reclaimed.len(), 10);
-        // Another key takes the old ID of the checkpoint's last key.
-        let (moved, taken) = checkpoint[9].clone();
-        wait_until(|| po.key_of(taken).is_none()).await;
-        assert_eq!(po.acquire_with_hint("intruder", taken).await.expect("intruder").id, taken);
-
-        let counted = Arc::new(CountingStore::new(raw.clone()));
-        let after = alloc(counted.clone(), &l, "node");
-        let p = after.pool("p").await.expect("pool");
-        p.wait_synced().await.expect("synced");
-        wait_until(|| p.get("intruder") == Some(taken)).await;
-        assert_eq!(p.acquire_with_hint("warm", 500).await.expect("session").id, 500);
-        counted.reset();
-        let hints: Vec<(&str, Option<u64>)> =
-            checkpoint.iter().map(|(k, id)| (k.as_str(), Some(*id))).collect();
-        let got = p.acquire_many_with_hints(&hints).await;
-        assert_eq!(counted.counts().total(), 1, "10 keys restored in one round trip");
-        for ((k, id), r) in checkpoint.iter().zip(&got) {
-            let a = r.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
-            if *k == moved {
-                // 1..=10 are the others' (or the intruder's): the lowest ID nobody prefers.
-                assert_eq!(a.id, 11, "{k}");
-            } else {
-                assert_eq!(a.id, *id, "{k} got its old ID back");
-            }
+    let Some(Env { store: raw, layout: l, _guard }) = env(backend).await else { return };
+    let spec = PoolSpec::new("p", 1, 1000).strategy(Strategy::Lowest);
+    // Another key takes the old ID of the checkpoint's last key.
+    let r = restart_with_one_id_taken(&raw, &l, &spec, 10, 9).await;
+    let mut old: Vec<u64> = r.checkpoint.iter().map(|(_, id)| *id).collect();
+    old.sort();
+    assert_eq!(old, (1..=10).collect::<Vec<u64>>(), "lowest-free picks");
+    let moved = &r.checkpoint[9].0;
+    assert_eq!(r.p.acquire_with_hint("warm", 500).await.expect("session").id, 500);
+    let got = r.restore().await;
+    for ((k, id), res) in r.checkpoint.iter().zip(&got) {
+        let a = res.as_ref().unwrap_or_else(|e| panic!("{k}: {e}"));
+        if k == moved {
+            // 1..=10 are the others' (or the intruder's): the lowest ID nobody prefers.
+            assert_eq!(a.id, 11, "{k}");
+        } else {
+            assert_eq!(a.id, *id, "{k} got its old ID back");
         }
-        check_g1_in(&*raw, &l, "p").await;
-        after.close().await.expect("close");
-        other.close().await.expect("close");
-    })
+    }
+    check_g1_in(&*raw, &l, "p").await;
+    r.close().await;
 }
 
 /// Makes every txn take `0` before it reaches the store: a store with a round-trip time, so that
@@ -443,62 +401,61 @@ impl<S: Store> Hook<S> for Slow {
 /// trips, not 64: the first call goes alone, the 63 that arrive while it is in flight share the
 /// next batch. Every caller gets its own correct, distinct ID; a lone call keeps its one round trip.
 async fn concurrent_single_calls_share_round_trips(backend: Backend) {
-    with_store!(backend, |store, l| {
-        let raw: Arc<dyn Store> =
-            Arc::new(HookedStore::with_hook(store, Slow(Duration::from_millis(20))));
-        let counted = Arc::new(CountingStore::new(raw.clone()));
-        let a = alloc(counted.clone(), &l, "a");
-        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
-        p.acquire("warm").await.expect("warm"); // the session lease exists from here on
+    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
+    let raw: Arc<dyn Store> =
+        Arc::new(HookedStore::with_hook(store, Slow(Duration::from_millis(20))));
+    let counted = Arc::new(CountingStore::new(raw.clone()));
+    let a = alloc(counted.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm"); // the session lease exists from here on
 
-        let ks = keys("c", 64);
-        counted.reset();
-        let got = futures::future::join_all(ks.iter().map(|k| p.acquire(k))).await;
-        assert_eq!(
-            counted.counts().total(),
-            2,
-            "64 concurrent acquires: the first alone, then one batch"
-        );
-        let ids: Vec<u64> = got
-            .iter()
-            .zip(&ks)
-            .map(|(r, k)| r.as_ref().unwrap_or_else(|e| panic!("{k}: {e}")).id)
-            .collect();
-        assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)));
-        assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 64, "distinct IDs");
-        for (k, id) in ks.iter().zip(&ids) {
-            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
-            assert_eq!(p.get(k), Some(*id), "{k} held with its ID");
-        }
-        // The same keys again, concurrently: held, so no round trip at all.
-        counted.reset();
-        let again = futures::future::join_all(ks.iter().map(|k| p.acquire(k))).await;
-        assert_eq!(counted.counts().total(), 0);
-        assert!(again.iter().zip(&ids).all(|(r, id)| r.as_ref().is_ok_and(|a| a.id == *id)));
-        // Two releases per key: the first only counts down, the second reclaims, coalesced.
-        let first = futures::future::join_all(ks.iter().map(|k| p.release(k))).await;
-        assert!(first.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && !r.reclaimed)));
-        counted.reset();
-        let rel = futures::future::join_all(ks.iter().map(|k| p.release(k))).await;
-        assert_eq!(
-            counted.counts().total(),
-            2,
-            "64 concurrent releases: the first alone, then one batch"
-        );
-        assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)), "{rel:?}");
-        for k in &ks {
-            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, None, "{k}");
-        }
-        // An idle call is not held back: one round trip each way.
-        counted.reset();
-        p.acquire("lone").await.expect("lone");
-        assert_eq!(counted.counts().total(), 1, "lone acquire");
-        counted.reset();
-        p.release("lone").await.expect("lone");
-        assert_eq!(counted.counts().total(), 1, "lone release");
-        check_g1_in(&*raw, &l, "p").await;
-        a.close().await.expect("close");
-    })
+    let ks = keys("c", 64);
+    counted.reset();
+    let got = futures::future::join_all(ks.iter().map(|k| p.acquire(k))).await;
+    assert_eq!(
+        counted.counts().total(),
+        2,
+        "64 concurrent acquires: the first alone, then one batch"
+    );
+    let ids: Vec<u64> = got
+        .iter()
+        .zip(&ks)
+        .map(|(r, k)| r.as_ref().unwrap_or_else(|e| panic!("{k}: {e}")).id)
+        .collect();
+    assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)));
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 64, "distinct IDs");
+    for (k, id) in ks.iter().zip(&ids) {
+        assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k}");
+        assert_eq!(p.get(k), Some(*id), "{k} held with its ID");
+    }
+    // The same keys again, concurrently: held, so no round trip at all.
+    counted.reset();
+    let again = futures::future::join_all(ks.iter().map(|k| p.acquire(k))).await;
+    assert_eq!(counted.counts().total(), 0);
+    assert!(again.iter().zip(&ids).all(|(r, id)| r.as_ref().is_ok_and(|a| a.id == *id)));
+    // Two releases per key: the first only counts down, the second reclaims, coalesced.
+    let first = futures::future::join_all(ks.iter().map(|k| p.release(k))).await;
+    assert!(first.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && !r.reclaimed)));
+    counted.reset();
+    let rel = futures::future::join_all(ks.iter().map(|k| p.release(k))).await;
+    assert_eq!(
+        counted.counts().total(),
+        2,
+        "64 concurrent releases: the first alone, then one batch"
+    );
+    assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)), "{rel:?}");
+    for k in &ks {
+        assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, None, "{k}");
+    }
+    // An idle call is not held back: one round trip each way.
+    counted.reset();
+    p.acquire("lone").await.expect("lone");
+    assert_eq!(counted.counts().total(), 1, "lone acquire");
+    counted.reset();
+    p.release("lone").await.expect("lone");
+    assert_eq!(counted.counts().total(), 1, "lone release");
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
 }
 
 /// Coalescing and cancellation: callers cancelled while their batch is in flight do not break the
@@ -571,37 +528,36 @@ async fn cancelled_coalesced_callers_leave_nothing_and_others_finish() {
 /// replaced, and every held key is re-referenced with its ID in batched passes: one new lease and
 /// three txns for 250 keys (batches of at most 100), not 250 txns.
 async fn lost_session_re_references_held_keys_in_batches(backend: Backend) {
-    with_store!(backend, |store, l| {
-        let raw: Arc<dyn Store> = Arc::new(store);
-        let counted = Arc::new(CountingStore::new(raw.clone()));
-        let a = alloc(counted.clone(), &l, "a");
-        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
-        let ks = keys("h", 250);
-        let ids: Vec<u64> =
-            p.acquire_many(&ks).await.into_iter().map(|r| r.expect("acquired").id).collect();
-        assert_eq!(count_refs_in(&*raw, &l, "p").await, 250);
-        let lease = a.session_lease().await.expect("session");
-        counted.reset();
-        assert!(raw.lease_revoke(lease).await.expect("revoke behind its back"));
-        assert_eq!(count_refs_in(&*raw, &l, "p").await, 0);
+    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
+    let raw: Arc<dyn Store> = store;
+    let counted = Arc::new(CountingStore::new(raw.clone()));
+    let a = alloc(counted.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    let ks = keys("h", 250);
+    let ids: Vec<u64> =
+        p.acquire_many(&ks).await.into_iter().map(|r| r.expect("acquired").id).collect();
+    assert_eq!(count_refs_in(&*raw, &l, "p").await, 250);
+    let lease = a.session_lease().await.expect("session");
+    counted.reset();
+    assert!(raw.lease_revoke(lease).await.expect("revoke behind its back"));
+    assert_eq!(count_refs_in(&*raw, &l, "p").await, 0);
 
-        // The keep-alive notices within TTL/3; the repair re-references everything.
-        let (raw2, l2) = (raw.clone(), l.clone());
-        wait_until_async(move || {
-            let (raw, l) = (raw2.clone(), l2.clone());
-            async move { count_refs_in(&*raw, &l, "p").await == 250 }
-        })
-        .await;
-        for (k, id) in ks.iter().zip(&ids) {
-            assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k} kept its ID");
-            assert_eq!(p.get(k), Some(*id));
-        }
-        let n = counted.counts();
-        assert_eq!(n.lease_grant, 1, "one new session lease");
-        assert_eq!(n.txn, 3, "250 held keys re-referenced in 3 batched txns: {n:?}");
-        assert!(n.lease_keep_alive >= 1, "the keep-alive found the lease gone: {n:?}");
-        assert_ne!(a.session_lease().await, Some(lease));
-        check_g1_in(&*raw, &l, "p").await;
-        a.close().await.expect("close");
+    // The keep-alive notices within TTL/3; the repair re-references everything.
+    let (raw2, l2) = (raw.clone(), l.clone());
+    wait_until_async(move || {
+        let (raw, l) = (raw2.clone(), l2.clone());
+        async move { count_refs_in(&*raw, &l, "p").await == 250 }
     })
+    .await;
+    for (k, id) in ks.iter().zip(&ids) {
+        assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(*id), "{k} kept its ID");
+        assert_eq!(p.get(k), Some(*id));
+    }
+    let n = counted.counts();
+    assert_eq!(n.lease_grant, 1, "one new session lease");
+    assert_eq!(n.txn, 3, "250 held keys re-referenced in 3 batched txns: {n:?}");
+    assert!(n.lease_keep_alive >= 1, "the keep-alive found the lease gone: {n:?}");
+    assert_ne!(a.session_lease().await, Some(lease));
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
 }

@@ -2,6 +2,8 @@
 //! that check the guarantees independently of the allocator's own cache.
 #![allow(dead_code)]
 
+pub mod backends;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;

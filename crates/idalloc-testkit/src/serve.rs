@@ -1,0 +1,150 @@
+//! `idalloc serve` as a child process on a free loopback port: the ONE launcher of the CLI's
+//! HTTP tests (`serve.rs`, `serve_secure.rs`, `deploy.rs`), which each had a copy.
+//!
+//! The binary is passed in (`env!("CARGO_BIN_EXE_idalloc")` exists only in the CLI's own tests).
+//! The server listens on `127.0.0.1:0` and prints `listening on ADDR` as its first stdout line,
+//! which [`Serve::start`] waits for, so a test never races the bind. The process is stopped by its
+//! own PID: SIGKILLed and reaped when the handle is dropped (also on a panic unwinding through the
+//! test) unless it already exited.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a SIGTERMed server may take to drain and exit.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A running `idalloc serve`.
+pub struct Serve {
+    child: Child,
+    addr: String,
+    /// The rest of stdout after the listening line (what a clean shutdown prints).
+    stdout: BufReader<ChildStdout>,
+    /// Where stderr goes, when not to the test's own stderr.
+    stderr: Option<PathBuf>,
+}
+
+impl Serve {
+    /// `BIN <global> serve --listen 127.0.0.1:0 --sweep-interval 1s <args>` with `RUST_LOG=warn`
+    /// and stderr on the test's stderr. `global` holds the options before the subcommand
+    /// (`--store`, `--prefix`, `--timeout`, …).
+    pub fn start(bin: &str, global: &[&str], args: &[&str]) -> Serve {
+        Serve::spawn(bin, global, args, "warn", None)
+    }
+
+    /// The same with `RUST_LOG=debug` and stderr written to the file `log`, for tests that read
+    /// the server's log ([`Serve::log`]).
+    pub fn start_logged(bin: &str, global: &[&str], args: &[&str], log: PathBuf) -> Serve {
+        Serve::spawn(bin, global, args, "debug", Some(log))
+    }
+
+    fn spawn(
+        bin: &str,
+        global: &[&str],
+        args: &[&str],
+        rust_log: &str,
+        stderr: Option<PathBuf>,
+    ) -> Serve {
+        let err = match &stderr {
+            Some(path) => Stdio::from(std::fs::File::create(path).expect("create the stderr file")),
+            None => Stdio::inherit(),
+        };
+        let mut child = Command::new(bin)
+            .args(global)
+            .args(["serve", "--listen", "127.0.0.1:0", "--sweep-interval", "1s"])
+            .args(args)
+            .env("RUST_LOG", rust_log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(err)
+            .spawn()
+            .expect("spawn idalloc serve");
+        let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut line = String::new();
+        stdout.read_line(&mut line).expect("read the listening line");
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let _ = child.wait();
+            let log = stderr.map(|p| std::fs::read_to_string(p).unwrap_or_default());
+            panic!(
+                "serve did not start: first line {line:?}; stderr:\n{}",
+                log.unwrap_or_default()
+            );
+        };
+        assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+        Serve { addr: addr.to_string(), child, stdout, stderr }
+    }
+
+    /// `127.0.0.1:PORT`.
+    pub fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    /// `http://ADDR{path}` (`path` empty for the base URL).
+    pub fn http(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// `https://ADDR{path}`.
+    pub fn https(&self, path: &str) -> String {
+        format!("https://{}{path}", self.addr)
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends `sig` (`"TERM"`, `"HUP"`, …) to this process only, by its PID.
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .expect("run kill")
+            .success();
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// SIGTERM, then waits for the exit (bounded); returns the exit code.
+    pub fn terminate(&mut self) -> Option<i32> {
+        self.signal("TERM");
+        let deadline = Instant::now() + EXIT_TIMEOUT;
+        loop {
+            if let Some(st) = self.child.try_wait().expect("wait") {
+                return st.code();
+            }
+            assert!(Instant::now() < deadline, "serve did not exit after SIGTERM");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL and reap: a crash, as far as the store can tell.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Everything written to stderr so far (only for [`Serve::start_logged`]).
+    pub fn log(&self) -> String {
+        let path = self.stderr.as_ref().expect("log() needs a server from start_logged");
+        std::fs::read_to_string(path).expect("read stderr")
+    }
+
+    /// [`Serve::terminate`], then what the process wrote: the rest of stdout and its stderr log
+    /// (empty unless started with [`Serve::start_logged`]).
+    pub fn stop(mut self) -> (String, String) {
+        self.terminate();
+        let mut out = String::new();
+        let _ = self.stdout.read_to_string(&mut out);
+        let log = if self.stderr.is_some() { self.log() } else { String::new() };
+        (out, log)
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            self.kill9();
+        }
+    }
+}
