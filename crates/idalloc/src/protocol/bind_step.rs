@@ -12,6 +12,9 @@
 //! after every [`Action::Wait`]); every other action names the input that answers it. Before it
 //! acts, the driver applies [`Step::learn`] to its cache (a candidate it claimed and did not use is
 //! freed again; an ID a txn found taken is marked used).
+//!
+//! Over ~600 lines only with its tests: about 370 lines of code, then one test per branch
+//! (DESIGN §10: unit tests next to the pure code).
 
 use std::collections::HashMap;
 
