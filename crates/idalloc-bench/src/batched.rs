@@ -16,6 +16,7 @@ use idalloc_testkit::etcd::EtcdServer;
 
 use crate::contender::{err, POOL, RANGE, SESSION_TTL};
 use crate::scenarios::{counted, key};
+use crate::stats::{cpu_secs, CpuSplit};
 
 /// Keys per batch, as the CLI's `--from` sends them.
 pub const KEYS_PER_BATCH: usize = 100;
@@ -24,8 +25,9 @@ pub const KEYS_PER_BATCH: usize = 100;
 /// per-key txns built by idalloc's own plan (`If key/k absent ∧ id/C absent ∧ spec unchanged ∧
 /// holder fence unchanged Then put id/C, key/k, ref/k/h Else get …`), `inflight` txns at a time,
 /// with a perfect free-ID oracle (ID = i) and no cache, session or per-key bookkeeping. Keys per
-/// second; every nested txn must have succeeded.
-pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<f64, String> {
+/// second, and where the CPU went (this process is the client); every nested txn must have
+/// succeeded.
+pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<(f64, CpuSplit), String> {
     let etcd = EtcdServer::start().await?;
     let store = counted(&etcd).await?;
     let layout = Layout::new("ceiling").map_err(|e| err("ceiling layout", e))?;
@@ -43,6 +45,8 @@ pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<f64, String> {
         .id;
     let fences = Fences { spec_rev: Some(spec_rev), seen: Some(spec_rev) };
     let keys: Vec<String> = (0..n).map(|i| key("bceil", 0, 0, i)).collect();
+    let etcd_pid = etcd.pid().map(|p| p.to_string()).unwrap_or_default();
+    let cpu0 = (cpu_secs("self", false), cpu_secs(&etcd_pid, false));
     let t0 = Instant::now();
     let results: Vec<Result<usize, String>> =
         stream::iter(keys.chunks(KEYS_PER_BATCH).enumerate().map(|(b, chunk)| {
@@ -68,6 +72,7 @@ pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<f64, String> {
         .collect()
         .await;
     let secs = t0.elapsed().as_secs_f64();
+    let cpu1 = (cpu_secs("self", false), cpu_secs(&etcd_pid, false));
     let mut won = 0;
     for r in results {
         won += r?;
@@ -75,7 +80,14 @@ pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<f64, String> {
     if won != n {
         return Err(format!("batched ceiling: {won} of {n} keys bound"));
     }
-    Ok(n as f64 / secs)
+    let delta = |a: Option<f64>, b: Option<f64>| b.zip(a).map_or(f64::NAN, |(b, a)| b - a);
+    let cpu = CpuSplit {
+        keys: n,
+        wall: secs,
+        client: delta(cpu0.0, cpu1.0),
+        etcd: delta(cpu0.1, cpu1.1),
+    };
+    Ok((n as f64 / secs, cpu))
 }
 
 /// Restart restoration (docs/batching.md) of `n` held keys on a fresh etcd: process A acquires

@@ -132,6 +132,9 @@ pub struct Report {
     pub cli_release: Vec<(String, usize, Outcome<f64>)>,
     /// Batched etcd ceiling: (keys, keys/s), issue 14.
     pub batched_ceiling: Option<(usize, Outcome<f64>)>,
+    /// Where the CPU went in the etcd bulk runs (batched ceiling, `acquire --from`,
+    /// `release --from`): what a missed batching ratio is made of on a 2-core machine.
+    pub cpu_split: Vec<(String, stats::CpuSplit)>,
     /// Restart restoration: (keys, (restore seconds, sync seconds)).
     pub restore: Option<(usize, Outcome<(f64, f64)>)>,
     /// Remote views (issue 13).
@@ -193,13 +196,22 @@ pub async fn run(cfg: &Config) -> Report {
             }
             r.embedded.push(("memory".into(), 64, scenarios::embedded(None, 64, cfg.run).await));
             log("CLI");
-            (r.cli, r.cli_release) = cli(cfg, dir.path()).await;
+            let cpu;
+            (r.cli, r.cli_release, cpu) = cli(cfg, dir.path()).await;
+            r.cpu_split.extend(cpu);
         }
         Err(e) => r.embedded.push(("file".into(), 1, Err(format!("no temp dir: {e}")))),
     }
 
     log("batched etcd ceiling");
-    r.batched_ceiling = Some((cfg.cli_keys, batched::batched_ceiling(cfg.cli_keys, 64).await));
+    let ceiling = batched::batched_ceiling(cfg.cli_keys, 64).await;
+    r.batched_ceiling = Some((
+        cfg.cli_keys,
+        ceiling.map(|(rate, cpu)| {
+            r.cpu_split.push(("batched etcd ceiling (bench process)".into(), cpu));
+            rate
+        }),
+    ));
     log("restart restoration");
     r.restore = Some((cfg.restore_keys, batched::restore(cfg.restore_keys).await));
 
@@ -242,12 +254,21 @@ pub async fn run_batching(cfg: &Config) -> Report {
                 ));
             }
             log("CLI");
-            (r.cli, r.cli_release) = cli(cfg, dir.path()).await;
+            let cpu;
+            (r.cli, r.cli_release, cpu) = cli(cfg, dir.path()).await;
+            r.cpu_split.extend(cpu);
         }
         Err(e) => r.embedded.push(("file".into(), 1, Err(format!("no temp dir: {e}")))),
     }
     log("batched etcd ceiling");
-    r.batched_ceiling = Some((cfg.cli_keys, batched::batched_ceiling(cfg.cli_keys, 64).await));
+    let ceiling = batched::batched_ceiling(cfg.cli_keys, 64).await;
+    r.batched_ceiling = Some((
+        cfg.cli_keys,
+        ceiling.map(|(rate, cpu)| {
+            r.cpu_split.push(("batched etcd ceiling (bench process)".into(), cpu));
+            rate
+        }),
+    ));
     log("restart restoration");
     r.restore = Some((cfg.restore_keys, batched::restore(cfg.restore_keys).await));
     r.load_after = stats::load_average();
@@ -277,6 +298,7 @@ fn run_nothing(cfg: &Config) -> Report {
         cli: Vec::new(),
         cli_release: Vec::new(),
         batched_ceiling: None,
+        cpu_split: Vec::new(),
         restore: None,
         remote: None,
         config: Some(cfg.clone()),
@@ -294,13 +316,17 @@ fn cli_limit(cfg: &Config) -> Duration {
 
 type CliRuns = Vec<(String, usize, Outcome<f64>)>;
 
-/// `acquire --from` then `release --from` of the same keys, on the file store and on etcd.
-async fn cli(cfg: &Config, dir: &std::path::Path) -> (CliRuns, CliRuns) {
+/// `acquire --from` then `release --from` of the same keys, on the file store and on etcd, and
+/// where the CPU went in the etcd runs.
+async fn cli(
+    cfg: &Config,
+    dir: &std::path::Path,
+) -> (CliRuns, CliRuns, Vec<(String, stats::CpuSplit)>) {
     let n = cfg.cli_keys;
     let Some(bin) = cfg.cli.clone().filter(|b| b.is_file()) else {
         let why = "not run: the `idalloc` CLI binary was not found".to_string();
         let none = vec![("file".into(), n, Err(why.clone())), ("etcd".into(), n, Err(why))];
-        return (none.clone(), none);
+        return (none.clone(), none, Vec::new());
     };
     let limit = cli_limit(cfg);
     let file = format!("file:{}", dir.join("cli.redb").display());
@@ -313,11 +339,33 @@ async fn cli(cfg: &Config, dir: &std::path::Path) -> (CliRuns, CliRuns) {
         Err(e) => {
             acq.push(("etcd".into(), n, Err(e.clone())));
             rel.push(("etcd".into(), n, Err(e)));
-            return (acq, rel);
+            return (acq, rel, Vec::new());
         }
     };
     let url = etcd.endpoint().replacen("http://", "etcd://", 1);
-    acq.push(("etcd".into(), n, scenarios::cli_acquire(&bin, &url, dir, n, limit).await));
-    rel.push(("etcd".into(), n, scenarios::cli_release(&bin, &url, dir, n, limit).await));
-    (acq, rel)
+    let etcd_pid = etcd.pid().map(|p| p.to_string()).unwrap_or_default();
+    // The CLI is this process's only child that ends during a run, so the growth of the reaped
+    // children's CPU is the CLI's.
+    let sample = || (stats::cpu_secs("self", true), stats::cpu_secs(&etcd_pid, false));
+    let split = |before: (Option<f64>, Option<f64>), secs: &Outcome<f64>| {
+        let after = sample();
+        let delta = |a: Option<f64>, b: Option<f64>| b.zip(a).map_or(f64::NAN, |(b, a)| b - a);
+        let wall = secs.as_ref().copied().unwrap_or(f64::NAN);
+        stats::CpuSplit {
+            keys: n,
+            wall,
+            client: delta(before.0, after.0),
+            etcd: delta(before.1, after.1),
+        }
+    };
+    let mut cpu = Vec::new();
+    let before = sample();
+    let r = scenarios::cli_acquire(&bin, &url, dir, n, limit).await;
+    cpu.push(("`acquire --from` (CLI process)".to_string(), split(before, &r)));
+    acq.push(("etcd".into(), n, r));
+    let before = sample();
+    let r = scenarios::cli_release(&bin, &url, dir, n, limit).await;
+    cpu.push(("`release --from` (CLI process)".to_string(), split(before, &r)));
+    rel.push(("etcd".into(), n, r));
+    (acq, rel, cpu)
 }

@@ -256,6 +256,42 @@ impl Report {
             }
             None => {}
         }
+        s.push_str(&self.cpu_markdown());
+        s
+    }
+
+    /// Where the CPU of the etcd bulk runs went, and what that makes of the missed ratios: the
+    /// client and etcd share this machine's cores, so the CPU each key costs both of them bounds
+    /// the rate, whatever the round trips.
+    fn cpu_markdown(&self) -> String {
+        let mut s = String::new();
+        if self.cpu_split.is_empty() {
+            return s;
+        }
+        let cores = self.cores.max(1) as f64;
+        let _ = writeln!(s, "\n## Where the CPU goes (etcd bulk runs)\n\nCPU seconds from `/proc` (user + system) of the client process and of the etcd server over each run. On {} cores shared by client and etcd, no run can exceed cores ÷ (client + etcd CPU per key), the CPU bound in the last column.\n\n| run | keys | wall s | client CPU µs/key | etcd CPU µs/key | CPU bound keys/s |\n|---|---:|---:|---:|---:|---:|", self.cores);
+        for (what, c) in &self.cpu_split {
+            let (cl, et) = c.per_key_us();
+            let _ = writeln!(
+                s,
+                "| {what} | {} | {:.1} | {cl:.1} | {et:.1} | {:.0} |",
+                c.keys,
+                c.wall,
+                cores * 1e6 / (cl + et)
+            );
+        }
+        let find = |p: &str| self.cpu_split.iter().find(|(w, _)| w.starts_with(p)).map(|(_, c)| c);
+        let one_key = tput(self.new_key_run(64, Kind::Ceiling));
+        let batched = self.batched_ceiling.as_ref().and_then(|(_, r)| r.as_ref().ok().copied());
+        let _ = writeln!(s, "\n### Why the etcd ratios are where they are\n");
+        if let (Some(b), Some(c)) = (batched, one_key) {
+            let _ = writeln!(s, "- **≥ 8× the one-key ceiling:** the batched ceiling itself (no client work at all) is {:.1}× the one-key ceiling in this run. A target above that ratio cannot be met by any client on this machine; `acquire --from` can only approach the batched ceiling.", b / c);
+        }
+        if let (Some(ceil), Some(acq)) = (find("batched"), find("`acquire")) {
+            let (c0, e0) = ceil.per_key_us();
+            let (c1, e1) = acq.per_key_us();
+            let _ = writeln!(s, "- **≥ 0.7× the batched ceiling:** per key, `acquire --from` costs {:.0} µs of CPU in all ({c1:.0} client + {e1:.0} etcd) against the ceiling's {:.0} µs ({c0:.0} + {e0:.0}): a CPU-bound ratio of {:.2}×. The client's extra CPU is the per-key decision, cache and bookkeeping the ceiling skips; etcd's extra CPU comes with what the ceiling leaves out: the pool watch that streams every record written back to the allocator's cache, and the session and sync reads (not separated here). Both come out of the same two cores, so the CPU-bound ratio is the ratio a faster network or etcd cannot change.", c1 + e1, c0 + e0, (c0 + e0) / (c1 + e1));
+        }
         s
     }
 

@@ -179,3 +179,38 @@ mod tests {
         assert_eq!(run.retries_per_op(), 0.5);
     }
 }
+
+/// Where the CPU of one bulk run went: the client process and the etcd server, in seconds, over
+/// `wall` seconds for `keys` keys. The batching targets are ratios against etcd ceilings, and on a
+/// 2-core machine the client and etcd share the cores, so the client's CPU per key is what a
+/// missed ratio is made of (docs/benchmarks-batching.md).
+#[derive(Clone, Debug, Default)]
+pub struct CpuSplit {
+    pub keys: usize,
+    pub wall: f64,
+    pub client: f64,
+    pub etcd: f64,
+}
+
+impl CpuSplit {
+    /// Microseconds of CPU per key: (client, etcd).
+    pub fn per_key_us(&self) -> (f64, f64) {
+        let k = self.keys.max(1) as f64;
+        (self.client * 1e6 / k, self.etcd * 1e6 / k)
+    }
+}
+
+/// CPU seconds (user + system) used by process `pid` (`"self"` for this one), or with `children`
+/// those of its children it has waited for (`cutime + cstime`), from `/proc/PID/stat`. `None` where
+/// there is no procfs. The unit is USER_HZ, which Linux fixes at 100 ticks per second for
+/// user space whatever the kernel's own tick rate.
+pub fn cpu_secs(pid: &str, children: bool) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may contain spaces and parentheses: fields resume after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // f[0] is field 3 (state): utime is field 14, stime 15, cutime 16, cstime 17.
+    let (a, b) = if children { (13, 14) } else { (11, 12) };
+    let ticks: u64 = f.get(a)?.parse::<u64>().ok()? + f.get(b)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}

@@ -11,12 +11,15 @@
 //! remote-view metrics, which `serve` does not export (it runs no remote views), come from the
 //! library with a remote view in this process, rendered by the same exporter.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{plain_agent, request};
 use promql_parser::label::Matchers;
 use promql_parser::parser::{self, Expr, LabelModifier};
 use serde::Deserialize;
@@ -399,21 +402,11 @@ impl Serve {
     }
 
     fn call(&self, method: &str, path: &str, body: Option<Value>) -> (u16, String) {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build()
-            .into();
-        let url = self.process.http(path);
-        let r = match (method, body) {
-            ("GET", _) => agent.get(&url).call(),
-            ("DELETE", _) => agent.delete(&url).call(),
-            ("PUT", _) => agent.put(&url).send_empty(),
-            ("POST", Some(b)) => agent.post(&url).send(b.to_string()),
-            _ => agent.post(&url).send_empty(),
-        };
-        let mut r = r.unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-        (r.status().as_u16(), r.body_mut().read_to_string().unwrap_or_default())
+        let agent = plain_agent(Duration::from_secs(30));
+        let body = body.map(|b| b.to_string());
+        let r = request(&agent, method, &self.process.http(path), None, body.as_deref())
+            .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+        (r.status, r.text)
     }
 
     fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {

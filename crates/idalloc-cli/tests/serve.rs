@@ -5,12 +5,15 @@
 //! etcd: `IDALLOC_TEST_ETCD` if set, else a private etcd (see `idalloc_testkit::etcd`); each test uses
 //! its own key prefix. Every process a test starts is stopped by PID when the test ends.
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{plain_agent, request, Resp};
 use idalloc_testkit::serve::Serve;
 use serde_json::{json, Value};
 
@@ -29,37 +32,12 @@ fn start_serve(store: &str, prefix: &str, extra: &[&str]) -> Serve {
 }
 
 fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into()
+    plain_agent(Duration::from_secs(60))
 }
 
-/// One response: status and JSON body (Null if not JSON).
-#[derive(Debug)]
-struct Resp {
-    status: u16,
-    body: Value,
-    text: String,
-}
-
+/// One request over plain HTTP; a transport failure fails the test.
 fn send(method: &str, url: &str, body: Option<&str>) -> Resp {
-    let a = agent();
-    let r = match (method, body) {
-        ("GET", _) => a.get(url).call(),
-        ("DELETE", _) => a.delete(url).call(),
-        ("POST", Some(b)) => a.post(url).header("content-type", "application/json").send(b),
-        ("POST", None) => a.post(url).send_empty(),
-        ("PUT", Some(b)) => a.put(url).send(b),
-        ("PUT", None) => a.put(url).send_empty(),
-        _ => panic!("unsupported {method}"),
-    };
-    let mut r = r.unwrap_or_else(|e| panic!("{method} {url}: {e}"));
-    let status = r.status().as_u16();
-    let text = r.body_mut().read_to_string().unwrap_or_default();
-    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Resp { status, body, text }
+    request(&agent(), method, url, None, body).unwrap_or_else(|e| panic!("{method} {url}: {e}"))
 }
 
 fn get(s: &Serve, path: &str) -> Resp {
@@ -80,22 +58,6 @@ fn get_until(s: &Serve, path: &str, done: impl Fn(&Resp) -> bool) -> Resp {
 
 fn post(s: &Serve, path: &str, body: Value) -> Resp {
     send("POST", &s.http(path), Some(&body.to_string()))
-}
-
-impl Resp {
-    fn ok(self) -> Value {
-        assert!(self.status == 200 || self.status == 201, "{} {}", self.status, self.text);
-        self.body
-    }
-
-    /// Asserts an error status and kind; returns the message.
-    fn err(self, status: u16, kind: &str) -> String {
-        assert_eq!(self.status, status, "{}", self.text);
-        assert_eq!(self.body["kind"], kind, "{}", self.text);
-        let msg = self.body["message"].as_str().expect("message").to_string();
-        assert!(!msg.is_empty());
-        msg
-    }
 }
 
 fn rt() -> tokio::runtime::Runtime {

@@ -7,11 +7,14 @@
 //! The store is `memory:` (authentication sits in front of the store; the store side of issue 11
 //! is tested in `cli_secure.rs` and `etcd_secure.rs`). Every process is stopped by its PID.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::{plain_agent, request, Resp};
 use idalloc_testkit::secure::{CertFiles, TestPki};
 use idalloc_testkit::serve::Serve;
 use serde_json::{json, Value};
@@ -55,23 +58,10 @@ fn agent(ca: &Path, client: Option<&CertFiles>) -> ureq::Agent {
         .into()
 }
 
-fn plain_agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(30)))
-        .build()
-        .into()
-}
+/// A request of the scope matrix: method, path, body.
+type Case = (&'static str, String, Option<Value>);
 
-#[derive(Debug)]
-struct Resp {
-    status: u16,
-    body: Value,
-    text: String,
-    www_authenticate: Option<String>,
-}
-
-/// One request; `Err` is a transport failure (TLS refused, connection closed), as text.
+/// One request with a JSON body (see `common::request`).
 fn call(
     a: &ureq::Agent,
     method: &str,
@@ -79,45 +69,11 @@ fn call(
     token: Option<&str>,
     body: Option<Value>,
 ) -> Result<Resp, String> {
-    let auth = token.map(|t| format!("Bearer {t}"));
-    macro_rules! with_auth {
-        ($req:expr) => {{
-            let r = $req;
-            match &auth {
-                Some(h) => r.header("authorization", h),
-                None => r,
-            }
-        }};
-    }
-    let r = match (method, body) {
-        ("GET", _) => with_auth!(a.get(url)).call(),
-        ("DELETE", _) => with_auth!(a.delete(url)).call(),
-        ("POST", Some(b)) => with_auth!(a.post(url)).send(b.to_string()),
-        ("POST", None) => with_auth!(a.post(url)).send_empty(),
-        ("PUT", _) => with_auth!(a.put(url)).send_empty(),
-        _ => panic!("unsupported {method}"),
-    };
-    let mut r = r.map_err(|e| e.to_string())?;
-    let status = r.status().as_u16();
-    let www_authenticate =
-        r.headers().get("www-authenticate").and_then(|v| v.to_str().ok()).map(str::to_string);
-    // A watch stream never ends: read only what is there for a successful one.
-    let text = if url.contains("/watch") && status == 200 {
-        String::new()
-    } else {
-        r.body_mut().read_to_string().unwrap_or_default()
-    };
-    let body = serde_json::from_str(&text).unwrap_or(Value::Null);
-    Ok(Resp { status, body, text, www_authenticate })
+    request(a, method, url, token, body.map(|b| b.to_string()).as_deref())
 }
 
-/// A request of the scope matrix: method, path, body.
-type Case = (&'static str, String, Option<Value>);
-
 fn ok(r: Result<Resp, String>) -> Value {
-    let r = r.expect("transport");
-    assert!(r.status == 200 || r.status == 201, "{} {}", r.status, r.text);
-    r.body
+    r.expect("transport").ok()
 }
 
 /// Writes a new CA and a server certificate for 127.0.0.1 it signed: (CA file, cert PEM, key PEM).
@@ -169,7 +125,7 @@ fn https_serves_refuses_plain_http_and_a_wrong_ca_and_rotates_its_certificate() 
         .expect_err("a client trusting another CA must not connect");
     assert!(e.to_lowercase().contains("certificate") || e.contains("UnknownIssuer"), "{e}");
     // Plain HTTP to the TLS port gets no HTTP answer.
-    let plain = call(&plain_agent(), "GET", &s.http("/healthz"), None, None);
+    let plain = call(&plain_agent(Duration::from_secs(30)), "GET", &s.http("/healthz"), None, None);
     assert!(plain.is_err(), "plain HTTP to the TLS port answered: {plain:?}");
 
     // Rotation on SIGHUP: a new certificate from a new CA, without restart.

@@ -362,6 +362,11 @@ impl EtcdServer {
         self.cluster.members[0].client_url()
     }
 
+    /// The etcd process's PID while it runs (benchmarks read its CPU time from `/proc`).
+    pub fn pid(&self) -> Option<u32> {
+        self.cluster.member_pid(0)
+    }
+
     /// Kills the etcd process (by PID) now, e.g. to test how clients see a dead store.
     pub fn kill(&mut self) {
         self.cluster.members[0].kill();

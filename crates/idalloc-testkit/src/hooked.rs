@@ -10,6 +10,9 @@
 //!
 //! Model: tower's `Service` middleware, minus the generality: one store trait, one enum of
 //! requests.
+//!
+//! The library's unit tests compile this file too (`#[path]` in `idalloc/src/lib.rs`, where
+//! `idalloc::` names the library itself): keep it to `idalloc::` paths, std and `async_trait`.
 
 use std::sync::Arc;
 

@@ -23,7 +23,8 @@
 //!
 //! The library's integration tests, the CLI's tests, the chaos test and the bench harness depend
 //! on this crate; the library's own unit tests do not (a dev-dependency cycle would give them a
-//! second copy of the library's types).
+//! second copy of the library's types): they compile [`hooked`]'s source file into the library
+//! instead (`#[path]` in `idalloc/src/lib.rs`), so there is still one forwarding store.
 
 #![forbid(unsafe_code)]
 

@@ -218,42 +218,24 @@ mod tests {
     use std::sync::Mutex;
 
     use super::*;
+    use crate::hooked::{Hook, HookedStore, Request};
     use crate::store::embedded::EmbeddedStore;
-    use crate::store::{Lease, LeaseId, StoreResult, TxnOp, TxnRequest, TxnResponse, WatchStream};
+    use crate::store::{StoreResult, TxnOp, TxnRequest};
 
-    /// A real store where, in the gap between the follower's first listing and its first watch,
+    /// Over a real store: in the gap between the follower's first listing and its first watch,
     /// key `b` is deleted and the store compacted at exactly that delete's revision.
-    struct GapStore {
-        inner: EmbeddedStore,
+    struct Gap {
         armed: AtomicBool,
     }
 
     #[async_trait::async_trait]
-    impl Store for GapStore {
-        async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-            self.inner.txn(req).await
-        }
-        async fn get(&self, req: GetRequest) -> StoreResult<crate::store::GetResponse> {
-            self.inner.get(req).await
-        }
-        async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-            self.inner.lease_grant(ttl).await
-        }
-        async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-            self.inner.lease_keep_alive(id).await
-        }
-        async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-            self.inner.lease_revoke(id).await
-        }
-        async fn watch(&self, range: KeyRange, start: Revision) -> StoreResult<WatchStream> {
-            if self.armed.swap(false, Ordering::SeqCst) {
-                let r = self.inner.txn(TxnRequest::new().and_then([TxnOp::delete("p/b")])).await?;
-                self.inner.compact(r.revision).await?;
+    impl Hook<EmbeddedStore> for Gap {
+        async fn before(&self, inner: &Arc<EmbeddedStore>, req: Request) -> StoreResult<Request> {
+            if matches!(req, Request::Watch { .. }) && self.armed.swap(false, Ordering::SeqCst) {
+                let r = inner.txn(TxnRequest::new().and_then([TxnOp::delete("p/b")])).await?;
+                inner.compact(r.revision).await?;
             }
-            self.inner.watch(range, start).await
-        }
-        async fn compact(&self, revision: Revision) -> StoreResult<()> {
-            self.inner.compact(revision).await
+            Ok(req)
         }
     }
 
@@ -301,7 +283,7 @@ mod tests {
             .txn(TxnRequest::new().and_then([TxnOp::put("p/a", "1"), TxnOp::put("p/b", "2")]))
             .await
             .expect("seed");
-        let store = Arc::new(GapStore { inner, armed: AtomicBool::new(true) });
+        let store = Arc::new(HookedStore::with_hook(inner, Gap { armed: AtomicBool::new(true) }));
         let view = Arc::new(View::default());
         let cfg = FeedConfig {
             store: store.clone(),

@@ -127,6 +127,17 @@ pub mod store;
 mod sweeper;
 mod sync;
 
+// The unit tests wrap stores with the testkit's ONE forwarding store (`HookedStore` and its
+// `Hook`s), compiled here from the testkit's source file: a dev-dependency on the testkit would
+// give them a second copy of this crate's types. Its `idalloc::` paths name this crate through
+// the alias. (Its own tests then run here too; they are quick.)
+#[cfg(test)]
+extern crate self as idalloc;
+#[cfg(test)]
+#[path = "../../idalloc-testkit/src/hooked.rs"]
+#[allow(dead_code)]
+mod hooked;
+
 pub use allocator::{
     Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
     RetryPolicy,

@@ -26,6 +26,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
+use idalloc::store::StoreError;
 use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
 use idalloc_chaos::history::{now_ns, OpKind, Outcome, Record};
 use rand::rngs::StdRng;
@@ -171,7 +172,19 @@ async fn run(a: Args) -> Result<(), String> {
     eo.keep_alive_timeout = Duration::from_secs(2);
     eo.tls = a.tls.clone();
     eo.auth = a.auth.clone();
-    let store = EtcdStore::connect(eo).await.map_err(|e| format!("etcd client: {e}"))?;
+    // Connecting is set-up too (with a user it authenticates over the network, so a client
+    // started while etcd's only member is down cannot connect): retry an outage until the
+    // deadline, as an agent's start-up would. Refusals (TLS, credentials) still end the run.
+    let store = loop {
+        match EtcdStore::connect(eo.clone()).await {
+            Ok(s) => break s,
+            Err(StoreError::Unavailable(reason)) if now_ns() < a.until_ns => {
+                eprintln!("{proc_tag}: connecting to etcd: {reason}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(e) => return Err(format!("etcd client: {e}")),
+        }
+    };
     let opts = AllocatorOptions {
         prefix: a.prefix.clone(),
         holder: Some(a.holder.clone()),

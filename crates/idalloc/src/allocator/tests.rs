@@ -6,44 +6,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Allocator, AllocatorOptions};
+use crate::hooked::{Hook, HookedStore, Request};
 use crate::pool::PoolSpec;
 use crate::store::embedded::EmbeddedStore;
-use crate::store::{
-    GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreResult, TxnRequest,
-    TxnResponse, WatchStream,
-};
+use crate::store::StoreResult;
 
-/// A real embedded store whose txns can be made to never answer (a request lost in flight).
-struct Gate {
-    store: EmbeddedStore,
-    hang: AtomicBool,
-}
+/// Makes txns never answer while set (a request lost in flight).
+struct Hang(AtomicBool);
 
 #[async_trait::async_trait]
-impl Store for Gate {
-    async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-        if self.hang.load(Ordering::SeqCst) {
+impl Hook<EmbeddedStore> for Hang {
+    async fn before(&self, _: &Arc<EmbeddedStore>, req: Request) -> StoreResult<Request> {
+        if matches!(req, Request::Txn(_)) && self.0.load(Ordering::SeqCst) {
             std::future::pending::<()>().await;
         }
-        self.store.txn(req).await
-    }
-    async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-        self.store.get(req).await
-    }
-    async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-        self.store.lease_grant(ttl).await
-    }
-    async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-        self.store.lease_keep_alive(id).await
-    }
-    async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-        self.store.lease_revoke(id).await
-    }
-    async fn watch(&self, range: KeyRange, start: Revision) -> StoreResult<WatchStream> {
-        self.store.watch(range, start).await
-    }
-    async fn compact(&self, revision: Revision) -> StoreResult<()> {
-        self.store.compact(revision).await
+        Ok(req)
     }
 }
 
@@ -52,7 +29,8 @@ impl Store for Gate {
 /// round trip and while waiting for the lock — must leave the map clean and the key usable.
 #[tokio::test]
 async fn cancelled_acquire_cleans_its_key_lock_and_the_key_still_works() {
-    let gate = Arc::new(Gate { store: EmbeddedStore::memory(), hang: AtomicBool::new(false) });
+    let gate =
+        Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), Hang(AtomicBool::new(false))));
     let opts = AllocatorOptions {
         request_timeout: Duration::from_secs(30),
         seed: Some(1),
@@ -64,11 +42,11 @@ async fn cancelled_acquire_cleans_its_key_lock_and_the_key_still_works() {
     let state = pool.state.clone();
 
     // Cancelled during the bind's round trip (the txn never answers).
-    gate.hang.store(true, Ordering::SeqCst);
+    gate.hook().0.store(true, Ordering::SeqCst);
     let cancelled = tokio::time::timeout(Duration::from_millis(50), pool.acquire("k")).await;
     assert!(cancelled.is_err(), "the acquire should have been cancelled: {cancelled:?}");
     assert_eq!(state.key_locks_len(), 0, "a cancelled acquire left its key lock behind");
-    gate.hang.store(false, Ordering::SeqCst);
+    gate.hook().0.store(false, Ordering::SeqCst);
 
     // Cancelled while waiting for the key's lock, which someone else holds.
     let other = state.lock_key("k").await;

@@ -679,7 +679,10 @@ fn range_end_of(range: &KeyRange) -> Vec<u8> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+    use crate::hooked::{Answer, Hook, HookedStore, Kind, Response};
 
     #[test]
     fn prefix_end_increments_last_byte_that_can_be() {
@@ -689,21 +692,17 @@ mod tests {
         assert_eq!(prefix_end(b""), vec![0]);
     }
 
-    /// etcd's client refuses answers over 4 MiB; this wrapper does the same over a real embedded
+    /// etcd's client refuses answers over 4 MiB; this hook does the same over a real embedded
     /// store, and records the size of every answer it let through.
     struct ResponseLimit {
-        store: embedded::EmbeddedStore,
         limit: usize,
         sizes: std::sync::Mutex<Vec<usize>>,
     }
 
     #[async_trait::async_trait]
-    impl Store for ResponseLimit {
-        async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
-            self.store.txn(req).await
-        }
-        async fn get(&self, req: GetRequest) -> StoreResult<GetResponse> {
-            let resp = self.store.get(req).await?;
+    impl Hook<embedded::EmbeddedStore> for ResponseLimit {
+        async fn after(&self, _: &Arc<embedded::EmbeddedStore>, _: Kind, result: Answer) -> Answer {
+            let Ok(Response::Get(resp)) = &result else { return result };
             let size: usize = resp.kvs.iter().map(|kv| kv.key.len() + kv.value.len() + 20).sum();
             if size > self.limit {
                 return Err(StoreError::ResponseTooLarge(format!(
@@ -712,22 +711,7 @@ mod tests {
                 )));
             }
             self.sizes.lock().unwrap().push(size);
-            Ok(resp)
-        }
-        async fn lease_grant(&self, ttl: i64) -> StoreResult<Lease> {
-            self.store.lease_grant(ttl).await
-        }
-        async fn lease_keep_alive(&self, id: LeaseId) -> StoreResult<Option<i64>> {
-            self.store.lease_keep_alive(id).await
-        }
-        async fn lease_revoke(&self, id: LeaseId) -> StoreResult<bool> {
-            self.store.lease_revoke(id).await
-        }
-        async fn watch(&self, range: KeyRange, start: Revision) -> StoreResult<WatchStream> {
-            self.store.watch(range, start).await
-        }
-        async fn compact(&self, revision: Revision) -> StoreResult<()> {
-            self.store.compact(revision).await
+            result
         }
     }
 
@@ -743,15 +727,16 @@ mod tests {
             assert!(inner.txn(TxnRequest::new().and_then(ops)).await.unwrap().succeeded);
         }
         let limit = 4 * 1024 * 1024;
-        let s = ResponseLimit { store: inner, limit, sizes: Default::default() };
+        let s = HookedStore::with_hook(inner, ResponseLimit { limit, sizes: Default::default() });
         let (kvs, _) = list_all(&s, &KeyRange::prefix("big/"), 1000).await.unwrap();
         let names: Vec<String> =
             kvs.iter().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()).collect();
         assert_eq!(names, (0..400).map(name).collect::<Vec<_>>());
-        let sizes = s.sizes.lock().unwrap().clone();
+        let sizes = s.hook().sizes.lock().unwrap().clone();
         assert!(sizes.len() > 1 && sizes.iter().all(|&n| n <= limit), "{sizes:?}");
         // A single record over the limit cannot be paged around: the error says so.
-        let tiny = ResponseLimit { store: s.store.clone(), limit: 100, sizes: Default::default() };
+        let tiny = ResponseLimit { limit: 100, sizes: Default::default() };
+        let tiny = HookedStore::with_hook(s.inner().clone(), tiny);
         match list_all(&tiny, &KeyRange::prefix("big/"), 1000).await {
             Err(StoreError::ResponseTooLarge(m)) => assert!(m.contains("found"), "{m}"),
             other => panic!("expected ResponseTooLarge, got {other:?}"),

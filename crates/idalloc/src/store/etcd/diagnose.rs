@@ -38,16 +38,53 @@ pub(super) enum Finding {
 /// server that accepted our TLS client answers with its own SETTINGS frame.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
 
-/// Probes `target` within `budget`. `tls` is the client's rustls config for `https://`
-/// endpoints; `permissive` the accept-anything config for `http://` ones.
+/// How long [`probe`] waits before it probes again to confirm a closed connection.
+const CONFIRM_PAUSE: Duration = Duration::from_millis(200);
+
+/// Probes `target` within `budget` (twice that when confirming). `tls` is the client's rustls
+/// config for `https://` endpoints; `permissive` the accept-anything config for `http://` ones.
+///
+/// A connection the server closed in or right after the handshake is what a plain-text etcd or a
+/// rejected client sees, and also what a member that is being killed or restarted does to a
+/// client. Naming a misconfiguration ([`Finding::Refused`], which callers do not retry) from one
+/// such close turned an outage into a permanent error: the secured chaos run under load saw a
+/// client started while etcd's only member was being killed exit with "does not speak TLS".
+/// So a close is confirmed by a second probe: a misconfiguration closes again, a dying member is
+/// gone by then (unreachable) or answers.
 pub(super) async fn probe(
     target: &Target,
     tls: Option<&Arc<ClientConfig>>,
     permissive: Option<&Arc<ClientConfig>>,
     budget: Duration,
 ) -> Finding {
+    let (first, closed) = probe_once(target, tls, permissive, budget).await;
+    if !closed {
+        return first;
+    }
+    tokio::time::sleep(CONFIRM_PAUSE).await;
+    probe_once(target, tls, permissive, budget).await.0
+}
+
+/// True if `e` is the server closing the connection (an end of file or a reset), not a TLS
+/// verdict.
+fn is_close(e: &std::io::Error) -> bool {
+    rustls_error(e).is_none()
+        && matches!(
+            e.kind(),
+            std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset
+        )
+}
+
+/// One probe: the finding, and whether it rests on the server closing the connection.
+async fn probe_once(
+    target: &Target,
+    tls: Option<&Arc<ClientConfig>>,
+    permissive: Option<&Arc<ClientConfig>>,
+    budget: Duration,
+) -> (Finding, bool) {
     let endpoint = target.url.clone();
     let https = target.url.starts_with("https://");
+    let mut closed = false;
     let work = async {
         let tcp = match target.tcp(budget).await {
             Ok(s) => s,
@@ -91,16 +128,18 @@ pub(super) async fn probe(
         let mut stream = match TlsConnector::from(config.clone()).connect(name, tcp).await {
             Ok(s) => s,
             Err(e) => {
+                closed = is_close(&e);
                 return Finding::Refused {
                     endpoint: endpoint.clone(),
                     cause: AccessCause::Tls,
                     detail: handshake_failure(&e, &target.host),
-                }
+                };
             }
         };
         // With TLS 1.3 the server checks our certificate after our side of the handshake is
         // done: its verdict arrives with the first read.
         if let Err(e) = stream.write_all(H2_PREFACE).await {
+            closed = is_close(&e);
             return Finding::Refused {
                 endpoint: endpoint.clone(),
                 cause: AccessCause::Tls,
@@ -109,24 +148,33 @@ pub(super) async fn probe(
         }
         let mut buf = [0u8; 64];
         match stream.read(&mut buf).await {
-            Ok(0) => Finding::Refused {
-                endpoint: endpoint.clone(),
-                cause: AccessCause::Tls,
-                detail: "the server closed the connection right after the TLS handshake (does it \
-                         want a client certificate, --cert/--key?)"
-                    .into(),
-            },
+            Ok(0) => {
+                closed = true;
+                Finding::Refused {
+                    endpoint: endpoint.clone(),
+                    cause: AccessCause::Tls,
+                    detail: "the server closed the connection right after the TLS handshake \
+                             (does it want a client certificate, --cert/--key?)"
+                        .into(),
+                }
+            }
             Ok(_) => Finding::Fine,
-            Err(e) => Finding::Refused {
-                endpoint: endpoint.clone(),
-                cause: AccessCause::Tls,
-                detail: after_handshake(&e),
-            },
+            Err(e) => {
+                closed = is_close(&e);
+                Finding::Refused {
+                    endpoint: endpoint.clone(),
+                    cause: AccessCause::Tls,
+                    detail: after_handshake(&e),
+                }
+            }
         }
     };
     match tokio::time::timeout(budget, work).await {
-        Ok(f) => f,
-        Err(_) => Finding::Unreachable { endpoint, detail: format!("no answer within {budget:?}") },
+        Ok(f) => (f, closed),
+        Err(_) => (
+            Finding::Unreachable { endpoint, detail: format!("no answer within {budget:?}") },
+            false,
+        ),
     }
 }
 
@@ -215,5 +263,50 @@ mod tests {
         }
         let other = handshake_failure(&std::io::Error::from(std::io::ErrorKind::TimedOut), "h");
         assert!(!other.contains("does not speak TLS"), "{other}");
+    }
+
+    /// A server that closes our handshake once and is then gone (a member being killed) is an
+    /// outage, not "does not speak TLS"; one that closes every handshake (a plain-text etcd) is
+    /// still named. Found by the secured chaos run: a client started during a kill exited with
+    /// the TLS refusal.
+    #[tokio::test]
+    async fn a_close_in_the_handshake_is_named_only_when_a_second_probe_sees_it_again() {
+        let config = crate::store::etcd::tls::permissive().expect("a TLS client config");
+        let probe_of = |port: u16| {
+            let target = Target::parse(&format!("https://127.0.0.1:{port}")).expect("target");
+            let config = config.clone();
+            async move { probe(&target, Some(&config), None, Duration::from_secs(5)).await }
+        };
+        // Closes every connection after reading the hello: what a plain-text server does.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let plain = tokio::spawn(async move {
+            loop {
+                let Ok((mut s, _)) = listener.accept().await else { return };
+                let mut buf = [0u8; 512];
+                let _ = s.read(&mut buf).await;
+            }
+        });
+        match probe_of(port).await {
+            Finding::Refused { detail, .. } => assert!(detail.contains("does not speak TLS")),
+            other => panic!("a server closing every handshake must be named, got {other:?}"),
+        }
+        plain.abort();
+
+        // Closes one connection, then stops listening: a member being killed.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let port = listener.local_addr().expect("addr").port();
+        let dying = tokio::spawn(async move {
+            if let Ok((mut s, _)) = listener.accept().await {
+                let mut buf = [0u8; 512];
+                let _ = s.read(&mut buf).await;
+            }
+            drop(listener);
+        });
+        match probe_of(port).await {
+            Finding::Unreachable { .. } => {}
+            other => panic!("a member gone after one close is an outage, got {other:?}"),
+        }
+        let _ = dying.await;
     }
 }
