@@ -34,6 +34,55 @@ pub struct Micro {
     pub escape_key_len: usize,
 }
 
+impl Micro {
+    /// Issue 14's lookup targets: `get` within 2× of `key_of`, at full size and on the working set,
+    /// both measured in this run (ratios of one run: the shared machine moves absolute figures).
+    pub fn ratio_targets(&self) -> Vec<String> {
+        let verdict = |ok: bool| if ok { "met" } else { "**missed**" };
+        let line = |what: &str, get: f64, key_of: f64| {
+            let r = get / key_of;
+            format!(
+                "cached `get` ≤ 2× `key_of` at {} bindings, {what}: {r:.2}× (get {get:.0} ns, key_of {key_of:.0} ns) — {}",
+                self.bindings,
+                verdict(r <= 2.0)
+            )
+        };
+        vec![
+            line("random over all bindings", self.get_ns, self.key_of_ns),
+            line("1,000-binding working set", self.get_hot_ns, self.key_of_hot_ns),
+        ]
+    }
+
+    /// The cache lookups and memory as a Markdown section (the `--micro-only --out` report).
+    pub fn cache_markdown(&self, iters: u64) -> String {
+        let mut s = String::new();
+        for t in self.ratio_targets() {
+            s.push_str(&format!("- {t}\n"));
+        }
+        s.push_str(&format!("\nPlain loops, {iters} iterations each, on-CPU time of the benchmarking thread; probe keys of {:.0} bytes.\n\n| what | figure |\n|---|---:|\n", self.avg_key_len));
+        s.push_str(&format!(
+            "| `get(key)`, random over {} bindings | {:.0} ns |\n",
+            self.bindings, self.get_ns
+        ));
+        s.push_str(&format!(
+            "| `key_of(id)`, random over {} bindings | {:.0} ns |\n",
+            self.bindings, self.key_of_ns
+        ));
+        s.push_str(&format!(
+            "| `get(key)`, 1,000-binding working set | {:.0} ns |\n",
+            self.get_hot_ns
+        ));
+        s.push_str(&format!(
+            "| `key_of(id)`, 1,000-binding working set | {:.0} ns |\n",
+            self.key_of_hot_ns
+        ));
+        if let Some(b) = self.bytes_per_binding {
+            s.push_str(&format!("| resident memory per cached binding (RSS delta / bindings) | {b:.0} bytes, of which the key's own bytes {:.0} |\n", self.avg_key_len));
+        }
+        s
+    }
+}
+
 /// On-CPU time of this thread in nanoseconds (`/proc/thread-self/schedstat`, first field), so
 /// that time the scheduler gives to other processes on a shared machine is not counted.
 fn thread_cpu_ns() -> Option<u64> {

@@ -8,7 +8,6 @@
 //! costs one more round trip, never correctness, because every bind is guarded by its compares.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Tombstones are few; a plain map (foldhash, as in `Bindings`) holds them.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -37,10 +36,11 @@ pub enum Event {
     Lagged { missed: u64 },
 }
 
-/// One ID's record as the cache knows it.
+/// One ID's record as the cache knows it. The key is the cache's own (`Box<str>`: nothing shares
+/// it, events carry their own `String`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Entry {
-    key: Arc<str>,
+    key: Box<str>,
     tombstone: bool,
 }
 
@@ -51,7 +51,7 @@ pub struct PoolCache {
     /// Bound IDs and their keys, both ways, in a compact index (`bindings.rs`). Tombstones live
     /// apart: they are few, and keeping them out keeps the index to bindings only.
     bound: Bindings,
-    tombstones: FastMap<u64, Arc<str>>,
+    tombstones: FastMap<u64, Box<str>>,
     /// ID records the cache cannot use (DESIGN §11): unreadable values, or IDs this pool never
     /// hands out (outside its range, reserved, without its prefix bits). Never bindings, never
     /// candidates; reported by [`PoolCache::foreign`].
@@ -141,7 +141,7 @@ impl PoolCache {
 
     /// The key bound to `id`, if any (not a tombstone's former key).
     pub fn key_of(&self, id: u64) -> Option<&str> {
-        self.bound.key_of(id).map(|k| &**k)
+        self.bound.key_of(id)
     }
 
     /// What the cache knows of `id`'s record: `None` if it has none.
@@ -279,34 +279,31 @@ impl PoolCache {
         };
         let new = match slot {
             None => None,
-            Some(rec) => {
-                let (key, tombstone) = match rec {
-                    IdRecord::Bound(k) => (k, false),
-                    IdRecord::Tombstone(k) => (k, true),
-                };
-                let key: Arc<str> = match &old {
-                    Some(e) if *e.key == *key => e.key.clone(),
-                    _ => Arc::from(key),
-                };
-                if let Some(raw) = raw {
-                    self.use_raw(raw);
-                }
-                if tombstone {
-                    self.tombstones.insert(id, key.clone());
-                } else {
-                    self.bound.insert(id, key.clone());
-                }
-                Some(Entry { key, tombstone })
-            }
+            Some(IdRecord::Bound(k)) => Some((k, false)),
+            Some(IdRecord::Tombstone(k)) => Some((k, true)),
         };
-        let was = old.as_ref().filter(|e| !e.tombstone);
-        let now = new.as_ref().filter(|e| !e.tombstone);
-        match (was, now) {
-            (Some(w), Some(n)) if w.key == n.key => None,
-            (_, Some(n)) => Some(Event::Upsert { id, key: n.key.to_string() }),
-            (Some(w), None) => Some(Event::Delete { id, key: w.key.to_string() }),
-            (None, None) => None,
+        if new.is_some() {
+            if let Some(raw) = raw {
+                self.use_raw(raw);
+            }
         }
+        let was = old.as_ref().filter(|e| !e.tombstone).map(|e| &*e.key);
+        let now = new.as_ref().filter(|(_, tombstone)| !tombstone).map(|(k, _)| k.as_str());
+        let event = match (was, now) {
+            (Some(w), Some(n)) if w == n => None,
+            (_, Some(n)) => Some(Event::Upsert { id, key: n.to_string() }),
+            (Some(w), None) => Some(Event::Delete { id, key: w.to_string() }),
+            (None, None) => None,
+        };
+        if let Some((key, tombstone)) = new {
+            let key = key.into_boxed_str();
+            if tombstone {
+                self.tombstones.insert(id, key);
+            } else {
+                self.bound.insert(id, key);
+            }
+        }
+        event
     }
 
     /// Learns from a txn response that `id` is in use (or free) before the watch says so; only the
