@@ -34,7 +34,7 @@ use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome};
 use idalloc_chaos::linearize::{check, CheckError, KeyOp};
 use idalloc_chaos::model::{Call, KeyState, Ret};
 use idalloc_chaos::scan::{analyze, Scan};
-use idalloc_testkit::etcd::{etcd_on_path, EtcdCluster};
+use idalloc_testkit::etcd::{etcd_or_skip, EtcdCluster};
 use idalloc_testkit::g1::read_pool;
 use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
 use rand::rngs::StdRng;
@@ -274,12 +274,7 @@ impl Target for SecureEtcd {
 }
 
 fn skip_without_etcd() -> bool {
-    if etcd_on_path() {
-        return false;
-    }
-    assert!(std::env::var("CI").map_or(true, |v| v != "true"), "etcd is not on PATH under CI");
-    eprintln!("SKIPPED: etcd is not on PATH");
-    true
+    !etcd_or_skip("the chaos test")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use assert_cmd::Command;
-use idalloc_testkit::etcd::etcd_on_path;
+use idalloc_testkit::etcd::etcd_or_skip;
 use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
 use serde_json::Value;
 
@@ -17,15 +17,7 @@ const HARNESS_WAIT: Duration = Duration::from_secs(60);
 const PREFIX: &str = "idalloc-secure/cli";
 
 fn have_etcd() -> bool {
-    if etcd_on_path() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "etcd is not on PATH under CI: the security tests cannot run"
-    );
-    eprintln!("SKIPPED: etcd is not on PATH");
-    false
+    etcd_or_skip("the security tests")
 }
 
 fn start(spec: SecureSpec) -> (tokio::runtime::Runtime, SecureEtcd) {

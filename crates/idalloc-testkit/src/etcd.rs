@@ -141,6 +141,21 @@ fn free_port() -> std::io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
+/// For tests that start their own etcd: true if `etcd` is on `PATH`; otherwise false with a
+/// printed notice (the caller returns: skipped), except under `CI=true`, where a missing etcd
+/// fails the test instead of hiding it. `what` names the tests in that failure.
+pub fn etcd_or_skip(what: &str) -> bool {
+    if etcd_on_path() {
+        return true;
+    }
+    assert!(
+        std::env::var("CI").map_or(true, |v| v != "true"),
+        "etcd is not on PATH under CI: {what} cannot run"
+    );
+    eprintln!("SKIPPED: etcd is not on PATH");
+    false
+}
+
 /// True if `etcd` can be run from `PATH`.
 pub fn etcd_on_path() -> bool {
     Command::new("etcd")

@@ -18,7 +18,7 @@ use idalloc::store::{
 };
 use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
 use idalloc_testkit::conformance::{self, TestStore};
-use idalloc_testkit::etcd::etcd_on_path;
+use idalloc_testkit::etcd::etcd_or_skip;
 use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
 
 /// Longer than any request timeout used here: reaching it means a hang.
@@ -28,15 +28,7 @@ const HANG: Duration = Duration::from_secs(30);
 const TOKEN_TTL_S: u64 = 2;
 
 fn have_etcd() -> bool {
-    if etcd_on_path() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "etcd is not on PATH under CI: the security tests cannot run"
-    );
-    eprintln!("SKIPPED: etcd is not on PATH");
-    false
+    etcd_or_skip("the security tests")
 }
 
 async fn start(spec: SecureSpec) -> SecureEtcd {

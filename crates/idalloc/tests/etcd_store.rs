@@ -41,11 +41,7 @@ async fn killed_etcd_breaks_the_watch_and_requests_are_unavailable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_member_cluster_serves_one_history_on_every_member() {
-    if !idalloc_testkit::etcd::etcd_on_path() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("etcd is not on PATH under CI");
-        }
-        eprintln!("SKIPPED: etcd is not on PATH");
+    if !idalloc_testkit::etcd::etcd_or_skip("the cluster test") {
         return;
     }
     let cluster = EtcdCluster::start(3).await.expect("3-member cluster");
@@ -77,11 +73,7 @@ async fn three_member_cluster_serves_one_history_on_every_member() {
 /// the store's own handling hides the dead member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_follower_does_not_fail_requests_of_a_client_given_every_member() {
-    if !idalloc_testkit::etcd::etcd_on_path() {
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("etcd is not on PATH under CI");
-        }
-        eprintln!("SKIPPED: etcd is not on PATH");
+    if !idalloc_testkit::etcd::etcd_or_skip("the cluster test") {
         return;
     }
     let mut cluster = EtcdCluster::start(3).await.expect("3-member cluster");

@@ -16,7 +16,7 @@ use idalloc::{
     Allocator, AllocatorOptions, Cluster, ClusterEvent, Error, Event, Pool, PoolSpec,
     RemoteOptions, RemoteState,
 };
-use idalloc_testkit::etcd::{etcd_on_path, EtcdCluster};
+use idalloc_testkit::etcd::{etcd_or_skip, EtcdCluster};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::AbortHandle;
 
@@ -31,15 +31,7 @@ struct Site {
 }
 
 fn have_etcd() -> bool {
-    if etcd_on_path() {
-        return true;
-    }
-    assert!(
-        std::env::var("CI").map_or(true, |v| v != "true"),
-        "etcd is not on PATH under CI: the remote-view tests cannot run"
-    );
-    eprintln!("SKIPPED: etcd is not on PATH");
-    false
+    etcd_or_skip("the remote-view tests")
 }
 
 fn spec(cluster_id: u64) -> PoolSpec {
