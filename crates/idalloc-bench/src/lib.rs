@@ -185,35 +185,7 @@ pub async fn run(cfg: &Config) -> Report {
         Some(remote::run(cfg.sync_bindings, cfg.remote_lookup_bindings, cfg.micro_iters).await);
 
     log("embedded stores");
-    match tempfile::tempdir() {
-        Ok(dir) => {
-            for c in [1, 64] {
-                r.embedded.push((
-                    "file (redb, fsync per commit)".into(),
-                    c,
-                    scenarios::embedded(Some(dir.path()), c, cfg.run).await,
-                ));
-            }
-            r.embedded.push(("memory".into(), 64, scenarios::embedded(None, 64, cfg.run).await));
-            log("CLI");
-            let cpu;
-            (r.cli, r.cli_release, cpu) = cli(cfg, dir.path()).await;
-            r.cpu_split.extend(cpu);
-        }
-        Err(e) => r.embedded.push(("file".into(), 1, Err(format!("no temp dir: {e}")))),
-    }
-
-    log("batched etcd ceiling");
-    let ceiling = batched::batched_ceiling(cfg.cli_keys, 64).await;
-    r.batched_ceiling = Some((
-        cfg.cli_keys,
-        ceiling.map(|(rate, cpu)| {
-            r.cpu_split.push(("batched etcd ceiling (bench process)".into(), cpu));
-            rate
-        }),
-    ));
-    log("restart restoration");
-    r.restore = Some((cfg.restore_keys, batched::restore(cfg.restore_keys).await));
+    bulk(cfg, &mut r, true).await;
 
     log("micro-benchmarks");
     let (n, iters) = (cfg.micro_bindings, cfg.micro_iters);
@@ -243,6 +215,16 @@ pub async fn run_batching(cfg: &Config) -> Report {
         log(&format!("new keys, concurrency 64: {}", kind.name()));
         r.new_keys.push((64, kind, scenarios::new_keys(kind, 64, cfg.run).await));
     }
+    bulk(cfg, &mut r, false).await;
+    r.load_after = stats::load_average();
+    r.wall_secs = t0.elapsed().as_secs_f64();
+    r
+}
+
+/// The parts the full run and [`run_batching`] share: the file store at 1 and 64 tasks (and the
+/// memory store at 64 with `memory`), the CLI's bulk commands, the batched etcd ceiling with where
+/// its CPU went, and restart restoration.
+async fn bulk(cfg: &Config, r: &mut Report, memory: bool) {
     match tempfile::tempdir() {
         Ok(dir) => {
             for c in [1, 64] {
@@ -251,6 +233,13 @@ pub async fn run_batching(cfg: &Config) -> Report {
                     "file (redb, fsync per commit)".into(),
                     c,
                     scenarios::embedded(Some(dir.path()), c, cfg.run).await,
+                ));
+            }
+            if memory {
+                r.embedded.push((
+                    "memory".into(),
+                    64,
+                    scenarios::embedded(None, 64, cfg.run).await,
                 ));
             }
             log("CLI");
@@ -271,9 +260,6 @@ pub async fn run_batching(cfg: &Config) -> Report {
     ));
     log("restart restoration");
     r.restore = Some((cfg.restore_keys, batched::restore(cfg.restore_keys).await));
-    r.load_after = stats::load_average();
-    r.wall_secs = t0.elapsed().as_secs_f64();
-    r
 }
 
 /// An empty report of `cfg`'s machine and moment.
