@@ -2,6 +2,9 @@
 //! watches, and the file mode (reopen, corruption, locking). The semantics of single
 //! operations are unit-tested in `mvcc`; the generic conformance suite (pagination at a pinned
 //! revision included) runs from `tests/conformance_embedded.rs`.
+//!
+//! One file of tests (about 600 lines) because the cases share one set of helpers for a store on a
+//! temporary file and on the paused clock; it has no library code.
 
 use futures::StreamExt;
 
