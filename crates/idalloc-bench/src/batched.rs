@@ -16,7 +16,7 @@ use idalloc_testkit::etcd::EtcdServer;
 
 use crate::contender::{err, POOL, RANGE, SESSION_TTL};
 use crate::scenarios::{counted, key};
-use crate::stats::{cpu_secs, CpuSplit};
+use crate::stats::{CpuSample, CpuSplit};
 
 /// Keys per batch, as the CLI's `--from` sends them.
 pub const KEYS_PER_BATCH: usize = 100;
@@ -45,8 +45,7 @@ pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<(f64, CpuSplit
         .id;
     let fences = Fences { spec_rev: Some(spec_rev), seen: Some(spec_rev) };
     let keys: Vec<String> = (0..n).map(|i| key("bceil", 0, 0, i)).collect();
-    let etcd_pid = etcd.pid().map(|p| p.to_string()).unwrap_or_default();
-    let cpu0 = (cpu_secs("self", false), cpu_secs(&etcd_pid, false));
+    let cpu0 = CpuSample::now(false, etcd.pid());
     let t0 = Instant::now();
     let results: Vec<Result<usize, String>> =
         stream::iter(keys.chunks(KEYS_PER_BATCH).enumerate().map(|(b, chunk)| {
@@ -72,7 +71,7 @@ pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<(f64, CpuSplit
         .collect()
         .await;
     let secs = t0.elapsed().as_secs_f64();
-    let cpu1 = (cpu_secs("self", false), cpu_secs(&etcd_pid, false));
+    let cpu = cpu0.split_to(CpuSample::now(false, etcd.pid()), n, secs);
     let mut won = 0;
     for r in results {
         won += r?;
@@ -80,13 +79,6 @@ pub async fn batched_ceiling(n: usize, inflight: usize) -> Result<(f64, CpuSplit
     if won != n {
         return Err(format!("batched ceiling: {won} of {n} keys bound"));
     }
-    let delta = |a: Option<f64>, b: Option<f64>| b.zip(a).map_or(f64::NAN, |(b, a)| b - a);
-    let cpu = CpuSplit {
-        keys: n,
-        wall: secs,
-        client: delta(cpu0.0, cpu1.0),
-        etcd: delta(cpu0.1, cpu1.1),
-    };
     Ok((n as f64 / secs, cpu))
 }
 

@@ -251,13 +251,10 @@ async fn bulk(cfg: &Config, r: &mut Report, memory: bool) {
     }
     log("batched etcd ceiling");
     let ceiling = batched::batched_ceiling(cfg.cli_keys, 64).await;
-    r.batched_ceiling = Some((
-        cfg.cli_keys,
-        ceiling.map(|(rate, cpu)| {
-            r.cpu_split.push(("batched etcd ceiling (bench process)".into(), cpu));
-            rate
-        }),
-    ));
+    if let Ok((_, cpu)) = &ceiling {
+        r.cpu_split.push(("batched etcd ceiling (bench process)".into(), cpu.clone()));
+    }
+    r.batched_ceiling = Some((cfg.cli_keys, ceiling.map(|(rate, _)| rate)));
     log("restart restoration");
     r.restore = Some((cfg.restore_keys, batched::restore(cfg.restore_keys).await));
 }
@@ -329,27 +326,18 @@ async fn cli(
         }
     };
     let url = etcd.endpoint().replacen("http://", "etcd://", 1);
-    let etcd_pid = etcd.pid().map(|p| p.to_string()).unwrap_or_default();
     // The CLI is this process's only child that ends during a run, so the growth of the reaped
     // children's CPU is the CLI's.
-    let sample = || (stats::cpu_secs("self", true), stats::cpu_secs(&etcd_pid, false));
-    let split = |before: (Option<f64>, Option<f64>), secs: &Outcome<f64>| {
-        let after = sample();
-        let delta = |a: Option<f64>, b: Option<f64>| b.zip(a).map_or(f64::NAN, |(b, a)| b - a);
+    let split = |before: stats::CpuSample, secs: &Outcome<f64>| {
         let wall = secs.as_ref().copied().unwrap_or(f64::NAN);
-        stats::CpuSplit {
-            keys: n,
-            wall,
-            client: delta(before.0, after.0),
-            etcd: delta(before.1, after.1),
-        }
+        before.split_to(stats::CpuSample::now(true, etcd.pid()), n, wall)
     };
     let mut cpu = Vec::new();
-    let before = sample();
+    let before = stats::CpuSample::now(true, etcd.pid());
     let r = scenarios::cli_acquire(&bin, &url, dir, n, limit).await;
     cpu.push(("`acquire --from` (CLI process)".to_string(), split(before, &r)));
     acq.push(("etcd".into(), n, r));
-    let before = sample();
+    let before = stats::CpuSample::now(true, etcd.pid());
     let r = scenarios::cli_release(&bin, &url, dir, n, limit).await;
     cpu.push(("`release --from` (CLI process)".to_string(), split(before, &r)));
     rel.push(("etcd".into(), n, r));

@@ -200,11 +200,42 @@ impl CpuSplit {
     }
 }
 
+/// The CPU counters of a client and of an etcd server at one moment (`None` where `/proc` could
+/// not be read); two of them make a [`CpuSplit`].
+#[derive(Clone, Copy, Debug)]
+pub struct CpuSample {
+    client: Option<f64>,
+    etcd: Option<f64>,
+}
+
+impl CpuSample {
+    /// Reads both counters now. The client is this process, or with `children` the children it
+    /// has waited for (a CLI run: the only child that ends during it); `etcd` is the server's PID.
+    pub fn now(children: bool, etcd: Option<u32>) -> CpuSample {
+        CpuSample {
+            client: cpu_secs("self", children),
+            etcd: etcd.and_then(|pid| cpu_secs(&pid.to_string(), false)),
+        }
+    }
+
+    /// What was spent between `self` and `later` on `keys` keys in `wall` seconds (NaN for a
+    /// counter that could not be read).
+    pub fn split_to(&self, later: CpuSample, keys: usize, wall: f64) -> CpuSplit {
+        let delta = |a: Option<f64>, b: Option<f64>| b.zip(a).map_or(f64::NAN, |(b, a)| b - a);
+        CpuSplit {
+            keys,
+            wall,
+            client: delta(self.client, later.client),
+            etcd: delta(self.etcd, later.etcd),
+        }
+    }
+}
+
 /// CPU seconds (user + system) used by process `pid` (`"self"` for this one), or with `children`
 /// those of its children it has waited for (`cutime + cstime`), from `/proc/PID/stat`. `None` where
 /// there is no procfs. The unit is USER_HZ, which Linux fixes at 100 ticks per second for
 /// user space whatever the kernel's own tick rate.
-pub fn cpu_secs(pid: &str, children: bool) -> Option<f64> {
+fn cpu_secs(pid: &str, children: bool) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses: fields resume after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
