@@ -420,8 +420,13 @@ impl RemoteView {
     }
 
     /// Publishes the seconds since the view last followed its remote (0 while synced).
+    ///
+    /// The gauge is set while `unsynced_since` is locked: the once-a-second ticker could otherwise
+    /// read the old `unsynced_since`, lose the CPU while a listing clears it and publishes 0, and
+    /// then overwrite that 0 with its stale age (seen once in a whole-suite loop under load).
     fn report_sync_age(&self) {
-        let age = lock(&self.unsynced_since).map_or(0.0, |t| t.elapsed().as_secs_f64());
+        let since = lock(&self.unsynced_since);
+        let age = since.map_or(0.0, |t| t.elapsed().as_secs_f64());
         metrics::remote_sync_age(&self.pool, &self.name, age);
     }
 
@@ -586,6 +591,8 @@ impl Sink for RemoteSink {
             }
             *lock(&v.stale_at) = None;
             *lock(&v.unsynced_since) = None;
+            // The age says 0 before the state says synced, for the same reason as the drops below.
+            v.report_sync_age();
             // Counted before the state says synced: a caller that waited for `Synced` reads a
             // drop count that covers this listing (the loop saw `dropped() == 0` right after
             // `wait_synced` in 2 of 14 runs under load when this came after the lock).
