@@ -13,6 +13,7 @@ pub mod contender;
 pub mod contiv;
 pub mod heap;
 pub mod micro;
+pub mod plot;
 pub mod remote;
 pub mod report;
 pub mod scenarios;

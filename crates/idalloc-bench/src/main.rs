@@ -7,6 +7,10 @@
 //! to `--out` (default `docs/benchmarks-serve.md`); needs the release `idalloc` binary
 //! (`cargo build --release -p idalloc-cli`, or `--cli PATH`).
 //!
+//! `--batching-only`: issue 14's batching, coalescing, file-store and restoration figures, written
+//! to `--out` (default `docs/benchmarks-batching.md`) with their chart next to it (`.svg`); needs
+//! the release `idalloc` binary like `--serve-only`.
+//!
 //! Runs every scenario (see the crate docs) and writes the Markdown report to `--out` and the plot
 //! next to it (same name, `.svg`). Needs `etcd` on `PATH`. The CLI scenario uses `--cli`, else
 //! `$IDALLOC_CLI`, else `target/release/idalloc` if it exists.
@@ -135,8 +139,12 @@ async fn main() -> Result<(), String> {
         let out = out.unwrap_or_else(|| PathBuf::from("docs/benchmarks-batching.md"));
         cfg.cli = cli.or_else(|| Some(PathBuf::from("target/release/idalloc")));
         let report = idalloc_bench::run_batching(&cfg).await;
-        std::fs::write(&out, report.batching_markdown())
+        let svg = out.with_extension("svg");
+        let svg_name = svg.file_name().map(|n| n.to_string_lossy().into_owned());
+        std::fs::write(&out, report.batching_markdown(svg_name.as_deref()))
             .map_err(|e| format!("writing {}: {e}", out.display()))?;
+        std::fs::write(&svg, report.batching_svg())
+            .map_err(|e| format!("writing {}: {e}", svg.display()))?;
         for t in report.batching_targets() {
             println!("{t}");
         }

@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use crate::contender::Kind;
+use crate::plot::{bars_svg, Bar};
 use crate::stats::{ms, Run};
 use crate::{Outcome, Report};
 
@@ -182,8 +183,65 @@ impl Report {
         t
     }
 
-    /// The page of [`crate::run_batching`]: issue 14's targets and the figures behind them.
-    pub fn batching_markdown(&self) -> String {
+    /// The batching page's chart: every rate issue 14 sets a target on, with its targets drawn
+    /// where they fall (each is a ratio to another bar of the same run, or a fixed rate).
+    pub fn batching_svg(&self) -> String {
+        let one_key = tput(self.new_key_run(64, Kind::Ceiling));
+        let batched = self.batched_ceiling.as_ref().and_then(|(_, r)| r.as_ref().ok().copied());
+        let file64 = self
+            .embedded
+            .iter()
+            .find(|(l, c, _)| l.starts_with("file") && *c == 64)
+            .and_then(|(_, _, r)| r.as_ref().ok().map(Run::throughput));
+        let bar =
+            |label: &str, value: Option<f64>, colour, targets: Vec<(String, Option<f64>)>| Bar {
+                label: label.to_string(),
+                value: value.unwrap_or(0.0),
+                colour,
+                targets: targets.into_iter().filter_map(|(l, v)| v.map(|v| (l, v))).collect(),
+            };
+        let times = |x: f64, of: Option<f64>| of.map(|v| x * v);
+        let bars = [
+            bar("etcd ceiling, one key per txn (64 in flight)", one_key, "#7f7f7f", vec![]),
+            bar("batched etcd ceiling", batched, "#7f7f7f", vec![]),
+            bar(
+                "idalloc, 64 single-key calls (coalesced)",
+                tput(self.new_key_run(64, Kind::Idalloc)),
+                "#1f77b4",
+                vec![("3× one-key".into(), times(3.0, one_key))],
+            ),
+            bar(
+                "idalloc acquire --from, etcd",
+                Self::cli_rate(&self.cli, "etcd"),
+                "#1f77b4",
+                vec![
+                    ("0.7× batched".into(), times(0.7, batched)),
+                    ("8× one-key".into(), times(8.0, one_key)),
+                ],
+            ),
+            bar(
+                "idalloc acquire --from, file store",
+                Self::cli_rate(&self.cli, "file"),
+                "#2ca02c",
+                vec![("20,000/s".into(), Some(20_000.0))],
+            ),
+            bar(
+                "file store, 64 single-key tasks",
+                file64,
+                "#2ca02c",
+                vec![("5× before".into(), Some(5.0 * FILE_64_BEFORE))],
+            ),
+        ];
+        bars_svg(
+            "Issue 14: keys per second, with each target where it falls",
+            "keys (or single-key calls) per second",
+            &bars,
+        )
+    }
+
+    /// The page of [`crate::run_batching`]: issue 14's targets and the figures behind them, with
+    /// the chart of [`Report::batching_svg`] when the caller wrote it to `svg_name`.
+    pub fn batching_markdown(&self, svg_name: Option<&str>) -> String {
         let mut s = String::new();
         let _ =
             writeln!(s, "# Batching, coalescing and restoration (issue 14): benchmark figures\n");
@@ -192,6 +250,9 @@ impl Report {
         let _ = writeln!(s, "## Targets\n");
         for t in self.batching_targets() {
             let _ = writeln!(s, "- {t}");
+        }
+        if let Some(svg) = svg_name {
+            let _ = writeln!(s, "\n![keys per second against each target]({svg})");
         }
         let _ = writeln!(
             s,
@@ -516,7 +577,7 @@ Round trips are counted by `CountingStore` around each node's own etcd connectio
             .iter()
             .filter_map(|(_, _, r)| r.as_ref().ok().map(Run::throughput))
             .fold(1.0f64, f64::max);
-        let ymax = nice_ceiling(ymax);
+        let ymax = crate::plot::nice_ceiling(ymax);
         let (x0, x1) = (ml, w - mr);
         let (y0, y1) = (h - mb, mt);
         let lmin = concs.first().map_or(0.0, |c| (*c as f64).ln());
@@ -601,17 +662,6 @@ Round trips are counted by `CountingStore` around each node's own etcd connectio
         s.push_str("</svg>\n");
         s
     }
-}
-
-/// The smallest 1, 2 or 5 × 10^k at or above `v`.
-fn nice_ceiling(v: f64) -> f64 {
-    let p = 10f64.powf(v.max(1.0).log10().floor());
-    for m in [1.0, 2.0, 5.0, 10.0] {
-        if m * p >= v {
-            return m * p;
-        }
-    }
-    10.0 * p
 }
 
 /// The HTTP service's figures have their own run (they need the release `idalloc` binary); the
