@@ -265,25 +265,8 @@ impl Report {
             }
         }
         let _ = writeln!(s, "\nidalloc's 64 tasks call `Pool::acquire` one key at a time; calls that overlap a txn in flight are coalesced into the next batched txn (round trips/op below 1). The etcd ceiling sends one bare txn per key.\n");
-        let _ = writeln!(s, "## File store (redb, fsync per commit)\n\n| tasks | ops | ops/s | p50 ms | p99 ms | round trips/op |\n|---:|---:|---:|---:|---:|---:|");
-        for (_, c, r) in &self.embedded {
-            match r {
-                Ok(r) => {
-                    let _ = writeln!(
-                        s,
-                        "| {c} | {} | {:.0} | {} | {} | {:.2} |",
-                        r.ops,
-                        r.throughput(),
-                        ms(r.percentile(0.5)),
-                        ms(r.percentile(0.99)),
-                        r.rt_per_op()
-                    );
-                }
-                Err(e) => {
-                    let _ = writeln!(s, "| {c} | failed: {e} | | | | |");
-                }
-            }
-        }
+        let _ = writeln!(s, "## File store (redb, fsync per commit)\n");
+        s.push_str(&self.embedded_table(false));
         let _ = writeln!(s, "\n## Bulk (CLI) and batched ceiling\n");
         for (verb, list) in [("acquire", &self.cli), ("release", &self.cli_release)] {
             for (label, n, r) in list {
@@ -544,13 +527,26 @@ Round trips are counted by `CountingStore` around each node's own etcd connectio
         if let Some(r) = &self.remote {
             s.push_str(&r.markdown());
         }
-        let _ = writeln!(s, "\n## Embedded store\n\nidalloc (`Allocator` + `Pool::acquire`) on `EmbeddedStore`, fresh keys for the run length.\n\n| store | tasks | ops | ops/s | p50 ms | p99 ms | round trips/op |\n|---|---:|---:|---:|---:|---:|---:|");
+        let _ = writeln!(s, "\n## Embedded store\n\nidalloc (`Allocator` + `Pool::acquire`) on `EmbeddedStore`, fresh keys for the run length.\n");
+        s.push_str(&self.embedded_table(true));
+        s.push_str(SERVE_SECTION);
+        s
+    }
+
+    /// The embedded-store runs as a Markdown table, with a store column when the runs cover more
+    /// than one store (the full page) and without it on the batching page (the file store only).
+    fn embedded_table(&self, with_store: bool) -> String {
+        let (head, rule) = if with_store { ("| store ", "|---") } else { ("", "") };
+        let mut s = format!("{head}| tasks | ops | ops/s | p50 ms | p99 ms | round trips/op |\n{rule}|---:|---:|---:|---:|---:|---:|\n");
         for (label, c, r) in &self.embedded {
+            if with_store {
+                let _ = write!(s, "| {label} ");
+            }
             match r {
                 Ok(r) => {
                     let _ = writeln!(
                         s,
-                        "| {label} | {c} | {} | {:.0} | {} | {} | {:.2} |",
+                        "| {c} | {} | {:.0} | {} | {} | {:.2} |",
                         r.ops,
                         r.throughput(),
                         ms(r.percentile(0.5)),
@@ -559,11 +555,10 @@ Round trips are counted by `CountingStore` around each node's own etcd connectio
                     );
                 }
                 Err(e) => {
-                    let _ = writeln!(s, "| {label} | {c} | failed: {e} | | | | |");
+                    let _ = writeln!(s, "| {c} | failed: {e} | | | | |");
                 }
             }
         }
-        s.push_str(SERVE_SECTION);
         s
     }
 
