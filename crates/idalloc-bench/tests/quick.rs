@@ -127,6 +127,20 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
         assert!(md.contains(heading), "report has a section {heading:?}");
     }
     assert!(md.contains("logical cores") && md.contains("load average"));
+    // Both pages list every embedded run: the full page with its store, the batching page (file
+    // store only) without.
+    let rows = |page: &str, lead: &str| page.lines().filter(|l| l.starts_with(lead)).count();
+    assert_eq!(rows(&md, "| file (redb") + rows(&md, "| memory |"), report.embedded.len());
+    let bmd = report.batching_markdown(Some("b.svg"));
+    assert!(
+        bmd.contains("## File store")
+            && bmd.contains("![keys per second against each target](b.svg)")
+    );
+    let file_runs = report.embedded.iter().filter(|(l, _, _)| l.starts_with("file")).count();
+    assert_eq!(rows(&bmd, "| 1 |") + rows(&bmd, "| 64 |"), file_runs);
+    let bsvg = report.batching_svg();
+    assert!(bsvg.starts_with("<svg") && bsvg.trim_end().ends_with("</svg>"));
+    assert_eq!(bsvg.matches(r#"class="bar""#).count(), 6, "one bar per rate with a target");
     let svg = report.svg();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     for k in Kind::ALL {
