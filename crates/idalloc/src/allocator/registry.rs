@@ -186,7 +186,7 @@ impl Inner {
             spec,
             spec_rev,
             doubt: Mutex::new(HashSet::new()),
-            held: Mutex::new(HashMap::new()),
+            held: Mutex::new(HashMap::default()),
             key_locks: Mutex::new(HashMap::new()),
             events,
             mesh,
