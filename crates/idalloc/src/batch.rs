@@ -74,21 +74,22 @@ pub fn ops_needed(t: &TxnRequest) -> usize {
 }
 
 /// Every key `t` may put or delete, in either branch, at any depth (deletes by their start key:
-/// the per-key plans delete single keys only).
-pub fn written_keys(t: &TxnRequest) -> HashSet<Vec<u8>> {
+/// the per-key plans delete single keys only). Borrowed: packing asks this of every key of every
+/// batch, and copying the keys was a visible part of a bulk acquire's client CPU.
+pub fn written_keys(t: &TxnRequest) -> HashSet<&[u8]> {
     let mut out = HashSet::new();
     collect_writes(t, &mut out);
     out
 }
 
-fn collect_writes(t: &TxnRequest, out: &mut HashSet<Vec<u8>>) {
+fn collect_writes<'a>(t: &'a TxnRequest, out: &mut HashSet<&'a [u8]>) {
     for op in t.success.iter().chain(&t.failure) {
         match op {
             TxnOp::Put(p) => {
-                out.insert(p.key.clone());
+                out.insert(&p.key);
             }
             TxnOp::Delete(r) => {
-                out.insert(r.key.clone());
+                out.insert(&r.key);
             }
             TxnOp::Txn(n) => collect_writes(n, out),
             TxnOp::Get(_) => {}
@@ -123,9 +124,9 @@ pub fn txn_bytes(t: &TxnRequest) -> usize {
 }
 
 /// One batch under construction.
-struct Open {
+struct Open<'a> {
     items: Vec<usize>,
-    writes: HashSet<Vec<u8>>,
+    writes: HashSet<&'a [u8]>,
     bytes: usize,
     need: usize,
 }
@@ -142,11 +143,9 @@ pub fn pack(items: &[TxnRequest], frame: &Frame, max_keys: usize) -> Vec<Vec<usi
         success: frame.ops.clone(),
         failure: frame.otherwise.clone(),
     });
-    let frame_writes: HashSet<Vec<u8>> = written_keys(&TxnRequest {
-        compare: Vec::new(),
-        success: frame.ops.clone(),
-        failure: Vec::new(),
-    });
+    let frame_ops =
+        TxnRequest { compare: Vec::new(), success: frame.ops.clone(), failure: Vec::new() };
+    let frame_writes = written_keys(&frame_ops);
     let mut open: Vec<Open> = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let writes = written_keys(item);

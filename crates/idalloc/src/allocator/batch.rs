@@ -204,8 +204,11 @@ impl Inner {
                 .collect();
             let frame = Frame::default();
             let groups = batch::pack(&txns, &frame, MAX_BATCH_KEYS);
+            // Each txn goes into exactly one request: moved there, not cloned (the copies were
+            // about a tenth of `acquire --from`'s client CPU, with their drops).
+            let mut txns: Vec<Option<TxnRequest>> = txns.into_iter().map(Some).collect();
             let answers = futures::future::join_all(groups.iter().map(|g| {
-                let req = batch::assemble(&frame, g.iter().map(|&j| txns[j].clone()));
+                let req = batch::assemble(&frame, g.iter().filter_map(|&j| txns[j].take()));
                 self.req.txn_noting_doubt(req)
             }))
             .await;
