@@ -251,7 +251,7 @@ async fn bulk(cfg: &Config, r: &mut Report, memory: bool) {
         Err(e) => r.embedded.push(("file".into(), 1, Err(format!("no temp dir: {e}")))),
     }
     log("batched etcd ceiling");
-    let ceiling = batched::batched_ceiling(cfg.cli_keys, 64).await;
+    let ceiling = batched::batched_ceiling(cfg.cli_keys, batched::CEILING).await;
     if let Ok((_, cpu)) = &ceiling {
         r.cpu_split.push(("batched etcd ceiling (bench process)".into(), cpu.clone()));
     }

@@ -74,6 +74,57 @@ async fn main() -> Result<(), String> {
                 }
                 return Ok(());
             }
+            // The batched ceiling over keys per txn × txns in flight, printed (how its best shape
+            // was chosen: docs/benchmarks-findings.md, "Batching targets").
+            "--ceiling-sweep" => {
+                let n: usize = std::env::var("IDALLOC_SWEEP_KEYS")
+                    .ok()
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(50_000);
+                // IDALLOC_SWEEP="PER:GROUPS:INFLIGHT:HOIST:LEASED:WATCH,…" (1/0 flags) restricts the grid.
+                let grid: Vec<idalloc_bench::batched::Shape> = match std::env::var("IDALLOC_SWEEP")
+                {
+                    Ok(v) => v
+                        .split(',')
+                        .filter_map(|p| {
+                            let f: Vec<usize> =
+                                p.split(':').filter_map(|x| x.parse().ok()).collect();
+                            (f.len() == 6).then(|| idalloc_bench::batched::Shape {
+                                keys_per_txn: f[0],
+                                groups: f[1],
+                                inflight: f[2],
+                                hoist: f[3] == 1,
+                                leased: f[4] == 1,
+                                watch: f[5] == 1,
+                            })
+                        })
+                        .collect(),
+                    Err(_) => [25, 50, 100, 124]
+                        .into_iter()
+                        .flat_map(|per| {
+                            [1, 2, 4, 8, 16, 64].map(|inflight| idalloc_bench::batched::Shape {
+                                keys_per_txn: per,
+                                groups: 1,
+                                inflight,
+                                hoist: false,
+                                leased: false,
+                                watch: false,
+                            })
+                        })
+                        .collect(),
+                };
+                println!("| keys/group | groups | in flight | hoisted | leased | watch | keys/s | client µs/key | etcd µs/key | wall s |");
+                println!("|---:|---:|---:|---|---|---|---:|---:|---:|---:|");
+                for s in grid {
+                    let (rate, cpu) = idalloc_bench::batched::batched_ceiling(n, s).await?;
+                    let (c, e) = cpu.per_key_us();
+                    println!(
+                        "| {} | {} | {} | {} | {} | {} | {rate:.0} | {c:.1} | {e:.1} | {:.2} |",
+                        s.keys_per_txn, s.groups, s.inflight, s.hoist, s.leased, s.watch, cpu.wall
+                    );
+                }
+                return Ok(());
+            }
             "--out" => {
                 out = Some(args.next().ok_or_else(|| usage("--out needs a file name"))?.into())
             }

@@ -285,7 +285,7 @@ impl Report {
         }
         match &self.batched_ceiling {
             Some((n, Ok(rate))) => {
-                let _ = writeln!(s, "- Batched etcd ceiling: {n} new keys in txns of {} nested per-key txns built by idalloc's own bind plan (4 compares, 3 puts each), 64 txns in flight, a perfect free-ID oracle, no client-side work: **{rate:.0} keys/s**.", crate::batched::KEYS_PER_BATCH);
+                let _ = writeln!(s, "- Batched etcd ceiling: {n} new keys in txns of {} nested per-key txns built by idalloc's own bind plan (4 compares, 3 puts each) with durable references as `acquire --from` writes them, {} txns in flight, a perfect free-ID oracle, no client-side work: **{rate:.0} keys/s**.", crate::batched::CEILING.keys_per_txn, crate::batched::CEILING.inflight);
             }
             Some((n, Err(e))) => {
                 let _ = writeln!(s, "- Batched etcd ceiling ({n} keys): failed: {e}");
@@ -505,7 +505,7 @@ Round trips are counted by `CountingStore` around each node's own etcd connectio
         let _ = writeln!(s, "\n## Batching (issue 14)\n");
         match &self.batched_ceiling {
             Some((n, Ok(rate))) => {
-                let _ = writeln!(s, "- **Batched etcd ceiling**: {n} new keys in txns of {} nested per-key txns built by idalloc's own bind plan (4 compares, 3 puts each), 64 txns in flight, a perfect free-ID oracle and no client-side work: **{rate:.0} keys/s** (`crates/idalloc-bench/src/batched.rs`).", crate::batched::KEYS_PER_BATCH);
+                let _ = writeln!(s, "- **Batched etcd ceiling**: {n} new keys in txns of {} nested per-key txns built by idalloc's own bind plan (4 compares, 3 puts each) with durable references as `acquire --from` writes them, {} txns in flight, a perfect free-ID oracle and no client-side work: **{rate:.0} keys/s** (`crates/idalloc-bench/src/batched.rs`).", crate::batched::CEILING.keys_per_txn, crate::batched::CEILING.inflight);
             }
             Some((n, Err(e))) => {
                 let _ = writeln!(s, "- Batched etcd ceiling ({n} keys): failed: {e}");
