@@ -381,7 +381,10 @@ pub struct AcquireArgs {
     #[arg(long, value_parser = parse::id_range, value_name = "MIN-MAX")]
     pub range: Option<IdRange>,
     /// Batches of keys (up to 100 keys, one store request each) in flight at once with --from.
-    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    /// etcd applies requests one at a time, so more only queue there: 8 was as fast as 64 in the
+    /// benchmark (docs/benchmarks-findings.md, "Batching targets"), and 64 × 100 queued keys came
+    /// near the request timeout on a loaded etcd.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub concurrency: u16,
 }
 
