@@ -24,7 +24,7 @@ use idalloc_bench::{run, Config};
 static HEAP: idalloc_bench::heap::Counting = idalloc_bench::heap::Counting;
 
 fn usage(msg: &str) -> String {
-    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only | --batching-only] [--out FILE.md] [--cli PATH-TO-idalloc]")
+    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only | --batching-only | --coalescing-only [RUNS]] [--out FILE.md] [--cli PATH-TO-idalloc]")
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -124,6 +124,16 @@ async fn main() -> Result<(), String> {
                     );
                 }
                 return Ok(());
+            }
+            // Issue 14's coalescing figure alone, `N` times (default 3): new keys at concurrency
+            // 64, idalloc (coalesced single-key acquires) and the one-key-per-txn etcd ceiling back
+            // to back, printed with the ratio, the CPU per op and the load average of each pair.
+            "--coalescing-only" => {
+                let runs: usize = match args.next() {
+                    Some(n) => n.parse().map_err(|_| usage("--coalescing-only takes a count"))?,
+                    None => 3,
+                };
+                return coalescing(runs).await;
             }
             "--out" => {
                 out = Some(args.next().ok_or_else(|| usage("--out needs a file name"))?.into())
@@ -230,5 +240,40 @@ async fn main() -> Result<(), String> {
         println!("{t}");
     }
     println!("wrote {} and {} in {:.0} s", out.display(), svg.display(), report.wall_secs);
+    Ok(())
+}
+
+/// `--coalescing-only`: see its argument above.
+async fn coalescing(runs: usize) -> Result<(), String> {
+    use idalloc_bench::contender::Kind;
+    if !idalloc_testkit::etcd::etcd_on_path() {
+        return Err("etcd is not on PATH: the benchmark starts its own etcd".into());
+    }
+    let cfg = Config::full();
+    println!("| run | contender | ops/s | p50 ms | p99 ms | round trips/op | client µs/op | etcd µs/op | idalloc / ceiling | load average |");
+    println!("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|");
+    for i in 1..=runs {
+        let mut rates = Vec::new();
+        for kind in [Kind::Idalloc, Kind::Ceiling] {
+            let (r, cpu) = idalloc_bench::scenarios::new_keys_cpu(kind, 64, cfg.run).await?;
+            let r = r.finish();
+            let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+            let (client, etcd) = cpu.per_key_us();
+            rates.push(r.throughput());
+            let ratio = match rates.as_slice() {
+                [a, b] => format!("{:.2}×", a / b),
+                _ => String::new(),
+            };
+            println!(
+                "| {i} | {} | {:.0} | {:.2} | {:.2} | {:.3} | {client:.0} | {etcd:.0} | {ratio} | {} |",
+                kind.name(),
+                r.throughput(),
+                ms(r.percentile(0.5)),
+                ms(r.percentile(0.99)),
+                r.rt_per_op(),
+                idalloc_bench::stats::load_average()
+            );
+        }
+    }
     Ok(())
 }

@@ -17,7 +17,7 @@ use rand::SeedableRng;
 
 use crate::contender::{err, start_node, Counted, IdallocNode, Kind, Node, Shared, POOL, RANGE};
 use crate::contiv;
-use crate::stats::{per_op_requests, Run};
+use crate::stats::{per_op_requests, CpuSample, CpuSplit, Run};
 
 /// A realistic key: a label set, about 50 bytes, the same for every contender.
 pub fn key(tag: &str, node: usize, task: usize, i: usize) -> String {
@@ -155,15 +155,23 @@ async fn close_all(nodes: &[Arc<dyn Node>]) {
 
 /// New keys at concurrency `c`: one node, `c` tasks, fresh etcd.
 pub async fn new_keys(kind: Kind, c: usize, dur: Duration) -> Result<Run, String> {
+    new_keys_cpu(kind, c, dur).await.map(|(run, _)| run)
+}
+
+/// [`new_keys`] and where the CPU of the measured run went (this process and the etcd server):
+/// on a shared 2-core machine CPU per op moves much less with the load than wall-clock figures.
+pub async fn new_keys_cpu(kind: Kind, c: usize, dur: Duration) -> Result<(Run, CpuSplit), String> {
     let etcd = EtcdServer::start().await?;
     let node = start_node(kind, counted(&etcd).await?, 0, Arc::new(Shared::default())).await?;
     // Warm-up outside the measurement, the same for every contender: a fresh etcd is still
     // preallocating its WAL and settling, and connections are new. A fifth of the run, at the
     // run's concurrency.
     run_fresh(node.clone(), c, dur / 5, "warm").await;
+    let cpu0 = CpuSample::now(false, etcd.pid());
     let run = run_fresh(node.clone(), c, dur, "new").await;
+    let cpu = cpu0.split_to(CpuSample::now(false, etcd.pid()), run.ops as usize, run.secs);
     node.close().await;
-    Ok(run)
+    Ok((run, cpu))
 }
 
 /// Node A binds `n` keys; node B acquires them (measured, `c` tasks) once its view knows them.
