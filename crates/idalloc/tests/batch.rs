@@ -7,14 +7,14 @@ mod common;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::backends::{allocator_on, env, on_backends, Backend, Env};
 use common::*;
 use idalloc::layout::Layout;
 use idalloc::store::embedded::EmbeddedStore;
-use idalloc::store::{KeyRange, Store, StoreResult, TxnOp, TxnRequest};
+use idalloc::store::{GetRequest, KeyRange, Store, StoreResult, TxnOp, TxnRequest};
 use idalloc::{Allocator, Error, PoolSpec, Strategy};
 use idalloc_testkit::counting::CountingStore;
 use idalloc_testkit::hooked::{Hook, HookedStore, Request};
@@ -471,8 +471,9 @@ async fn cancelled_coalesced_callers_leave_nothing_and_others_finish() {
     let a = alloc(counted.clone(), &l, "a");
     let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
     p.acquire("warm").await.expect("warm");
-    // t=0: the leader's txn starts (done at 20 ms); 10 callers queue behind it. At 20 ms their
-    // batch starts (done at 40 ms); 10 more queue behind that.
+    // t=0: the leader's txn starts (done at 20 ms); 10 callers arrive while it is in flight, and
+    // their batch goes out at once as the lane's second flight (done at 20 ms too). At 5 ms 10
+    // more arrive: two flights are in the air, so they queue for the next one (at 20 ms).
     let spawn = |k: String| {
         let p = p.clone();
         tokio::spawn(async move { p.acquire(&k).await })
@@ -480,10 +481,10 @@ async fn cancelled_coalesced_callers_leave_nothing_and_others_finish() {
     let leader = spawn("lead".into());
     tokio::task::yield_now().await;
     let first: Vec<_> = keys("f", 10).into_iter().map(|k| (k.clone(), spawn(k))).collect();
-    tokio::time::sleep(Duration::from_millis(25)).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
     let second: Vec<_> = keys("s", 10).into_iter().map(|k| (k.clone(), spawn(k))).collect();
     tokio::time::sleep(Duration::from_millis(5)).await;
-    // t=30 ms: cancel every other caller of the batch in flight, and of the batch still queued.
+    // t=10 ms: cancel every other caller of the batch in flight, and of the batch still queued.
     let mut kept = Vec::new();
     let mut cancelled = Vec::new();
     for (i, (k, h)) in first.into_iter().chain(second).enumerate() {
@@ -561,4 +562,300 @@ async fn lost_session_re_references_held_keys_in_batches(backend: Backend) {
     assert_ne!(a.session_lease().await, Some(lease));
     check_g1_in(&*raw, &l, "p").await;
     a.close().await.expect("close");
+}
+
+/// Every delete of `key` in the store after revision `after` (read from a watch; the store must
+/// be quiet, with everything written by then).
+async fn deletes_after(store: &dyn Store, key: Vec<u8>, after: i64) -> Vec<i64> {
+    use futures::StreamExt;
+    use idalloc::store::{WatchEvent, WatchMessage};
+    let mut stream = store.watch(KeyRange::key(key), after + 1).await.expect("watch");
+    let mut deletes = Vec::new();
+    while let Ok(Some(m)) = tokio::time::timeout(Duration::from_millis(100), stream.next()).await {
+        if let WatchMessage::Events(events) = m.expect("watch message") {
+            for e in events {
+                if let WatchEvent::Delete(kv) = e {
+                    deletes.push(kv.mod_revision);
+                }
+            }
+        }
+    }
+    deletes
+}
+
+/// Coalescing and cancellation: a release cancelled while it waits in the release lane still goes
+/// out (the reference must go), and it keeps its key locked until it has. An acquire of the same
+/// key by the same process that comes after it waits for it instead of racing it. Before, that
+/// acquire went out at once in the idle acquire lane and confirmed the binding; the queued
+/// release, sent after it, then deleted the reference (and, with no idle grace, the binding) the
+/// acquire had just confirmed: the process held a key the store no longer backed (a repair later
+/// re-bound it, but another key could take the ID in between).
+#[tokio::test(start_paused = true)]
+async fn a_cancelled_queued_release_goes_out_before_the_same_key_is_acquired_again() {
+    let raw: Arc<dyn Store> =
+        Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), Slow(Duration::from_millis(20))));
+    let l = layout();
+    let a = alloc(raw.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    p.acquire("x").await.expect("x");
+    p.acquire("y").await.expect("y");
+    // t=0: the release of x goes out alone (answered at 20 ms); the release of y queues behind it
+    // and is cancelled there.
+    let (px, py) = (p.clone(), p.clone());
+    let rx = tokio::spawn(async move { px.release("x").await });
+    tokio::task::yield_now().await;
+    let ry = tokio::spawn(async move { py.release("y").await });
+    tokio::task::yield_now().await;
+    ry.abort();
+    assert!(ry.await.is_err_and(|e| e.is_cancelled()), "cancelled while queued");
+    let held =
+        |p: &idalloc::Pool| p.held().into_iter().find(|(k, _, _)| k == "y").map(|(_, id, _)| id);
+    assert_eq!(held(&p), None, "a release in progress is no longer held");
+    // The process acquires y again.
+    let again = p.acquire("y").await.expect("y again");
+    let returned_at = raw.get(GetRequest::key("x")).await.expect("read").revision;
+    rx.await.expect("join").expect("x released");
+    tokio::time::sleep(Duration::from_secs(1)).await; // everything queued has gone out
+    assert_eq!(held(&p), Some(again.id), "held");
+    assert_eq!(raw_binding_in(&*raw, &l, "p", "y").await, Some(again.id));
+    let own = l.ref_key("p", "y", "a");
+    let refs = raw.get(GetRequest::key(own.clone())).await.expect("read").kvs;
+    assert_eq!(refs.len(), 1, "y's reference is there");
+    assert_eq!(
+        deletes_after(&*raw, own, returned_at).await,
+        Vec::<i64>::new(),
+        "nothing deleted y's reference after the acquire returned"
+    );
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
+}
+
+/// A store whose txns each take the next delay of a script (then `rest`), and which watches the
+/// references of holder `a` in flight: it records every txn sent while another txn writing the
+/// same reference was still in the air (coalesced batches in flight at once must never share a
+/// key), and how many txns were in the air at once.
+struct InFlight {
+    script: Arc<Mutex<std::collections::VecDeque<Duration>>>,
+    rest: Duration,
+    state: Arc<Mutex<InFlightState>>,
+}
+
+#[derive(Default)]
+struct InFlightState {
+    keys: std::collections::HashMap<Vec<u8>, usize>,
+    now: usize,
+    max: usize,
+    shared: Vec<String>,
+}
+
+impl InFlight {
+    fn new(script: &[u64], rest: u64) -> Self {
+        InFlight {
+            script: Arc::new(Mutex::new(
+                script.iter().map(|ms| Duration::from_millis(*ms)).collect(),
+            )),
+            rest: Duration::from_millis(rest),
+            state: Arc::default(),
+        }
+    }
+}
+
+/// The keys of `a`'s references a txn tree writes (puts and deletes, every branch).
+fn refs_written(t: &TxnRequest, out: &mut Vec<Vec<u8>>) {
+    for op in t.success.iter().chain(&t.failure) {
+        let key = match op {
+            TxnOp::Put(p) => p.key.clone(),
+            TxnOp::Delete(r) => r.key.clone(),
+            TxnOp::Txn(n) => {
+                refs_written(n, out);
+                continue;
+            }
+            TxnOp::Get(_) => continue,
+        };
+        if key.windows(5).any(|w| w == b"/ref/") && key.ends_with(b"/a") {
+            out.push(key);
+        }
+    }
+}
+
+/// Takes a txn out of the [`InFlight`] books when it ends (also when its caller is cancelled).
+struct Landed(Arc<Mutex<InFlightState>>, Vec<Vec<u8>>);
+
+impl Drop for Landed {
+    fn drop(&mut self) {
+        let mut s = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        s.now -= 1;
+        for k in &self.1 {
+            if let Some(n) = s.keys.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    s.keys.remove(k);
+                }
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Hook<S> for InFlight {
+    async fn call(&self, inner: &Arc<S>, req: Request) -> idalloc_testkit::hooked::Answer {
+        let Request::Txn(t) = &req else {
+            return idalloc_testkit::hooked::send(&**inner, req).await;
+        };
+        let mut refs = Vec::new();
+        refs_written(t, &mut refs);
+        let _landed = {
+            let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            for k in &refs {
+                let n = s.keys.entry(k.clone()).or_default();
+                *n += 1;
+                if *n > 1 {
+                    s.shared.push(String::from_utf8_lossy(k).into_owned());
+                }
+            }
+            s.now += 1;
+            s.max = s.max.max(s.now);
+            Landed(self.state.clone(), refs)
+        };
+        let delay = self.script.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        tokio::time::sleep(delay.unwrap_or(self.rest)).await;
+        idalloc_testkit::hooked::send(&**inner, req).await
+    }
+}
+
+/// Coalescing with several flights (issue 14): callers that arrive while a txn is in flight go out
+/// at once as a second flight instead of waiting for the first to end; callers that arrive while
+/// `MAX_FLIGHTS` (2) are in the air wait for the next. Every caller gets its own distinct ID, and
+/// no two txns in the air at once ever write the same key's reference. Before, the second wave
+/// waited for the leader's txn (one txn in the air at 10 ms, not two).
+#[tokio::test(start_paused = true)]
+async fn a_second_flight_goes_out_while_the_first_is_in_the_air() {
+    let hook = InFlight::new(&[], 20);
+    let state = hook.state.clone();
+    let raw: Arc<dyn Store> = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), hook));
+    let l = layout();
+    let counted = Arc::new(CountingStore::new(raw.clone()));
+    let a = alloc(counted.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm");
+    counted.reset();
+    let spawn = |k: String| {
+        let p = p.clone();
+        tokio::spawn(async move { p.acquire(&k).await })
+    };
+    // t=0: the leader's txn (answered at 20 ms), and 10 callers behind it, sent at once.
+    let mut calls = vec![("lead".to_string(), spawn("lead".into()))];
+    tokio::task::yield_now().await;
+    calls.extend(keys("f", 10).into_iter().map(|k| (k.clone(), spawn(k))));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    // t=5 ms: 10 more; two flights are in the air, so these wait for the next one.
+    calls.extend(keys("s", 10).into_iter().map(|k| (k.clone(), spawn(k))));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    {
+        let s = state.lock().expect("books");
+        assert_eq!((s.now, s.max), (2, 2), "t=10 ms: the leader's txn and the batch in the air");
+    }
+    assert_eq!(counted.counts().txn, 2, "t=10 ms: the third wave has not gone out");
+    let mut ids = HashSet::new();
+    for (k, h) in calls {
+        let got = h.await.expect("join").unwrap_or_else(|e| panic!("{k}: {e}"));
+        assert!(got.new, "{k}");
+        assert!(ids.insert(got.id), "{k}: ID {} given twice", got.id);
+        assert_eq!(raw_binding_in(&*raw, &l, "p", &k).await, Some(got.id), "{k}");
+    }
+    assert_eq!(counted.counts().txn, 3, "21 acquires in 3 txns: the leader, two batches");
+    {
+        let s = state.lock().expect("books");
+        assert_eq!(s.max, 2, "never more than two flights in the air");
+        assert!(s.shared.is_empty(), "references written by two txns in the air: {:?}", s.shared);
+    }
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
+}
+
+/// Two flights in the air and one key: a caller cancelled while its acquire flies in a batch
+/// keeps the key locked until that batch is answered, so acquiring the key again (with a flight
+/// free to carry it at once) waits for the batch and then joins the binding it made, instead of
+/// sending a second txn for the key while the first is in the air.
+#[tokio::test(start_paused = true)]
+async fn a_key_in_a_flight_is_not_sent_again_until_that_flight_lands() {
+    let hook = InFlight::new(&[], 20);
+    let (state, script) = (hook.state.clone(), hook.script.clone());
+    let raw: Arc<dyn Store> = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), hook));
+    let l = layout();
+    let a = alloc(raw.clone(), &l, "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm");
+    // From here the leader's txn takes 5 ms, the batch behind it 30 ms, everything else 20 ms.
+    script.lock().expect("script").extend([5, 30].map(Duration::from_millis));
+    let spawn = |k: &str| {
+        let (p, k) = (p.clone(), k.to_string());
+        tokio::spawn(async move { p.acquire(&k).await })
+    };
+    // The leader (0–5 ms) and the batch of k and m (0–30 ms).
+    let t0 = tokio::time::Instant::now();
+    let lead = spawn("lead");
+    tokio::task::yield_now().await;
+    let k = spawn("k");
+    let m = spawn("m");
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    // t=10 ms: the leader is done, the batch in the air. The caller of k gives up; k is acquired
+    // again, and one flight of the lane is free.
+    k.abort();
+    assert!(k.await.is_err_and(|e| e.is_cancelled()));
+    let again = p.acquire("k").await.expect("k again");
+    // The batch that carried k lands at 30 ms; only then does k's own txn go (20 ms).
+    assert!(t0.elapsed() >= Duration::from_millis(50), "k waited for the batch that carried it");
+    lead.await.expect("join").expect("lead");
+    let m = m.await.expect("join").expect("m");
+    assert_ne!(m.id, again.id);
+    assert_eq!(raw_binding_in(&*raw, &l, "p", "k").await, Some(again.id));
+    {
+        let s = state.lock().expect("books");
+        assert!(
+            s.shared.is_empty(),
+            "k's reference written by two txns in the air: {:?}",
+            s.shared
+        );
+    }
+    // The cancelled caller's acquire is abandoned in the background; k is held, so it stays.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        p.held().into_iter().find(|(h, _, _)| h == "k").map(|(_, id, n)| (id, n)),
+        Some((again.id, 1))
+    );
+    assert_eq!(raw_binding_in(&*raw, &l, "p", "k").await, Some(again.id));
+    let own = l.ref_key("p", "k", "a");
+    assert_eq!(raw.get(GetRequest::key(own)).await.expect("read").kvs.len(), 1, "k's reference");
+    check_g1_in(&*raw, &l, "p").await;
+    a.close().await.expect("close");
+}
+
+/// A runtime shut down while coalesced flights are in the air and callers are queued ends
+/// cleanly: the dropped flight tries to start the next batch task, the runtime drops that task
+/// unrun, and its drop lets the queued callers go instead of starting another (before, each
+/// dropped task started the next one from its drop, recursing until the stack overflowed).
+#[test]
+fn a_runtime_shut_down_with_callers_queued_ends_cleanly() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let raw: Arc<dyn Store> = Arc::new(HookedStore::with_hook(
+            EmbeddedStore::memory(),
+            Slow(Duration::from_millis(20)),
+        ));
+        let a = alloc(raw, &layout(), "a");
+        let p = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+        p.acquire("warm").await.expect("warm");
+        for k in keys("k", 30) {
+            let p = p.clone();
+            tokio::spawn(async move { p.acquire(&k).await });
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Two flights in the air, callers queued behind them.
+    });
+    drop(rt);
 }

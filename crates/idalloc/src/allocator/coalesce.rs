@@ -4,12 +4,24 @@
 //!
 //! Each pool has one lane for acquires and one for releases. A call that finds its lane idle
 //! *leads*: it sends its own txn at once, exactly as an uncoalesced call would (an idle call pays
-//! no added latency and keeps its round-trip budget of DESIGN §5). Calls that arrive while a txn of
-//! the lane is in flight queue up; when the flight ends, one background task takes everything
-//! queued by the time it runs and sends it as one batch ([`Inner::bind_many`] /
-//! [`Inner::release_ref_many`]: per-key nested txns with the same compares and fences as single
-//! calls), and so on until the queue is empty. Each caller keeps its per-key single-flight lock
-//! while it waits, so a batch never holds a key twice.
+//! no added latency and keeps its round-trip budget of DESIGN §5). A call that arrives while a txn
+//! of the lane is in flight queues up, and if fewer than [`MAX_FLIGHTS`] flights of the lane are
+//! in the air it starts another at once: a background task that takes everything queued by the
+//! time it runs and sends it as one batch ([`Inner::bind_many`] / [`Inner::release_ref_many`]:
+//! per-key nested txns with the same compares and fences as single calls). Calls arriving while
+//! that task has not yet taken the queue join it; calls arriving when [`MAX_FLIGHTS`] are in the
+//! air wait for the next flight, which starts when one of them ends. Several flights in the air
+//! matter under load (docs/benchmarks-findings.md, "Batching targets"): with one, a call that
+//! arrives during a flight waits for it to end and then for its own, about 1.5 commits per call.
+//!
+//! Flights in the air at once never share a key, with each other or with any other call of this
+//! process: a caller takes the key's single-flight lock before it enters a lane, and a queued
+//! caller hands the lock to its job, which keeps it until its txn is done and gives it back with
+//! the answer. So a caller cancelled while its job waits or flies leaves its key locked until the
+//! store has answered, and the next call of the same key comes after it, as the same call
+//! uncancelled would (a release cancelled in the queue could otherwise go out after a later
+//! acquire of its key and delete the reference that acquire had just confirmed). Free IDs are
+//! claimed in the pool's cache when picked, so concurrent batches never pick the same candidate.
 //!
 //! The batch runs in its own task, so cancelling one caller never stops the others' request. A
 //! cancelled caller's result is not lost either: whoever finds it unclaimed (the batch task when
@@ -22,7 +34,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
 use super::bind::Hints;
-use super::pool_state::{lock, PoolState};
+use super::pool_state::{lock, OwnedKeyGuard, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
 use super::types::{Acquired, Released};
@@ -33,69 +45,105 @@ use crate::error::{Error, Result};
 /// [`Inner::bind_many`] splits them into requests of etcd's size and sends those together.
 const MAX_FLIGHT_KEYS: usize = 1024;
 
-/// A queued acquire.
+/// Flights of one lane in the air at once at most (a leader's own txn counts as one). Two are
+/// enough for a steady stream of callers: while one flight is in the air, the callers the other
+/// one answered come back and go out together at once instead of waiting for it. More would
+/// split the same callers into more, smaller txns (more round trips for the same keys).
+pub(super) const MAX_FLIGHTS: usize = 2;
+
+/// The answer a queued call gets: its result and its key's single-flight lock back.
+type Reply<T> = oneshot::Sender<(Result<T>, OwnedKeyGuard)>;
+
+/// A queued acquire, holding its key's single-flight lock.
 pub(super) struct AcquireJob {
     key: String,
-    reply: oneshot::Sender<Result<Acquired>>,
+    guard: OwnedKeyGuard,
+    reply: Reply<Acquired>,
 }
 
-/// A queued release of this process's reference to `key`, bound to `id`.
+/// A queued release of this process's reference to `key`, bound to `id`, holding the key's
+/// single-flight lock.
 pub(super) struct ReleaseJob {
     key: String,
     id: u64,
-    reply: oneshot::Sender<Result<Released>>,
+    guard: OwnedKeyGuard,
+    reply: Reply<Released>,
 }
 
-/// One lane: whether a txn is in flight, and who waits for the next one.
+/// One lane: its flights in the air, and who waits for the next one.
 struct Lane<J> {
     state: Mutex<LaneState<J>>,
 }
 
 struct LaneState<J> {
-    busy: bool,
+    /// Flights in the air or started (a leader's txn, or a batch task), at most [`MAX_FLIGHTS`].
+    flights: usize,
+    /// A started batch task has not taken the queue yet: later callers join it.
+    gathering: bool,
     queue: Vec<J>,
 }
 
 impl<J> Default for Lane<J> {
     fn default() -> Self {
-        Lane { state: Mutex::new(LaneState { busy: false, queue: Vec::new() }) }
+        Lane { state: Mutex::new(LaneState { flights: 0, gathering: false, queue: Vec::new() }) }
     }
 }
 
+/// What a call entering a lane does.
+enum Entry<J> {
+    /// The lane was idle: send alone now (the job was not queued; here it is back).
+    Lead(J),
+    /// Queued, and a batch task must be started for it (the lane counts it already).
+    Start,
+    /// Queued for a batch task already started, or for the next flight.
+    Queued,
+}
+
 impl<J> Lane<J> {
-    /// True if the caller leads (the lane was idle and is now busy); else `job()` was queued.
-    fn enter(&self, job: impl FnOnce() -> J) -> bool {
+    fn enter(&self, job: J) -> Entry<J> {
         let mut s = lock(&self.state);
-        if s.busy {
-            s.queue.push(job());
-            false
-        } else {
-            s.busy = true;
-            true
+        if s.flights == 0 {
+            s.flights = 1;
+            return Entry::Lead(job);
         }
+        s.queue.push(job);
+        if !s.gathering && s.flights < MAX_FLIGHTS {
+            s.gathering = true;
+            s.flights += 1;
+            return Entry::Start;
+        }
+        Entry::Queued
     }
 
-    /// After a flight: true if jobs wait (the lane stays busy for the next flight), else the lane
-    /// goes idle.
-    fn more(&self) -> bool {
-        let mut s = lock(&self.state);
-        s.busy = !s.queue.is_empty();
-        s.busy
-    }
-
-    /// The jobs of the next flight.
+    /// The jobs of a batch task that starts now.
     fn take(&self) -> Vec<J> {
         let mut s = lock(&self.state);
+        s.gathering = false;
         let n = s.queue.len().min(MAX_FLIGHT_KEYS);
         s.queue.drain(..n).collect()
     }
 
-    /// Forgets every queued job (their callers get "dropped") and goes idle: no runtime to run a
-    /// flight on.
-    fn abandon(&self) {
+    /// A flight ended: true if jobs wait and nobody is about to take them (the lane counts the
+    /// batch task the caller must start for them).
+    fn done(&self) -> bool {
         let mut s = lock(&self.state);
-        s.queue.clear();
-        s.busy = false;
+        s.flights -= 1;
+        if s.queue.is_empty() || s.gathering {
+            return false;
+        }
+        s.gathering = true;
+        s.flights += 1;
+        true
+    }
+
+    /// A started batch task that will never run (no runtime, or it is shutting down): forgets
+    /// every queued job (their callers get "dropped"), since no later task can be relied on to
+    /// run either.
+    fn abandon(&self) -> Vec<J> {
+        let mut s = lock(&self.state);
+        s.flights -= 1;
+        s.gathering = false;
+        std::mem::take(&mut s.queue)
     }
 }
 
@@ -112,59 +160,69 @@ enum Kind {
     Release,
 }
 
-/// A flight of a lane in progress. Dropping it (when the txn is done, or when the caller leading
-/// it was cancelled) starts the next flight if anyone queued meanwhile.
+/// A flight of a lane: a leader's txn, or a batch task. Dropping it (when the txn is done, or
+/// when the caller leading it was cancelled) starts the next batch task if anyone queued
+/// meanwhile and no started task is about to take them.
 pub(super) struct Flight {
     inner: Arc<Inner>,
     pool: Arc<PoolState>,
     kind: Kind,
+    /// A batch task that has not taken its jobs yet: dropped in that state, it never ran (the
+    /// runtime refused or dropped it), and nor will the next one.
+    untaken: bool,
 }
 
 impl Drop for Flight {
     fn drop(&mut self) {
         let lanes = &self.pool.lanes;
-        let more = match self.kind {
-            Kind::Acquire => lanes.acquire.more(),
-            Kind::Release => lanes.release.more(),
-        };
-        if !more {
+        if self.untaken {
+            // Dropped without running: starting another task would be dropped the same way (and
+            // recurse); let the queued callers go instead. Their jobs drop here, after the lane
+            // lock, unlocking their keys.
+            match self.kind {
+                Kind::Acquire => drop(lanes.acquire.abandon()),
+                Kind::Release => drop(lanes.release.abandon()),
+            }
             return;
         }
-        let next = Flight { inner: self.inner.clone(), pool: self.pool.clone(), kind: self.kind };
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(next.run());
-            }
-            Err(_) => {
-                // No runtime (it is shutting down): nothing can be sent; the waiters get
-                // `Unavailable`. The lane is idle and empty before `next` drops, so its drop
-                // starts nothing.
-                match self.kind {
-                    Kind::Acquire => lanes.acquire.abandon(),
-                    Kind::Release => lanes.release.abandon(),
-                }
-                drop(next);
-            }
+        let more = match self.kind {
+            Kind::Acquire => lanes.acquire.done(),
+            Kind::Release => lanes.release.done(),
+        };
+        if more {
+            start(&self.inner, &self.pool, self.kind);
         }
+    }
+}
+
+/// Starts a batch task of `kind`'s lane (already counted in the lane).
+fn start(inner: &Arc<Inner>, pool: &Arc<PoolState>, kind: Kind) {
+    let next = Flight { inner: inner.clone(), pool: pool.clone(), kind, untaken: true };
+    match tokio::runtime::Handle::try_current() {
+        Ok(rt) => {
+            rt.spawn(next.run());
+        }
+        // No runtime: nothing can be sent; `next`'s drop lets the waiters go (`Unavailable`).
+        Err(_) => drop(next),
     }
 }
 
 impl Flight {
     /// Sends everything queued as one batch and answers each waiter; dropping `self` at the end
-    /// starts the next flight. The jobs are taken when the task runs, not when it was spawned, so
-    /// callers woken by the previous flight who came straight back join this one.
-    async fn run(self) {
+    /// starts the next flight if callers wait. The jobs are taken when the task runs, after a
+    /// yield, not when it was started, so callers woken together by the previous flight (or
+    /// arriving together) join this one instead of each starting a flight of one.
+    async fn run(mut self) {
+        tokio::task::yield_now().await;
         let (inner, pool) = (self.inner.clone(), self.pool.clone());
         let holder = inner.holder.clone();
         match self.kind {
             Kind::Acquire => {
-                let jobs: Vec<AcquireJob> = pool
-                    .lanes
-                    .acquire
-                    .take()
-                    .into_iter()
-                    .filter(|j| !j.reply.is_closed())
-                    .collect();
+                let taken = pool.lanes.acquire.take();
+                self.untaken = false;
+                // A caller already gone is not bound at all (its job drops here, unlocking).
+                let jobs: Vec<AcquireJob> =
+                    taken.into_iter().filter(|j| !j.reply.is_closed()).collect();
                 let results = match jobs.as_slice() {
                     [] => Vec::new(),
                     // One key: the single-key path (with its exhaustion check), same round trip.
@@ -182,13 +240,15 @@ impl Flight {
                     }
                 };
                 for (job, r) in jobs.into_iter().zip(results) {
-                    if let Err(r) = job.reply.send(r) {
+                    if let Err((r, guard)) = job.reply.send((r, job.guard)) {
                         unclaimed_acquire(&inner, &pool, &job.key, &r);
+                        drop(guard);
                     }
                 }
             }
             Kind::Release => {
                 let jobs: Vec<ReleaseJob> = pool.lanes.release.take();
+                self.untaken = false;
                 let results = match jobs.as_slice() {
                     [] => Vec::new(),
                     [one] => vec![inner.release_ref(&pool, &one.key, one.id, &holder, false).await],
@@ -199,8 +259,9 @@ impl Flight {
                     }
                 };
                 for (job, r) in jobs.into_iter().zip(results) {
-                    if let Err(r) = job.reply.send(r) {
+                    if let Err((r, guard)) = job.reply.send((r, job.guard)) {
                         unclaimed_release(&inner, &pool, &job.key, job.id, &r);
+                        drop(guard);
                     }
                 }
             }
@@ -210,8 +271,9 @@ impl Flight {
 
 /// A caller's place in a lane.
 pub(super) enum Turn<T> {
-    /// The lane was idle: send alone now, keep the flight until the answer is in.
-    Lead(Flight),
+    /// The lane was idle: send alone now, keep the flight until the answer is in (and the key's
+    /// lock, given back).
+    Lead(Flight, OwnedKeyGuard),
     /// A flight is in progress: the answer comes from a later batch.
     Wait(Waiter<T>),
 }
@@ -223,18 +285,23 @@ type Orphan<T> = Box<dyn FnOnce(&Result<T>) + Send>;
 /// it hands an answer that arrived meanwhile to the orphan handler; one that arrives later finds
 /// the channel closed and the batch task handles it.
 pub(super) struct Waiter<T> {
-    rx: Option<oneshot::Receiver<Result<T>>>,
+    rx: Option<oneshot::Receiver<(Result<T>, OwnedKeyGuard)>>,
     orphan: Option<Orphan<T>>,
 }
 
 impl<T> Waiter<T> {
-    pub(super) async fn wait(mut self) -> Result<T> {
+    /// The answer and the key's lock back (`None` if the job was dropped unanswered: the runtime
+    /// is shutting down; the lock was released with it).
+    pub(super) async fn wait(mut self) -> (Result<T>, Option<OwnedKeyGuard>) {
         let Some(rx) = self.rx.as_mut() else {
-            return Err(dropped());
+            return (Err(dropped()), None);
         };
         let r = rx.await;
         self.rx = None;
-        r.unwrap_or_else(|_| Err(dropped()))
+        match r {
+            Ok((r, guard)) => (r, Some(guard)),
+            Err(_) => (Err(dropped()), None),
+        }
     }
 }
 
@@ -242,7 +309,7 @@ impl<T> Drop for Waiter<T> {
     fn drop(&mut self) {
         if let Some(mut rx) = self.rx.take() {
             rx.close();
-            if let (Ok(r), Some(orphan)) = (rx.try_recv(), self.orphan.take()) {
+            if let (Ok((r, _guard)), Some(orphan)) = (rx.try_recv(), self.orphan.take()) {
                 orphan(&r);
             }
         }
@@ -279,15 +346,20 @@ fn unclaimed_release(
     }
 }
 
-/// The turn of an acquire of `key` (the caller holds the key's single-flight lock).
-pub(super) fn acquire_turn(inner: &Arc<Inner>, pool: &Arc<PoolState>, key: &str) -> Turn<Acquired> {
+/// The turn of an acquire of `key`; `guard` is the key's single-flight lock, which the caller
+/// gets back with its answer.
+pub(super) fn acquire_turn(
+    inner: &Arc<Inner>,
+    pool: &Arc<PoolState>,
+    key: &str,
+    guard: OwnedKeyGuard,
+) -> Turn<Acquired> {
     let (tx, rx) = oneshot::channel();
-    if pool.lanes.acquire.enter(|| AcquireJob { key: key.to_string(), reply: tx }) {
-        return Turn::Lead(Flight {
-            inner: inner.clone(),
-            pool: pool.clone(),
-            kind: Kind::Acquire,
-        });
+    let job = AcquireJob { key: key.to_string(), guard, reply: tx };
+    match pool.lanes.acquire.enter(job) {
+        Entry::Lead(job) => return Turn::Lead(lead(inner, pool, Kind::Acquire), job.guard),
+        Entry::Start => start(inner, pool, Kind::Acquire),
+        Entry::Queued => {}
     }
     let (i, p, k) = (inner.clone(), pool.clone(), key.to_string());
     Turn::Wait(Waiter {
@@ -296,25 +368,30 @@ pub(super) fn acquire_turn(inner: &Arc<Inner>, pool: &Arc<PoolState>, key: &str)
     })
 }
 
-/// The turn of the release of this process's reference to `key` (bound to `id`; the caller holds
-/// the key's single-flight lock and has already dropped its local hold).
+/// The turn of the release of this process's reference to `key` (bound to `id`; the caller has
+/// already dropped its local hold); `guard` as for [`acquire_turn`].
 pub(super) fn release_turn(
     inner: &Arc<Inner>,
     pool: &Arc<PoolState>,
     key: &str,
     id: u64,
+    guard: OwnedKeyGuard,
 ) -> Turn<Released> {
     let (tx, rx) = oneshot::channel();
-    if pool.lanes.release.enter(|| ReleaseJob { key: key.to_string(), id, reply: tx }) {
-        return Turn::Lead(Flight {
-            inner: inner.clone(),
-            pool: pool.clone(),
-            kind: Kind::Release,
-        });
+    let job = ReleaseJob { key: key.to_string(), id, guard, reply: tx };
+    match pool.lanes.release.enter(job) {
+        Entry::Lead(job) => return Turn::Lead(lead(inner, pool, Kind::Release), job.guard),
+        Entry::Start => start(inner, pool, Kind::Release),
+        Entry::Queued => {}
     }
     let (i, p, k) = (inner.clone(), pool.clone(), key.to_string());
     Turn::Wait(Waiter {
         rx: Some(rx),
         orphan: Some(Box::new(move |r| unclaimed_release(&i, &p, &k, id, r))),
     })
+}
+
+/// The flight of a caller that leads (already counted in its lane).
+fn lead(inner: &Arc<Inner>, pool: &Arc<PoolState>, kind: Kind) -> Flight {
+    Flight { inner: inner.clone(), pool: pool.clone(), kind, untaken: false }
 }

@@ -62,29 +62,32 @@ impl Pool {
         if let Some(a) = self.count_up(key) {
             return Ok(a);
         }
-        let _key = self.state.lock_key(key).await;
+        let key_lock = self.state.lock_key_owned(key).await;
         {
             match self.count_up(key) {
                 Some(a) => Ok(a),
                 None => {
-                    let r = match coalesce::acquire_turn(&self.inner, &self.state, key) {
-                        Turn::Lead(flight) => {
-                            let holder = self.inner.holder.clone();
-                            let r = self
-                                .inner
-                                .bind(
-                                    &self.state,
-                                    key,
-                                    Some(&holder),
-                                    super::RefLease::Session,
-                                    None,
-                                )
-                                .await;
-                            drop(flight);
-                            r
-                        }
-                        Turn::Wait(answer) => answer.wait().await,
-                    };
+                    // The key stays locked until the bookkeeping below is done (`_key`: the lock,
+                    // back from a batch that carried it).
+                    let (r, _key) =
+                        match coalesce::acquire_turn(&self.inner, &self.state, key, key_lock) {
+                            Turn::Lead(flight, key_lock) => {
+                                let holder = self.inner.holder.clone();
+                                let r = self
+                                    .inner
+                                    .bind(
+                                        &self.state,
+                                        key,
+                                        Some(&holder),
+                                        super::RefLease::Session,
+                                        None,
+                                    )
+                                    .await;
+                                drop(flight);
+                                (r, Some(key_lock))
+                            }
+                            Turn::Wait(answer) => answer.wait().await,
+                        };
                     match &r {
                         Ok(a) => {
                             lock(&self.state.held)
@@ -161,7 +164,7 @@ impl Pool {
     async fn release_untimed(&self, key: &str) -> Result<Released> {
         validate_key(key)?;
         self.state.live()?;
-        let _key = self.state.lock_key(key).await;
+        let key_lock = self.state.lock_key_owned(key).await;
         {
             let last_id = {
                 let mut held = lock(&self.state.held);
@@ -181,13 +184,15 @@ impl Pool {
             match last_id {
                 Err(held) => Ok(Released { held, reclaimed: false }),
                 Ok(id) => {
-                    let r = match coalesce::release_turn(&self.inner, &self.state, key, id) {
-                        Turn::Lead(flight) => {
+                    // As in `acquire_untimed`: locked until the bookkeeping below is done.
+                    let turn = coalesce::release_turn(&self.inner, &self.state, key, id, key_lock);
+                    let (r, _key) = match turn {
+                        Turn::Lead(flight, key_lock) => {
                             let holder = self.inner.holder.clone();
                             let r =
                                 self.inner.release_ref(&self.state, key, id, &holder, false).await;
                             drop(flight);
-                            r
+                            (r, Some(key_lock))
                         }
                         Turn::Wait(answer) => answer.wait().await,
                     };

@@ -4,6 +4,7 @@
 //! entry when the last user is gone, also when the future holding it is dropped mid-flight.
 
 use std::collections::{HashMap, HashSet};
+use std::ops::Deref;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -244,13 +245,14 @@ impl PoolState {
     /// the future while it waits, remove it when dropped, also when the caller is cancelled
     /// mid-flight (a dropped future, a `timeout`).
     pub(crate) async fn lock_key(&self, key: &str) -> KeyGuard<'_> {
-        let entry = KeyEntry {
-            pool: self,
-            key: key.to_string(),
-            lock: lock(&self.key_locks).entry(key.to_string()).or_default().clone(),
-        };
-        let held = entry.lock.clone().lock_owned().await;
-        KeyGuard { _held: held, _entry: entry }
+        lock_key_in(self, key).await
+    }
+
+    /// [`PoolState::lock_key`] with a guard that owns its pool, so it can outlive the caller: a
+    /// coalesced call hands it to its batch, which keeps the key locked until its txn is done even
+    /// if the caller is cancelled meanwhile (see `coalesce`).
+    pub(crate) async fn lock_key_owned(self: &Arc<Self>, key: &str) -> OwnedKeyGuard {
+        lock_key_in(self.clone(), key).await
     }
 
     /// Keys with a single-flight lock held or waited for (tests: the map must not leak).
@@ -260,15 +262,22 @@ impl PoolState {
     }
 }
 
+async fn lock_key_in<P: Deref<Target = PoolState>>(pool: P, key: &str) -> KeyGuardOf<P> {
+    let lock = lock(&pool.key_locks).entry(key.to_string()).or_default().clone();
+    let entry = KeyEntry { pool, key: key.to_string(), lock };
+    let held = entry.lock.clone().lock_owned().await;
+    KeyGuardOf { _held: held, _entry: entry }
+}
+
 /// One user's claim on a key's entry in the per-key lock map; removes the entry on drop if no
-/// one else holds or waits for it.
-struct KeyEntry<'a> {
-    pool: &'a PoolState,
+/// one else holds or waits for it. `P` is how it reaches the pool: borrowed, or owned (an `Arc`).
+struct KeyEntry<P: Deref<Target = PoolState>> {
+    pool: P,
     key: String,
     lock: Arc<tokio::sync::Mutex<()>>,
 }
 
-impl Drop for KeyEntry<'_> {
+impl<P: Deref<Target = PoolState>> Drop for KeyEntry<P> {
     fn drop(&mut self) {
         let mut locks = lock(&self.pool.key_locks);
         // Two references: ours and the map's (others clone theirs under the map lock, which we
@@ -280,9 +289,15 @@ impl Drop for KeyEntry<'_> {
 }
 
 /// The per-key single-flight lock of one key, held (see [`PoolState::lock_key`]).
-pub(crate) struct KeyGuard<'a> {
+pub(crate) struct KeyGuardOf<P: Deref<Target = PoolState>> {
     // Field order matters: the mutex guard (which holds a reference to the mutex) goes first, so
     // the entry's drop sees only its own and the map's reference when nobody else is there.
     _held: tokio::sync::OwnedMutexGuard<()>,
-    _entry: KeyEntry<'a>,
+    _entry: KeyEntry<P>,
 }
+
+/// A key's single-flight lock borrowed from its pool (the common case).
+pub(crate) type KeyGuard<'a> = KeyGuardOf<&'a PoolState>;
+
+/// A key's single-flight lock that owns its pool ([`PoolState::lock_key_owned`]).
+pub(crate) type OwnedKeyGuard = KeyGuardOf<Arc<PoolState>>;
