@@ -158,6 +158,10 @@ enum Op {
     ReleaseMany(usize, usize, Vec<usize>),
     AcquireManyDurable(usize, usize, Vec<usize>, usize),
     ReleaseManyDurable(usize, usize, Vec<usize>, usize),
+    /// A single-key acquire or release (the first) whose caller gives up after the given time,
+    /// then the second on the same key at once (a burst, see `Sim::gen_burst`). Reported as the
+    /// second.
+    Cancelled(Box<Op>, Box<Op>, Duration),
 }
 
 impl Op {
@@ -173,6 +177,7 @@ impl Op {
             | Op::ReleaseMany(n, p, ..)
             | Op::AcquireManyDurable(n, p, ..)
             | Op::ReleaseManyDurable(n, p, ..) => (*n, *p),
+            Op::Cancelled(_, then, _) => then.node_pool(),
         }
     }
 
@@ -189,6 +194,8 @@ impl Op {
             | Op::AcquireManyDurable(_, _, ks, _)
             | Op::ReleaseManyDurable(_, _, ks, _) => (ks.clone(), false),
             Op::Sweep(..) | Op::Resync(..) => (vec![], false),
+            // The first may be a release: never shared with another operation.
+            Op::Cancelled(_, then, _) => (then.keys().0, false),
         }
     }
 }
@@ -231,6 +238,9 @@ struct Sim {
     reclaimed_at: BTreeMap<(usize, u64), (Instant, String)>,
     /// References deleted since the last check: (pool, key, holder).
     refs_deleted: BTreeSet<(usize, String, String)>,
+    /// Leased holds released and acquired again in this step (a burst's given-up release and the
+    /// acquire after it): a new hold, which may have a new ID. (node, pool, key).
+    reacquired: BTreeSet<(usize, usize, String)>,
     /// Data loss was injected in this step (holds first seen now may predate it).
     loss_in_step: bool,
     /// (node, pool) whose final resync found the pool exhausted.
@@ -389,6 +399,7 @@ impl Sim {
             id_state: BTreeMap::new(),
             reclaimed_at: BTreeMap::new(),
             refs_deleted: BTreeSet::new(),
+            reacquired: BTreeSet::new(),
             loss_in_step: false,
             unrepairable: BTreeSet::new(),
             pool_deleted: vec![false; 3],
@@ -434,12 +445,14 @@ impl Sim {
     }
 
     async fn pool(&mut self, n: usize, p: usize) -> Result<Pool, Error> {
-        let node = &mut self.nodes[n];
-        if let Some((pool, _)) = &node.pools[p] {
+        if let Some((pool, _)) = &self.nodes[n].pools[p] {
             if !pool.is_retired() {
                 return Ok(pool.clone());
             }
+            // Retired (see `after_op`): its holds went with it.
+            self.leased.retain(|(i, hp, _), _| !(*i == n && *hp == p));
         }
+        let node = &mut self.nodes[n];
         let alloc = node.alloc.clone().expect("live node");
         let pool = alloc.pool(self.specs[p].name()).await?;
         let events = pool.events();
@@ -468,7 +481,13 @@ impl Sim {
                 if live.is_empty() {
                     return Ok(());
                 }
-                let ops = self.gen_ops(&live, None);
+                let ops = if self.rng.chance(20) {
+                    let ops = self.gen_burst(&live);
+                    self.note(format!("{step} burst {ops:?}"));
+                    ops
+                } else {
+                    self.gen_ops(&live, None)
+                };
                 let handles = self.open_handles(&ops).await;
                 let all = futures::future::join_all(run_ops(&ops, handles));
                 let results = match tokio::time::timeout(STEP_TIMEOUT, all).await {
@@ -601,6 +620,48 @@ impl Sim {
                 used.entry((p, k)).or_insert(acquire);
             }
             ops.push(op);
+        }
+        ops
+    }
+
+    /// A burst (issue 14): 4–10 concurrent single-key acquires and releases of one node in one
+    /// pool, on distinct keys, so that its coalesced flights overlap (several in the air at once
+    /// under the store's delays and faults). A quarter of the callers give up after up to 1.5 s
+    /// (in the queue or in flight) and use the key again at once; a release given up is mostly
+    /// followed by an acquire of the same key, which must not overtake it.
+    fn gen_burst(&mut self, live: &[usize]) -> Vec<Op> {
+        let n = live[self.rng.below(live.len() as u64) as usize];
+        let p = self.rng.below(self.specs.len() as u64) as usize;
+        let held: BTreeSet<usize> = match &self.nodes[n].pools[p] {
+            Some((pool, _)) => {
+                pool.held().iter().filter_map(|(k, _, _)| k[1..].parse().ok()).collect()
+            }
+            None => BTreeSet::new(),
+        };
+        let count = 4 + self.rng.below(7) as usize;
+        let mut keys = BTreeSet::new();
+        // About half of them keys the node holds (so that releases coalesce too), then any.
+        let held_list: Vec<usize> = held.iter().copied().collect();
+        for _ in 0..count / 2 {
+            if let Some(&k) = held_list.get(self.rng.below(held_list.len() as u64 + 1) as usize) {
+                keys.insert(k);
+            }
+        }
+        while keys.len() < count {
+            keys.insert(self.rng.below(KEYS as u64) as usize);
+        }
+        let mut ops = Vec::new();
+        for k in keys {
+            let release = held.contains(&k) && self.rng.chance(75);
+            let op = if release { Op::Release(n, p, k) } else { Op::Acquire(n, p, k) };
+            if !self.rng.chance(25) {
+                ops.push(op);
+                continue;
+            }
+            let after = self.rng.millis(1500);
+            let then =
+                if release && self.rng.chance(70) { Op::Acquire(n, p, k) } else { op.clone() };
+            ops.push(Op::Cancelled(Box::new(op), Box::new(then), after));
         }
         ops
     }
@@ -890,6 +951,18 @@ impl Sim {
 
     fn after_op(&mut self, step: usize, done: Done) -> Result<(), Violation> {
         let Done { op, results, handle } = done;
+        let op = match op {
+            Op::Cancelled(first, then, _) => {
+                if let Op::Release(n, p, k) = *first {
+                    // Released (its caller gave up, the release goes on) and acquired again in
+                    // one step: a new hold, which may have a new ID. (It keeps the old hold's
+                    // excuse: if the acquire only counted up, a vanished reference is still gone.)
+                    self.reacquired.insert((n, p, Self::key(k)));
+                }
+                *then
+            }
+            op => op,
+        };
         let (n, p) = op.node_pool();
         let retired = handle.as_ref().is_some_and(|(_, r)| *r);
         for (k, res, id) in results {
@@ -964,6 +1037,10 @@ impl Sim {
                 .is_some_and(|(h, _)| h.is_retired())
             {
                 self.nodes[n].pools[p] = None;
+                // A retired handle dropped its holds (its pool was deleted): the node holds
+                // nothing there until it acquires again in the re-created pool, maybe with other
+                // IDs (a stale hold here would read as an ID change without a Conflict).
+                self.leased.retain(|(i, hp, _), _| !(*i == n && *hp == p));
             }
         }
         Ok(())
@@ -1058,6 +1135,7 @@ impl Sim {
         self.absorb_watch()?;
         self.check_holds(step, false).await?;
         self.refs_deleted.clear();
+        self.reacquired.clear();
         self.loss_in_step = false;
         self.check_raw(step).await
     }
@@ -1086,6 +1164,9 @@ impl Sim {
                     }
                 }
                 let held = pool.held();
+                // A handle retired by a pool deletion may still report what it did in the old
+                // pool (a repair's Conflict there): its IDs are checked against its own spec.
+                let spec = pool.spec().clone();
                 for (key, old_id, new_id) in conflicts {
                     self.trace.push(format!("{step} n{n} conflict {key} {old_id}->{new_id}"));
                     match self.leased.get_mut(&(n, p, key.clone())) {
@@ -1097,7 +1178,7 @@ impl Sim {
                         Some(h) => h.id = new_id,
                         None => {}
                     }
-                    self.check_g3(p, new_id, "conflict")?;
+                    check_g3_in(&spec, new_id, "conflict")?;
                 }
                 if self.unrepairable.contains(&(n, p)) {
                     continue;
@@ -1114,6 +1195,9 @@ impl Sim {
                         .leased
                         .entry((n, p, key.clone()))
                         .or_insert(Hold { id, excused: lost });
+                    if e.id != id && self.reacquired.contains(&(n, p, key.clone())) {
+                        e.id = id;
+                    }
                     if e.id != id {
                         return v(format!(
                             "G2: n{n} holds {key} in {} with ID {id}, but it had {} and no Conflict was emitted",
@@ -1491,6 +1575,11 @@ async fn run_op(op: &Op, pool: &Pool) -> Vec<KeyResult> {
             vec![(None, pool.sweep().await.map(|r| format!("{:?}", r.reclaimed)), None)]
         }
         Op::Resync(..) => vec![(None, pool.resync().await.map(|_| "resynced".to_string()), None)],
+        Op::Cancelled(first, then, after) => {
+            // Given up in the queue, in flight or not at all; its outcome is unknown.
+            let _ = tokio::time::timeout(*after, Box::pin(run_op(first, pool))).await;
+            Box::pin(run_op(then, pool)).await
+        }
     }
 }
 
