@@ -55,21 +55,32 @@ async fn main() -> Result<(), String> {
             "--embedded-only" => {
                 let cfg = Config::full();
                 let dir = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-                println!("| store | tasks | ops | ops/s | p50 ms | p99 ms | round trips/op |");
-                println!("|---|---:|---:|---:|---:|---:|---:|");
+                println!(
+                    "| store | tasks | ops | ops/s | p50 ms | p99 ms | round trips/op | CPU µs/op |"
+                );
+                println!("|---|---:|---:|---:|---:|---:|---:|---:|");
                 for (label, file, c) in
                     [("file", true, 1), ("file", true, 64), ("memory", false, 64)]
                 {
                     let d = file.then_some(dir.path());
+                    // CPU of the whole process (store, allocator and tasks), which the load on a
+                    // shared machine moves much less than wall-clock figures.
+                    let cpu0 = idalloc_bench::stats::CpuSample::now(false, None);
                     let r = idalloc_bench::scenarios::embedded(d, c, cfg.run).await?.finish();
+                    let cpu = cpu0.split_to(
+                        idalloc_bench::stats::CpuSample::now(false, None),
+                        r.ops as usize,
+                        r.secs,
+                    );
                     let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
                     println!(
-                        "| {label} | {c} | {} | {:.0} | {:.2} | {:.2} | {:.2} |",
+                        "| {label} | {c} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} |",
                         r.ops,
                         r.throughput(),
                         ms(r.percentile(0.5)),
                         ms(r.percentile(0.99)),
-                        r.rt_per_op()
+                        r.rt_per_op(),
+                        cpu.client * 1e6 / r.ops.max(1) as f64
                     );
                 }
                 return Ok(());
