@@ -17,6 +17,15 @@
 //! per key, so bindings are often reclaimed and re-created (the contended paths).
 //! `--batch-pct` (default 25) is the share of calls that are batched: `acquire_many_durable` or
 //! `release_many_durable` on 2–4 distinct keys, recorded as one invoke and one return per key.
+//!
+//! `--burst-tasks` (default 4): beside the recorded durable calls, bursts of that many concurrent
+//! single-key *session* calls (`Pool::acquire`/`release`) every 1–2 s, on keys `c<task>.<0|1>`
+//! shared by every client, which the allocator coalesces into batched txns with two flights in
+//! the air (issue 14). They are not in the history (the model is of durable references); the
+//! store scans check them for G1 with everything else, and this process checks its own: no two
+//! keys it holds at once have one ID, a release of a confirmed hold says `held`, and no error
+//! but `Unavailable`. It prints `coalesced: N answered, M unavailable` to stderr at the end and
+//! exits non-zero on a violation. 0 turns the bursts off.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -51,6 +60,7 @@ struct Args {
     reuse_delay_ms: u64,
     acquire_pct: u64,
     batch_pct: u64,
+    burst_tasks: usize,
     tls: Option<EtcdTls>,
     auth: Option<EtcdAuth>,
 }
@@ -115,6 +125,7 @@ fn parse_args() -> Result<Args, String> {
         reuse_delay_ms: num("reuse-delay-ms", Some(0))?,
         acquire_pct: num("acquire-pct", Some(35))?.min(100),
         batch_pct: num("batch-pct", Some(25))?.min(100),
+        burst_tasks: num("burst-tasks", Some(4))?.min(64) as usize,
     })
 }
 
@@ -206,6 +217,7 @@ async fn run(a: Args) -> Result<(), String> {
         }
     };
 
+    let bursts = tokio::spawn(bursts(pool.clone(), a.burst_tasks, a.seed, a.until_ns));
     let mut rng = StdRng::seed_from_u64(a.seed);
     let mut seq = 0u64;
     while now_ns() < a.until_ns {
@@ -292,8 +304,96 @@ async fn run(a: Args) -> Result<(), String> {
         let pause = rng.random_range(0..=2 * a.pause_ms);
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+    let burst = bursts.await.map_err(|e| format!("burst task: {e}"))?;
+    eprintln!(
+        "{proc_tag}: coalesced: {} answered, {} unavailable",
+        burst.answered, burst.unavailable
+    );
+    if !burst.violations.is_empty() {
+        return Err(format!("coalesced calls broke a guarantee: {}", burst.violations.join("; ")));
+    }
     log.write(&Record::Done { proc: proc_tag, t: now_ns() })?;
     Ok(())
+}
+
+/// What the bursts of coalesced session calls saw.
+#[derive(Default)]
+struct Bursts {
+    answered: u64,
+    unavailable: u64,
+    violations: Vec<String>,
+}
+
+/// Bursts of `tasks` concurrent single-key session calls until `until_ns` (see the crate docs of
+/// this binary): each task acquires its key if this process does not hold it, else releases it.
+/// Holds are tracked only while confirmed: an `Unavailable` answer makes the key's state unknown
+/// (the call may have committed), so the key is dropped from the checks until a later answer.
+async fn bursts(pool: idalloc::Pool, tasks: usize, seed: u64, until_ns: u64) -> Bursts {
+    let mut out = Bursts::default();
+    if tasks == 0 {
+        return out;
+    }
+    let mut rng = StdRng::seed_from_u64(seed ^ 0xc0a1_e5ce);
+    // key -> ID of a confirmed hold of this process, and the reverse.
+    let mut held: HashMap<String, u64> = HashMap::new();
+    let mut by_id: HashMap<u64, String> = HashMap::new();
+    while now_ns() < until_ns {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(1000..=2000))).await;
+        let keys: Vec<String> =
+            (0..tasks).map(|t| format!("c{t}.{}", rng.random_range(0..2))).collect();
+        let calls = keys.iter().map(|k| {
+            let (pool, k, acquire) = (pool.clone(), k.clone(), !held.contains_key(k));
+            tokio::spawn(async move {
+                let r = if acquire {
+                    pool.acquire(&k).await.map(|a| Ok(a.id))
+                } else {
+                    pool.release(&k).await.map(|r| Err(r.held))
+                };
+                (k, r)
+            })
+        });
+        let calls: Vec<_> = calls.collect();
+        for call in calls {
+            let (k, r) = match tokio::time::timeout(HANG_BOUND, call).await {
+                Ok(Ok(done)) => done,
+                Ok(Err(e)) => {
+                    out.violations.push(format!("a coalesced call's task failed: {e}"));
+                    continue;
+                }
+                Err(_) => {
+                    out.violations.push(format!("a coalesced call hung for {HANG_BOUND:?}"));
+                    continue;
+                }
+            };
+            match r {
+                Ok(Ok(id)) => {
+                    out.answered += 1;
+                    if let Some(other) = by_id.get(&id).filter(|o| **o != k) {
+                        out.violations.push(format!("{k} and {other}, both held, share ID {id}"));
+                    }
+                    held.insert(k.clone(), id);
+                    by_id.insert(id, k);
+                }
+                Ok(Err(was_held)) => {
+                    out.answered += 1;
+                    if !was_held {
+                        out.violations.push(format!("release of {k}, held, said held = false"));
+                    }
+                    if let Some(id) = held.remove(&k) {
+                        by_id.remove(&id);
+                    }
+                }
+                Err(Error::Unavailable { .. }) => {
+                    out.unavailable += 1;
+                    if let Some(id) = held.remove(&k) {
+                        by_id.remove(&id);
+                    }
+                }
+                Err(e) => out.violations.push(format!("{k}: {} error: {e}", error_kind(&e))),
+            }
+        }
+    }
+    out
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
