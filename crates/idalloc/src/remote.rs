@@ -597,10 +597,12 @@ impl Sink for RemoteSink {
             // drop count that covers this listing (the loop saw `dropped() == 0` right after
             // `wait_synced` in 2 of 14 runs under load when this came after the lock).
             v.count_dropped(&dropped);
+            // The reconnect, too, is counted before the state says synced (a caller that waited
+            // for the resync read 0 reconnects once in a whole-suite loop when this came after).
+            if v.lost.swap(false, Ordering::AcqRel) {
+                metrics::remote_reconnect(&v.pool, &v.name);
+            }
             v.publish_state(RemoteState::Synced);
-        }
-        if v.lost.swap(false, Ordering::AcqRel) {
-            metrics::remote_reconnect(&v.pool, &v.name);
         }
         v.report_sync_age();
         Ok(())
