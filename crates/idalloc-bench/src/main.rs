@@ -72,13 +72,12 @@ async fn main() -> Result<(), String> {
                         r.ops as usize,
                         r.secs,
                     );
-                    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
                     println!(
-                        "| {label} | {c} | {} | {:.0} | {:.2} | {:.2} | {:.2} | {:.0} |",
+                        "| {label} | {c} | {} | {:.0} | {} | {} | {:.2} | {:.0} |",
                         r.ops,
                         r.throughput(),
-                        ms(r.percentile(0.5)),
-                        ms(r.percentile(0.99)),
+                        idalloc_bench::stats::ms(r.percentile(0.5)),
+                        idalloc_bench::stats::ms(r.percentile(0.99)),
                         r.rt_per_op(),
                         cpu.client * 1e6 / r.ops.max(1) as f64
                     );
@@ -268,7 +267,6 @@ async fn coalescing(runs: usize) -> Result<(), String> {
         for kind in [Kind::Idalloc, Kind::Ceiling] {
             let (r, cpu) = idalloc_bench::scenarios::new_keys_cpu(kind, 64, cfg.run).await?;
             let r = r.finish();
-            let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
             let (client, etcd) = cpu.per_key_us();
             rates.push(r.throughput());
             let ratio = match rates.as_slice() {
@@ -276,11 +274,11 @@ async fn coalescing(runs: usize) -> Result<(), String> {
                 _ => String::new(),
             };
             println!(
-                "| {i} | {} | {:.0} | {:.2} | {:.2} | {:.3} | {client:.0} | {etcd:.0} | {ratio} | {} |",
+                "| {i} | {} | {:.0} | {} | {} | {:.3} | {client:.0} | {etcd:.0} | {ratio} | {} |",
                 kind.name(),
                 r.throughput(),
-                ms(r.percentile(0.5)),
-                ms(r.percentile(0.99)),
+                idalloc_bench::stats::ms(r.percentile(0.5)),
+                idalloc_bench::stats::ms(r.percentile(0.99)),
                 r.rt_per_op(),
                 idalloc_bench::stats::load_average()
             );

@@ -33,6 +33,23 @@ fn esc(s: &str) -> String {
     s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
 }
 
+/// The opening of a chart: the `<svg>` element, a white background and the title centred on
+/// `title_x` (shared by every chart of the harness; close it with `</svg>`).
+pub fn svg_open(w: f64, h: f64, title_x: f64, title: &str) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{title_x}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
+        esc(title)
+    );
+    s
+}
+
 /// `bars` against one linear axis from 0, in `unit`. A target is a black tick across its bar with
 /// its label under the bar; a bar that falls short of a target is drawn in grey beyond its end,
 /// so a missed target reads as a gap. Values that are not finite or are negative are drawn as 0.
@@ -48,18 +65,7 @@ pub fn bars_svg(title: &str, unit: &str, bars: &[Bar]) -> String {
     let vmax = nice_ceiling(top);
     let (x0, x1) = (ml, w - mr);
     let px = |v: f64| x0 + clean(v) / vmax * (x1 - x0);
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="14">{}</text>"#,
-        w / 2.0,
-        esc(title)
-    );
+    let mut s = svg_open(w, h, w / 2.0, title);
     let axis_y = mt + row * bars.len() as f64;
     for i in 0..=5 {
         let v = vmax * i as f64 / 5.0;

@@ -586,18 +586,11 @@ Round trips are counted by `CountingStore` around each node's own etcd connectio
         let lmax = concs.last().map_or(1.0, |c| (*c as f64).ln()).max(lmin + 1e-9);
         let px = |c: usize| x0 + ((c as f64).ln() - lmin) / (lmax - lmin) * (x1 - x0);
         let py = |v: f64| y0 - v / ymax * (y0 - y1);
-        let mut s = String::new();
-        let _ = writeln!(
-            s,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
-        );
-        let _ = writeln!(s, r#"<rect width="{w}" height="{h}" fill="white"/>"#);
-        let _ = writeln!(
-            s,
-            r#"<text x="{}" y="22" text-anchor="middle" font-size="14">New keys: throughput against concurrency ({})</text>"#,
-            (x0 + x1) / 2.0,
+        let title = format!(
+            "New keys: throughput against concurrency ({})",
             if self.quick { "quick mode" } else { "full run" }
         );
+        let mut s = crate::plot::svg_open(w, h, (x0 + x1) / 2.0, &title);
         for i in 0..=5 {
             let v = ymax * i as f64 / 5.0;
             let y = py(v);
