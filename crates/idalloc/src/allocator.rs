@@ -10,6 +10,7 @@
 
 mod batch;
 mod bind;
+pub mod client_session;
 mod coalesce;
 mod events;
 mod handle;
@@ -20,6 +21,8 @@ mod repair;
 pub(crate) mod repair_queue;
 pub(crate) mod request;
 mod session;
+pub(crate) mod sweeper;
+mod sync;
 #[cfg(test)]
 mod tests;
 mod types;
@@ -140,7 +143,7 @@ impl Allocator {
     /// of a remote client (`idalloc serve`) that must lose its references when the client stops
     /// renewing, exactly as a crashed process does (G4). One round trip.
     pub async fn client_session(&self, ttl: Duration) -> Result<crate::ClientSession> {
-        crate::client_session::open(&self.inner, ttl).await
+        client_session::open(&self.inner, ttl).await
     }
 
     /// This process's holder name (its leased references are `ref/<key>/<holder>`).

@@ -77,9 +77,10 @@
 //!   pool registry), `pool_state` (per-pool state and the per-key single-flight guard), `bind`
 //!   (runs the steps of the bind loop, `protocol::BindLoop`), `release`, `repair_queue` + `repair`
 //!   (DESIGN §7), `handle` ([`Pool`]),
-//!   `events`, `types` (options and results). `sync` (the cache feeder) and `sweeper` use only
-//!   the request path, the key layout and the repair queue, never the allocator itself: no module
-//!   imports one that imports it back (`scripts/check-imports.py`, run by `scripts/test.sh`; the
+//!   `events`, `types` (options and results), `sync` (the cache feeder), `sweeper` and
+//!   `client_session` (its leases). `sync` and `sweeper` use only the request path, the key
+//!   layout and the repair queue, never the allocator itself: no file imports one that imports it
+//!   back (`scripts/check-imports.py`, run by `scripts/test.sh`; the
 //!   pool spec's data lives in the leaf `spec`, so the error type can carry specs while `pool`'s
 //!   validation returns errors).
 //! - [`remote`] with `feed`: read-only views of other clusters, one list+watch follower for all.
@@ -111,7 +112,6 @@ mod batch;
 mod bindings;
 mod cache;
 pub mod check;
-pub mod client_session;
 pub mod error;
 mod feed;
 mod idset;
@@ -124,8 +124,6 @@ pub mod remote;
 mod show;
 mod spec;
 pub mod store;
-mod sweeper;
-mod sync;
 
 // The unit tests wrap stores with the testkit's ONE forwarding store (`HookedStore` and its
 // `Hook`s), compiled here from the testkit's source file: a dev-dependency on the testkit would
@@ -138,16 +136,17 @@ extern crate self as idalloc;
 #[allow(dead_code)]
 mod hooked;
 
+pub use allocator::client_session;
+pub use allocator::client_session::ClientSession;
+pub use allocator::sweeper::SweepReport;
 pub use allocator::{
     Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
     RetryPolicy,
 };
 pub use cache::{Event, Foreign};
-pub use client_session::ClientSession;
 pub use error::{Error, Input, Result};
 pub use pool::{PoolSpec, Strategy};
 pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
-pub use sweeper::SweepReport;
 
 /// Crate internals for the bench crate's micro-benchmarks (free-ID picks, cache lookups, the
 /// batched etcd ceiling built from the real bind plan). **Unstable**: compiled only with the

@@ -172,7 +172,7 @@ impl Inner {
                 Err(pe) => Err(abort(bl, protocol_error(pe))),
             },
             Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
-                Err(abort(bl, crate::client_session::lease_gone(l)))
+                Err(abort(bl, super::client_session::lease_gone(l)))
             }
             Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
                 self.session_lost(l).await;

@@ -528,8 +528,8 @@ impl Pool {
 
     /// One sweep of the pool now: reclaims bindings that have had no reference for the pool's idle
     /// grace (DESIGN §8). Safe to run in many processes at once and alongside acquires.
-    pub async fn sweep(&self) -> Result<crate::sweeper::SweepReport> {
-        let f = crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false);
+    pub async fn sweep(&self) -> Result<super::sweeper::SweepReport> {
+        let f = super::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false);
         let r = crate::metrics::timed(self.spec().name(), "sweep", f).await;
         if let Err(e) = self.state.live() {
             // Retired by this sweep: forget the state too, as a failed bind does.
@@ -543,8 +543,8 @@ impl Pool {
     }
 
     /// What a sweep would reclaim now, without reclaiming it.
-    pub async fn sweep_dry_run(&self) -> Result<crate::sweeper::SweepReport> {
-        crate::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, true).await
+    pub async fn sweep_dry_run(&self) -> Result<super::sweeper::SweepReport> {
+        super::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, true).await
     }
 
     /// Keys this process holds through its session, with their IDs and local counts.

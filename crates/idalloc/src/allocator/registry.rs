@@ -205,7 +205,7 @@ impl Inner {
         pools.insert(state.spec.name().to_string(), state.clone());
         drop(pools);
         crate::metrics::pool_opened(state.spec.name());
-        let task = tokio::spawn(crate::sync::run(
+        let task = tokio::spawn(super::sync::run(
             Arc::downgrade(&self.req),
             self.layout.clone(),
             self.repairs.clone(),
@@ -214,7 +214,7 @@ impl Inner {
         lock(&self.tasks).push(task.abort_handle());
         lock(&state.tasks).push(task.abort_handle());
         if let Some(interval) = self.opts.sweep_interval {
-            let task = tokio::spawn(crate::sweeper::run(
+            let task = tokio::spawn(super::sweeper::run(
                 Arc::downgrade(&self.req),
                 self.layout.clone(),
                 state.clone(),
