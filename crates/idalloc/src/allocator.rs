@@ -11,9 +11,11 @@
 mod batch;
 mod bind;
 pub mod client_session;
+mod cluster_events;
 mod coalesce;
 mod events;
 mod handle;
+mod lanes;
 pub(crate) mod pool_state;
 mod registry;
 mod release;
@@ -41,7 +43,8 @@ use crate::layout::Layout;
 use crate::pool::{validate_holder, validate_key, validate_pool_name, PoolSpec};
 use crate::store::{Compare, GetRequest, KeyRange, LeaseId, OpResponse, Store, TxnOp, TxnRequest};
 
-pub use events::{ClusterEvents, Events};
+pub use cluster_events::ClusterEvents;
+pub use events::Events;
 pub use handle::Pool;
 pub use types::{Acquired, AllocatorOptions, Binding, Released, RetryPolicy};
 

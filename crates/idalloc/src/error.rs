@@ -8,7 +8,7 @@
 
 pub use crate::show::{show_value, SHOWN_VALUE_BYTES};
 use crate::spec::PoolSpec;
-use crate::store::StoreError;
+use crate::store::{LeaseId, StoreError};
 
 /// Which kind of input an [`Error::InvalidInput`] is about, so callers map it (CLI exit codes, HTTP
 /// statuses) without reading the message.
@@ -157,6 +157,18 @@ pub enum Error {
 pub type Result<T> = std::result::Result<T, Error>;
 
 impl Error {
+    /// The error a client-session operation returns once its lease is gone (expired or ended).
+    /// Here rather than in `allocator/client_session.rs` because the bind loop returns it too,
+    /// and the client session is built on the bind loop (no file imports one that imports it).
+    pub(crate) fn lease_gone(lease: LeaseId) -> Error {
+        Error::invalid(
+            Input::SessionGone,
+            "client session",
+            format!("lease {lease:x}"),
+            "the session's lease has expired or was ended; its references are gone; open a new session",
+        )
+    }
+
     /// A short, stable name of the variant (`invalid_input`, `range_mismatch`, `pool_not_found`,
     /// `pool_replaced`, `exhausted`, `unavailable`, `access_denied`, `corrupt`, `conflict`): the
     /// `kind` of the HTTP API's error bodies and the `outcome` label of metrics.

@@ -77,7 +77,8 @@
 //!   pool registry), `pool_state` (per-pool state and the per-key single-flight guard), `bind`
 //!   (runs the steps of the bind loop, `protocol::BindLoop`), `release`, `repair_queue` + `repair`
 //!   (DESIGN §7), `handle` ([`Pool`]),
-//!   `events`, `types` (options and results), `sync` (the cache feeder), `sweeper` and
+//!   `events` + `cluster_events`, `coalesce` + `lanes` (its queues), `types` (options and
+//!   results), `sync` (the cache feeder), `sweeper` and
 //!   `client_session` (its leases). `sync` and `sweeper` use only the request path, the key
 //!   layout and the repair queue, never the allocator itself: no file imports one that imports it
 //!   back (`scripts/check-imports.py`, run by `scripts/test.sh`; the

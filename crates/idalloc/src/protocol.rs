@@ -1,6 +1,6 @@
 //! The allocation protocol as pure functions: what is known → which txn to send → what its response
 //! means. No I/O happens here; `allocator.rs` runs the loop and `sweeper.rs` the reclaim passes. The
-//! bind loop's own memory and branches are the state machine of `bind_step` ([`BindLoop`]).
+//! bind loop's own memory and branches are the state machine of `bind_step` ([`BindLoop`](bind_step::BindLoop)).
 //!
 //! Every write the allocator makes is one txn whose compares pin exactly the records it read (or
 //! assumed from its cache). If anyone changed them in between, the compares fail, the else branch
@@ -14,9 +14,9 @@
 //! in one place: bind, release, stray-reference and sweep txns share the compare builders and the
 //! fences, and a reviewer checks the G1–G5 arguments against one file, not five.
 
-mod bind_step;
-
-pub use bind_step::{Action, BindLoop, Failure, FullCheck, Hints, Input, Step, MAX_BIND_ATTEMPTS};
+// Named by its users as `protocol::bind_step::…`, not re-exported here: the bind loop is built on
+// this file's decisions, and a re-export would make this file import its own child back.
+pub(crate) mod bind_step;
 
 use crate::error::Error;
 use crate::layout::{IdRecord, Layout};

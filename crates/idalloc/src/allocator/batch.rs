@@ -32,10 +32,8 @@ use super::types::{Acquired, Released};
 use crate::batch::{self, Frame, MAX_BATCH_KEYS};
 use crate::error::{Error, Result};
 use crate::pool::{validate_holder, validate_key};
-use crate::protocol::{
-    spec_compare, Action, BindLoop, BindOutcome, BindPlan, Failure, FullCheck, Input, LastRelease,
-    RefTarget, ReleasePlan, Step,
-};
+use crate::protocol::bind_step::{Action, BindLoop, Failure, FullCheck, Input, Step};
+use crate::protocol::{spec_compare, BindOutcome, BindPlan, LastRelease, RefTarget, ReleasePlan};
 use crate::store::{OpResponse, StoreError, TxnOp, TxnRequest};
 
 /// Distinct keys one call locks and works on at a time (the per-key single-flight locks are

@@ -15,10 +15,9 @@ use super::registry::{protocol_error, Inner};
 use super::types::Acquired;
 use crate::error::{Error, Result};
 use crate::pool::Strategy;
-use crate::protocol::{
-    self, Action, BindLoop, BindOutcome, BindPlan, Failure, FullCheck, Input, RefTarget,
-};
-pub(super) use crate::protocol::{Hints, MAX_BIND_ATTEMPTS};
+use crate::protocol::bind_step::{Action, BindLoop, Failure, FullCheck, Input};
+pub(super) use crate::protocol::bind_step::{Hints, MAX_BIND_ATTEMPTS};
+use crate::protocol::{self, BindOutcome, BindPlan, RefTarget};
 use crate::store::{GetRequest, Revision, StoreError};
 
 /// On which lease a bind puts the holder's reference.
@@ -172,7 +171,7 @@ impl Inner {
                 Err(pe) => Err(abort(bl, protocol_error(pe))),
             },
             Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
-                Err(abort(bl, super::client_session::lease_gone(l)))
+                Err(abort(bl, Error::lease_gone(l)))
             }
             Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
                 self.session_lost(l).await;

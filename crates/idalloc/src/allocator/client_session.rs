@@ -47,16 +47,6 @@ impl std::fmt::Debug for ClientSession {
     }
 }
 
-/// The error a session operation returns once its lease is gone (expired or ended).
-pub(crate) fn lease_gone(lease: LeaseId) -> Error {
-    Error::invalid(
-        Input::SessionGone,
-        "client session",
-        format!("lease {lease:x}"),
-        "the session's lease has expired or was ended; its references are gone; open a new session",
-    )
-}
-
 pub(crate) async fn open(inner: &Arc<Inner>, ttl: Duration) -> Result<ClientSession> {
     if ttl < Duration::from_secs(1) || ttl > MAX_CLIENT_TTL {
         return Err(Error::invalid(
@@ -111,7 +101,7 @@ impl ClientSession {
 
     fn check(&self) -> Result<()> {
         if self.is_lost() {
-            return Err(lease_gone(self.lease));
+            return Err(Error::lease_gone(self.lease));
         }
         Ok(())
     }

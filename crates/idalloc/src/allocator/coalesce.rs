@@ -5,11 +5,11 @@
 //! Each pool has one lane for acquires and one for releases. A call that finds its lane idle
 //! *leads*: it sends its own txn at once, exactly as an uncoalesced call would (an idle call pays
 //! no added latency and keeps its round-trip budget of DESIGN §5). A call that arrives while a txn
-//! of the lane is in flight queues up, and if fewer than [`MAX_FLIGHTS`] flights of the lane are
+//! of the lane is in flight queues up, and if fewer than [`MAX_FLIGHTS`](lanes::MAX_FLIGHTS) flights of the lane are
 //! in the air it starts another at once: a background task that takes everything queued by the
 //! time it runs and sends it as one batch ([`Inner::bind_many`] / [`Inner::release_ref_many`]:
 //! per-key nested txns with the same compares and fences as single calls). Calls arriving while
-//! that task has not yet taken the queue join it; calls arriving when [`MAX_FLIGHTS`] are in the
+//! that task has not yet taken the queue join it; calls arriving when [`MAX_FLIGHTS`](lanes::MAX_FLIGHTS) are in the
 //! air wait for the next flight, which starts when one of them ends. Several flights in the air
 //! matter under load (docs/benchmarks-findings.md, "Batching targets"): with one, a call that
 //! arrives during a flight waits for it to end and then for its own, about 1.5 commits per call.
@@ -29,11 +29,12 @@
 //! undoes what it did for nobody, through the repair queue: an acquired reference is abandoned
 //! (released unless the process holds the key again), a failed release is completed.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::oneshot;
 
 use super::bind::Hints;
+use super::lanes::{self, Entry};
 use super::pool_state::{lock, OwnedKeyGuard, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
@@ -41,118 +42,9 @@ use super::types::{Acquired, Released};
 use super::RefLease;
 use crate::error::{Error, Result};
 
-/// Keys one coalesced flight takes from the queue at most (the rest go in the next flight);
-/// [`Inner::bind_many`] splits them into requests of etcd's size and sends those together.
-const MAX_FLIGHT_KEYS: usize = 1024;
-
-/// Flights of one lane in the air at once at most (a leader's own txn counts as one). Two are
-/// enough for a steady stream of callers: while one flight is in the air, the callers the other
-/// one answered come back and go out together at once instead of waiting for it. More would
-/// split the same callers into more, smaller txns (more round trips for the same keys).
-pub(super) const MAX_FLIGHTS: usize = 2;
-
-/// The answer a queued call gets: its result and its key's single-flight lock back.
-type Reply<T> = oneshot::Sender<(Result<T>, OwnedKeyGuard)>;
-
-/// A queued acquire, holding its key's single-flight lock.
-pub(super) struct AcquireJob {
-    key: String,
-    guard: OwnedKeyGuard,
-    reply: Reply<Acquired>,
-}
-
-/// A queued release of this process's reference to `key`, bound to `id`, holding the key's
-/// single-flight lock.
-pub(super) struct ReleaseJob {
-    key: String,
-    id: u64,
-    guard: OwnedKeyGuard,
-    reply: Reply<Released>,
-}
-
-/// One lane: its flights in the air, and who waits for the next one.
-struct Lane<J> {
-    state: Mutex<LaneState<J>>,
-}
-
-struct LaneState<J> {
-    /// Flights in the air or started (a leader's txn, or a batch task), at most [`MAX_FLIGHTS`].
-    flights: usize,
-    /// A started batch task has not taken the queue yet: later callers join it.
-    gathering: bool,
-    queue: Vec<J>,
-}
-
-impl<J> Default for Lane<J> {
-    fn default() -> Self {
-        Lane { state: Mutex::new(LaneState { flights: 0, gathering: false, queue: Vec::new() }) }
-    }
-}
-
-/// What a call entering a lane does.
-enum Entry<J> {
-    /// The lane was idle: send alone now (the job was not queued; here it is back).
-    Lead(J),
-    /// Queued, and a batch task must be started for it (the lane counts it already).
-    Start,
-    /// Queued for a batch task already started, or for the next flight.
-    Queued,
-}
-
-impl<J> Lane<J> {
-    fn enter(&self, job: J) -> Entry<J> {
-        let mut s = lock(&self.state);
-        if s.flights == 0 {
-            s.flights = 1;
-            return Entry::Lead(job);
-        }
-        s.queue.push(job);
-        if !s.gathering && s.flights < MAX_FLIGHTS {
-            s.gathering = true;
-            s.flights += 1;
-            return Entry::Start;
-        }
-        Entry::Queued
-    }
-
-    /// The jobs of a batch task that starts now.
-    fn take(&self) -> Vec<J> {
-        let mut s = lock(&self.state);
-        s.gathering = false;
-        let n = s.queue.len().min(MAX_FLIGHT_KEYS);
-        s.queue.drain(..n).collect()
-    }
-
-    /// A flight ended: true if jobs wait and nobody is about to take them (the lane counts the
-    /// batch task the caller must start for them).
-    fn done(&self) -> bool {
-        let mut s = lock(&self.state);
-        s.flights -= 1;
-        if s.queue.is_empty() || s.gathering {
-            return false;
-        }
-        s.gathering = true;
-        s.flights += 1;
-        true
-    }
-
-    /// A started batch task that will never run (no runtime, or it is shutting down): forgets
-    /// every queued job (their callers get "dropped"), since no later task can be relied on to
-    /// run either.
-    fn abandon(&self) -> Vec<J> {
-        let mut s = lock(&self.state);
-        s.flights -= 1;
-        s.gathering = false;
-        std::mem::take(&mut s.queue)
-    }
-}
-
-/// The two lanes of a pool.
-#[derive(Default)]
-pub(crate) struct Lanes {
-    acquire: Lane<AcquireJob>,
-    release: Lane<ReleaseJob>,
-}
+/// The jobs of this pool's lanes, holding the driver's key guard.
+type AcquireJob = lanes::AcquireJob<OwnedKeyGuard>;
+type ReleaseJob = lanes::ReleaseJob<OwnedKeyGuard>;
 
 #[derive(Clone, Copy)]
 enum Kind {

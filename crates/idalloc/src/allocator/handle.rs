@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use tracing::warn;
 
+use super::cluster_events::ClusterEvents;
 use super::coalesce::{self, Turn};
-use super::events::{ClusterEvents, Events};
+use super::events::Events;
 use super::pool_state::{lock, read, write, Held, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;

@@ -60,7 +60,7 @@ pub(crate) struct PoolState {
     pub(crate) relist: Arc<crate::feed::Relist>,
     pub(crate) idle_since: Mutex<HashMap<(String, i64), Instant>>,
     /// Coalescing of concurrent single-key acquires and releases (see `coalesce`).
-    pub(super) lanes: super::coalesce::Lanes,
+    pub(super) lanes: super::lanes::Lanes<OwnedKeyGuard>,
     /// Set once a write found the pool deleted or re-created (or this allocator deleted it): the
     /// error every later operation on this state returns. A retired state never comes back; the
     /// caller opens the pool again (docs/design-notes.md, "Pool handles outlive their pool").

@@ -31,13 +31,27 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::mvcc::txn_size;
-use super::Shared;
 use crate::store::{StoreError, StoreResult, TxnRequest, TxnResponse};
 
 /// At most this many txns share one commit: bounds the time the state stays locked.
 pub(crate) const MAX_GROUP_JOBS: usize = 512;
 /// And at most about this many request bytes (a group always takes at least one txn).
 pub(crate) const MAX_GROUP_BYTES: usize = 8 << 20;
+
+/// What a writer applies its groups to: the store's state (`Shared` in `mod.rs`). A trait so
+/// that this file never names the store that uses it (`mod.rs` queues its txns here; importing
+/// it back would make the two files a cycle).
+pub(crate) trait Target: Send + Sync + 'static {
+    /// Locks the state, takes the group (`take`: called once, under the lock, so that everything
+    /// that queued while the lock was busy joins), applies it and commits it durably
+    /// (`Core::apply_group`), wakes the expiry task if a lease deadline moved, and unlocks.
+    /// Returns the group and each txn's result, for the writer to answer after the unlock.
+    fn apply_group(
+        &self,
+        take: &mut dyn FnMut() -> Vec<Job>,
+        keep: i64,
+    ) -> (Vec<Job>, Vec<StoreResult<TxnResponse>>);
+}
 
 /// One caller's txn, waiting for its group.
 pub(crate) struct Job {
@@ -84,9 +98,9 @@ fn stopped() -> StoreError {
 impl Writer {
     /// Queues `req` and waits until the group holding it is durable (or failed). `keep` is the
     /// auto-compaction setting.
-    pub async fn txn(
+    pub async fn txn<T: Target>(
         &self,
-        shared: &Arc<Shared>,
+        shared: &Arc<T>,
         keep: i64,
         req: TxnRequest,
         now: Instant,
@@ -98,12 +112,8 @@ impl Writer {
             !std::mem::replace(&mut q.writing, true)
         };
         if start {
-            let task = Serve {
-                shared: Arc::downgrade(shared),
-                queue: self.queue.clone(),
-                keep,
-                done: false,
-            };
+            let shared: Weak<T> = Arc::downgrade(shared);
+            let task = Serve { shared, queue: self.queue.clone(), keep, done: false };
             match tokio::runtime::Handle::try_current() {
                 // Detached: it answers through the oneshots.
                 Ok(rt) => drop(rt.spawn_blocking(move || task.run())),
@@ -122,7 +132,7 @@ impl Writer {
 /// caller has its answer and drops the store, the file is closed at once, not whenever this
 /// blocking task gets round to ending (a reopen right after a drop found the file still locked).
 struct Serve {
-    shared: Weak<Shared>,
+    shared: Weak<dyn Target>,
     queue: Arc<Mutex<Queue>>,
     keep: i64,
     done: bool,
@@ -160,7 +170,7 @@ fn queue_is_done(queue: &Mutex<Queue>) -> bool {
 
 /// Serves groups until the queue is empty (true), or until the store is gone (false: then
 /// `Serve::drop` fails what queued, which only callers that stopped waiting can have left).
-fn serve(shared: &Weak<Shared>, keep: i64, queue: &Mutex<Queue>) -> bool {
+fn serve(shared: &Weak<dyn Target>, keep: i64, queue: &Mutex<Queue>) -> bool {
     loop {
         // The queue is looked at before the state is taken: a writer that took the state only to
         // find nothing to do could be the last holder of a store its callers just dropped, and
@@ -170,10 +180,9 @@ fn serve(shared: &Weak<Shared>, keep: i64, queue: &Mutex<Queue>) -> bool {
             return true;
         }
         let Some(shared) = shared.upgrade() else { return false };
-        let mut core = shared.lock();
         // Taken under the state lock: everything that queued while the previous group was being
         // written (or while a reader held the lock) joins this group.
-        let jobs: Vec<Job> = {
+        let mut take = || {
             let mut q = lock(queue);
             let mut bytes = 0;
             let mut n = 0;
@@ -183,11 +192,7 @@ fn serve(shared: &Weak<Shared>, keep: i64, queue: &Mutex<Queue>) -> bool {
             }
             q.jobs.drain(..n).collect()
         };
-        let (results, moved) = core.apply_group(&jobs, keep);
-        drop(core);
-        if moved {
-            shared.wake.send_replace(());
-        }
+        let (jobs, results) = shared.apply_group(&mut take, keep);
         drop(shared);
         for (job, result) in jobs.into_iter().zip(results) {
             // The caller may have given up waiting; its txn is committed all the same (as on
@@ -200,6 +205,7 @@ fn serve(shared: &Weak<Shared>, keep: i64, queue: &Mutex<Queue>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::super::mvcc::Mvcc;
+    use super::super::Shared;
     use super::*;
     use crate::store::TxnOp;
 
@@ -216,12 +222,8 @@ mod tests {
             q.writing = true;
         }
         let shared = Shared::new(Mvcc::new(), None);
-        let task = Serve {
-            shared: Arc::downgrade(&shared),
-            queue: writer.queue.clone(),
-            keep: 0,
-            done: false,
-        };
+        let weak: Weak<Shared> = Arc::downgrade(&shared);
+        let task = Serve { shared: weak, queue: writer.queue.clone(), keep: 0, done: false };
         drop(task);
         assert!(answer.blocking_recv().is_err(), "the caller hears that the writer stopped");
         let q = lock(&writer.queue);

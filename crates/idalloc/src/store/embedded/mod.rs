@@ -53,7 +53,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use self::file::{FileStore, OpenError};
-use self::group::{Job, Writer};
+use self::group::{Job, Target, Writer};
 use self::mvcc::{check_range_key, validate_txn, Mvcc};
 use crate::store::{
     GetRequest, GetResponse, KeyRange, Lease, LeaseId, Revision, Store, StoreError, StoreResult,
@@ -163,6 +163,23 @@ impl Shared {
         // calls could trust less than a fresh start: every mutation is validated first. Keep
         // serving rather than cascading the panic.
         self.core.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Target for Shared {
+    fn apply_group(
+        &self,
+        take: &mut dyn FnMut() -> Vec<Job>,
+        keep: i64,
+    ) -> (Vec<Job>, Vec<StoreResult<TxnResponse>>) {
+        let mut core = self.lock();
+        let jobs = take();
+        let (results, moved) = core.apply_group(&jobs, keep);
+        drop(core);
+        if moved {
+            self.wake.send_replace(());
+        }
+        (jobs, results)
     }
 }
 
