@@ -70,6 +70,12 @@ pub async fn open_store(s: &Settings, writes: bool) -> Result<Opened, Failure> {
                      (--lock-timeout); retry, or raise --lock-timeout",
                     waited.as_secs_f64()
                 ))),
+                // A damaged file, not a store, or a newer format: exit 4 (docs/cli.md), like
+                // corrupt records, since a person must look at it; the message names the file.
+                Err(e @ StoreError::Corrupt { .. }) => Err(Failure {
+                    code: crate::fail::CORRUPT,
+                    message: format!("cannot open store file {path:?}: {e}"),
+                }),
                 Err(e) => Err(Failure::runtime(format!("cannot open store file {path:?}: {e}"))),
             }
         }

@@ -13,14 +13,18 @@
 //!   closed counts; at open they are mapped back onto tokio's clock.
 //!
 //! Everything read from the file is checked; anything unexpected is `StoreError::Corrupt`, never
-//! a panic and never a silent reset.
+//! a panic and never a silent reset. That includes damage redb itself trips over: see
+//! [`guarded`].
 //!
 //! A file this process may not write (file mode, a read-only filesystem), or one opened with
 //! [`super::EmbeddedOptions::read_only`], is opened read-only: it serves reads, and the store
 //! refuses every write with [`StoreError::ReadOnly`] naming the file and the reason, before
 //! anything changes.
 
+use std::cell::Cell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::path::{Path, PathBuf};
+use std::sync::Once;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redb::{Database, ReadOnlyDatabase, ReadableDatabase, ReadableTable, TableDefinition};
@@ -98,15 +102,80 @@ fn corrupt(path: &Path, reason: impl Into<String>) -> StoreError {
     StoreError::Corrupt { path: path_str(path), reason: reason.into() }
 }
 
+thread_local! {
+    /// Set while this thread runs redb calls under [`guarded`]: a panic raised inside redb then
+    /// becomes an error, so the panic hook must not report it as a crash.
+    static IN_REDB: Cell<bool> = const { Cell::new(false) };
+    /// Where the last such panic was raised (`redb-…/src/types.rs:109`), for the error message.
+    static REDB_PANIC_AT: Cell<Option<String>> = const { Cell::new(None) };
+}
+
+/// Runs redb calls on the file at `path`, turning a panic inside them into
+/// `StoreError::Corrupt` naming the file.
+///
+/// Why catch panics: redb checks many things in a damaged file and returns errors for them, but
+/// not everything. Random 8-byte writes into a store file make it panic in about 5% of files
+/// (issue 19 item 3; `page_manager.rs` "Malformed allocator state", `types.rs:109` on a table
+/// type name that is not UTF-8, slice indexes out of range in `table_tree_base.rs` and
+/// `btree_base.rs`). Those bytes are redb's own page structures, read inside `Database::create`
+/// and `open_table`, before any value of ours: there is nothing this file could validate first.
+/// G6 says bad input never panics, and `docs/cli.md` promises exit 4 naming the file, so the
+/// boundary to redb is where the panic stops. A redb that panicked half-way may hold state
+/// nobody should trust: the caller drops it (the open fails; a write marks the store broken).
+///
+/// The panic hook is wrapped once per process so that a panic raised in redb's code on a thread
+/// inside this function prints nothing (it is reported as the error instead); every other panic
+/// goes to the hook that was installed before (the default one prints as usual). A program that
+/// installs its own hook later only gets the panic message printed again; the error is the same.
+fn guarded<T>(path: &Path, f: impl FnOnce() -> T) -> Result<T, StoreError> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let at = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
+            let in_redb = at.as_deref().is_some_and(|f| f.contains("redb-"));
+            if IN_REDB.with(Cell::get) && in_redb {
+                REDB_PANIC_AT.with(|c| c.set(at));
+            } else {
+                previous(info);
+            }
+        }));
+    });
+    let outer = IN_REDB.with(|c| c.replace(true));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    IN_REDB.with(|c| c.set(outer));
+    result.map_err(|payload| {
+        let msg = payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        let at = REDB_PANIC_AT
+            .with(Cell::take)
+            .map(|a| format!(" at {}", a.rsplit("/src/").next().unwrap_or(&a)))
+            .unwrap_or_default();
+        corrupt(path, format!("the file is damaged: redb failed reading it ({msg}{at})"))
+    })
+}
+
 /// Maps a redb error met while opening or reading. Lock conflicts are told apart; I/O errors that
 /// are not "this is not a redb file" are `Unavailable` (a missing directory, permissions); the
-/// rest means the file cannot be trusted.
+/// rest means the file cannot be trusted. A read past the end of the file ("failed to fill whole
+/// buffer") is damage too: a page pointer leads outside the file.
 fn open_error(path: &Path, err: redb::Error) -> OpenError {
     match err {
         redb::Error::DatabaseAlreadyOpen | redb::Error::LockProtocolMismatch => OpenError::Locked,
-        redb::Error::Io(e) if e.kind() != std::io::ErrorKind::InvalidData => OpenError::Store(
-            StoreError::Unavailable(format!("cannot open store file {}: {e}", path.display())),
-        ),
+        redb::Error::Io(e)
+            if !matches!(
+                e.kind(),
+                std::io::ErrorKind::InvalidData | std::io::ErrorKind::UnexpectedEof
+            ) =>
+        {
+            OpenError::Store(StoreError::Unavailable(format!(
+                "cannot open store file {}: {e}",
+                path.display()
+            )))
+        }
         other => OpenError::Store(corrupt(path, other.to_string())),
     }
 }
@@ -178,6 +247,11 @@ impl FileStore {
     /// `read_only` opens it read-only; so does a read-write open refused for want of write
     /// permission when the file exists (reads then work, writes are refused).
     pub fn open_blocking(path: &Path, read_only: bool) -> Result<(FileStore, Loaded), OpenError> {
+        // Everything that touches redb, including dropping a database that failed to load.
+        guarded(path, || Self::open_unguarded(path, read_only)).map_err(OpenError::Store)?
+    }
+
+    fn open_unguarded(path: &Path, read_only: bool) -> Result<(FileStore, Loaded), OpenError> {
         let db = if read_only {
             open_read_only(path, "opened read-only on request".into())?
         } else {
@@ -254,7 +328,9 @@ impl FileStore {
         if delta.is_empty() && meta == self.written {
             return Ok(());
         }
-        self.write(delta, meta, now).map_err(|e| e.to_string())?;
+        guarded(&self.path, || self.write(delta, meta, now))
+            .map_err(|e| e.to_string())?
+            .map_err(|e| e.to_string())?;
         self.written = meta;
         self.commits += 1;
         Ok(())
