@@ -4,41 +4,50 @@ use std::collections::VecDeque;
 
 use tokio::sync::broadcast;
 
-use crate::cache::Event;
+use crate::cache::{Batch, Event};
 use crate::remote::{Cluster, ClusterEvent};
 
 /// A subscription to one pool's (or one remote view's) events: a replay, then live events.
 pub struct Events {
+    /// The replay, then the rest of the batch being read.
     replay: VecDeque<Event>,
-    rx: broadcast::Receiver<Event>,
+    rx: broadcast::Receiver<Batch<Event>>,
 }
 
 impl Events {
-    pub(crate) fn new(replay: VecDeque<Event>, rx: broadcast::Receiver<Event>) -> Events {
+    pub(crate) fn new(replay: VecDeque<Event>, rx: broadcast::Receiver<Batch<Event>>) -> Events {
         Events { replay, rx }
     }
 
     /// The next event; `None` once the allocator is gone.
     pub async fn recv(&mut self) -> Option<Event> {
-        if let Some(e) = self.replay.pop_front() {
-            return Some(e);
-        }
-        match self.rx.recv().await {
-            Ok(e) => Some(e),
-            Err(broadcast::error::RecvError::Lagged(n)) => Some(Event::Lagged { missed: n }),
-            Err(broadcast::error::RecvError::Closed) => None,
+        loop {
+            if let Some(e) = self.replay.pop_front() {
+                return Some(e);
+            }
+            match self.rx.recv().await {
+                Ok(b) => self.replay.extend(b.iter().cloned()),
+                Err(broadcast::error::RecvError::Lagged(n)) => {
+                    return Some(Event::Lagged { missed: n })
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
         }
     }
 
     /// The next event if one is ready.
     pub fn try_recv(&mut self) -> Option<Event> {
-        if let Some(e) = self.replay.pop_front() {
-            return Some(e);
-        }
-        match self.rx.try_recv() {
-            Ok(e) => Some(e),
-            Err(broadcast::error::TryRecvError::Lagged(n)) => Some(Event::Lagged { missed: n }),
-            Err(_) => None,
+        loop {
+            if let Some(e) = self.replay.pop_front() {
+                return Some(e);
+            }
+            match self.rx.try_recv() {
+                Ok(b) => self.replay.extend(b.iter().cloned()),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                    return Some(Event::Lagged { missed: n })
+                }
+                Err(_) => return None,
+            }
         }
     }
 
@@ -54,13 +63,13 @@ impl Events {
 /// A subscription to the events of every cluster of a pool ([`Pool::cluster_events`](super::Pool::cluster_events)).
 pub struct ClusterEvents {
     replay: VecDeque<ClusterEvent>,
-    rx: broadcast::Receiver<ClusterEvent>,
+    rx: broadcast::Receiver<Batch<ClusterEvent>>,
 }
 
 impl ClusterEvents {
     pub(crate) fn new(
         replay: VecDeque<ClusterEvent>,
-        rx: broadcast::Receiver<ClusterEvent>,
+        rx: broadcast::Receiver<Batch<ClusterEvent>>,
     ) -> Self {
         ClusterEvents { replay, rx }
     }
@@ -71,25 +80,29 @@ impl ClusterEvents {
 
     /// The next event; `None` once the allocator is gone.
     pub async fn recv(&mut self) -> Option<ClusterEvent> {
-        if let Some(e) = self.replay.pop_front() {
-            return Some(e);
-        }
-        match self.rx.recv().await {
-            Ok(e) => Some(e),
-            Err(broadcast::error::RecvError::Lagged(n)) => Some(Self::lagged(n)),
-            Err(broadcast::error::RecvError::Closed) => None,
+        loop {
+            if let Some(e) = self.replay.pop_front() {
+                return Some(e);
+            }
+            match self.rx.recv().await {
+                Ok(b) => self.replay.extend(b.iter().cloned()),
+                Err(broadcast::error::RecvError::Lagged(n)) => return Some(Self::lagged(n)),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
         }
     }
 
     /// The next event if one is ready.
     pub fn try_recv(&mut self) -> Option<ClusterEvent> {
-        if let Some(e) = self.replay.pop_front() {
-            return Some(e);
-        }
-        match self.rx.try_recv() {
-            Ok(e) => Some(e),
-            Err(broadcast::error::TryRecvError::Lagged(n)) => Some(Self::lagged(n)),
-            Err(_) => None,
+        loop {
+            if let Some(e) = self.replay.pop_front() {
+                return Some(e);
+            }
+            match self.rx.try_recv() {
+                Ok(b) => self.replay.extend(b.iter().cloned()),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => return Some(Self::lagged(n)),
+                Err(_) => return None,
+            }
         }
     }
 }

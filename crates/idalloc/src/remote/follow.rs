@@ -90,13 +90,11 @@ impl Sink for RemoteSink {
                 screen_listing(kvs, |k| v.parse_id(k), |id, key| v.check(space, id, key));
             let dropped = why;
             let events = g.cache.replace_all(&kept, revision, |k| v.parse_id(k));
-            for e in events {
-                if e != Event::Synced {
-                    v.emit(e);
-                }
-            }
-            // Exactly one `Synced` per listing.
-            v.emit(Event::Synced);
+            // Exactly one `Synced` per listing, after its changes, all as one message.
+            let mut events: Vec<Event> =
+                events.into_iter().filter(|e| *e != Event::Synced).collect();
+            events.push(Event::Synced);
+            v.emit_all(events);
             g.listed = true;
             metrics::remote_bindings(&v.pool, &v.name, g.cache.len());
             if *v.state.borrow() != RemoteState::Synced {
@@ -133,14 +131,15 @@ impl Sink for RemoteSink {
                 return Ok(());
             }
             let space = g.space;
+            // The changes of one watch response go as one message (`RemoteView::emit_all`).
+            let mut changes = Vec::new();
             for ev in events {
                 let (ev, why) =
                     screen_event(ev, |k| v.parse_id(k), |id, key| v.check(space, id, key));
                 dropped.extend(why);
-                if let Some(e) = g.cache.apply(&ev, |k| v.parse_id(k)) {
-                    v.emit(e);
-                }
+                changes.extend(g.cache.apply(&ev, |k| v.parse_id(k)));
             }
+            v.emit_all(changes);
             metrics::remote_bindings(&v.pool, &v.name, g.cache.len());
         }
         v.count_dropped(&dropped);

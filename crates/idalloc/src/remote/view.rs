@@ -11,7 +11,7 @@ use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
-use crate::cache::{Event, PoolCache};
+use crate::cache::{Batch, Event, PoolCache};
 use crate::error::{Error, Input, Result};
 use crate::feed::Relist;
 use crate::layout::Layout;
@@ -70,9 +70,9 @@ pub(crate) struct RemoteView {
     pub(super) layout: Layout,
     pub(super) validators: Vec<Validator>,
     pub(super) guarded: Mutex<Guarded>,
-    pub(super) events: broadcast::Sender<Event>,
+    pub(super) events: broadcast::Sender<Batch<Event>>,
     /// The pool's all-clusters channel.
-    pub(super) mesh: broadcast::Sender<ClusterEvent>,
+    pub(super) mesh: broadcast::Sender<Batch<ClusterEvent>>,
     pub(super) state: tokio::sync::watch::Sender<RemoteState>,
     /// When the current outage began (tokio time, for `stale_ttl`).
     pub(super) stale_at: Mutex<Option<tokio::time::Instant>>,
@@ -122,11 +122,19 @@ impl RemoteView {
         metrics::remote_state(&self.pool, &self.name, Some(s.label()));
     }
 
-    /// Sends `e` to the view's subscribers and the pool's all-clusters subscribers. Call with the
-    /// lock held.
-    pub(super) fn emit(&self, e: Event) {
-        let _ = self.events.send(e.clone());
-        let _ = self.mesh.send(ClusterEvent { cluster: self.cluster.clone(), event: e });
+    /// Sends `events` (one change, or all the changes of one listing) to the view's subscribers
+    /// and the pool's all-clusters subscribers, as one message: a listing never makes a
+    /// subscriber lag (`cache::Batch`). Call with the lock held.
+    pub(super) fn emit_all(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let tagged: Batch<ClusterEvent> = events
+            .iter()
+            .map(|e| ClusterEvent { cluster: self.cluster.clone(), event: e.clone() })
+            .collect();
+        let _ = self.events.send(Batch::from(events));
+        let _ = self.mesh.send(tagged);
     }
 
     pub(super) fn parse_id(&self, k: &[u8]) -> Option<u64> {
@@ -155,11 +163,7 @@ impl RemoteView {
     pub(super) fn clear(&self, g: &mut Guarded) {
         let rev = g.cache.revision();
         let events = g.cache.replace_all(&[], rev, |k| self.parse_id(k));
-        for e in events {
-            if e != Event::Synced {
-                self.emit(e);
-            }
-        }
+        self.emit_all(events.into_iter().filter(|e| *e != Event::Synced).collect());
         g.listed = false;
         metrics::remote_bindings(&self.pool, &self.name, g.cache.len());
     }
@@ -271,7 +275,7 @@ pub(crate) async fn open(
     store: Arc<dyn Store>,
     opts: RemoteOptions,
     others: &[(Cluster, (u64, u64))],
-    mesh: broadcast::Sender<ClusterEvent>,
+    mesh: broadcast::Sender<Batch<ClusterEvent>>,
 ) -> Result<Arc<RemoteView>> {
     validate_remote_name(name)?;
     let layout = Layout::new(&opts.prefix)?;
