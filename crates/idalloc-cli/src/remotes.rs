@@ -343,18 +343,32 @@ pub async fn watch(
                 format!("{c} conflict {} lost {old_id}, now {new_id}\n", text(&key)),
             ),
             Event::Lagged { missed } => {
-                // Missed events of any cluster: start over from the current views.
-                out.either(
-                    || json!({"event": "lagged", "pool": name, "missed": missed}),
-                    || format!("lagged: {missed} events missed, re-reading the pool\n"),
-                )?;
+                // Missed events of any cluster (the all-clusters channel cannot say which): every
+                // cluster starts over from its current view, with a `lagged` line naming it, then
+                // what changed in it. A cluster not synced yet is only brought up to date: its
+                // `synced` line comes with its listing.
                 let mut now: BTreeMap<Cluster, BTreeMap<u64, String>> = BTreeMap::new();
                 for (c, id, k) in pool.snapshot_all() {
                     now.entry(c).or_default().insert(id, k);
                 }
-                for (c, view) in &known {
-                    let fresh = now.get(c).cloned().unwrap_or_default();
-                    for ch in crate::watch::diff(view, &fresh) {
+                let clusters: Vec<Cluster> = known
+                    .keys()
+                    .chain(now.keys())
+                    .cloned()
+                    .collect::<std::collections::BTreeSet<_>>()
+                    .into_iter()
+                    .collect();
+                for c in clusters {
+                    let fresh = now.remove(&c).unwrap_or_default();
+                    let old = known.insert(c.clone(), fresh.clone()).unwrap_or_default();
+                    if !synced.get(&c).copied().unwrap_or(false) {
+                        continue;
+                    }
+                    out.either(
+                        || json!({"event": "lagged", "pool": name, "cluster": c.name(), "missed": missed}),
+                        || format!("{} lagged: {missed} messages of the pool's clusters missed, re-reading its view\n", c.name()),
+                    )?;
+                    for ch in crate::watch::diff(&old, &fresh) {
                         let (v, t) = match ch {
                             crate::watch::Change::Bound { id, key } => (
                                 json!({"event": "upsert", "pool": name, "cluster": c.name(), "id": id, "key": key}),
@@ -372,7 +386,6 @@ pub async fn watch(
                         }
                     }
                 }
-                known = now;
                 continue;
             }
         };

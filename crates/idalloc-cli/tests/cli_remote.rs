@@ -199,3 +199,58 @@ fn a_remote_with_overlapping_prefix_bits_is_refused() {
     assert_eq!(bad.code, 2);
     assert!(bad.stderr.contains("NAME=URL"), "{}", bad.stderr);
 }
+
+/// Reads one JSON line of a running `watch`.
+fn json_line(out: &mut impl BufRead) -> Value {
+    let mut line = String::new();
+    assert!(out.read_line(&mut line).expect("read") > 0, "watch ended early");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line: {line:?}: {e}"))
+}
+
+/// Issue 19 item 4: a remote of more bindings than a subscriber's event buffer (4,096) made
+/// `watch --remote` print `lagged` (without a cluster), thousands of `upsert` lines, `lagged`
+/// again, then `synced`. The initial listing must come as `synced b N`, then changes only, every
+/// line naming its cluster.
+#[test]
+fn watch_of_a_remote_larger_than_the_event_buffer_starts_with_synced() {
+    let Some((ea, eb)) = servers() else { return };
+    let (a, b) = (ea.endpoint(), eb.endpoint());
+    let remote_b = format!("b={}", b.replace("http://", "etcd://"));
+    ok(&a, &["pool", "create", "ids", "--range", "1-65535", "--prefix-bits", "0x10000"]);
+    ok(&b, &["pool", "create", "ids", "--range", "1-65535", "--prefix-bits", "0x20000"]);
+    const N: usize = 5_000;
+    let dir = tempfile::tempdir().expect("dir");
+    let keys = dir.path().join("keys");
+    std::fs::write(&keys, (0..N).map(|i| format!("k{i}\n")).collect::<String>()).expect("keys");
+    let acquired = ok(&b, &["acquire", "ids", "--from", keys.to_str().expect("path")]);
+    assert_eq!(acquired.lines().count(), N);
+    let a_one = id(&a, &["acquire", "ids", "a-one"]);
+
+    let mut child = Command::cargo_bin("idalloc")
+        .expect("binary")
+        .env("IDALLOC_STORE", &a)
+        .env_remove("IDALLOC_PREFIX")
+        .args(["--json", "watch", "ids", "--count", "1", "--remote", &remote_b])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn watch");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut synced = Vec::new();
+    while synced.len() < 2 {
+        let v = json_line(&mut out);
+        assert_eq!(v["event"], "synced", "{v}");
+        synced.push((v["cluster"].as_str().expect("cluster").to_string(), v["bindings"].as_u64()));
+    }
+    synced.sort();
+    assert_eq!(synced, vec![("b".to_string(), Some(N as u64)), ("local".to_string(), Some(1))]);
+    let b_new = id(&b, &["acquire", "ids", "b-new"]);
+    let v = json_line(&mut out);
+    assert_eq!(
+        (v["event"].as_str(), v["cluster"].as_str(), v["id"].as_u64()),
+        (Some("upsert"), Some("b"), Some(b_new)),
+        "{v}"
+    );
+    assert_ne!(b_new, a_one);
+    let status = child.wait().expect("wait");
+    assert_eq!(status.code(), Some(0));
+}

@@ -31,10 +31,18 @@ pub enum Event {
     /// A key this process held lost its ID (only after store data loss, DESIGN §7): it is now
     /// bound to `new_id`.
     Conflict { key: String, old_id: u64, new_id: u64 },
-    /// This subscriber fell behind and `missed` events were dropped for it; re-read
+    /// This subscriber fell behind and `missed` messages were dropped for it (a message is one
+    /// change, the changes of one watch response, or all the changes of one listing); re-read
     /// `Pool::snapshot()` to catch up. Allocation never waits for a slow subscriber.
     Lagged { missed: u64 },
 }
+
+/// What the event channels carry: the events of one change, or all the events of one listing, in
+/// order. A listing goes as one message, so a subscriber's buffer (`event_buffer` messages) counts
+/// changes and listings, not bindings: a subscriber that arrives before a listing of 100,000
+/// bindings receives every one of them and is never told it lagged because of the listing
+/// (issue 19: `watch --remote` of a 10,000-binding remote printed `lagged` twice).
+pub(crate) type Batch<T> = std::sync::Arc<[T]>;
 
 /// One ID's record as the cache knows it. The key is the cache's own (`Box<str>`: nothing shares
 /// it, events carry their own `String`).

@@ -7,19 +7,19 @@ use std::collections::VecDeque;
 
 use tokio::sync::broadcast;
 
-use crate::cache::Event;
+use crate::cache::{Batch, Event};
 use crate::remote::{Cluster, ClusterEvent};
 
 /// A subscription to the events of every cluster of a pool ([`Pool::cluster_events`](super::Pool::cluster_events)).
 pub struct ClusterEvents {
     replay: VecDeque<ClusterEvent>,
-    rx: broadcast::Receiver<ClusterEvent>,
+    rx: broadcast::Receiver<Batch<ClusterEvent>>,
 }
 
 impl ClusterEvents {
     pub(crate) fn new(
         replay: VecDeque<ClusterEvent>,
-        rx: broadcast::Receiver<ClusterEvent>,
+        rx: broadcast::Receiver<Batch<ClusterEvent>>,
     ) -> Self {
         ClusterEvents { replay, rx }
     }
@@ -30,25 +30,29 @@ impl ClusterEvents {
 
     /// The next event; `None` once the allocator is gone.
     pub async fn recv(&mut self) -> Option<ClusterEvent> {
-        if let Some(e) = self.replay.pop_front() {
-            return Some(e);
-        }
-        match self.rx.recv().await {
-            Ok(e) => Some(e),
-            Err(broadcast::error::RecvError::Lagged(n)) => Some(Self::lagged(n)),
-            Err(broadcast::error::RecvError::Closed) => None,
+        loop {
+            if let Some(e) = self.replay.pop_front() {
+                return Some(e);
+            }
+            match self.rx.recv().await {
+                Ok(b) => self.replay.extend(b.iter().cloned()),
+                Err(broadcast::error::RecvError::Lagged(n)) => return Some(Self::lagged(n)),
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
         }
     }
 
     /// The next event if one is ready.
     pub fn try_recv(&mut self) -> Option<ClusterEvent> {
-        if let Some(e) = self.replay.pop_front() {
-            return Some(e);
-        }
-        match self.rx.try_recv() {
-            Ok(e) => Some(e),
-            Err(broadcast::error::TryRecvError::Lagged(n)) => Some(Self::lagged(n)),
-            Err(_) => None,
+        loop {
+            if let Some(e) = self.replay.pop_front() {
+                return Some(e);
+            }
+            match self.rx.try_recv() {
+                Ok(b) => self.replay.extend(b.iter().cloned()),
+                Err(broadcast::error::TryRecvError::Lagged(n)) => return Some(Self::lagged(n)),
+                Err(_) => return None,
+            }
         }
     }
 }

@@ -340,9 +340,10 @@ impl Pool {
         self.state.lock_cache().snapshot()
     }
 
-    /// Subscribes to the pool's events. A subscriber that falls more than `event_buffer` events
-    /// behind gets [`Event::Lagged`](crate::Event::Lagged) and should re-read [`Pool::snapshot`]; it never slows
-    /// allocation down.
+    /// Subscribes to the pool's events. A subscriber that falls more than `event_buffer` messages
+    /// behind (a message is one change, or all the changes of one listing: a listing never makes
+    /// a subscriber lag) gets [`Event::Lagged`](crate::Event::Lagged) and should re-read
+    /// [`Pool::snapshot`]; it never slows allocation down.
     ///
     /// The subscription starts with the pool as the cache holds it: every binding as an `Upsert`
     /// (by ID) and, if the pool has been listed, one `Synced`; then every change after that, in

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
-use crate::cache::{Event, PoolCache};
+use crate::cache::{Batch, Event, PoolCache};
 use crate::pool::PoolSpec;
 use crate::remote::{Cluster, ClusterEvent, RemoteView};
 use crate::store::{LeaseId, Revision};
@@ -39,9 +39,9 @@ pub(crate) struct PoolState {
     /// on a 55-byte key (26 against 8–10 ns a lookup in a 1,000-key map, docs/benchmarks-findings.md).
     pub(super) held: Mutex<HashMap<String, Held, foldhash::fast::RandomState>>,
     pub(super) key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    pub(super) events: broadcast::Sender<Event>,
+    pub(super) events: broadcast::Sender<Batch<Event>>,
     /// Events of every cluster of the pool (local and remote views), tagged.
-    pub(super) mesh: broadcast::Sender<ClusterEvent>,
+    pub(super) mesh: broadcast::Sender<Batch<ClusterEvent>>,
     /// Remote views of this pool by name (lock order: this map, then the cache, then each view).
     /// A read-write lock: lookups across clusters (`key_of_any`, `ids_of`) only read it and must
     /// not queue behind each other; it is written when a remote is added or removed, or changes
@@ -219,9 +219,22 @@ impl PoolState {
     /// cache lock held, so that a new subscriber's replay and its live events never overlap or
     /// leave a gap.
     pub(crate) fn emit(&self, e: Event) {
+        self.emit_all(vec![e]);
+    }
+
+    /// Sends `events` (a listing's changes) to the pool's subscribers as one message, so that a
+    /// listing never makes a subscriber lag (`events::Batch`). Call with the cache lock held.
+    pub(crate) fn emit_all(&self, events: Vec<Event>) {
+        if events.is_empty() {
+            return;
+        }
+        let tagged: Batch<ClusterEvent> = events
+            .iter()
+            .map(|e| ClusterEvent { cluster: Cluster::Local, event: e.clone() })
+            .collect();
         // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
-        let _ = self.events.send(e.clone());
-        let _ = self.mesh.send(ClusterEvent { cluster: Cluster::Local, event: e });
+        let _ = self.events.send(Batch::from(events));
+        let _ = self.mesh.send(tagged);
     }
 
     /// Publishes how far the cache has caught up with the store.

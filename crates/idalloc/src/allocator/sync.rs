@@ -70,13 +70,11 @@ impl Sink for LocalSink {
             let events =
                 cache.replace_all(kvs, rev, |k| self.layout.parse_id_key(pool.spec.name(), k));
             // Emitted under the cache lock (see `PoolState::emit`), with exactly one `Synced`
-            // per listing, after its changes.
-            for e in events {
-                if e != Event::Synced {
-                    pool.emit(e);
-                }
-            }
-            pool.emit(Event::Synced);
+            // per listing, after its changes, all as one message (`PoolState::emit_all`).
+            let mut events: Vec<Event> =
+                events.into_iter().filter(|e| *e != Event::Synced).collect();
+            events.push(Event::Synced);
+            pool.emit_all(events);
             pool.listed.store(true, Ordering::Release);
         }
         pool.note_applied(rev);
