@@ -20,6 +20,7 @@ mod repair;
 pub(crate) mod repair_queue;
 pub(crate) mod request;
 mod session;
+mod spec_watch;
 #[cfg(test)]
 mod tests;
 mod types;

@@ -507,11 +507,17 @@ async fn garbage_id_records_do_not_make_a_pool_with_free_ids_exhausted() {
 #[tokio::test(start_paused = true)]
 async fn a_handle_on_a_re_created_pool_retires_with_a_clear_error() {
     let shared = EmbeddedStore::memory();
-    let a = common::allocator(Arc::new(shared.clone()), "a");
+    // `a`'s watches are frozen across the delete, so its handle learns of it only from its next
+    // write (a handle whose watch shows the delete retires at once with `PoolNotFound`:
+    // `a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding`).
+    let a_store = Arc::new(freezable(shared.clone()));
+    let a = common::allocator(a_store.clone(), "a");
     let admin = common::allocator(Arc::new(shared.clone()), "admin");
     let spec = PoolSpec::new("p", 1, 10).strategy(Strategy::Lowest);
     let old = a.ensure_pool(&spec).await.unwrap();
     assert_eq!(old.acquire("mine").await.unwrap().id, 1);
+    old.wait_synced().await.unwrap();
+    a_store.hook().freeze(true);
     assert!(admin.delete_pool("p", true).await.unwrap());
     let fresh = admin.ensure_pool(&spec).await.unwrap();
     assert_eq!(fresh.acquire_durable("theirs", "admin").await.unwrap().id, 1);
@@ -527,6 +533,7 @@ async fn a_handle_on_a_re_created_pool_retires_with_a_clear_error() {
         assert!(matches!(r, Err(idalloc::Error::PoolReplaced { .. })), "{r:?}");
     }
     assert_eq!(old.held(), vec![], "the holds went with the old pool");
+    a_store.hook().freeze(false);
     // The old handle's sync stopped: it never learns the new pool's bindings.
     assert!(fresh.acquire_durable("later", "admin").await.is_ok());
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -553,10 +560,13 @@ async fn a_handle_on_a_re_created_pool_retires_with_a_clear_error() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_handle_reports_the_re_created_pool_not_a_bad_record() {
     let shared = EmbeddedStore::memory();
-    let a = common::allocator(Arc::new(shared.clone()), "a");
+    // Frozen watches: the handle learns of the delete from its write, not from its spec watch.
+    let a_store = Arc::new(freezable(shared.clone()));
+    let a = common::allocator(a_store.clone(), "a");
     let admin = common::allocator(Arc::new(shared.clone()), "admin");
     let old = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.unwrap();
     old.wait_synced().await.unwrap();
+    a_store.hook().freeze(true);
     assert!(admin.delete_pool("p", true).await.unwrap());
     let fresh = admin.ensure_pool(&PoolSpec::new("p", 101, 110)).await.unwrap();
     let id = fresh.acquire_durable("k", "h").await.unwrap().id;
