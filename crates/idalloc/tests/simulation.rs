@@ -424,6 +424,10 @@ impl Sim {
             session_ttl: SESSION_TTL,
             // Two nodes also sweep in the background.
             sweep_interval: (i < 2).then_some(Duration::from_secs(9)),
+            // Every node's sweeps fold fence records with a tiny threshold (node 0 whenever it
+            // finds one), so folds race binds, late and duplicated attempts, releases and pool
+            // deletes in every seed (issue 19 item 8).
+            fold_fences_above: i % 3,
             ..Default::default()
         };
         n.alloc = Some(Allocator::from_arc(n.fault.clone(), opts).expect("valid options"));
@@ -1446,6 +1450,9 @@ impl Sim {
             AllocatorOptions {
                 holder: Some("janitor".into()),
                 seed: Some(self.seed),
+                // Its sweeps fold every fence record left: the bound after a quiet sweep is the
+                // threshold, here none (issue 19 item 8).
+                fold_fences_above: 0,
                 ..Default::default()
             },
         )
@@ -1466,16 +1473,30 @@ impl Sim {
         let (kvs, _) =
             list_all(&*self.raw, &KeyRange::prefix("idalloc/"), 1000).await.expect("list");
         let pools = layout().pools_prefix();
-        // G4 as amended (docs/design-notes.md, "Late commits"): a durable holder's fence record
-        // stays, one per durable holder name and pool, not on any lease. Nothing else.
+        // G4 as amended (docs/design-notes.md, "Late commits"; issue 19 item 8): a durable
+        // holder's fence record stays, one per durable holder name and pool, not on any lease,
+        // and so does a pool's fence floor. Nothing else.
         let durable_fence = |kv: &idalloc::store::KeyValue| {
             kv.lease == 0
                 && self.specs.iter().any(|s| {
-                    layout()
-                        .parse_holder_key(s.name(), &kv.key)
-                        .is_some_and(|h| DURABLE_HOLDERS.contains(&h.as_str()))
+                    kv.key == layout().fence_floor_key(s.name())
+                        || layout()
+                            .parse_holder_key(s.name(), &kv.key)
+                            .is_some_and(|h| DURABLE_HOLDERS.contains(&h.as_str()))
                 })
         };
+        let fences_left: Vec<String> = kvs
+            .iter()
+            .filter(|kv| {
+                self.specs.iter().any(|s| layout().parse_holder_key(s.name(), &kv.key).is_some())
+            })
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect();
+        if !fences_left.is_empty() {
+            return v(format!(
+                "fence records left after sweeps that fold above 0 records: {fences_left:?}"
+            ));
+        }
         let extra: Vec<String> = kvs
             .iter()
             .filter(|kv| !kv.key.starts_with(&pools) && !durable_fence(kv))
