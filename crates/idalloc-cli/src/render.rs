@@ -283,6 +283,8 @@ pub fn sweep_json(pool: &str, r: &SweepReport) -> Value {
         "reclaimed": r.reclaimed.iter().map(|(id, key)| json!({"id": id, "key": key})).collect::<Vec<_>>(),
         "idle": r.idle,
         "bindings": r.bindings,
+        "fence_records": r.fence_records,
+        "folded": r.folded,
     })
 }
 
@@ -296,6 +298,9 @@ pub fn sweep_text(pool: &str, r: &SweepReport, dry_run: bool) -> String {
     out.push_str(&format!("{pool}: {verb} {} of {} bindings", r.reclaimed.len(), r.bindings));
     if r.idle > 0 {
         out.push_str(&format!("; {} unreferenced but within the idle grace", r.idle));
+    }
+    if r.folded > 0 {
+        out.push_str(&format!("; folded {} holder fence records into the pool's floor", r.folded));
     }
     out.push('\n');
     out
@@ -353,17 +358,32 @@ mod tests {
         let t = bindings_table(&b);
         assert!(!t.contains('\x1b') && !t.contains('\x07'), "{t:?}");
         assert!(t.contains("k\\u{1b}[31m") && t.contains("h\\u{7}"), "{t:?}");
-        let r =
-            SweepReport { reclaimed: vec![(4, "\x1bk".into())], idle: 0, bindings: 1, revision: 1 };
+        let r = SweepReport {
+            reclaimed: vec![(4, "\x1bk".into())],
+            idle: 0,
+            bindings: 1,
+            revision: 1,
+            ..Default::default()
+        };
         assert!(sweep_text("p", &r, false).contains("reclaimed 4 \\u{1b}k\n"));
     }
 
     #[test]
     fn sweep_lines() {
-        let r = SweepReport { reclaimed: vec![(4, "k".into())], idle: 1, bindings: 5, revision: 9 };
+        let r = SweepReport {
+            reclaimed: vec![(4, "k".into())],
+            idle: 1,
+            bindings: 5,
+            revision: 9,
+            ..Default::default()
+        };
         let t = sweep_text("p", &r, true);
         assert!(t.starts_with("p: would reclaim 4 k\n"), "{t}");
         assert!(t.contains("1 unreferenced"), "{t}");
         assert_eq!(sweep_json("p", &r)["reclaimed"][0]["key"], "k");
+        assert!(!t.contains("folded"), "{t}");
+        let r = SweepReport { fence_records: 120, folded: 120, ..r };
+        assert!(sweep_text("p", &r, false).contains("; folded 120 holder fence records"));
+        assert_eq!(sweep_json("p", &r)["folded"], 120);
     }
 }

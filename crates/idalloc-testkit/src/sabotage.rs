@@ -27,6 +27,10 @@ pub enum Sabotage {
     /// Writes lose their late-commit fences (`mod_revision <= seen` on the records the sender
     /// had seen): an attempt applied late undoes what its sender did after it (breaks G2 or G4).
     SkipLateFences,
+    /// Binds lose only their compare on the pool's fence floor (issue 19 item 8): a create decided
+    /// before a fold of the holder fence records and applied after it finds the holder's record
+    /// deleted and commits a reference nobody holds (breaks G4, or G2).
+    SkipFenceFloor,
 }
 
 /// The [`Hook`] that applies one [`Sabotage`] (or none) to every txn, nested txns included.
@@ -81,6 +85,10 @@ impl Saboteur {
                         && c.range.key.starts_with(&pools))
                 })
             }
+            Some(Sabotage::SkipFenceFloor) => req.compare.retain(|c| {
+                let floor = self.pool_of(&c.range.key).map(|p| self.layout.fence_floor_key(&p));
+                floor.as_deref() != Some(c.range.key.as_slice())
+            }),
             Some(Sabotage::SkipLateFences) => req.compare.retain(|c| {
                 !(c.op == CompareOp::Less && matches!(c.target, CompareTarget::ModRevision(_)))
             }),
@@ -146,6 +154,25 @@ mod tests {
             TxnOp::put_on_lease(l.id_key("p", 4), IdRecord::Bound("k".into()).encode(), 7),
             TxnOp::Txn(TxnRequest::new().and_then([tomb])),
         ])
+    }
+
+    #[test]
+    fn skip_fence_floor_drops_only_the_floor_compare() {
+        let l = Layout::new("idalloc").unwrap();
+        let seen = |k: Vec<u8>| {
+            Compare::new(
+                idalloc::store::KeyRange::key(k),
+                CompareOp::Less,
+                CompareTarget::ModRevision(9),
+            )
+        };
+        let fenced = TxnRequest::new()
+            .when([seen(l.holder_key("p", "h")), seen(l.fence_floor_key("p"))])
+            .and_then([TxnOp::put(l.id_key("p", 3), "k")]);
+        let got = saboteur(Some(Sabotage::SkipFenceFloor)).rewrite(fenced.clone());
+        let mut want = fenced;
+        want.compare.pop();
+        assert_eq!(got, want, "the holder's own fence stays");
     }
 
     #[test]

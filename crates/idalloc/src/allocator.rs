@@ -23,6 +23,7 @@ mod repair;
 pub(crate) mod repair_queue;
 pub(crate) mod request;
 mod session;
+mod spec_watch;
 pub(crate) mod sweeper;
 mod sync;
 #[cfg(test)]
@@ -123,6 +124,7 @@ impl Allocator {
             opts.request_timeout,
             opts.retry.clone(),
             opts.list_page,
+            opts.fold_fences_above,
         ));
         let inner = Arc::new(Inner {
             req,
@@ -204,6 +206,8 @@ impl Allocator {
         let own =
             [l.id_prefix(name), l.key_prefix(name), l.refs_prefix(name), l.holders_prefix(name)]
                 .map(KeyRange::prefix);
+        // The fence floor (issue 19 item 8) goes with the pool too: a bind of the old pool fails
+        // its spec compare, so nothing relies on it any more.
         let nested = l.nested_in_pool_ranges(name);
         let count = |r: &KeyRange| TxnOp::get(GetRequest::new(r.clone()).count_only());
         // One txn either way, so a delete is atomic against binds: every bind compares the spec's
@@ -219,6 +223,7 @@ impl Allocator {
             .when(compares)
             .and_then([TxnOp::delete(spec_key.clone())])
             .and_then(own.iter().cloned().map(TxnOp::delete_range))
+            .and_then([TxnOp::delete(l.fence_floor_key(name))])
             .or_else(counts);
         let resp = inner.req.txn(txn).await?;
         if !resp.succeeded {

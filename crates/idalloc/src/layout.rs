@@ -176,6 +176,16 @@ impl Layout {
         s.into_bytes()
     }
 
+    /// `P/data/p/fence`: the pool's fence floor. The sweeper folds the holder fence records into
+    /// it (deletes them all and puts this record, in one txn), and every create or join with a
+    /// holder requires it unchanged since the sender's seen revision, as it requires the holder's
+    /// own record: a bind decided before a fold and applied after it fails, whatever record the
+    /// fold removed (docs/design-notes.md, issue 19 item 8). Outside `holder/`, so the fold's range
+    /// delete and its put never touch one key twice.
+    pub fn fence_floor_key(&self, pool: &str) -> Vec<u8> {
+        format!("{}/data/{pool}/fence", self.prefix).into_bytes()
+    }
+
     /// `P/data/p/holder/`: every holder fence record of the pool.
     pub fn holders_prefix(&self, pool: &str) -> Vec<u8> {
         format!("{}/data/{pool}/holder/", self.prefix).into_bytes()

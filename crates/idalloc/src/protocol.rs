@@ -216,7 +216,8 @@ impl BindPlan {
     ///   release rewrites or deletes it, so a join the store applies late fails;
     /// - with a holder, the holder's fence record is unchanged since `seen`: releases of that
     ///   holder bump it, so a create applied late — after the key's last release deleted every
-    ///   record it compares — fails too (docs/design-notes.md, "Late commits").
+    ///   record it compares — fails too (docs/design-notes.md, "Late commits"); and so is the
+    ///   pool's fence floor, which a fold of the holder records bumps (see [`fold_fences_txn`]).
     ///
     /// The else branch reads back the key and ID records (and the moved-from ID, the spec and the
     /// holder record when compared), which [`BindPlan::outcome_fenced`] turns into the next input.
@@ -265,6 +266,8 @@ impl BindPlan {
         }
         if let (Some(h), Some(seen)) = (holder, fences.seen) {
             compare.push(unchanged_since(layout.holder_key(pool, h.holder), seen));
+            // The pool's fence floor stands in for every holder record a fold deleted.
+            compare.push(unchanged_since(layout.fence_floor_key(pool), seen));
         }
         TxnRequest::new().when(compare).and_then(then).or_else(read_back)
     }
@@ -710,6 +713,45 @@ pub fn sweep_txn(
     }
 }
 
+/// Folds every holder fence record of `pool` into its fence floor (issue 19 item 8):
+/// `If create_revision(spec) == spec_rev Then delete holder/ (the whole range), put fence Else get
+/// spec`. One txn of three ops whatever the number of records, so etcd's per-txn limits never
+/// bind.
+///
+/// Why no late bind can commit after it: a bind of holder `h` sent having seen revision `L`
+/// compares `mod_revision(holder/h) <= L` and `mod_revision(fence) <= L`. The per-holder fence
+/// matters only for a release of `h` at some `r > L`; its record then has a mod revision `>= r`
+/// until deleted, and the only deletions are this fold (which puts the floor at its own revision
+/// `d > r > L` in the same txn; the floor is never deleted but with the pool and only ever moves
+/// up) and the pool's delete (which fails the bind's spec compare). So a bind applied after the
+/// release fails on the holder record, the floor or the spec. Deleting *every* holder record, also
+/// ones written after the sweep's snapshot, is therefore as safe as deleting none; the price is
+/// that every bind in flight across the fold (any holder) fails once and is decided again with a
+/// seen revision past the fold.
+pub fn fold_fences_txn(layout: &Layout, pool: &str, spec_rev: Revision) -> TxnRequest {
+    TxnRequest::new()
+        .when([spec_compare(layout, pool, spec_rev)])
+        .and_then([
+            TxnOp::delete_range(KeyRange::prefix(layout.holders_prefix(pool))),
+            TxnOp::put(layout.fence_floor_key(pool), Vec::new()),
+        ])
+        .or_else([TxnOp::get_key(layout.pool_spec_key(pool))])
+}
+
+/// What a fold came to: `Ok(n)`, `n` holder records deleted; `Err(spec_now)` if the pool's spec
+/// is not the one the fold was decided for (nothing was written; `spec_now` as read back).
+pub fn fold_outcome(resp: &TxnResponse) -> Result<Result<i64, Option<Vec<u8>>>, ProtocolError> {
+    if !resp.succeeded {
+        return Ok(Err(single(resp, 0)?.map(|kv| kv.value.clone())));
+    }
+    match resp.responses.first() {
+        Some(OpResponse::Delete { deleted }) => Ok(Ok(*deleted)),
+        other => {
+            Err(ProtocolError::Shape(format!("expected the fold's delete result, got {other:?}")))
+        }
+    }
+}
+
 /// Which orphans of a sweep batch were reclaimed; `None` if the pool's spec was not the one the
 /// sweep was decided against (nothing was written).
 pub fn sweep_outcome(resp: &TxnResponse, batch: usize) -> Result<Option<Vec<bool>>, ProtocolError> {
@@ -1116,6 +1158,35 @@ mod tests {
     }
 
     #[test]
+    fn a_fold_deletes_every_holder_record_and_bumps_the_floor_in_one_guarded_txn() {
+        let l = layout();
+        let txn = fold_fences_txn(&l, "p", 3);
+        assert_eq!(txn.compare, vec![spec_compare(&l, "p", 3)]);
+        assert_eq!(
+            txn.success,
+            vec![
+                TxnOp::delete_range(KeyRange::prefix(l.holders_prefix("p"))),
+                TxnOp::put(l.fence_floor_key("p"), Vec::new()),
+            ]
+        );
+        // The floor lies outside the deleted range: etcd refuses a txn writing one key twice.
+        assert!(!l.fence_floor_key("p").starts_with(&l.holders_prefix("p")));
+        assert_eq!(txn.failure, vec![TxnOp::get_key(l.pool_spec_key("p"))]);
+        let done = TxnResponse {
+            succeeded: true,
+            responses: vec![OpResponse::Delete { deleted: 7 }, OpResponse::Put],
+            revision: 9,
+        };
+        assert_eq!(fold_outcome(&done), Ok(Ok(7)));
+        let gone = TxnResponse {
+            succeeded: false,
+            responses: vec![OpResponse::Get(GetResponse::default())],
+            revision: 9,
+        };
+        assert_eq!(fold_outcome(&gone), Ok(Err(None)));
+    }
+
+    #[test]
     fn binds_compare_the_spec_and_the_holder_fence_and_read_the_spec_back() {
         let l = layout();
         let fences = Fences { spec_rev: Some(3), seen: Some(42) };
@@ -1125,6 +1196,12 @@ mod tests {
         assert!(txn.compare.contains(&spec_compare(&l, "p", 3)));
         assert!(txn.compare.contains(&Compare::new(
             KeyRange::key(l.holder_key("p", "h")),
+            CompareOp::Less,
+            CompareTarget::ModRevision(43)
+        )));
+        // ... and the pool's fence floor, which stands in for folded holder records.
+        assert!(txn.compare.contains(&Compare::new(
+            KeyRange::key(l.fence_floor_key("p")),
             CompareOp::Less,
             CompareTarget::ModRevision(43)
         )));

@@ -179,6 +179,8 @@ pub struct PoolSnapshot {
     /// Records whose names are not ID, key, reference or fence names.
     /// Durable holders' fence records (`holder/<enc(h)>`): holder -> the record's mod revision.
     pub fences: BTreeMap<String, Revision>,
+    /// The pool's fence floor (`fence`, where the sweeper folds fence records): its mod revision.
+    pub fence_floor: Option<Revision>,
     pub unreadable: Vec<Unreadable>,
 }
 
@@ -217,6 +219,8 @@ impl PoolSnapshot {
                 );
             } else if let Some(holder) = layout.parse_holder_key(pool, &kv.key) {
                 s.fences.insert(holder, kv.mod_revision);
+            } else if kv.key == layout.fence_floor_key(pool) {
+                s.fence_floor = Some(kv.mod_revision);
             } else {
                 s.unreadable.push(Unreadable {
                     name: kv.key.clone(),
@@ -327,11 +331,13 @@ mod tests {
             kv(b"idalloc/data/p/data/q/id/1".to_vec(), "k", 18),
             kv(l.id_key("other", 1), "k", 19),
             kv(l.holder_key(p, "h/1"), "", 19),
+            kv(l.fence_floor_key(p), "", 23),
         ];
         let s = PoolSnapshot::parse(&l, p, &kvs, 20);
         assert_eq!(s.revision, 20);
         assert_eq!(s.ids.len(), 4);
         assert_eq!(s.fences.get("h/1"), Some(&19), "a fence record is no unreadable record");
+        assert_eq!(s.fence_floor, Some(23), "nor is the fence floor");
         assert_eq!(s.ids[&7].record, Some(IdRecord::Bound("a/b".into())));
         assert_eq!(s.ids[&8].record, Some(IdRecord::Tombstone("old".into())));
         assert_eq!(s.ids[&9].record, None, "empty value: unreadable but present");

@@ -33,6 +33,7 @@ on_backends!(
         many_allocators_overlapping_keys_agree,
         lost_lease_lost_data_and_conflict,
         crashed_process_is_reclaimed_after_its_ttl,
+        a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding,
     ]
 );
 
@@ -221,4 +222,67 @@ async fn crashed_process_is_reclaimed_after_its_ttl(backend: Backend) {
     wait_until_async(|| async { count_refs_in(&*store, l, "p").await == 0 }).await;
     assert_eq!(p.sweep().await.expect("sweep").reclaimed, vec![(id, "k".to_string())]);
     assert_only_specs_left_in(&*store, l).await;
+}
+
+/// The next event, or `None` at the end of the stream; a stream that neither yields nor ends
+/// within 60 s fails the test (a hang guard, not a timing assertion).
+async fn next_event(ev: &mut idalloc::Events) -> Option<Event> {
+    tokio::time::timeout(Duration::from_secs(60), ev.recv())
+        .await
+        .expect("the subscription neither yielded an event nor ended")
+}
+
+/// Reads `ev` to its end, skipping the replay up to its `Synced`; the events after that.
+async fn rest_after_synced(ev: &mut idalloc::Events) -> Vec<Event> {
+    loop {
+        match next_event(ev).await {
+            Some(Event::Synced) => break,
+            Some(_) => continue,
+            None => panic!("the subscription ended before its replay's Synced"),
+        }
+    }
+    let mut out = Vec::new();
+    while let Some(e) = next_event(ev).await {
+        out.push(e);
+    }
+    out
+}
+
+/// Issue 19 item 6: a subscriber mirrors the pool from its events, so deleting the pool must show
+/// up there: a `Delete` for every binding it was shown, then the end of the stream, whether this
+/// process deleted the pool (the cache used to be emptied silently and the stream never ended) or
+/// another one did (seen through the watch), with force or while empty.
+async fn a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
+    let a = alloc(env.store.clone(), &env.layout, "a");
+    let b = alloc(env.store.clone(), &env.layout, "b");
+    let pa = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
+    let x = pa.acquire("x").await.expect("x").id;
+    let y = pa.acquire("y").await.expect("y").id;
+    let pb = b.pool("p").await.expect("pool");
+    pb.wait_synced().await.expect("synced");
+    wait_until(|| pb.get("y") == Some(y) && pa.snapshot().len() == 2).await;
+    let mut own = pa.events();
+    let mut other = pb.events();
+    assert!(a.delete_pool("p", true).await.expect("delete"));
+    let mut want =
+        vec![Event::Delete { id: x, key: "x".into() }, Event::Delete { id: y, key: "y".into() }];
+    want.sort_by_key(|e| format!("{e:?}"));
+    for (who, ev) in [("the deleting process", &mut own), ("another process", &mut other)] {
+        let mut got = rest_after_synced(ev).await;
+        got.sort_by_key(|e| format!("{e:?}"));
+        assert_eq!(got, want, "{who}: a Delete per binding, then the end");
+    }
+    assert!(pb.snapshot().is_empty(), "the other process's mirror is empty");
+    assert!(matches!(pb.acquire("z").await, Err(Error::PoolNotFound { .. })));
+
+    // An empty pool deleted by another process: nothing changes under `id/`, the stream still ends.
+    let pa = a.ensure_pool(&PoolSpec::new("q", 1, 100)).await.expect("pool");
+    pa.wait_synced().await.expect("synced");
+    let mut ev = pa.events();
+    assert!(b.delete_pool("q", false).await.expect("delete"));
+    assert_eq!(rest_after_synced(&mut ev).await, Vec::<Event>::new());
+    assert!(matches!(pa.acquire("z").await, Err(Error::PoolNotFound { .. })));
+    // A subscription taken after the delete ends at once.
+    assert_eq!(next_event(&mut pa.events()).await, None);
 }

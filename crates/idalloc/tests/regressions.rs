@@ -212,6 +212,70 @@ async fn late_create_after_the_last_release_leaks_nothing() {
     common::assert_only_specs_left(&shared).await;
 }
 
+/// The holder fence records and the fence floor of pool `pool`, as the store holds them.
+async fn fence_records(store: &EmbeddedStore, pool: &str) -> (usize, bool) {
+    let snap = idalloc_testkit::g1::read_pool(store, &common::layout(), pool).await.unwrap();
+    (snap.fences.len(), snap.fence_floor.is_some())
+}
+
+/// Issue 19 item 8: folding holder fence records must not reopen the late-create window. A create
+/// of `alice` decided before her release and the fold, applied after both, found her fence record
+/// deleted (mod revision 0) and every other record it compares absent, so it committed a binding
+/// and a reference nobody holds; it now fails on the pool's fence floor. A live bind whose attempt
+/// crossed a fold fails once and is decided again, and succeeds.
+#[tokio::test(start_paused = true)]
+async fn a_late_create_applied_after_a_fold_fails_on_the_fence_floor() {
+    let shared = EmbeddedStore::memory();
+    let store = Arc::new(hold_back(shared.clone()));
+    let a = held_back_allocator(&store, "node-a");
+    // A sweeper that folds whenever it finds a fence record.
+    let janitor = common::allocator_with(Arc::new(shared.clone()), "janitor", |o| {
+        o.fold_fences_above = 0;
+    });
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.unwrap();
+    pool.wait_synced().await.unwrap();
+    let sweeper = janitor.pool("p").await.unwrap();
+
+    store.hook().hold_next();
+    pool.acquire_durable("k", "alice").await.unwrap(); // its first attempt is held back
+    assert!(pool.release_durable("k", "alice").await.unwrap().reclaimed);
+    assert_eq!(fence_records(&shared, "p").await, (1, false), "alice's release left her record");
+    let report = sweeper.sweep().await.unwrap();
+    assert_eq!((report.fence_records, report.folded), (1, 1));
+    assert_eq!(fence_records(&shared, "p").await, (0, true), "folded into the floor");
+    assert!(!apply_held(&store).await, "the late create must fail on the fence floor");
+    assert_eq!(raw_binding(&shared, "p", "k").await, None);
+    assert_eq!(count_refs(&shared, "p").await, 0);
+
+    // A live acquire whose attempt crosses a fold: the attempt is held (as in a paused member),
+    // a fold commits, then the attempt's retry (sent with the revision seen before the fold)
+    // fails on the floor; the bind is decided again and succeeds.
+    assert!(pool.acquire_durable("warm", "carol").await.unwrap().new);
+    assert!(pool.release_durable("warm", "carol").await.unwrap().reclaimed);
+    store.hook().hold_next();
+    let acquiring = {
+        let pool = pool.clone();
+        tokio::spawn(async move { pool.acquire_durable("k2", "bob").await })
+    };
+    wait_until(|| store.hook().is_holding()).await;
+    assert_eq!(sweeper.sweep().await.unwrap().folded, 1);
+    let got = acquiring.await.unwrap().expect("a live bind crossing a fold succeeds");
+    assert!(got.new);
+    assert_eq!(raw_binding(&shared, "p", "k2").await, Some(got.id));
+    assert!(ref_exists(&shared, "p", "k2", "bob").await);
+    assert!(!apply_held(&store).await, "the held first attempt, applied last, changes nothing");
+    assert!(pool.release_durable("k2", "bob").await.unwrap().reclaimed);
+    // Everything released: the spec, at most the fold threshold's fence records, and the floor.
+    assert_eq!(sweeper.sweep().await.unwrap().folded, 1);
+    common::assert_only_specs_left(&shared).await;
+    assert_eq!(fence_records(&shared, "p").await, (0, true));
+    // The floor goes with the pool.
+    assert!(janitor.delete_pool("p", false).await.unwrap());
+    let (kvs, _) =
+        idalloc::store::list_all(&shared, &KeyRange::prefix("idalloc/"), 100).await.unwrap();
+    assert!(kvs.is_empty(), "{kvs:?}");
+}
+
 /// Issue #9 item 3 (G3, G4): a bind racing `pool delete` (even without force) committed after
 /// the delete and left records without a spec; re-creating the pool with another range then
 /// handed the key its old, out-of-range ID. Every write now compares the spec's create revision.
@@ -507,11 +571,17 @@ async fn garbage_id_records_do_not_make_a_pool_with_free_ids_exhausted() {
 #[tokio::test(start_paused = true)]
 async fn a_handle_on_a_re_created_pool_retires_with_a_clear_error() {
     let shared = EmbeddedStore::memory();
-    let a = common::allocator(Arc::new(shared.clone()), "a");
+    // `a`'s watches are frozen across the delete, so its handle learns of it only from its next
+    // write (a handle whose watch shows the delete retires at once with `PoolNotFound`:
+    // `a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding`).
+    let a_store = Arc::new(freezable(shared.clone()));
+    let a = common::allocator(a_store.clone(), "a");
     let admin = common::allocator(Arc::new(shared.clone()), "admin");
     let spec = PoolSpec::new("p", 1, 10).strategy(Strategy::Lowest);
     let old = a.ensure_pool(&spec).await.unwrap();
     assert_eq!(old.acquire("mine").await.unwrap().id, 1);
+    old.wait_synced().await.unwrap();
+    a_store.hook().freeze(true);
     assert!(admin.delete_pool("p", true).await.unwrap());
     let fresh = admin.ensure_pool(&spec).await.unwrap();
     assert_eq!(fresh.acquire_durable("theirs", "admin").await.unwrap().id, 1);
@@ -527,6 +597,7 @@ async fn a_handle_on_a_re_created_pool_retires_with_a_clear_error() {
         assert!(matches!(r, Err(idalloc::Error::PoolReplaced { .. })), "{r:?}");
     }
     assert_eq!(old.held(), vec![], "the holds went with the old pool");
+    a_store.hook().freeze(false);
     // The old handle's sync stopped: it never learns the new pool's bindings.
     assert!(fresh.acquire_durable("later", "admin").await.is_ok());
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -553,10 +624,13 @@ async fn a_handle_on_a_re_created_pool_retires_with_a_clear_error() {
 #[tokio::test(start_paused = true)]
 async fn a_stale_handle_reports_the_re_created_pool_not_a_bad_record() {
     let shared = EmbeddedStore::memory();
-    let a = common::allocator(Arc::new(shared.clone()), "a");
+    // Frozen watches: the handle learns of the delete from its write, not from its spec watch.
+    let a_store = Arc::new(freezable(shared.clone()));
+    let a = common::allocator(a_store.clone(), "a");
     let admin = common::allocator(Arc::new(shared.clone()), "admin");
     let old = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.unwrap();
     old.wait_synced().await.unwrap();
+    a_store.hook().freeze(true);
     assert!(admin.delete_pool("p", true).await.unwrap());
     let fresh = admin.ensure_pool(&PoolSpec::new("p", 101, 110)).await.unwrap();
     let id = fresh.acquire_durable("k", "h").await.unwrap().id;

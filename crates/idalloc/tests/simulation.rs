@@ -424,6 +424,10 @@ impl Sim {
             session_ttl: SESSION_TTL,
             // Two nodes also sweep in the background.
             sweep_interval: (i < 2).then_some(Duration::from_secs(9)),
+            // Every node's sweeps fold fence records with a tiny threshold (node 0 whenever it
+            // finds one), so folds race binds, late and duplicated attempts, releases and pool
+            // deletes in every seed (issue 19 item 8).
+            fold_fences_above: i % 3,
             ..Default::default()
         };
         n.alloc = Some(Allocator::from_arc(n.fault.clone(), opts).expect("valid options"));
@@ -710,6 +714,12 @@ impl Sim {
     /// fail against all of that, and its else branch must write nothing (DESIGN §11).
     async fn apply_held(&mut self, step: usize, n: usize) {
         let Some(txn) = self.nodes[n].fault.inner().hook().take_held() else { return };
+        // Half the time, the fence records are folded between the held attempt's send and its
+        // late apply (at the end: always), so an attempt decided before a fold lands after it
+        // (issue 19 item 8).
+        if step == usize::MAX || self.rng.chance(50) {
+            self.fold_fences(step).await;
+        }
         let times = if self.rng.chance(40) { 2 } else { 1 };
         for i in 0..times {
             let r = self.nodes[n].fault.inner().inner().txn(txn.clone()).await;
@@ -720,6 +730,30 @@ impl Sim {
                 tokio::time::sleep(d).await;
             }
         }
+    }
+
+    /// A sweep of every pool by a fault-free process that folds every fence record it finds
+    /// (`fold_fences_above: 0`): the library's own fold, between a held attempt and its apply.
+    async fn fold_fences(&mut self, step: usize) {
+        let folder = Allocator::from_arc(
+            self.raw.clone(),
+            AllocatorOptions {
+                holder: Some("folder".into()),
+                seed: Some(self.seed),
+                fold_fences_above: 0,
+                ..Default::default()
+            },
+        )
+        .expect("folder");
+        let names: Vec<String> = self.specs.iter().map(|s| s.name().to_string()).collect();
+        for name in names {
+            let r = match folder.pool(&name).await {
+                Ok(pool) => pool.sweep().await.map(|r| (r.fence_records, r.folded)),
+                Err(e) => Err(e),
+            };
+            self.note(format!("{step} fold {name} -> {r:?}"));
+        }
+        let _ = folder.close().await;
     }
 
     /// Deletes pool `p` (with or without force) while operations on it are in flight, then
@@ -1446,6 +1480,9 @@ impl Sim {
             AllocatorOptions {
                 holder: Some("janitor".into()),
                 seed: Some(self.seed),
+                // Its sweeps fold every fence record left: the bound after a quiet sweep is the
+                // threshold, here none (issue 19 item 8).
+                fold_fences_above: 0,
                 ..Default::default()
             },
         )
@@ -1466,16 +1503,30 @@ impl Sim {
         let (kvs, _) =
             list_all(&*self.raw, &KeyRange::prefix("idalloc/"), 1000).await.expect("list");
         let pools = layout().pools_prefix();
-        // G4 as amended (docs/design-notes.md, "Late commits"): a durable holder's fence record
-        // stays, one per durable holder name and pool, not on any lease. Nothing else.
+        // G4 as amended (docs/design-notes.md, "Late commits"; issue 19 item 8): a durable
+        // holder's fence record stays, one per durable holder name and pool, not on any lease,
+        // and so does a pool's fence floor. Nothing else.
         let durable_fence = |kv: &idalloc::store::KeyValue| {
             kv.lease == 0
                 && self.specs.iter().any(|s| {
-                    layout()
-                        .parse_holder_key(s.name(), &kv.key)
-                        .is_some_and(|h| DURABLE_HOLDERS.contains(&h.as_str()))
+                    kv.key == layout().fence_floor_key(s.name())
+                        || layout()
+                            .parse_holder_key(s.name(), &kv.key)
+                            .is_some_and(|h| DURABLE_HOLDERS.contains(&h.as_str()))
                 })
         };
+        let fences_left: Vec<String> = kvs
+            .iter()
+            .filter(|kv| {
+                self.specs.iter().any(|s| layout().parse_holder_key(s.name(), &kv.key).is_some())
+            })
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .collect();
+        if !fences_left.is_empty() {
+            return v(format!(
+                "fence records left after sweeps that fold above 0 records: {fences_left:?}"
+            ));
+        }
         let extra: Vec<String> = kvs
             .iter()
             .filter(|kv| !kv.key.starts_with(&pools) && !durable_fence(kv))
@@ -1695,6 +1746,13 @@ fn checker_catches_late_applies_without_fences() {
     // A late create after the last release leaks a binding (G4); a late release undoes a later
     // acquire (G2).
     sabotage_is_caught_as(Sabotage::SkipLateFences, &["G4", "G2"]);
+}
+
+/// The folding sweepers bite (issue 19 item 8): without the fence floor's compare, a create held
+/// back across its holder's release and a fold of the fence records, then applied, leaks.
+#[test]
+fn checker_catches_late_creates_after_a_fold_without_the_floor() {
+    sabotage_is_caught_as(Sabotage::SkipFenceFloor, &["G4", "G2"]);
 }
 
 /// Found by the simulation: a node whose cache lagged (its watch was cut by a partition) still

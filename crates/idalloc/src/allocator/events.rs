@@ -18,7 +18,8 @@ impl Events {
         Events { replay, rx }
     }
 
-    /// The next event; `None` once the allocator is gone.
+    /// The next event; `None` once the allocator is gone or the pool was deleted (after a
+    /// `Delete` for every binding the subscriber was shown), by this process or another.
     pub async fn recv(&mut self) -> Option<Event> {
         loop {
             if let Some(e) = self.replay.pop_front() {

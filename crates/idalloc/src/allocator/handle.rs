@@ -352,7 +352,7 @@ impl Pool {
     pub fn events(&self) -> Events {
         let cache = self.state.lock_cache();
         let replay = remote::replay(&cache, self.state.listed.load(Ordering::Acquire));
-        let rx = self.state.events.subscribe();
+        let rx = self.state.subscribe();
         drop(cache);
         Events::new(replay, rx)
     }

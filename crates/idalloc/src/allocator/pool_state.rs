@@ -39,7 +39,9 @@ pub(crate) struct PoolState {
     /// on a 55-byte key (26 against 8–10 ns a lookup in a 1,000-key map, docs/benchmarks-findings.md).
     pub(super) held: Mutex<HashMap<String, Held, foldhash::fast::RandomState>>,
     pub(super) key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    pub(super) events: broadcast::Sender<Batch<Event>>,
+    /// The pool's event channel; `None` once the state retired, which ends every subscription
+    /// (the receivers see the channel closed after the last buffered event).
+    pub(super) events: Mutex<Option<broadcast::Sender<Batch<Event>>>>,
     /// Events of every cluster of the pool (local and remote views), tagged.
     pub(super) mesh: broadcast::Sender<Batch<ClusterEvent>>,
     /// Remote views of this pool by name (lock order: this map, then the cache, then each view).
@@ -204,11 +206,32 @@ impl PoolState {
         for t in lock(&self.tasks).drain(..) {
             t.abort();
         }
-        *self.lock_cache() = PoolCache::new(self.spec.clone());
+        {
+            // Subscribers mirror the pool from its events: tell them every binding is gone (a
+            // pool deleted by another process shows the same `Delete`s through the watch, for
+            // whatever the watch delivered first) and then end their streams, under the cache
+            // lock so that no event of the old view follows (docs/design-notes.md, issue 19
+            // item 6).
+            let mut cache = self.lock_cache();
+            let deletes: Vec<Event> =
+                cache.snapshot().into_iter().map(|(id, key)| Event::Delete { id, key }).collect();
+            self.emit_all(deletes);
+            *cache = PoolCache::new(self.spec.clone());
+            self.listed.store(false, std::sync::atomic::Ordering::Release);
+            lock(&self.events).take();
+        }
         lock(&self.held).clear();
         lock(&self.doubt).clear();
         // Wake anyone waiting for the first listing (it will never come).
         self.list_progress.send_modify(|pages| *pages += 1);
+    }
+
+    /// A receiver of the pool's events; one that is closed already once the state retired.
+    pub(super) fn subscribe(&self) -> broadcast::Receiver<Batch<Event>> {
+        match &*lock(&self.events) {
+            Some(tx) => tx.subscribe(),
+            None => broadcast::channel(1).1,
+        }
     }
 
     pub(crate) fn lock_cache(&self) -> MutexGuard<'_, PoolCache> {
@@ -233,7 +256,9 @@ impl PoolState {
             .map(|e| ClusterEvent { cluster: Cluster::Local, event: e.clone() })
             .collect();
         // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
-        let _ = self.events.send(Batch::from(events));
+        if let Some(tx) = &*lock(&self.events) {
+            let _ = tx.send(Batch::from(events));
+        }
         let _ = self.mesh.send(tagged);
     }
 

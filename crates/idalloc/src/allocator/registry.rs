@@ -188,7 +188,7 @@ impl Inner {
             doubt: Mutex::new(HashSet::new()),
             held: Mutex::new(HashMap::default()),
             key_locks: Mutex::new(HashMap::new()),
-            events,
+            events: Mutex::new(Some(events)),
             mesh,
             remotes: std::sync::RwLock::default(),
             listed: AtomicBool::new(false),
@@ -209,6 +209,13 @@ impl Inner {
             Arc::downgrade(&self.req),
             self.layout.clone(),
             self.repairs.clone(),
+            state.clone(),
+        ));
+        lock(&self.tasks).push(task.abort_handle());
+        lock(&state.tasks).push(task.abort_handle());
+        let task = tokio::spawn(super::spec_watch::run(
+            Arc::downgrade(&self.req),
+            self.layout.clone(),
             state.clone(),
         ));
         lock(&self.tasks).push(task.abort_handle());

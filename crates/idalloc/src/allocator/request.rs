@@ -25,6 +25,8 @@ pub(crate) struct Requester {
     pub(crate) retry: RetryPolicy,
     /// Keys per page when listing.
     pub(crate) list_page: i64,
+    /// A sweep folds a pool's holder fence records when it finds more than this many.
+    pub(crate) fold_fences_above: usize,
     /// The newest store revision seen in a response: the fence of this process's binds.
     seen: AtomicI64,
 }
@@ -78,8 +80,16 @@ impl Requester {
         request_timeout: Duration,
         retry: RetryPolicy,
         list_page: i64,
+        fold_fences_above: usize,
     ) -> Requester {
-        Requester { store, request_timeout, retry, list_page, seen: AtomicI64::new(0) }
+        Requester {
+            store,
+            request_timeout,
+            retry,
+            list_page,
+            fold_fences_above,
+            seen: AtomicI64::new(0),
+        }
     }
 
     /// The newest store revision seen in a response.

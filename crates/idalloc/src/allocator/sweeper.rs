@@ -21,7 +21,9 @@ use crate::allocator::pool_state::PoolState;
 use crate::allocator::request::Requester;
 use crate::error::{Error, Result};
 use crate::layout::{IdRecord, Layout};
-use crate::protocol::{parse_id_value, sweep_outcome, sweep_txn, Orphan, SWEEP_BATCH};
+use crate::protocol::{
+    fold_fences_txn, fold_outcome, parse_id_value, sweep_outcome, sweep_txn, Orphan, SWEEP_BATCH,
+};
 use crate::store::{list_all, KeyRange, Revision};
 
 /// Sweep batches in flight at once.
@@ -38,6 +40,11 @@ pub struct SweepReport {
     pub bindings: usize,
     /// The revision the sweep's snapshot was taken at.
     pub revision: Revision,
+    /// Holder fence records in the snapshot.
+    pub fence_records: usize,
+    /// Holder fence records this sweep folded into the pool's fence floor (0 unless the snapshot
+    /// held more than [`AllocatorOptions::fold_fences_above`](crate::AllocatorOptions)).
+    pub folded: usize,
 }
 
 pub(crate) async fn sweep(
@@ -54,6 +61,7 @@ pub(crate) async fn sweep(
     let mut ids: HashMap<u64, (IdRecord, Revision)> = HashMap::new();
     let mut keys: HashMap<String, (u64, Revision)> = HashMap::new();
     let mut referenced: HashSet<String> = HashSet::new();
+    let mut fence_records = 0;
     for kv in &kvs {
         if let Some(id) = layout.parse_id_key(name, &kv.key) {
             if let Some(rec) = IdRecord::decode(&kv.value) {
@@ -65,12 +73,15 @@ pub(crate) async fn sweep(
             }
         } else if let Some((key, _holder)) = layout.parse_ref_key(name, &kv.key) {
             referenced.insert(key);
+        } else if layout.parse_holder_key(name, &kv.key).is_some() {
+            fence_records += 1;
         }
     }
 
     let now = Instant::now();
     let grace = pool.spec.idle_grace_duration();
-    let mut report = SweepReport { bindings: keys.len(), revision, ..Default::default() };
+    let mut report =
+        SweepReport { bindings: keys.len(), revision, fence_records, ..Default::default() };
     let mut orphans = Vec::new();
     let mut still_idle = HashSet::new();
     {
@@ -150,10 +161,29 @@ pub(crate) async fn sweep(
             }
         }
     }
+    if fence_records > req.fold_fences_above {
+        report.folded = fold_fences(req, layout, pool).await?;
+    }
     if !report.reclaimed.is_empty() {
         debug!(pool = %name, reclaimed = report.reclaimed.len(), "sweep reclaimed idle bindings");
     }
     Ok(report)
+}
+
+/// Folds the pool's holder fence records into its fence floor (one txn; `protocol::fold_fences_txn`
+/// says why no late bind survives it): the number of records deleted.
+async fn fold_fences(req: &Requester, layout: &Layout, pool: &PoolState) -> Result<usize> {
+    let resp = req.txn(fold_fences_txn(layout, pool.spec.name(), pool.spec_rev)).await?;
+    match fold_outcome(&resp).map_err(Error::from)? {
+        Ok(deleted) => {
+            debug!(pool = %pool.spec.name(), deleted, "folded holder fence records");
+            Ok(usize::try_from(deleted).unwrap_or(0))
+        }
+        Err(spec_now) => {
+            pool.retire(pool.gone_error(spec_now));
+            Err(pool.live().err().unwrap_or(Error::PoolNotFound { pool: pool.spec.name().into() }))
+        }
+    }
 }
 
 fn orphan_id(o: &Orphan) -> u64 {

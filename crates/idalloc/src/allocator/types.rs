@@ -22,6 +22,9 @@ impl Default for RetryPolicy {
     }
 }
 
+/// The default of [`AllocatorOptions::fold_fences_above`].
+pub const DEFAULT_FOLD_FENCES_ABOVE: usize = 100;
+
 /// How an [`Allocator`](super::Allocator) is set up.
 #[derive(Clone, Debug)]
 pub struct AllocatorOptions {
@@ -43,6 +46,12 @@ pub struct AllocatorOptions {
     pub event_buffer: usize,
     /// Run a sweeper in the background for every pool this allocator opens, at this interval.
     pub sweep_interval: Option<Duration>,
+    /// A sweep that finds more holder fence records than this in a pool folds them all into the
+    /// pool's fence floor (one txn), so a pool keeps at most this many fence records after each
+    /// sweep, however many holder names ever released in it (DESIGN §13, docs/design-notes.md,
+    /// issue 19 item 8). Each fold makes the binds in flight at that moment fail once and be
+    /// decided again, so folding rarely is cheaper; 0 folds on every sweep that finds one.
+    pub fold_fences_above: usize,
 }
 
 impl Default for AllocatorOptions {
@@ -57,6 +66,7 @@ impl Default for AllocatorOptions {
             list_page: 1000,
             event_buffer: 4096,
             sweep_interval: None,
+            fold_fences_above: DEFAULT_FOLD_FENCES_ABOVE,
         }
     }
 }

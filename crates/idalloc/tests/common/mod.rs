@@ -123,14 +123,15 @@ pub async fn count_refs_in<S: Store + ?Sized>(store: &S, l: &Layout, pool: &str)
     snap.refs.values().map(|holders| holders.len()).sum()
 }
 
-/// A durable holder's fence record (`P/data/<pool>/holder/<h>`): G4 as amended in
-/// docs/design-notes.md lets these stay (one per durable holder name and pool, gone with the pool).
+/// A durable holder's fence record (`P/data/<pool>/holder/<h>`) or a pool's fence floor
+/// (`P/data/<pool>/fence`): G4 as amended in docs/design-notes.md lets these stay (at most the
+/// fold threshold's fence records per pool after a sweep, and one floor; gone with the pool).
 pub fn is_holder_fence(l: &Layout, record: &[u8]) -> bool {
     let data = format!("{}/data/", l.prefix());
     let Some(rest) = record.strip_prefix(data.as_bytes()) else { return false };
     let Some(slash) = rest.iter().position(|b| *b == b'/') else { return false };
     let pool = String::from_utf8_lossy(&rest[..slash]).into_owned();
-    l.parse_holder_key(&pool, record).is_some()
+    l.parse_holder_key(&pool, record).is_some() || record == l.fence_floor_key(&pool).as_slice()
 }
 
 /// G4: nothing but pool specs (and durable holders' fence records) under the prefix.
