@@ -915,6 +915,48 @@ fn etcd_check_finds_and_repairs() {
 /// Issue 9, item 9: deployment B at `--prefix pa/data/vni` lives inside A's (`pa`) pool `vni`.
 /// A's `pool delete vni --force` used to wipe all of B. Both directions are refused now: B's
 /// commands refuse a prefix inside A's; A's delete refuses to touch B's records.
+/// Issue 19, item 1: the setup docs/multi-cluster.md recommends (prefix bits, idle grace) is
+/// healthy after an acquire and a release: `check` finds nothing (it compares IDs without their
+/// prefix), `--repair` removes nothing, and the key comes back inside its grace to the same ID. A
+/// tombstone in a prefixed pool with a reuse delay survives `--repair` too (G5).
+#[test]
+fn file_store_check_of_a_prefixed_pool_keeps_idle_keys_and_tombstones() {
+    let t = Target::file();
+    let create = |name: &str, prefix: &str, flag: &str| {
+        t.run(&["pool", "create", name, "--range", "1-65535", "--prefix-bits", prefix, flag, "1h"])
+            .ok();
+    };
+    create("ids", "0x10000", "--idle-grace");
+    create("quar", "0x20000", "--reuse-delay");
+    let id = t.run(&["acquire", "ids", "idle-key", "--holder", "h"]).id();
+    assert_eq!(id & 0x10000, 0x10000, "{id:#x}");
+    t.run(&["release", "ids", "idle-key", "--holder", "h"]).ok();
+    let gone = t.run(&["acquire", "quar", "gone", "--holder", "h"]).id();
+    t.run(&["release", "quar", "gone", "--holder", "h"]).ok();
+
+    let r = t.run(&["check", "ids"]);
+    r.ok();
+    assert!(r.stdout.contains("no breaches"), "{r:?}");
+    let j = t.run(&["--json", "check"]).json();
+    assert_eq!(j["breaches"], 0, "{j}");
+    let j = t.run(&["--json", "check", "--repair"]).json();
+    assert_eq!(j["repairs"], serde_json::json!([]), "{j}");
+    assert_eq!(j["after"]["breaches"], 0, "{j}");
+
+    assert_eq!(t.run(&["acquire", "ids", "idle-key", "--holder", "h"]).id(), id);
+    // The tombstone still quarantines its ID: nobody else can get it.
+    let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let tomb = rt.block_on(async {
+        use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+        use idalloc::store::{GetRequest, Store};
+        let store = EmbeddedStore::open(t.file_path(), EmbeddedOptions::default()).await.unwrap();
+        let r = store.get(GetRequest::key(l.id_key("quar", gone))).await.unwrap();
+        r.kvs.first().and_then(|kv| idalloc::layout::IdRecord::decode(&kv.value))
+    });
+    assert_eq!(tomb, Some(idalloc::layout::IdRecord::Tombstone("gone".into())));
+}
+
 #[test]
 fn nested_prefixes_are_refused() {
     let t = Target::file();
