@@ -1167,6 +1167,128 @@ fn etcd_release_from() {
     }
 }
 
+/// The references `holder` has in pool `pool` of a file store, read straight from the file:
+/// key -> the ID the reference names.
+fn refs_of(t: &Target, pool: &str, holder: &str) -> BTreeMap<String, u64> {
+    use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    use idalloc::store::{list_all, KeyRange};
+    let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store = EmbeddedStore::open(t.file_path(), EmbeddedOptions::default()).await.unwrap();
+        let (kvs, _) =
+            list_all(&store, &KeyRange::prefix(l.refs_prefix(pool)), 1000).await.unwrap();
+        kvs.iter()
+            .filter_map(|kv| {
+                let (key, h) = l.parse_ref_key(pool, &kv.key)?;
+                (h == holder).then(|| (key, idalloc::layout::parse_id_value(&kv.value).unwrap()))
+            })
+            .collect()
+    })
+}
+
+/// The number in `error: acquired N of M keys` / `released N of M keys`.
+fn count_in(stderr: &str, verb: &str) -> usize {
+    let rest = stderr.split_once(&format!("{verb} ")).unwrap_or_else(|| panic!("{stderr}")).1;
+    rest.split(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{stderr}"))
+}
+
+/// Issue 19, item 2: a batch that stops on a bad record mid-input reports everything it did.
+/// Keys in the failing request and in the requests in flight beside it are acquired (or
+/// released) too: each is printed (text and `--json`) before the error, and the error's count is
+/// exactly the references the holder gained (or lost) in the store, read from the file.
+#[test]
+fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
+    let t = Target::file();
+    let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
+    t.run(&["pool", "create", "q", "--range", "1-10000"]).ok();
+    let keys: Vec<String> = (0..2000).map(|i| format!("k{i}")).collect();
+    let file = t.cwd.join("keys.txt");
+    std::fs::write(&file, keys.join("\n") + "\n").unwrap();
+    let from = file.to_str().unwrap();
+    // Line 500's key has a key record that holds no ID, written by hand.
+    tamper_file(&t, &[(l.key_key("q", "k499"), b"not a number".to_vec())], &[]);
+
+    for (holder, json) in [("hq", true), ("ht", false)] {
+        let mut args = vec!["acquire", "q", "--from", from, "--holder", holder];
+        if json {
+            args.insert(0, "--json");
+        }
+        let r = t.run(&args);
+        assert_eq!(r.code, 4, "{}", brief(&r));
+        assert_eq!(r.stderr.lines().count(), 1, "{}", brief(&r));
+        assert!(r.stderr.contains("line 500") && r.stderr.contains("k499"), "{}", brief(&r));
+        let printed: BTreeMap<String, u64> = if json {
+            r.stdout
+                .lines()
+                .map(|line| {
+                    let d: Value = serde_json::from_str(line).unwrap();
+                    (d["key"].as_str().unwrap().to_string(), d["id"].as_u64().unwrap())
+                })
+                .collect()
+        } else {
+            r.stdout
+                .lines()
+                .map(|line| {
+                    let (id, key) = line.split_once('\t').unwrap();
+                    (key.to_string(), id.parse().unwrap())
+                })
+                .collect()
+        };
+        assert_eq!(printed.len(), r.stdout.lines().count(), "each key once");
+        let stored = refs_of(&t, "q", holder);
+        assert!(stored.len() > 499, "requests beside the failing one were acquired too");
+        assert!(
+            printed == stored,
+            "printed {} keys; the store holds {} references of {holder}; they differ",
+            printed.len(),
+            stored.len()
+        );
+        assert_eq!(count_in(&r.stderr, "acquired"), stored.len(), "{}", brief(&r));
+        assert!(!stored.contains_key("k499"));
+    }
+
+    // Release stops the same way at the bad record; what it printed as released is exactly
+    // what the holder lost.
+    let before = refs_of(&t, "q", "hq");
+    let r = t.run(&["--json", "release", "q", "--from", from, "--holder", "hq"]);
+    assert_eq!(r.code, 4, "{}", brief(&r));
+    let released: BTreeSet<String> = r
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|d| d["released"] == true)
+        .map(|d| d["key"].as_str().unwrap().to_string())
+        .collect();
+    let after = refs_of(&t, "q", "hq");
+    let gone: BTreeSet<String> =
+        before.keys().filter(|k| !after.contains_key(*k)).cloned().collect();
+    assert!(gone.len() > 499, "{}", brief(&r));
+    assert_eq!(released, gone, "{}", brief(&r));
+    assert_eq!(count_in(&r.stderr, "released"), r.stdout.lines().count(), "{}", brief(&r));
+    // In text, every line names its key.
+    let before = refs_of(&t, "q", "ht");
+    let r = t.run(&["release", "q", "--from", from, "--holder", "ht"]);
+    assert_eq!(r.code, 4, "{}", brief(&r));
+    let after = refs_of(&t, "q", "ht");
+    let gone: BTreeSet<String> =
+        before.keys().filter(|k| !after.contains_key(*k)).cloned().collect();
+    let mut named = BTreeSet::new();
+    for line in r.stdout.lines() {
+        let key = line.split('"').nth(1).unwrap_or_else(|| panic!("{line:?} names no key"));
+        if line.starts_with("released") {
+            named.insert(key.to_string());
+        }
+    }
+    assert_eq!(named, gone, "{}", brief(&r));
+    assert_eq!(count_in(&r.stderr, "released"), r.stdout.lines().count(), "{}", brief(&r));
+}
+
+/// A stopped batch's run, short enough for an assertion message.
+fn brief(r: &Ran) -> String {
+    format!("exit {}, {} lines on stdout, stderr {:?}", r.code, r.stdout.lines().count(), r.stderr)
+}
+
 /// Every command closes the store file before the process exits. A file left open (the runtime
 /// used to exit without dropping its background tasks, which held the store) is "not closed
 /// cleanly": redb then has to repair it on the next open, a read-only open cannot, and a large
