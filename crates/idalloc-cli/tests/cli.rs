@@ -1167,17 +1167,23 @@ fn etcd_release_from() {
     }
 }
 
-/// The references `holder` has in pool `pool` of a file store, read straight from the file:
-/// key -> the ID the reference names.
+/// The references `holder` has in pool `pool`, read straight from the target's store (the file or
+/// etcd), not through the CLI: key -> the ID the reference names.
 fn refs_of(t: &Target, pool: &str, holder: &str) -> BTreeMap<String, u64> {
     use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
-    use idalloc::store::{list_all, KeyRange};
+    use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+    use idalloc::store::{list_all, KeyRange, Store};
     let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {
-        let store = EmbeddedStore::open(t.file_path(), EmbeddedOptions::default()).await.unwrap();
+        let store: Box<dyn Store> = if t.store.starts_with("file:") {
+            Box::new(EmbeddedStore::open(t.file_path(), EmbeddedOptions::default()).await.unwrap())
+        } else {
+            let url = t.store.replace("etcd://", "http://");
+            Box::new(EtcdStore::connect(EtcdOptions::new([url])).await.unwrap())
+        };
         let (kvs, _) =
-            list_all(&store, &KeyRange::prefix(l.refs_prefix(pool)), 1000).await.unwrap();
+            list_all(&*store, &KeyRange::prefix(l.refs_prefix(pool)), 1000).await.unwrap();
         kvs.iter()
             .filter_map(|kv| {
                 let (key, h) = l.parse_ref_key(pool, &kv.key)?;
@@ -1197,9 +1203,7 @@ fn count_in(stderr: &str, verb: &str) -> usize {
 /// Keys in the failing request and in the requests in flight beside it are acquired (or
 /// released) too: each is printed (text and `--json`) before the error, and the error's count is
 /// exactly the references the holder gained (or lost) in the store, read from the file.
-#[test]
-fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
-    let t = Target::file();
+fn batch_stopped_by_a_bad_record_reports_every_key_it_did(t: &Target) {
     let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
     t.run(&["pool", "create", "q", "--range", "1-10000"]).ok();
     let keys: Vec<String> = (0..2000).map(|i| format!("k{i}")).collect();
@@ -1207,7 +1211,7 @@ fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
     std::fs::write(&file, keys.join("\n") + "\n").unwrap();
     let from = file.to_str().unwrap();
     // Line 500's key has a key record that holds no ID, written by hand.
-    tamper_file(&t, &[(l.key_key("q", "k499"), b"not a number".to_vec())], &[]);
+    tamper(t, &[(l.key_key("q", "k499"), b"not a number".to_vec())], &[]);
 
     for (holder, json) in [("hq", true), ("ht", false)] {
         let mut args = vec!["acquire", "q", "--from", from, "--holder", holder];
@@ -1236,7 +1240,7 @@ fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
                 .collect()
         };
         assert_eq!(printed.len(), r.stdout.lines().count(), "each key once");
-        let stored = refs_of(&t, "q", holder);
+        let stored = refs_of(t, "q", holder);
         assert!(stored.len() > 499, "requests beside the failing one were acquired too");
         assert!(
             printed == stored,
@@ -1250,7 +1254,7 @@ fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
 
     // Release stops the same way at the bad record; what it printed as released is exactly
     // what the holder lost.
-    let before = refs_of(&t, "q", "hq");
+    let before = refs_of(t, "q", "hq");
     let r = t.run(&["--json", "release", "q", "--from", from, "--holder", "hq"]);
     assert_eq!(r.code, 4, "{}", brief(&r));
     let released: BTreeSet<String> = r
@@ -1260,17 +1264,17 @@ fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
         .filter(|d| d["released"] == true)
         .map(|d| d["key"].as_str().unwrap().to_string())
         .collect();
-    let after = refs_of(&t, "q", "hq");
+    let after = refs_of(t, "q", "hq");
     let gone: BTreeSet<String> =
         before.keys().filter(|k| !after.contains_key(*k)).cloned().collect();
     assert!(gone.len() > 499, "{}", brief(&r));
     assert_eq!(released, gone, "{}", brief(&r));
     assert_eq!(count_in(&r.stderr, "released"), r.stdout.lines().count(), "{}", brief(&r));
     // In text, every line names its key.
-    let before = refs_of(&t, "q", "ht");
+    let before = refs_of(t, "q", "ht");
     let r = t.run(&["release", "q", "--from", from, "--holder", "ht"]);
     assert_eq!(r.code, 4, "{}", brief(&r));
-    let after = refs_of(&t, "q", "ht");
+    let after = refs_of(t, "q", "ht");
     let gone: BTreeSet<String> =
         before.keys().filter(|k| !after.contains_key(*k)).cloned().collect();
     let mut named = BTreeSet::new();
@@ -1282,6 +1286,18 @@ fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
     }
     assert_eq!(named, gone, "{}", brief(&r));
     assert_eq!(count_in(&r.stderr, "released"), r.stdout.lines().count(), "{}", brief(&r));
+}
+
+#[test]
+fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
+    batch_stopped_by_a_bad_record_reports_every_key_it_did(&Target::file());
+}
+
+#[test]
+fn etcd_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
+    if let Some(t) = Target::etcd() {
+        batch_stopped_by_a_bad_record_reports_every_key_it_did(&t);
+    }
 }
 
 /// A stopped batch's run, short enough for an assertion message.
