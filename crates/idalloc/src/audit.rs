@@ -67,7 +67,8 @@ pub enum Finding {
         ref_ids: Vec<u64>,
         key_record: Option<u64>,
     },
-    /// An ID outside the pool's range or reserved, in a key or ID record.
+    /// An ID the pool never hands out (outside its range, without its prefix bits, or reserved),
+    /// in a key or ID record.
     IdOutOfRange { id: u64, key: Option<String>, reserved: bool },
 }
 
@@ -136,7 +137,11 @@ impl fmt::Display for Finding {
                 }
             }
             Finding::IdOutOfRange { id, key, reserved } => {
-                let why = if *reserved { "reserved" } else { "outside the pool's range" };
+                let why = if *reserved {
+                    "reserved"
+                } else {
+                    "outside the pool's range or without its prefix bits"
+                };
                 match key {
                     Some(k) => write!(f, "ID {id} of key {} is {why}", v(k)),
                     None => write!(f, "ID {id} is {why}"),
@@ -843,5 +848,10 @@ mod tests {
         assert_eq!(j, serde_json::json!({"kind": "id_bound_to_two_keys", "id": 1, "keys": ["a"]}));
         let msg = Finding::IdOutOfRange { id: 5, key: None, reserved: true }.to_string();
         assert_eq!(msg, "ID 5 is reserved");
+        let msg = Finding::IdOutOfRange { id: 7, key: Some("k".into()), reserved: false };
+        assert_eq!(
+            msg.to_string(),
+            "ID 7 of key \"k\" is outside the pool's range or without its prefix bits"
+        );
     }
 }
