@@ -834,6 +834,9 @@ mod tests {
         assert!(guarded(TxnOp::delete(l.id_key(P, 3))), "a tombstone");
         assert!(guarded(TxnOp::put(l.id_key(P, 3), "other")), "a tombstoned ID to another key");
         assert!(guarded(TxnOp::put(l.id_key(P, 2), "other")), "an idle ID to another key");
+        let tomb = |k: &str| IdRecord::Tombstone(k.into()).encode();
+        assert!(guarded(TxnOp::put(l.id_key(P, 2), tomb("idle"))), "an idle binding retired");
+        assert!(guarded(TxnOp::put(l.id_key(P, 3), tomb("gone"))), "a tombstone off its lease");
         assert!(guarded(TxnOp::put(l.key_key(P, "idle"), encode_id(9))), "an idle key moved");
         assert!(guarded(TxnOp::delete_range(KeyRange::prefix(l.id_prefix(P)))));
         assert!(!guarded(TxnOp::delete(l.id_key(P, 4))), "a stray ID record may go");

@@ -43,13 +43,16 @@ pub fn removes_protected(cx: RepairContext<'_>, snap: &PoolSnapshot, txn: &TxnRe
         }
         false
     };
-    // A put may restore a record of the same binding, never give its ID or key to another.
+    // A put may restore the binding of the same key, never give its ID or key to another, nor
+    // turn a binding into a tombstone or a tombstone into one off its lease.
     let overwritten = |put: &PutRequest| {
         if let Some(id) = l.parse_id_key(p, &put.key) {
-            let new_key = IdRecord::decode(&put.value).map(|r| r.key().to_string());
+            let new = IdRecord::decode(&put.value);
             return match snap.ids.get(&id).and_then(|e| e.record.as_ref()) {
-                Some(IdRecord::Tombstone(k)) => new_key.as_ref() != Some(k),
-                Some(IdRecord::Bound(k)) => healthy(id, k) && new_key.as_ref() != Some(k),
+                Some(IdRecord::Tombstone(k)) => new != Some(IdRecord::Bound(k.clone())),
+                Some(IdRecord::Bound(k)) => {
+                    healthy(id, k) && new != Some(IdRecord::Bound(k.clone()))
+                }
                 None => false,
             };
         }
