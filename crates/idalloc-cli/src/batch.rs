@@ -4,10 +4,13 @@
 //! The whole input is read and checked first, so a bad line (exit 2, naming its number) leaves the
 //! store untouched rather than half-done. Batches of keys then run `concurrency` at a time; `buffered`
 //! yields results in input order, so output line N belongs to input line N and is written as soon
-//! as it and all before it are done.
+//! as it and all before it are done. A key's error (a bad record, the store gone) stops the
+//! command from starting more batches; the batches in flight finish and every key done is still
+//! written, so the output is exactly what the command did (the failed keys have no line).
 
 use std::io::{Read, Write};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::stream::{self, StreamExt};
 use idalloc::Pool;
@@ -137,7 +140,9 @@ pub async fn release_from(
                         crate::render::text(holder)
                     ),
                     (true, true) => writeln!(w, "released; {key:?} was reclaimed"),
-                    (true, false) => writeln!(w, "released"),
+                    // Unlike a single `release`, name the key: after a stopped batch not every
+                    // input line has an output line.
+                    (true, false) => writeln!(w, "released {key:?}"),
                 }
             }
         },
@@ -146,8 +151,14 @@ pub async fn release_from(
 }
 
 /// Runs `call` on chunks of [`KEYS_PER_CALL`] keys, `concurrency` chunks at a time, and writes
-/// one line per key in input order as soon as it and all before it are done; stops at the first
-/// error (naming how many keys were done).
+/// one line per key in input order as soon as it and all before it are done.
+///
+/// A key's error stops the batch, but only from starting more chunks: the chunks already in
+/// flight are awaited to the end, never dropped (a dropped call may still commit, and its keys
+/// would be acquired with nobody told), and every key they did is written like any other, so the
+/// output lists exactly what the command did and the caller can undo it (issue 19, item 2).
+/// Failed keys get no line; the error names the first one (input line and key), how many keys
+/// were done, failed and never tried.
 async fn run_batched<T, F, Fut>(
     keys: Vec<String>,
     verb: &'static str,
@@ -161,36 +172,104 @@ where
 {
     let total = keys.len();
     let mut progress = Progress::stderr(verb, total);
-    let chunks: Vec<Vec<String>> = keys.chunks(KEYS_PER_CALL).map(<[String]>::to_vec).collect();
-    let mut results = stream::iter(chunks.into_iter().map(|chunk| {
+    // Set on the first error: `buffered` asks for the next chunk only when it has room, so no
+    // chunk starts after this, and the ones in flight finish.
+    let stop = AtomicBool::new(false);
+    let chunks: Vec<(usize, Vec<String>)> = keys
+        .chunks(KEYS_PER_CALL)
+        .enumerate()
+        .map(|(i, c)| (i * KEYS_PER_CALL, c.to_vec()))
+        .collect();
+    let launches = chunks.into_iter().map_while(|(first, chunk)| {
+        if stop.load(Ordering::Relaxed) {
+            return None;
+        }
         let fut = call(chunk.clone());
-        async move { (chunk, fut.await) }
-    }))
-    .buffered(concurrency.max(1));
+        Some(async move { (first, chunk, fut.await) })
+    });
+    let mut results = stream::iter(launches).buffered(concurrency.max(1));
 
     let stdout = std::io::stdout();
     let mut w = std::io::BufWriter::new(stdout.lock());
-    let mut done = 0usize;
-    let write_err = |e: std::io::Error| Failure::runtime(format!("writing to stdout: {e}"));
-    while let Some((chunk, rs)) = results.next().await {
-        for (key, r) in chunk.iter().zip(rs) {
-            let got = match r {
-                Ok(g) => g,
-                Err(e) => {
-                    let _ = w.flush();
-                    progress.finish();
-                    let mut f: Failure = e.into();
-                    f.message = format!("after {done} of {total} keys: {}", f.message);
-                    return Err(f);
+    let mut tally = Tally::default();
+    let mut write_failed: Option<std::io::Error> = None;
+    while let Some((first, chunk, rs)) = results.next().await {
+        for (i, (key, r)) in chunk.iter().zip(rs).enumerate() {
+            tally.tried += 1;
+            match r {
+                Ok(got) => {
+                    tally.done += 1;
+                    progress.tick();
+                    if write_failed.is_none() {
+                        if let Err(e) = line(&mut w, key, &got) {
+                            write_failed = Some(e);
+                            stop.store(true, Ordering::Relaxed);
+                        }
+                    }
                 }
-            };
-            line(&mut w, key, &got).map_err(write_err)?;
-            done += 1;
-            progress.tick();
+                Err(e) => {
+                    tally.failed += 1;
+                    if matches!(e, idalloc::Error::Unavailable { .. }) {
+                        tally.unanswered += 1;
+                    }
+                    if tally.first.is_none() {
+                        tally.first = Some((first + i + 1, key.clone(), e.into()));
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
         }
     }
     progress.finish();
-    w.flush().map_err(write_err)
+    let write_err = |e: std::io::Error| Failure::runtime(format!("writing to stdout: {e}"));
+    if let Some(e) = write_failed {
+        return Err(write_err(e));
+    }
+    w.flush().map_err(write_err)?;
+    match tally.first.take() {
+        None => Ok(()),
+        Some((line_no, key, f)) => Err(tally.failure(verb, total, line_no, &key, f)),
+    }
+}
+
+/// What a batch did, for its error.
+#[derive(Default)]
+struct Tally {
+    /// Keys with a result (done or failed); the rest were never tried.
+    tried: usize,
+    done: usize,
+    failed: usize,
+    /// Failed keys whose store request went unanswered: their outcome is unknown.
+    unanswered: usize,
+    /// The first failed key: input line, key, error.
+    first: Option<(usize, String, Failure)>,
+}
+
+impl Tally {
+    /// `acquired 1099 of 2000 keys (each printed above), then stopped at line 500 (key "k499"):
+    /// <the error>; 900 keys not tried`, with the first error's exit code.
+    fn failure(&self, verb: &str, total: usize, line_no: usize, key: &str, f: Failure) -> Failure {
+        let mut message = format!(
+            "{verb} {} of {total} keys (each printed above), then stopped at line {line_no} \
+             (key {key:?}): {}",
+            self.done, f.message
+        );
+        if self.failed > 1 {
+            message.push_str(&format!("; {} more keys failed", self.failed - 1));
+        }
+        let untried = total - self.tried;
+        if untried > 0 {
+            message.push_str(&format!("; {untried} keys not tried"));
+        }
+        if self.unanswered > 0 {
+            message.push_str(&format!(
+                "; {} failed keys got no answer from the store and may have been {verb} all the \
+                 same (`idalloc list` shows the holder's keys)",
+                self.unanswered
+            ));
+        }
+        Failure { code: f.code, message }
+    }
 }
 
 #[cfg(test)]
@@ -210,5 +289,34 @@ mod tests {
         let long = format!("ok\n{}\n", "k".repeat(4097));
         let e = parse_keys(long.as_bytes()).unwrap_err();
         assert!(e.message.contains("line 2") && e.message.contains("4097 bytes"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_stopped_batch_says_what_it_did() {
+        let t = Tally { tried: 1200, done: 1197, failed: 3, unanswered: 0, first: None };
+        let f = Failure { code: crate::fail::CORRUPT, message: "bad record".into() };
+        let f = t.failure("acquired", 2000, 500, "k499", f);
+        assert_eq!(f.code, crate::fail::CORRUPT);
+        assert_eq!(
+            f.message,
+            "acquired 1197 of 2000 keys (each printed above), then stopped at line 500 \
+             (key \"k499\"): bad record; 2 more keys failed; 800 keys not tried"
+        );
+        let t = Tally { tried: 10, done: 9, failed: 1, unanswered: 0, first: None };
+        let f = t.failure("released", 10, 3, "k", Failure::runtime("gone"));
+        assert_eq!(
+            f.message,
+            "released 9 of 10 keys (each printed above), then stopped at line 3 (key \"k\"): gone"
+        );
+        let t = Tally { tried: 10, done: 8, failed: 2, unanswered: 2, first: None };
+        let f = t.failure("acquired", 10, 3, "k", Failure::runtime("timed out"));
+        assert!(
+            f.message.ends_with(
+                "; 2 failed keys got no answer from the store and may have been acquired all the \
+                 same (`idalloc list` shows the holder's keys)"
+            ),
+            "{}",
+            f.message
+        );
     }
 }

@@ -93,7 +93,8 @@ JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"id\":4242,\"new\":true,\"holde
 With --from: one such line per key, in input order; plain output is ID<TAB>KEY per line.
 --from reads one key per line ('\\n' or '\\r\\n' ends a line; nothing else is trimmed). An empty
 line or a line that is not a valid key is an error (exit 2, naming the line), found before any
-ID is acquired.
+ID is acquired. A key that fails later (a bad record, the store gone) stops the command after the
+requests in flight: every key acquired is printed, then the error counts them.
 
 Examples:
   idalloc acquire vni tenant-blue
@@ -106,8 +107,9 @@ Examples:
     /// also when nothing was held.
     #[command(after_help = "\
 JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"holder\":\"alice\",\"released\":true,\"reclaimed\":true}
-With --from: one such output per key, in input order (keys read as for acquire --from; a bad line
-is an error, exit 2, found before anything is released).
+With --from: one such output per key, in input order, each naming its key (keys read as for
+acquire --from; a bad line is an error, exit 2, found before anything is released). A key that
+fails stops it as it stops acquire --from: every key released is printed, then the error.
 
 Examples:
   idalloc release vni tenant-blue

@@ -915,6 +915,48 @@ fn etcd_check_finds_and_repairs() {
 /// Issue 9, item 9: deployment B at `--prefix pa/data/vni` lives inside A's (`pa`) pool `vni`.
 /// A's `pool delete vni --force` used to wipe all of B. Both directions are refused now: B's
 /// commands refuse a prefix inside A's; A's delete refuses to touch B's records.
+/// Issue 19, item 1: the setup docs/multi-cluster.md recommends (prefix bits, idle grace) is
+/// healthy after an acquire and a release: `check` finds nothing (it compares IDs without their
+/// prefix), `--repair` removes nothing, and the key comes back inside its grace to the same ID. A
+/// tombstone in a prefixed pool with a reuse delay survives `--repair` too (G5).
+#[test]
+fn file_store_check_of_a_prefixed_pool_keeps_idle_keys_and_tombstones() {
+    let t = Target::file();
+    let create = |name: &str, prefix: &str, flag: &str| {
+        t.run(&["pool", "create", name, "--range", "1-65535", "--prefix-bits", prefix, flag, "1h"])
+            .ok();
+    };
+    create("ids", "0x10000", "--idle-grace");
+    create("quar", "0x20000", "--reuse-delay");
+    let id = t.run(&["acquire", "ids", "idle-key", "--holder", "h"]).id();
+    assert_eq!(id & 0x10000, 0x10000, "{id:#x}");
+    t.run(&["release", "ids", "idle-key", "--holder", "h"]).ok();
+    let gone = t.run(&["acquire", "quar", "gone", "--holder", "h"]).id();
+    t.run(&["release", "quar", "gone", "--holder", "h"]).ok();
+
+    let r = t.run(&["check", "ids"]);
+    r.ok();
+    assert!(r.stdout.contains("no breaches"), "{r:?}");
+    let j = t.run(&["--json", "check"]).json();
+    assert_eq!(j["breaches"], 0, "{j}");
+    let j = t.run(&["--json", "check", "--repair"]).json();
+    assert_eq!(j["repairs"], serde_json::json!([]), "{j}");
+    assert_eq!(j["after"]["breaches"], 0, "{j}");
+
+    assert_eq!(t.run(&["acquire", "ids", "idle-key", "--holder", "h"]).id(), id);
+    // The tombstone still quarantines its ID: nobody else can get it.
+    let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let tomb = rt.block_on(async {
+        use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+        use idalloc::store::{GetRequest, Store};
+        let store = EmbeddedStore::open(t.file_path(), EmbeddedOptions::default()).await.unwrap();
+        let r = store.get(GetRequest::key(l.id_key("quar", gone))).await.unwrap();
+        r.kvs.first().and_then(|kv| idalloc::layout::IdRecord::decode(&kv.value))
+    });
+    assert_eq!(tomb, Some(idalloc::layout::IdRecord::Tombstone("gone".into())));
+}
+
 #[test]
 fn nested_prefixes_are_refused() {
     let t = Target::file();
@@ -1123,6 +1165,144 @@ fn etcd_release_from() {
     if let Some(t) = Target::etcd() {
         release_from(&t);
     }
+}
+
+/// The references `holder` has in pool `pool`, read straight from the target's store (the file or
+/// etcd), not through the CLI: key -> the ID the reference names.
+fn refs_of(t: &Target, pool: &str, holder: &str) -> BTreeMap<String, u64> {
+    use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+    use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+    use idalloc::store::{list_all, KeyRange, Store};
+    let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store: Box<dyn Store> = if t.store.starts_with("file:") {
+            Box::new(EmbeddedStore::open(t.file_path(), EmbeddedOptions::default()).await.unwrap())
+        } else {
+            let url = t.store.replace("etcd://", "http://");
+            Box::new(EtcdStore::connect(EtcdOptions::new([url])).await.unwrap())
+        };
+        let (kvs, _) =
+            list_all(&*store, &KeyRange::prefix(l.refs_prefix(pool)), 1000).await.unwrap();
+        kvs.iter()
+            .filter_map(|kv| {
+                let (key, h) = l.parse_ref_key(pool, &kv.key)?;
+                (h == holder).then(|| (key, idalloc::layout::parse_id_value(&kv.value).unwrap()))
+            })
+            .collect()
+    })
+}
+
+/// The number in `error: acquired N of M keys` / `released N of M keys`.
+fn count_in(stderr: &str, verb: &str) -> usize {
+    let rest = stderr.split_once(&format!("{verb} ")).unwrap_or_else(|| panic!("{stderr}")).1;
+    rest.split(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{stderr}"))
+}
+
+/// Issue 19, item 2: a batch that stops on a bad record mid-input reports everything it did.
+/// Keys in the failing request and in the requests in flight beside it are acquired (or
+/// released) too: each is printed (text and `--json`) before the error, and the error's count is
+/// exactly the references the holder gained (or lost) in the store, read from the file.
+fn batch_stopped_by_a_bad_record_reports_every_key_it_did(t: &Target) {
+    let l = idalloc::layout::Layout::new(&t.prefix).unwrap();
+    t.run(&["pool", "create", "q", "--range", "1-10000"]).ok();
+    let keys: Vec<String> = (0..2000).map(|i| format!("k{i}")).collect();
+    let file = t.cwd.join("keys.txt");
+    std::fs::write(&file, keys.join("\n") + "\n").unwrap();
+    let from = file.to_str().unwrap();
+    // Line 500's key has a key record that holds no ID, written by hand.
+    tamper(t, &[(l.key_key("q", "k499"), b"not a number".to_vec())], &[]);
+
+    for (holder, json) in [("hq", true), ("ht", false)] {
+        let mut args = vec!["acquire", "q", "--from", from, "--holder", holder];
+        if json {
+            args.insert(0, "--json");
+        }
+        let r = t.run(&args);
+        assert_eq!(r.code, 4, "{}", brief(&r));
+        assert_eq!(r.stderr.lines().count(), 1, "{}", brief(&r));
+        assert!(r.stderr.contains("line 500") && r.stderr.contains("k499"), "{}", brief(&r));
+        let printed: BTreeMap<String, u64> = if json {
+            r.stdout
+                .lines()
+                .map(|line| {
+                    let d: Value = serde_json::from_str(line).unwrap();
+                    (d["key"].as_str().unwrap().to_string(), d["id"].as_u64().unwrap())
+                })
+                .collect()
+        } else {
+            r.stdout
+                .lines()
+                .map(|line| {
+                    let (id, key) = line.split_once('\t').unwrap();
+                    (key.to_string(), id.parse().unwrap())
+                })
+                .collect()
+        };
+        assert_eq!(printed.len(), r.stdout.lines().count(), "each key once");
+        let stored = refs_of(t, "q", holder);
+        assert!(stored.len() > 499, "requests beside the failing one were acquired too");
+        assert!(
+            printed == stored,
+            "printed {} keys; the store holds {} references of {holder}; they differ",
+            printed.len(),
+            stored.len()
+        );
+        assert_eq!(count_in(&r.stderr, "acquired"), stored.len(), "{}", brief(&r));
+        assert!(!stored.contains_key("k499"));
+    }
+
+    // Release stops the same way at the bad record; what it printed as released is exactly
+    // what the holder lost.
+    let before = refs_of(t, "q", "hq");
+    let r = t.run(&["--json", "release", "q", "--from", from, "--holder", "hq"]);
+    assert_eq!(r.code, 4, "{}", brief(&r));
+    let released: BTreeSet<String> = r
+        .stdout
+        .lines()
+        .map(|line| serde_json::from_str::<Value>(line).unwrap())
+        .filter(|d| d["released"] == true)
+        .map(|d| d["key"].as_str().unwrap().to_string())
+        .collect();
+    let after = refs_of(t, "q", "hq");
+    let gone: BTreeSet<String> =
+        before.keys().filter(|k| !after.contains_key(*k)).cloned().collect();
+    assert!(gone.len() > 499, "{}", brief(&r));
+    assert_eq!(released, gone, "{}", brief(&r));
+    assert_eq!(count_in(&r.stderr, "released"), r.stdout.lines().count(), "{}", brief(&r));
+    // In text, every line names its key.
+    let before = refs_of(t, "q", "ht");
+    let r = t.run(&["release", "q", "--from", from, "--holder", "ht"]);
+    assert_eq!(r.code, 4, "{}", brief(&r));
+    let after = refs_of(t, "q", "ht");
+    let gone: BTreeSet<String> =
+        before.keys().filter(|k| !after.contains_key(*k)).cloned().collect();
+    let mut named = BTreeSet::new();
+    for line in r.stdout.lines() {
+        let key = line.split('"').nth(1).unwrap_or_else(|| panic!("{line:?} names no key"));
+        if line.starts_with("released") {
+            named.insert(key.to_string());
+        }
+    }
+    assert_eq!(named, gone, "{}", brief(&r));
+    assert_eq!(count_in(&r.stderr, "released"), r.stdout.lines().count(), "{}", brief(&r));
+}
+
+#[test]
+fn file_store_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
+    batch_stopped_by_a_bad_record_reports_every_key_it_did(&Target::file());
+}
+
+#[test]
+fn etcd_batch_stopped_by_a_bad_record_reports_every_key_it_did() {
+    if let Some(t) = Target::etcd() {
+        batch_stopped_by_a_bad_record_reports_every_key_it_did(&t);
+    }
+}
+
+/// A stopped batch's run, short enough for an assertion message.
+fn brief(r: &Ran) -> String {
+    format!("exit {}, {} lines on stdout, stderr {:?}", r.code, r.stdout.lines().count(), r.stderr)
 }
 
 /// Every command closes the store file before the process exits. A file left open (the runtime

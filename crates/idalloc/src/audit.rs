@@ -7,18 +7,24 @@
 //! snapshot, and where it relies on "nobody holds this key" it compares the key's reference range
 //! empty. So a repair applied after any allocator touched those records simply fails and changes
 //! nothing: a concurrent allocator is never harmed. The I/O (reading at one revision, sending
-//! the txns) is in `check.rs`.
+//! the txns) is in `check.rs`. Every planned txn also passes [`removes_protected`] (`guard.rs`):
+//! no repair deletes a tombstone or a binding an idle key may come back to (DESIGN §8).
 //!
 //! Over 600 lines only with its tests: the audit and the repair planning (`audit`, `plan`) are
-//! about 540 lines of pure code, the rest checks each kind of finding and its repair.
+//! about 560 lines of pure code, the rest checks each kind of finding and its repair.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::Serialize;
 
+mod guard;
+
+pub use guard::removes_protected;
+
 use crate::layout::{encode_id, IdRecord, Layout};
 use crate::pool::PoolSpec;
+use crate::protocol::id_is_allocatable;
 use crate::records::{PoolSnapshot, SpecProblem, SpecProblemKind};
 use crate::store::{Compare, KeyRange, Revision, TxnOp, TxnRequest};
 
@@ -61,7 +67,8 @@ pub enum Finding {
         ref_ids: Vec<u64>,
         key_record: Option<u64>,
     },
-    /// An ID outside the pool's range or reserved, in a key or ID record.
+    /// An ID the pool never hands out (outside its range, without its prefix bits, or reserved),
+    /// in a key or ID record.
     IdOutOfRange { id: u64, key: Option<String>, reserved: bool },
 }
 
@@ -130,7 +137,11 @@ impl fmt::Display for Finding {
                 }
             }
             Finding::IdOutOfRange { id, key, reserved } => {
-                let why = if *reserved { "reserved" } else { "outside the pool's range" };
+                let why = if *reserved {
+                    "reserved"
+                } else {
+                    "outside the pool's range or without its prefix bits"
+                };
                 match key {
                     Some(k) => write!(f, "ID {id} of key {} is {why}", v(k)),
                     None => write!(f, "ID {id} is {why}"),
@@ -286,26 +297,27 @@ pub fn audit(spec: Option<&PoolSpec>, snap: &PoolSnapshot) -> Vec<Finding> {
             });
         }
     }
-    // IDs the spec does not allow.
+    // IDs the spec does not allow. Records hold IDs as handed out, prefix bits included, so
+    // they are compared as the allocator compares them (`id_is_allocatable`), never as raw IDs.
     if let Some(spec) = spec {
         let mut seen = BTreeSet::new();
         for (k, e) in &snap.keys {
             if let Some(id) = e.id {
-                if !spec.is_allocatable(id) && seen.insert(id) {
+                if !id_is_allocatable(spec, id) && seen.insert(id) {
                     out.push(Finding::IdOutOfRange {
                         id,
                         key: Some(k.clone()),
-                        reserved: spec.is_reserved(id),
+                        reserved: is_reserved_id(spec, id),
                     });
                 }
             }
         }
         for (id, e) in &snap.ids {
-            if !spec.is_allocatable(*id) && seen.insert(*id) {
+            if !id_is_allocatable(spec, *id) && seen.insert(*id) {
                 out.push(Finding::IdOutOfRange {
                     id: *id,
                     key: e.record.as_ref().map(|r| r.key().to_string()),
-                    reserved: spec.is_reserved(*id),
+                    reserved: is_reserved_id(spec, *id),
                 });
             }
         }
@@ -331,10 +343,20 @@ pub struct RepairContext<'a> {
     pub spec_revision: Revision,
 }
 
+/// True if handed-out ID `id` carries `spec`'s prefix and its raw part is reserved.
+fn is_reserved_id(spec: &PoolSpec, id: u64) -> bool {
+    spec.strip_prefix(id).is_some_and(|raw| spec.is_reserved(raw))
+}
+
 /// The safe repair of `finding`, or `None` when it needs a person: anything about specs, foreign
-/// or unreadable record names, references whose holders believe in an ID other than the key's, and
-/// every fix that would change the ID a holder was given.
+/// or unreadable record names, references whose holders believe in an ID other than the key's,
+/// every fix that would change the ID a holder was given, and every fix that would delete a record
+/// the pool's reclaim rules still protect ([`removes_protected`]).
 pub fn plan(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Option<Repair> {
+    plan_fix(cx, snap, finding).filter(|r| !removes_protected(cx, snap, &r.txn))
+}
+
+fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Option<Repair> {
     let l = cx.layout;
     let p = snap.pool.as_str();
     let spec_guard = Compare::mod_revision_is(l.pool_spec_key(p), cx.spec_revision);
@@ -364,7 +386,7 @@ pub fn plan(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
             // Rewrite it from the one ID record that binds the key, if that ID is allowed.
             let ids: Vec<u64> = snap.bound().filter(|(_, k)| k == key).map(|(i, _)| i).collect();
             let [id] = ids[..] else { return None };
-            cx.spec.is_allocatable(id).then(|| Repair {
+            id_is_allocatable(cx.spec, id).then(|| Repair {
                 action: format!("rewrite the key record of {key:?} as ID {id}"),
                 txn: txn(
                     vec![
@@ -424,7 +446,7 @@ pub fn plan(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
                 Some(IdRecord::Tombstone(k)) => k == key,
                 Some(IdRecord::Bound(_)) => false,
             };
-            if restorable && cx.spec.is_allocatable(*id) {
+            if restorable && id_is_allocatable(cx.spec, *id) {
                 // Re-create the ID record the key record names: the holders keep their ID.
                 return Some(Repair {
                     action: format!("re-create ID record {id} for key {key:?}"),
@@ -472,7 +494,7 @@ pub fn plan(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
                 None => {
                     // Held: re-create the key record if every holder was given this ID.
                     let all_here = snap.holders(key).all(|(_, r)| r.id == Some(*id));
-                    (all_here && cx.spec.is_allocatable(*id)).then(|| {
+                    (all_here && id_is_allocatable(cx.spec, *id)).then(|| {
                         let mut c = vec![id_guard, key_guard];
                         c.extend(snap.holders(key).map(|(h, r)| {
                             Compare::mod_revision_is(l.ref_key(p, key, h), r.mod_revision)
@@ -492,7 +514,7 @@ pub fn plan(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
             let free = !snap.ids.contains_key(&id);
             let other_ids = snap.bound().any(|(_, k)| k == key);
             let all_same = snap.holders(key).all(|(_, r)| r.id == Some(id));
-            (free && !other_ids && all_same && cx.spec.is_allocatable(id)).then(|| {
+            (free && !other_ids && all_same && id_is_allocatable(cx.spec, id)).then(|| {
                 let mut c = vec![
                     Compare::mod_revision_is(l.id_key(p, id), 0),
                     Compare::mod_revision_is(l.key_key(p, key), 0),
@@ -524,7 +546,9 @@ pub fn plan(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
                 ops.push(TxnOp::delete(l.key_key(p, key)));
             }
             if let Some(e) = snap.ids.get(id) {
-                if e.record.as_ref().is_some_and(|r| r.key() == key) {
+                // A tombstone of the key is left alone: it holds the ID's reuse delay and goes
+                // with its lease (`removes_protected`).
+                if matches!(&e.record, Some(IdRecord::Bound(k)) if k == key) {
                     c.push(Compare::mod_revision_is(l.id_key(p, *id), e.mod_revision));
                     ops.push(TxnOp::delete(l.id_key(p, *id)));
                 }
@@ -734,6 +758,92 @@ mod tests {
         assert_eq!(plan(cx(&l, &s), &sn, &Finding::UnreadableIdValue { id: 1 }), None);
     }
 
+    /// The setup docs/multi-cluster.md recommends: prefix bits, idle grace, reuse delay.
+    fn prefixed() -> PoolSpec {
+        PoolSpec::new(P, 1, 65535)
+            .reserve(50..=50)
+            .prefix(0x10000)
+            .idle_grace(std::time::Duration::from_secs(3600))
+            .reuse_delay(std::time::Duration::from_secs(3600))
+    }
+
+    /// Issue 19, item 1: records hold IDs with their prefix bits; a held binding, an idle one
+    /// (no reference, inside its idle grace) and a tombstone (inside its reuse delay) are all
+    /// healthy, not "outside the pool's range".
+    #[test]
+    fn a_prefixed_pool_is_audited_without_its_prefix() {
+        let l = Layout::default();
+        let s = prefixed();
+        let mut kvs = binding(&l, "held", 0x10007, "h", 5);
+        kvs.push(kv(l.id_key(P, 0x10008), "idle", 6));
+        kvs.push(kv(l.key_key(P, "idle"), encode_id(0x10008), 6));
+        kvs.push(kv(l.id_key(P, 0x10009), IdRecord::Tombstone("gone".into()).encode(), 7));
+        assert_eq!(audit(Some(&s), &snap(&kvs)), vec![]);
+        // Without the prefix, or with its raw part reserved or out of range, it is a breach.
+        for (id, reserved) in [(7, false), (0x10000 | 50, true), (0x10000, false), (0x30007, false)]
+        {
+            let sn = snap(&[kv(l.id_key(P, id), "x", 5), kv(l.key_key(P, "x"), encode_id(id), 5)]);
+            assert_eq!(
+                audit(Some(&s), &sn),
+                vec![Finding::IdOutOfRange { id, key: Some("x".into()), reserved }],
+                "{id:#x}"
+            );
+        }
+        // The repairs that re-create records accept prefixed IDs too.
+        let sn = snap(&[kv(l.ref_key(P, "a", "h"), encode_id(0x10007), 5)]);
+        let f = audit(Some(&s), &sn);
+        assert!(matches!(&f[..], [Finding::RefWithoutBinding { .. }]), "{f:?}");
+        assert!(plan(cx(&l, &s), &sn, &f[0]).is_some(), "{f:?}");
+    }
+
+    /// No repair deletes a tombstone (the ID's reuse delay) or a healthy binding (held, or idle
+    /// inside a grace `check` cannot measure), nor gives their ID to another key.
+    #[test]
+    fn no_repair_removes_a_binding_in_its_grace_or_a_tombstone() {
+        let l = Layout::default();
+        let s = spec();
+        // A tombstone of a forbidden ID: reported, but left to expire with its lease.
+        let kvs = vec![kv(l.id_key(P, 500), IdRecord::Tombstone("a".into()).encode(), 5)];
+        let sn = snap(&kvs);
+        let f = audit(Some(&s), &sn);
+        assert_eq!(
+            f,
+            vec![Finding::IdOutOfRange { id: 500, key: Some("a".into()), reserved: false }]
+        );
+        assert_eq!(plan(cx(&l, &s), &sn, &f[0]), None);
+        // The same with a stale key record naming it: the key record goes, the tombstone stays.
+        let kvs = [kvs, vec![kv(l.key_key(P, "a"), "500", 6)]].concat();
+        let sn = snap(&kvs);
+        let f = audit(Some(&s), &sn);
+        let out_of_range = f.iter().find(|f| matches!(f, Finding::IdOutOfRange { .. }));
+        let r = plan(cx(&l, &s), &sn, out_of_range.expect("found")).expect("a repair");
+        assert_eq!(r.txn.success, vec![TxnOp::delete(l.key_key(P, "a"))]);
+
+        // The rule on the txn itself, whatever finding planned it.
+        let mut kvs = binding(&l, "held", 1, "h", 5);
+        kvs.push(kv(l.id_key(P, 2), "idle", 6));
+        kvs.push(kv(l.key_key(P, "idle"), encode_id(2), 6));
+        kvs.push(kv(l.id_key(P, 3), IdRecord::Tombstone("gone".into()).encode(), 7));
+        kvs.push(kv(l.id_key(P, 4), "stray", 8));
+        let sn = snap(&kvs);
+        let c = cx(&l, &s);
+        let guarded = |op: TxnOp| removes_protected(c, &sn, &TxnRequest::new().and_then([op]));
+        assert!(guarded(TxnOp::delete(l.key_key(P, "idle"))));
+        assert!(guarded(TxnOp::delete(l.id_key(P, 2))));
+        assert!(guarded(TxnOp::delete(l.id_key(P, 1))));
+        assert!(guarded(TxnOp::delete(l.id_key(P, 3))), "a tombstone");
+        assert!(guarded(TxnOp::put(l.id_key(P, 3), "other")), "a tombstoned ID to another key");
+        assert!(guarded(TxnOp::put(l.id_key(P, 2), "other")), "an idle ID to another key");
+        let tomb = |k: &str| IdRecord::Tombstone(k.into()).encode();
+        assert!(guarded(TxnOp::put(l.id_key(P, 2), tomb("idle"))), "an idle binding retired");
+        assert!(guarded(TxnOp::put(l.id_key(P, 3), tomb("gone"))), "a tombstone off its lease");
+        assert!(guarded(TxnOp::put(l.key_key(P, "idle"), encode_id(9))), "an idle key moved");
+        assert!(guarded(TxnOp::delete_range(KeyRange::prefix(l.id_prefix(P)))));
+        assert!(!guarded(TxnOp::delete(l.id_key(P, 4))), "a stray ID record may go");
+        assert!(!guarded(TxnOp::put(l.id_key(P, 3), "gone")), "its own key may come back");
+        assert!(!guarded(TxnOp::put(l.key_key(P, "new"), encode_id(5))));
+    }
+
     #[test]
     fn findings_serialize_with_a_kind_tag() {
         let j = serde_json::to_value(Finding::IdBoundToTwoKeys { id: 1, keys: vec!["a".into()] })
@@ -741,5 +851,10 @@ mod tests {
         assert_eq!(j, serde_json::json!({"kind": "id_bound_to_two_keys", "id": 1, "keys": ["a"]}));
         let msg = Finding::IdOutOfRange { id: 5, key: None, reserved: true }.to_string();
         assert_eq!(msg, "ID 5 is reserved");
+        let msg = Finding::IdOutOfRange { id: 7, key: Some("k".into()), reserved: false };
+        assert_eq!(
+            msg.to_string(),
+            "ID 7 of key \"k\" is outside the pool's range or without its prefix bits"
+        );
     }
 }
