@@ -11,6 +11,7 @@ mod fail;
 mod open;
 mod parse;
 mod progress;
+mod reach;
 mod remotes;
 mod render;
 mod serve;

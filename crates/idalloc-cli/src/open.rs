@@ -53,6 +53,16 @@ pub struct Opened {
 /// Opens the store. `writes` says whether the command may write: read-only commands do not create
 /// a missing store file.
 pub async fn open_store(s: &Settings, writes: bool) -> Result<Opened, Failure> {
+    open_store_bounded(s, writes, s.attempt_timeout()).await
+}
+
+/// [`open_store`] with etcd's connect and request timeouts set to `etcd_timeout` (a remote's
+/// whole budget, `remotes::Budget`, instead of one attempt's share of `--timeout`).
+pub async fn open_store_bounded(
+    s: &Settings,
+    writes: bool,
+    etcd_timeout: Duration,
+) -> Result<Opened, Failure> {
     match &s.url {
         StoreUrl::Memory => {
             Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: false })
@@ -81,8 +91,8 @@ pub async fn open_store(s: &Settings, writes: bool) -> Result<Opened, Failure> {
         }
         StoreUrl::Etcd { endpoints, .. } => {
             let mut opts = EtcdOptions::new(endpoints.clone());
-            opts.connect_timeout = s.attempt_timeout();
-            opts.request_timeout = s.attempt_timeout();
+            opts.connect_timeout = etcd_timeout;
+            opts.request_timeout = etcd_timeout;
             opts.tls = s.etcd.tls.clone();
             opts.auth = s.etcd.auth.clone();
             match EtcdStore::connect(opts).await {

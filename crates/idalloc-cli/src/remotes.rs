@@ -9,14 +9,14 @@
 use std::collections::BTreeMap;
 
 use clap::Args;
-use idalloc::remote::RemoteReader;
-use idalloc::{Cluster, ClusterEvent, Event, Pool, RemoteOptions, RemotePool};
+use idalloc::{Cluster, ClusterEvent, Event, Pool, RemotePool};
 use serde_json::{json, Value};
 
 use crate::commands::Out;
 use crate::fail::Failure;
-use crate::open::{self, Settings};
+use crate::open::Settings;
 use crate::parse::{self, StoreUrl};
+use crate::reach::{self, Named};
 use crate::render::{table, text};
 
 /// One `--remote` flag.
@@ -59,97 +59,37 @@ impl RemoteArgs {
     }
 }
 
-/// Opens every remote store and starts its view of `pool`. With `synced`, waits (up to
-/// `--timeout`) until each view holds the remote pool.
+impl RemoteArgs {
+    /// The remotes as (name, URL), refusing a name given twice.
+    fn named(&self) -> Result<Vec<Named<'_>>, Failure> {
+        let mut out: Vec<Named<'_>> = Vec::new();
+        for r in &self.remotes {
+            if out.iter().any(|(n, _)| *n == r.name) {
+                return Err(Failure::usage(format!(
+                    "--remote {:?} is given twice: every remote needs its own name",
+                    r.name
+                )));
+            }
+            out.push((&r.name, &r.url));
+        }
+        Ok(out)
+    }
+}
+
+/// Opens every remote store and starts its view of `pool`, all at once. With `synced`, waits
+/// until each view holds its remote pool; each remote has `--timeout` for all of it
+/// (`reach::Budget`).
 pub async fn attach(
     settings: &Settings,
     pool: &Pool,
     args: &RemoteArgs,
     synced: bool,
 ) -> Result<Vec<RemotePool>, Failure> {
-    let mut views = Vec::new();
-    let mut names: Vec<&str> = Vec::new();
-    for r in &args.remotes {
-        if names.contains(&r.name.as_str()) {
-            return Err(Failure::usage(format!(
-                "--remote {:?} is given twice: every remote needs its own name",
-                r.name
-            )));
-        }
-        names.push(&r.name);
-        let (url, etcd) = crate::connect::remote_connection(&r.url, &settings.etcd)
-            .map_err(|f| Failure { message: format!("--remote {}: {}", r.name, f.message), ..f })?;
-        let s = Settings { url, etcd, ..settings.clone() };
-        let opened = open::open_store(&s, false).await?;
-        let opts = RemoteOptions {
-            prefix: settings.prefix.clone(),
-            request_timeout: settings.attempt_timeout(),
-            probe_interval: settings.attempt_timeout(),
-            ..RemoteOptions::default()
-        };
-        let view = pool.watch_remote(&r.name, opened.store, opts).await.map_err(|e| {
-            let f = Failure::from(e.clone());
-            Failure { message: format!("--remote {}: {}", r.name, e), ..f }
-        })?;
-        views.push(view);
-    }
-    if synced {
-        for v in &views {
-            if tokio::time::timeout(settings.timeout, v.wait_synced()).await.is_err() {
-                return Err(Failure::runtime(format!(
-                    "--remote {}: its pool could not be read within {:?} (--timeout)",
-                    v.name(),
-                    settings.timeout
-                )));
-            }
-        }
-    }
-    Ok(views)
+    reach::views(settings, pool, &args.named()?, synced).await
 }
 
-/// Opens a direct reader of every remote (one-shot answers: its spec is read and checked as for
-/// a view, then only the records a question needs; no listing of the remote pool).
-async fn readers(
-    settings: &Settings,
-    pool: &Pool,
-    args: &RemoteArgs,
-) -> Result<Vec<RemoteReader>, Failure> {
-    let mut readers: Vec<RemoteReader> = Vec::new();
-    for r in &args.remotes {
-        if readers.iter().any(|x| x.cluster().name() == r.name) {
-            return Err(Failure::usage(format!(
-                "--remote {:?} is given twice: every remote needs its own name",
-                r.name
-            )));
-        }
-        let (url, etcd) = crate::connect::remote_connection(&r.url, &settings.etcd)
-            .map_err(|f| Failure { message: format!("--remote {}: {}", r.name, f.message), ..f })?;
-        let s = Settings { url, etcd, ..settings.clone() };
-        let opened = open::open_store(&s, false).await?;
-        let opts = RemoteOptions {
-            prefix: settings.prefix.clone(),
-            request_timeout: settings.attempt_timeout(),
-            ..RemoteOptions::default()
-        };
-        let mut others = vec![(Cluster::Local, idalloc::remote::id_space(pool.spec()))];
-        others.extend(readers.iter().map(|x| (x.cluster(), x.space())));
-        let reader = RemoteReader::open(&r.name, pool.spec(), opened.store, &opts, &others)
-            .await
-            .map_err(|e| {
-            let f = Failure::from(e.clone());
-            Failure { message: format!("--remote {}: {}", r.name, e), ..f }
-        })?;
-        readers.push(reader);
-    }
-    Ok(readers)
-}
-
-fn remote_failure(r: &RemoteReader, e: idalloc::Error) -> Failure {
-    let f = Failure::from(e.clone());
-    Failure { message: format!("--remote {}: {}", r.cluster(), e), ..f }
-}
-
-/// `get POOL KEY --remote ...`: the key's ID in every cluster that has one.
+/// `get POOL KEY --remote ...`: the key's ID in every cluster that has one (every remote is
+/// asked, at once).
 pub async fn get(
     settings: &Settings,
     pool: &Pool,
@@ -157,10 +97,17 @@ pub async fn get(
     args: &RemoteArgs,
     out: Out,
 ) -> Result<u8, Failure> {
+    let named = args.named()?;
     let local = pool.get_consistent(key).await?;
     let mut found: Vec<(Cluster, u64)> = local.map(|id| (Cluster::Local, id)).into_iter().collect();
-    for r in readers(settings, pool, args).await? {
-        if let Some(id) = r.get(key).await.map_err(|e| remote_failure(&r, e))? {
+    let readers = reach::readers(settings, pool, &named).await?;
+    let answers = futures::future::join_all(readers.iter().map(|(r, budget)| {
+        let name = r.cluster();
+        async move { budget.run(name.name(), async { Ok(r.get(key).await?) }).await }
+    }))
+    .await;
+    for ((r, _), answer) in readers.iter().zip(answers) {
+        if let Some(id) = answer? {
             found.push((r.cluster(), id));
         }
     }
@@ -187,6 +134,8 @@ fn names(args: &RemoteArgs) -> String {
 }
 
 /// `lookup POOL ID --remote ...`: the key of the ID, in the one cluster whose ID space holds it.
+/// An ID of the local pool's space asks no remote; another asks the remotes for their spaces at
+/// once and waits only until one that holds it answers (`reach::route`).
 pub async fn lookup(
     settings: &Settings,
     pool: &Pool,
@@ -194,17 +143,12 @@ pub async fn lookup(
     args: &RemoteArgs,
     out: Out,
 ) -> Result<u8, Failure> {
+    let named = args.named()?;
     let (lo, hi) = idalloc::remote::id_space(pool.spec());
-    let readers = readers(settings, pool, args).await?;
     let found = if id >= lo && id <= hi {
         pool.key_of_consistent(id).await?.map(|k| (Cluster::Local, k))
     } else {
-        match readers.iter().find(|r| id >= r.space().0 && id <= r.space().1) {
-            Some(r) => {
-                r.key_of(id).await.map_err(|e| remote_failure(r, e))?.map(|k| (r.cluster(), k))
-            }
-            None => None,
-        }
+        reach::route(settings, pool, &named, id).await?
     };
     match found {
         Some((c, key)) => {

@@ -254,3 +254,68 @@ fn watch_of_a_remote_larger_than_the_event_buffer_starts_with_synced() {
     let status = child.wait().expect("wait");
     assert_eq!(status.code(), Some(0));
 }
+
+/// A remote that is there but never answers, as a SIGSTOPped etcd looks to its clients: a TCP
+/// listener on loopback that accepts every connection and never writes. Its thread and the held
+/// connections live until the test process ends.
+fn frozen_remote() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in listener.incoming() {
+            match conn {
+                Ok(c) => held.push(c),
+                Err(_) => return,
+            }
+        }
+    });
+    format!("etcd://{addr}")
+}
+
+/// The seconds of "no answer after N.Ns" in a message.
+fn waited(message: &str) -> f64 {
+    let at = message.find("no answer after ").expect("the wait") + "no answer after ".len();
+    let rest = &message[at..];
+    rest[..rest.find('s').expect("seconds")].parse().expect("a number")
+}
+
+/// Issue 19 item 5: with one remote frozen, `lookup` of an ID the local pool's or a live
+/// remote's prefix bits route elsewhere must answer (it failed with exit 1 after waiting for the
+/// frozen remote's spec); an ID only the frozen remote could hold fails naming it and the time
+/// really waited; `get`, which needs every cluster, fails the same way.
+#[test]
+fn lookup_routes_by_prefix_bits_past_a_frozen_remote() {
+    let Some((ea, eb)) = servers() else { return };
+    let (a, b) = (ea.endpoint(), eb.endpoint());
+    let remote_b = format!("b={}", b.replace("http://", "etcd://"));
+    let remote_c = format!("c={}", frozen_remote());
+    ok(&a, &["pool", "create", "ids", "--range", "1-65535", "--prefix-bits", "0x10000"]);
+    ok(&b, &["pool", "create", "ids", "--range", "1-65535", "--prefix-bits", "0x20000"]);
+    let a_id = id(&a, &["acquire", "ids", "a-key"]).to_string();
+    let b_id = id(&b, &["acquire", "ids", "b-key"]).to_string();
+    let both = |args: &[&str]| {
+        let mut v: Vec<String> = vec!["--timeout".into(), "3s".into()];
+        v.extend(args.iter().map(|s| s.to_string()));
+        v.extend(["--remote".into(), remote_b.clone(), "--remote".into(), remote_c.clone()]);
+        run(&a, &v.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+
+    // The local pool's prefix: no remote is asked.
+    let r = both(&["lookup", "ids", &a_id]);
+    assert_eq!((r.code, r.stdout.as_str()), (0, "local\ta-key\n"), "{}", r.stderr);
+    // b's prefix: b answers, c is not waited for.
+    let r = both(&["lookup", "ids", &b_id]);
+    assert_eq!((r.code, r.stdout.as_str()), (0, "b\tb-key\n"), "{}", r.stderr);
+    // An ID in no space that answered (c's space is unknown): the command needs c.
+    let r = both(&["lookup", "ids", &((3u64 << 16) | 5).to_string()]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("--remote c: no answer after"), "{}", r.stderr);
+    assert!(!r.stderr.contains("--remote b"), "b answered: {}", r.stderr);
+    assert!(waited(&r.stderr) >= 3.0, "the message states the real wait: {}", r.stderr);
+    // get asks every cluster.
+    let r = both(&["get", "ids", "a-key"]);
+    assert_eq!(r.code, 1, "{}", r.stderr);
+    assert!(r.stderr.contains("--remote c: no answer after"), "{}", r.stderr);
+    assert!(waited(&r.stderr) >= 3.0, "{}", r.stderr);
+}

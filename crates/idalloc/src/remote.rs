@@ -34,6 +34,8 @@ pub use handle::RemotePool;
 pub use options::RemoteOptions;
 pub use reader::RemoteReader;
 pub use space::{check_overlap, id_space, Spaces};
-pub use validate::{validate_entry, validate_remote_name, Validator};
+pub use validate::{
+    upserts_only, validate_delete, validate_entry, validate_remote_name, ChangeKind, Validator,
+};
 
 pub(crate) use view::{open, replay, Neighbours, RemoteView};

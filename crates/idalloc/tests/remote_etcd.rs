@@ -242,16 +242,13 @@ async fn overlapping_remotes_are_refused_and_invalid_entries_dropped_and_counted
         .txn(TxnRequest::new().and_then([put(0x1_0005, "stray"), put(0x2_0007, "bad-key")]))
         .await
         .expect("raw write");
-    let no_bad: Validator =
-        Arc::new(
-            |_, key: &str| {
-                if key.starts_with("bad") {
-                    Err(format!("{key:?} is banned"))
-                } else {
-                    Ok(())
-                }
-            },
-        );
+    let no_bad: Validator = idalloc::remote::upserts_only(|_, key: &str| {
+        if key.starts_with("bad") {
+            Err(format!("{key:?} is banned"))
+        } else {
+            Ok(())
+        }
+    });
     let opts = RemoteOptions { validators: vec![no_bad], ..remote_opts() };
     let view = a
         .pool

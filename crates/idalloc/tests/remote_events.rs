@@ -77,3 +77,71 @@ async fn subscribers_before_the_first_listing_get_every_binding_then_synced_with
     let e = tokio::time::timeout(Duration::from_secs(10), one.recv()).await.unwrap().unwrap();
     assert_eq!(e, Event::Upsert { id, key: "late".into() });
 }
+
+/// Issue 19 item 7: validators are told the kind of change, deletes reach them, and a rejected
+/// delete keeps the binding shown (as Cilium's cache validators skip a rejected event) — through
+/// a watch event and through a re-listing after an outage; an accepted delete removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletes_reach_the_validators_and_a_refused_delete_keeps_the_binding() {
+    use idalloc::remote::{ChangeKind, Validator};
+    use idalloc_testkit::fault::{FaultConfig, FaultStore};
+    use std::sync::Mutex;
+
+    let (_local, pool, raw, _remote, rpool) = clusters(4096, 0).await;
+    let keep = rpool.acquire_durable("keep-me", "h").await.unwrap().id;
+    let gone = rpool.acquire_durable("let-go", "h").await.unwrap().id;
+    let asked: Arc<Mutex<Vec<(ChangeKind, u64, String)>>> = Arc::default();
+    let log = asked.clone();
+    let guard: Validator = Arc::new(move |kind, id, key: &str| {
+        log.lock().unwrap().push((kind, id, key.to_string()));
+        match kind {
+            ChangeKind::Delete if key.starts_with("keep") => Err(format!("{key} is vouched for")),
+            _ => Ok(()),
+        }
+    });
+    let faulty = Arc::new(FaultStore::new(raw, 1, FaultConfig::default()).unwrap());
+    let opts = RemoteOptions {
+        validators: vec![guard],
+        probe_interval: Duration::from_millis(100),
+        request_timeout: Duration::from_millis(500),
+        ..RemoteOptions::default()
+    };
+    let view = pool.watch_remote("b", faulty.clone() as Arc<dyn Store>, opts).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), view.wait_synced()).await.expect("synced");
+    assert_eq!(view.len(), 2);
+    assert!(asked.lock().unwrap().contains(&(ChangeKind::Upsert, keep, "keep-me".into())));
+
+    // Both bindings deleted in b: the view asks about each; one delete is refused.
+    let mut events = view.events();
+    for _ in 0..3 {
+        events.recv().await.unwrap(); // the replay: two upserts and Synced
+    }
+    rpool.release_durable("keep-me", "h").await.unwrap();
+    rpool.release_durable("let-go", "h").await.unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), events.recv()).await.unwrap().unwrap();
+    assert_eq!(e, Event::Delete { id: gone, key: "let-go".into() });
+    assert!(rpool.key_of(keep).is_none() && rpool.key_of(gone).is_none(), "both gone in b");
+    let deletes = |a: &Mutex<Vec<(ChangeKind, u64, String)>>| {
+        a.lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, ..)| *k == ChangeKind::Delete)
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let seen = deletes(&asked);
+    assert!(seen.contains(&(ChangeKind::Delete, gone, "let-go".into())), "{seen:?}");
+    assert!(seen.contains(&(ChangeKind::Delete, keep, "keep-me".into())), "{seen:?}");
+    assert_eq!(view.key_of(keep).as_deref(), Some("keep-me"), "a refused delete keeps the binding");
+    assert_eq!(view.key_of(gone), None);
+    assert!(view.dropped() >= 1);
+
+    // A re-listing after an outage lacks the binding too: asked again, kept again.
+    asked.lock().unwrap().clear();
+    faulty.partition(true);
+    tokio::time::timeout(Duration::from_secs(10), view.wait_stale()).await.expect("stale");
+    faulty.partition(false);
+    tokio::time::timeout(Duration::from_secs(10), view.wait_synced()).await.expect("resynced");
+    assert_eq!(deletes(&asked), vec![(ChangeKind::Delete, keep, "keep-me".into())]);
+    assert_eq!(view.snapshot(), vec![(keep, "keep-me".to_string())]);
+}

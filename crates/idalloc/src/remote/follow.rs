@@ -14,7 +14,9 @@ use crate::metrics;
 use crate::store::{KeyRange, KeyValue, Revision, StoreError, WatchEvent};
 
 use super::cluster::RemoteState;
-use super::validate::{screen_event, screen_listing};
+use super::validate::{
+    keep_refused_deletes, screen_delete, screen_event, screen_listing, validate_delete,
+};
 use super::view::{lock, Neighbours, RemoteView};
 
 impl RemoteView {
@@ -86,9 +88,18 @@ impl Sink for RemoteSink {
             }
             // Screened under the lock: the space cannot change between screening and applying.
             let space = g.space;
-            let (kept, why) =
+            let (mut kept, mut dropped) =
                 screen_listing(kvs, |k| v.parse_id(k), |id, key| v.check(space, id, key));
-            let dropped = why;
+            // Bindings the listing would remove are put to the validators (none: nothing to ask).
+            if !v.validators.is_empty() {
+                dropped.extend(keep_refused_deletes(
+                    &mut kept,
+                    &g.cache.snapshot(),
+                    |k| v.parse_id(k),
+                    |id| v.layout.id_key(&v.pool, id),
+                    |id, key| validate_delete(&v.validators, id, key),
+                ));
+            }
             let events = g.cache.replace_all(&kept, revision, |k| v.parse_id(k));
             // Exactly one `Synced` per listing, after its changes, all as one message.
             let mut events: Vec<Event> =
@@ -136,6 +147,17 @@ impl Sink for RemoteSink {
             for ev in events {
                 let (ev, why) =
                     screen_event(ev, |k| v.parse_id(k), |id, key| v.check(space, id, key));
+                dropped.extend(why);
+                // An event that would remove a shown binding is put to the validators.
+                let (ev, why) = if v.validators.is_empty() {
+                    (ev, None)
+                } else {
+                    let id = v.parse_id(&ev.kv().key);
+                    let shown = id.and_then(|id| g.cache.key_of(id).map(str::to_string));
+                    screen_delete(ev, id, shown.as_deref(), |id, key| {
+                        validate_delete(&v.validators, id, key)
+                    })
+                };
                 dropped.extend(why);
                 changes.extend(g.cache.apply(&ev, |k| v.parse_id(k)));
             }

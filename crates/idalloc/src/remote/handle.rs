@@ -94,7 +94,8 @@ impl RemotePool {
         self.len() == 0
     }
 
-    /// Entries dropped by validation so far (each listing or event that carried one counts).
+    /// Changes refused by validation so far: entries dropped and deletes refused (each listing or
+    /// event that carried one counts).
     pub fn dropped(&self) -> u64 {
         self.view.dropped.load(Ordering::Relaxed)
     }

@@ -10,7 +10,8 @@ use super::validate::Validator;
 pub struct RemoteOptions {
     /// Root of the remote's store keys (its `AllocatorOptions::prefix`).
     pub prefix: String,
-    /// Checks beyond the built-in ones (ID in the remote's declared space, valid key).
+    /// Checks beyond the built-in ones (ID in the remote's declared space, valid key), of upserts
+    /// and of deletes of shown bindings (a refused delete keeps the binding: [`Validator`]).
     pub validators: Vec<Validator>,
     /// After the remote has been unreachable this long, drop its entries (with `Delete` events)
     /// rather than keep serving them. `None`: serve the stale view until it reconnects.

@@ -104,6 +104,11 @@ impl RemoteReader {
         Cluster::Remote(self.name.clone())
     }
 
+    /// The remote pool's spec, as read when the reader was opened.
+    pub fn spec(&self) -> &PoolSpec {
+        &self.spec
+    }
+
     /// The remote pool's ID space.
     pub fn space(&self) -> (u64, u64) {
         id_space(&self.spec)
