@@ -89,6 +89,8 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
             max_backoff: Duration::from_millis(500),
         },
         sweep_interval: Some(a.sweep_interval),
+        // Client sessions are named in the namespace durable holders may not use.
+        holder: Some(idalloc_server::sessions::service_holder()),
         ..AllocatorOptions::default()
     };
     let alloc = Allocator::from_arc(store.clone(), opts)

@@ -118,13 +118,15 @@ fn owner(
 ) -> ApiResult<Owner> {
     match (session, holder) {
         (Some(s), None) => Ok(Owner::Session(st.sessions.get(&s, client)?)),
-        (None, Some(h)) => {
-            idalloc::pool::validate_holder(&h)?;
+        (None, Some(given)) => {
+            idalloc::pool::validate_holder(&given)?;
             let h = match client {
-                Some(c) => c.holder(&h),
-                None => h,
+                Some(c) => c.holder(&given),
+                None => given.clone(),
             };
             idalloc::pool::validate_holder(&h)?;
+            // Sessions own their holder names (issue 20 item 4).
+            st.sessions.check_durable_holder(&given, &h)?;
             Ok(Owner::Holder(h))
         }
         (Some(_), Some(_)) => {

@@ -12,6 +12,15 @@
 //! After that instance stops, the client's renewals fail with `session_not_found`; its references
 //! stay until the lease's TTL, so a client that opens a new session elsewhere and re-acquires its
 //! keys within the TTL gets the same IDs back.
+//!
+//! **Sessions own their holder names** (issue 20 item 4). A session's holder name is visible to
+//! anyone who can list the pool; if a durable acquire or release could use it, anyone could release
+//! the session's references, or add a durable reference under the same name that outlives the
+//! lease (the ID would then stay bound after the session ended). So the service names its
+//! sessions in a reserved namespace ([`SESSION_HOLDER_PREFIX`], through the allocator holder
+//! [`service_holder`] it gives the library) and [`check_durable_holder`] refuses every durable
+//! holder in that namespace, whichever instance opened the session and whether it is still live;
+//! holders of live sessions of this instance are refused too (also if they predate the prefix).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -20,8 +29,40 @@ use std::time::Instant;
 use idalloc::ClientSession;
 use rand::RngCore;
 
+use axum::http::StatusCode;
+
 use crate::auth::Client;
 use crate::error::ApiError;
+
+/// Every session holder of a service starts with this (the library names a client session's
+/// holder `<allocator holder>-c<lease>`, and the service's allocator holder starts with it).
+/// Durable holder names starting with it are refused: the namespace belongs to sessions.
+pub const SESSION_HOLDER_PREFIX: &str = "session:";
+
+/// The allocator holder name the service runs with: `session:<host>-<8 hex>`, so that every
+/// client session it opens is named in the reserved namespace.
+pub fn service_holder() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty() && !h.contains('/'))
+        .unwrap_or_else(|| "host".to_string());
+    format!("{SESSION_HOLDER_PREFIX}{host}-{:08x}", rand::random::<u32>())
+}
+
+/// The refusal of a durable acquire or release naming a session's holder: 409 `holder_reserved`.
+fn holder_reserved(holder: &str, why: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::CONFLICT,
+        "holder_reserved",
+        format!(
+            "holder {} {why}; a durable acquire or release cannot use it: act through the session \
+             (\"session\": ID) or choose another holder name",
+            idalloc::error::show_value(holder)
+        ),
+    )
+}
 
 /// Open sessions by id, with when each was last renewed.
 #[derive(Default)]
@@ -101,6 +142,23 @@ impl Sessions {
         self.lock().retain(|_, e| !e.over());
     }
 
+    /// Whether a durable request may use holder `given` (as the client sent it), `stored` being the
+    /// name it stands for in the store (namespaced by the client with tokens). Refused: names in
+    /// the sessions' namespace, and the holder of any session registered here.
+    pub fn check_durable_holder(&self, given: &str, stored: &str) -> Result<(), ApiError> {
+        if given.starts_with(SESSION_HOLDER_PREFIX) || stored.starts_with(SESSION_HOLDER_PREFIX) {
+            return Err(holder_reserved(
+                given,
+                &format!("is in the namespace of client sessions (names starting with {SESSION_HOLDER_PREFIX:?})"),
+            ));
+        }
+        if self.lock().values().any(|e| e.session.holder() == stored || e.session.holder() == given)
+        {
+            return Err(holder_reserved(given, "belongs to a client session"));
+        }
+        Ok(())
+    }
+
     /// Sessions registered now (over or not).
     pub fn len(&self) -> usize {
         self.lock().len()
@@ -114,6 +172,19 @@ impl Sessions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_service_holder_is_in_the_reserved_namespace() {
+        let h = service_holder();
+        assert!(h.starts_with(SESSION_HOLDER_PREFIX), "{h}");
+        idalloc::pool::validate_holder(&h).expect("valid holder");
+        let s = Sessions::default();
+        assert!(s.check_durable_holder("node-1", "node-1").is_ok());
+        let e =
+            s.check_durable_holder(&format!("{h}-c1"), &format!("{h}-c1")).expect_err("reserved");
+        assert_eq!((e.status.as_u16(), e.kind), (409, "holder_reserved"));
+        assert!(e.message.contains(&h), "{}", e.message);
+    }
 
     #[test]
     fn ids_are_long_random_and_distinct() {
