@@ -100,3 +100,131 @@ fn sessions_own_their_holder_names() {
             .err(409, "holder_reserved");
     }
 }
+
+/// Per-pool grants and quotas of the tokens file, each allowed and refused.
+#[test]
+fn grants_and_quotas_of_the_tokens_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tokens, tk) = tokens_file(
+        dir.path(),
+        &[
+            "a allocate file:a.token read=shared write=vni-a* sessions=2 refs=3",
+            "r read file:r.token rate=1 burst=2",
+            "boss admin file:boss.token",
+        ],
+    );
+    let s = start(dir.path(), &["--auth-tokens", tokens.to_str().expect("utf-8")]);
+    let (a, r, boss) = (Some(token(&tk, "a")), Some(token(&tk, "r")), Some(token(&tk, "boss")));
+    for p in ["vni-a1", "vni-b1", "shared"] {
+        call(&s, "POST", "/v1/pools", boss, Some(json!({"name":p,"min":1,"max":100}))).ok();
+    }
+    call(&s, "POST", "/v1/pools/vni-b1/acquire", boss, Some(json!({"key":"x","holder":"h"}))).ok();
+
+    // Grants: write vni-a*, read shared (and what it may write); nothing else, not even listed.
+    call(&s, "POST", "/v1/pools/vni-a1/acquire", a, Some(json!({"key":"k1","holder":"h"}))).ok();
+    for p in ["vni-b1", "shared"] {
+        let msg = call(
+            &s,
+            "POST",
+            &format!("/v1/pools/{p}/acquire"),
+            a,
+            Some(json!({"key":"k","holder":"h"})),
+        )
+        .err(403, "forbidden");
+        assert!(msg.contains(&format!("{p:?}")) && msg.contains("write=vni-a*"), "{msg}");
+    }
+    call(&s, "GET", "/v1/pools/shared", a, None).ok();
+    call(&s, "GET", "/v1/pools/vni-a1/bindings", a, None).ok();
+    for path in [
+        "/v1/pools/vni-b1",
+        "/v1/pools/vni-b1/bindings",
+        "/v1/pools/vni-b1/watch",
+        "/v1/pools/vni-b1/keys/x",
+    ] {
+        let msg = call(&s, "GET", path, a, None).err(403, "forbidden");
+        assert!(msg.contains("\"vni-b1\""), "{path}: {msg}");
+    }
+    let names = |t| {
+        let l = call(&s, "GET", "/v1/pools", t, None).ok();
+        let mut v: Vec<String> = l["pools"]
+            .as_array()
+            .expect("pools")
+            .iter()
+            .map(|p| p["name"].as_str().expect("name").to_string())
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(a), ["shared", "vni-a1"]);
+    assert_eq!(names(boss), ["shared", "vni-a1", "vni-b1"]);
+    let m = call(&s, "GET", "/metrics", boss, None).text;
+    assert!(m.contains("pool=\"vni-b1\""), "the test needs per-pool samples");
+    let m = call(&s, "GET", "/metrics", a, None).text;
+    assert!(!m.contains("pool=\"vni-b1\"") && m.contains("pool=\"vni-a1\""), "{m}");
+
+    // refs=3 per pool: the 4th reference is refused and not written; an idempotent re-acquire
+    // and a release still pass; a session's references count too.
+    call(&s, "POST", "/v1/pools/vni-a1/acquire", a, Some(json!({"keys":["k2","k1"],"holder":"h"})))
+        .ok();
+    let sess = call(&s, "POST", "/v1/sessions", a, Some(json!({"ttl":30}))).ok();
+    let sid = sess["session"].as_str().expect("session").to_string();
+    call(&s, "POST", "/v1/pools/vni-a1/acquire", a, Some(json!({"key":"k3","session":sid}))).ok();
+    let msg = call(
+        &s,
+        "POST",
+        "/v1/pools/vni-a1/acquire",
+        a,
+        Some(json!({"keys":["k4","k1"],"holder":"h2"})),
+    )
+    .err(429, "quota_exceeded");
+    assert!(
+        msg.contains("refs=3") && msg.contains("\"vni-a1\"") && msg.contains("holds 3"),
+        "{msg}"
+    );
+    call(&s, "GET", "/v1/pools/vni-a1/keys/k4?consistent=true", a, None).err(404, "not_found");
+    call(&s, "POST", "/v1/pools/vni-a1/acquire", a, Some(json!({"key":"k1","holder":"h"}))).ok();
+    call(&s, "POST", "/v1/pools/vni-a1/release", a, Some(json!({"key":"k1","holder":"h"}))).ok();
+    call(&s, "POST", "/v1/pools/vni-a1/acquire", a, Some(json!({"key":"k4","holder":"h"}))).ok();
+
+    // sessions=2: one is open; the second passes, the third is refused until one ends.
+    let second = call(&s, "POST", "/v1/sessions", a, Some(json!({"ttl":30}))).ok();
+    let msg =
+        call(&s, "POST", "/v1/sessions", a, Some(json!({"ttl":30}))).err(429, "quota_exceeded");
+    assert!(msg.contains("sessions=2"), "{msg}");
+    let id2 = second["session"].as_str().expect("session");
+    call(&s, "DELETE", &format!("/v1/sessions/{id2}"), a, None).ok();
+    call(&s, "POST", "/v1/sessions", a, Some(json!({"ttl":30}))).ok();
+    // Another client's sessions are not counted against it.
+    call(&s, "POST", "/v1/sessions", boss, Some(json!({"ttl":30}))).ok();
+
+    // rate=1 burst=2: of 10 requests sent at once, at most the burst plus one per second passes;
+    // the refusals are 429 rate_limited with Retry-After.
+    let agent = plain_agent(Duration::from_secs(30));
+    let start = std::time::Instant::now();
+    let (mut passed, mut refused) = (0u64, 0u64);
+    for _ in 0..10 {
+        let mut resp = agent
+            .get(&s.http("/v1/pools"))
+            .header("authorization", &format!("Bearer {}", r.expect("r")))
+            .call()
+            .expect("transport");
+        match resp.status().as_u16() {
+            200 => passed += 1,
+            429 => {
+                refused += 1;
+                let after = resp.headers().get("retry-after").and_then(|v| v.to_str().ok());
+                assert_eq!(after, Some("1"));
+                let body: Value =
+                    serde_json::from_str(&resp.body_mut().read_to_string().expect("body"))
+                        .expect("JSON");
+                assert_eq!(body["kind"], "rate_limited", "{body}");
+                assert!(body["message"].as_str().is_some_and(|m| m.contains("\"r\"")), "{body}");
+            }
+            other => panic!("status {other}"),
+        }
+    }
+    assert!(passed <= 2 + start.elapsed().as_secs() + 1, "{passed} passed");
+    assert!(refused > 0 || start.elapsed() > Duration::from_secs(8), "none refused");
+    // Other clients are not slowed by r's bucket.
+    call(&s, "GET", "/v1/pools", a, None).ok();
+}

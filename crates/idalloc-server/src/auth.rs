@@ -5,6 +5,10 @@
 //!   `NAME SCOPE file:PATH` (a file holding the token itself, e.g. a Kubernetes secret mount).
 //! - [`required`] is the pure decision of which scope each route needs; the router's middleware
 //!   ([`require_token`]) applies it, so the handlers only see an authenticated [`Client`].
+//! - Each line may grant pools by name or glob, for reading and writing, and set quotas
+//!   (`read=vni-* write=vni-a sessions=10 refs=1000 rate=50`): [`crate::grants`] parses and
+//!   decides, [`require_token`] refuses a pool outside the grants (403) and a client over its rate
+//!   (429, [`crate::quota`]).
 //! - With tokens, durable holder names are namespaced by the client ([`Client::holder`]) and
 //!   sessions belong to the client that opened them, so one client cannot release another's
 //!   references.
@@ -19,13 +23,16 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{MatchedPath, RawPathParams, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::RequestExt;
 use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
+use crate::grants::{pool_access, Policy, OPTIONS};
+use crate::quota::Rate;
 use crate::AppState;
 
 /// What a client may do. Each scope includes the ones before it.
@@ -64,12 +71,16 @@ impl fmt::Display for Scope {
     }
 }
 
-/// An authenticated client: its name (from the tokens file) and scope. Put in the request's
-/// extensions by [`require_token`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An authenticated client: its name (from the tokens file), scope, pool grants and quotas. Put
+/// in the request's extensions by [`require_token`].
+#[derive(Clone, Debug)]
 pub struct Client {
     pub name: Arc<str>,
     pub scope: Scope,
+    /// Pools it may read and write, and its quotas (everything, none: a line without options).
+    pub policy: Arc<Policy>,
+    /// Its request-rate bucket (`rate=` in the tokens file), shared by all its requests.
+    pub rate: Option<Arc<Rate>>,
 }
 
 /// Separates a client's name from its own holder name in the store (`NAME/HOLDER`). Client names
@@ -77,6 +88,11 @@ pub struct Client {
 pub const HOLDER_SEPARATOR: char = '/';
 
 impl Client {
+    /// A client with every pool granted and no quota.
+    pub fn new(name: &str, scope: Scope) -> Client {
+        Client { name: name.into(), scope, policy: Arc::new(Policy::default()), rate: None }
+    }
+
     /// The durable holder name `holder` of this client stands for in the store.
     pub fn holder(&self, holder: &str) -> String {
         format!("{}{HOLDER_SEPARATOR}{holder}", self.name)
@@ -110,8 +126,9 @@ impl fmt::Debug for Tokens {
 /// Tokens shorter than this are refused in `file:` entries (a guessable token is no token).
 pub const MIN_TOKEN_BYTES: usize = 16;
 
-const FORMAT: &str = "each line is `NAME SCOPE sha256:HEX` or `NAME SCOPE file:PATH` \
-     (NAME [a-z0-9][a-z0-9._-]{0,62}, SCOPE read|allocate|admin; # starts a comment)";
+const FORMAT: &str = "each line is `NAME SCOPE sha256:HEX [OPTION...]` or `NAME SCOPE \
+     file:PATH [OPTION...]` (NAME [a-z0-9][a-z0-9._-]{0,62}, SCOPE read|allocate|admin, OPTION \
+     read=POOLS write=POOLS sessions=N refs=N rate=N burst=N; # starts a comment)";
 
 fn valid_name(name: &str) -> bool {
     let b = name.as_bytes();
@@ -155,9 +172,14 @@ impl Tokens {
                 continue;
             }
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [name, scope, secret] = fields[..] else {
-                return Err(format!("line {n}: {} fields, expected 3: {FORMAT}", fields.len()));
+            let [name, scope, secret, ref options @ ..] = fields[..] else {
+                return Err(format!(
+                    "line {n}: {} fields, expected at least 3: {FORMAT}",
+                    fields.len()
+                ));
             };
+            let policy = Policy::parse(options)
+                .map_err(|e| format!("line {n}: client {name:?}: {e} ({OPTIONS})"))?;
             if !valid_name(name) {
                 return Err(format!("line {n}: invalid client name {name:?}: {FORMAT}"));
             }
@@ -185,7 +207,11 @@ impl Tokens {
             if entries.iter().any(|(d, _)| bool::from(d.ct_eq(&digest))) {
                 return Err(format!("line {n}: client {name:?} has the same token as another"));
             }
-            entries.push((digest, Client { name: name.into(), scope }));
+            let rate = policy.rate.map(|(r, b)| Arc::new(Rate::new(r, b)));
+            entries.push((
+                digest,
+                Client { name: name.into(), scope, policy: Arc::new(policy), rate },
+            ));
         }
         if entries.is_empty() {
             return Err(format!("no client is configured: {FORMAT}"));
@@ -333,6 +359,9 @@ pub async fn require_token(
         Ok(None) => return unauthenticated(false),
         Err(()) => return unauthenticated(true),
     };
+    if let Some(refused) = crate::quota::check_rate(&client) {
+        return refused;
+    }
     if client.scope < need {
         let what = format!("{} {}", req.method(), route.as_deref().unwrap_or("this route"));
         return ApiError::new(
@@ -344,6 +373,18 @@ pub async fn require_token(
             ),
         )
         .into_response();
+    }
+    // The pool grants: the pool the path names, for reading or writing.
+    if let Some(access) = route.as_deref().and_then(|r| pool_access(req.method(), r)) {
+        let params = req.extract_parts::<RawPathParams>().await;
+        let pool = params
+            .ok()
+            .and_then(|p| p.iter().find(|(k, _)| *k == "pool").map(|(_, v)| v.to_string()));
+        if let Some(pool) = pool {
+            if let Err(why) = client.policy.check(&client.name, &pool, access) {
+                return ApiError::new(StatusCode::FORBIDDEN, "forbidden", why).into_response();
+            }
+        }
     }
     req.extensions_mut().insert(client);
     next.run(req).await
@@ -394,6 +435,8 @@ mod tests {
         let h = hex(&sha256(b"x"));
         let cases: Vec<(String, &str)> = vec![
             ("alpha read".into(), "line 1: 2 fields"),
+            (format!("alpha read sha256:{h} refs=0"), "line 1: client \"alpha\": invalid refs"),
+            (format!("alpha read sha256:{h} pools=x"), "unknown option \"pools\""),
             (format!("Alpha read sha256:{h}"), "invalid client name \"Alpha\""),
             (format!("a/b read sha256:{h}"), "invalid client name \"a/b\""),
             (format!("alpha root sha256:{h}"), "invalid scope \"root\""),
@@ -455,7 +498,7 @@ mod tests {
 
     #[test]
     fn holders_are_namespaced_by_client() {
-        let c = Client { name: "alpha".into(), scope: Scope::Allocate };
+        let c = Client::new("alpha", Scope::Allocate);
         assert_eq!(c.holder("node-1"), "alpha/node-1");
         // Another client's full holder name, passed by this one, lands in this one's namespace.
         assert_eq!(c.holder("beta/node-1"), "alpha/beta/node-1");

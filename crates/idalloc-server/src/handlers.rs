@@ -27,17 +27,27 @@ type ApiResult<T = Response> = Result<T, ApiError>;
 /// Most keys one request may acquire or release (bounds the work of one request).
 pub const MAX_KEYS_PER_REQUEST: usize = 1000;
 
-pub async fn list_pools(State(st): State<Arc<AppState>>) -> ApiResult {
+pub async fn list_pools(State(st): State<Arc<AppState>>, client: Caller) -> ApiResult {
     let pools = st.alloc.list_pools().await?;
-    let pools: Vec<PoolSpecBody> = pools.iter().map(PoolSpecBody::from_spec).collect();
+    // A client sees the pools it may read (its grants in the tokens file).
+    let visible = |name: &str| caller(&client).is_none_or(|c| c.policy.can_read(name));
+    let pools: Vec<PoolSpecBody> =
+        pools.iter().filter(|p| visible(p.name())).map(PoolSpecBody::from_spec).collect();
     Ok(Json(json!({ "pools": pools })).into_response())
 }
 
 pub async fn create_pool(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     ApiJson(body): ApiJson<PoolSpecBody>,
 ) -> ApiResult {
     let spec = body.to_spec()?;
+    if let Some(c) = caller(&client) {
+        let access = crate::grants::PoolAccess::Write;
+        c.policy
+            .check(&c.name, spec.name(), access)
+            .map_err(|why| ApiError::new(StatusCode::FORBIDDEN, "forbidden", why))?;
+    }
     let pool = st.alloc.ensure_pool(&spec).await?;
     st.remember(&pool);
     Ok((StatusCode::OK, Json(PoolSpecBody::from_spec(pool.spec()))).into_response())
@@ -202,6 +212,12 @@ pub async fn acquire(
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
     let KeysRequest { keys, single, owner, pool } = keys_request(&st, &client, &name, body).await?;
+    // The reference quota, checked before writing; its lock is held until the write is done.
+    let holder = match &owner {
+        Owner::Session(s) => s.holder(),
+        Owner::Holder(h) => h.as_str(),
+    };
+    let _quota = crate::quota::check_refs(&st, caller(&client), &name, &keys, holder).await?;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
         Owner::Session(s) => {
@@ -368,6 +384,8 @@ pub async fn open_session(
     client: Caller,
     ApiJson(body): ApiJson<SessionBody>,
 ) -> ApiResult {
+    // The `sessions=` quota: a slot reserved before the lease is granted.
+    let _slot = st.sessions.reserve(caller(&client))?;
     let sent = Instant::now();
     let s = st.alloc.client_session(std::time::Duration::from_secs(body.ttl)).await?;
     let info = SessionInfo {

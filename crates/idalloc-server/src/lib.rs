@@ -12,7 +12,9 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod grants;
 pub mod handlers;
+pub mod quota;
 pub mod sessions;
 pub mod tls;
 mod unread;
@@ -92,6 +94,8 @@ pub struct AppState {
     /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
     stop: signal::Sender<bool>,
     metrics: Option<PrometheusHandle>,
+    /// The per-(client, pool) locks of the reference quota.
+    pub(crate) ref_locks: quota::RefLocks,
 }
 
 impl AppState {
@@ -113,6 +117,7 @@ impl AppState {
             shutting_down: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
+            ref_locks: Default::default(),
         }))
     }
 
@@ -315,10 +320,20 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({ "status": "ready", "revision": revision, "pools": pools.len() })).into_response()
 }
 
-async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+async fn metrics_text(
+    State(st): State<Arc<AppState>>,
+    client: Option<axum::Extension<auth::Client>>,
+) -> Response {
     match &st.metrics {
-        Some(h) => ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render())
-            .into_response(),
+        Some(h) => {
+            let mut text = h.render();
+            // A client sees the per-pool samples of the pools it may read only.
+            if let Some(axum::Extension(c)) = client {
+                text = grants::filter_metrics(&text, |p| c.policy.can_read(p));
+            }
+            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+                .into_response()
+        }
         None => ApiError::not_found("metrics are not enabled in this process").into_response(),
     }
 }

@@ -68,6 +68,27 @@ fn holder_reserved(holder: &str, why: &str) -> ApiError {
 #[derive(Default)]
 pub struct Sessions {
     map: Mutex<HashMap<String, Entry>>,
+    /// Session slots reserved by opens in progress, by client (the `sessions=` quota).
+    pending: Mutex<HashMap<Arc<str>, usize>>,
+}
+
+/// A reserved session slot of a client ([`Sessions::reserve`]); freed when dropped (the session
+/// is registered, or its open failed).
+pub struct Slot<'a> {
+    sessions: &'a Sessions,
+    owner: Arc<str>,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        let mut p = self.sessions.pending.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = p.get_mut(&self.owner) {
+            *n -= 1;
+            if *n == 0 {
+                p.remove(&self.owner);
+            }
+        }
+    }
 }
 
 struct Entry {
@@ -157,6 +178,34 @@ impl Sessions {
             return Err(holder_reserved(given, "belongs to a client session"));
         }
         Ok(())
+    }
+
+    /// Reserves a session slot for `client` if it has a `sessions=` quota: refused with 429
+    /// `quota_exceeded` when its live sessions plus opens in progress reach the limit. Take it
+    /// before granting the lease and drop it after [`Sessions::insert`].
+    pub fn reserve(&self, client: Option<&Client>) -> Result<Option<Slot<'_>>, ApiError> {
+        let Some(c) = client else { return Ok(None) };
+        let Some(limit) = c.policy.sessions else { return Ok(None) };
+        let map = self.lock();
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let live = map.values().filter(|e| !e.over() && e.owner.as_deref() == Some(&*c.name));
+        let open = live.count() + pending.get(&c.name).copied().unwrap_or(0);
+        if open >= limit {
+            return Err(crate::quota::quota_exceeded(format!(
+                "client {:?} has {open} sessions open: its limit is {limit} (sessions={limit} in \
+                 the tokens file); end one or wait for one to expire",
+                &*c.name
+            )));
+        }
+        *pending.entry(c.name.clone()).or_default() += 1;
+        Ok(Some(Slot { sessions: self, owner: c.name.clone() }))
+    }
+
+    /// The holder names of the live sessions client `owner` opened.
+    pub fn holders_of(&self, owner: &str) -> Vec<String> {
+        let map = self.lock();
+        let mine = map.values().filter(|e| !e.over() && e.owner.as_deref() == Some(owner));
+        mine.map(|e| e.session.holder().to_string()).collect()
     }
 
     /// Sessions registered now (over or not).
