@@ -228,3 +228,95 @@ fn grants_and_quotas_of_the_tokens_file() {
     // Other clients are not slowed by r's bucket.
     call(&s, "GET", "/v1/pools", a, None).ok();
 }
+
+/// Descriptors the process `pid` has open.
+fn open_fds(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).expect("read /proc/PID/fd").count()
+}
+
+/// 2,000 idle sockets: the service keeps at most `--max-connections` of them (closing the idle
+/// longest to make room), so its descriptors stay bounded and `/healthz` still answers; when every
+/// connection has a request in flight, a new one gets 503 `overloaded` as JSON.
+#[test]
+fn idle_sockets_cannot_lock_clients_out_and_extras_are_refused_as_json() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = start(dir.path(), &["--max-connections", "100", "--header-timeout", "120s"]);
+    call(&s, "POST", "/v1/pools", None, Some(json!({"name":"p","min":1,"max":10}))).ok();
+    let idle: Vec<std::net::TcpStream> = (0..2000)
+        .map(|i| {
+            std::net::TcpStream::connect(s.addr()).unwrap_or_else(|e| panic!("socket {i}: {e}"))
+        })
+        .collect();
+    let r = call(&s, "GET", "/healthz", None, None);
+    assert_eq!(r.status, 200, "{}", r.text);
+    let fds = open_fds(s.pid());
+    assert!(fds < 100 + 64, "serve holds {fds} descriptors with --max-connections 100");
+    drop(idle);
+
+    // Every connection busy: two watch streams take a cap of 2; a third connection is refused.
+    drop(s);
+    let s = start(dir.path(), &["--max-connections", "2"]);
+    let watch = || {
+        let mut c = std::net::TcpStream::connect(s.addr()).expect("connect");
+        write!(c, "GET /v1/pools/p/watch HTTP/1.1\r\nhost: x\r\n\r\n").expect("send");
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).expect("the watch answers");
+        assert_eq!(&head, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&head));
+        c
+    };
+    let watches = [watch(), watch()];
+    let mut c = std::net::TcpStream::connect(s.addr()).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    let mut answer = String::new();
+    let _ = c.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after: 1"), "{answer}");
+    let body: Value =
+        serde_json::from_str(answer.split("\r\n\r\n").nth(1).expect("body")).expect("JSON");
+    assert_eq!(body["kind"], "overloaded", "{body}");
+    assert!(body["message"].as_str().is_some_and(|m| m.contains("--max-connections")), "{body}");
+    drop(watches);
+    let mut ok = false;
+    for _ in 0..100 {
+        if request(&plain_agent(Duration::from_secs(5)), "GET", &s.http("/healthz"), None, None)
+            .is_ok_and(|r| r.status == 200)
+        {
+            ok = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(ok, "healthz answers once the watches are gone");
+}
+
+/// A client that sends its header too slowly (or nothing) is cut after `--header-timeout`; one
+/// that keeps a connection idle is cut after `--idle-timeout`.
+#[test]
+fn slow_header_and_idle_clients_are_cut() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = start(dir.path(), &["--header-timeout", "1s", "--idle-timeout", "2s"]);
+    // Closed by the server: EOF or a reset, not our own 30 s read timeout.
+    let closed = |c: &mut std::net::TcpStream| {
+        c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        let mut rest = Vec::new();
+        match c.read_to_end(&mut rest) {
+            Ok(_) => rest,
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => rest,
+            Err(e) => panic!("not closed by the server: {e}"),
+        }
+    };
+    let mut slow = std::net::TcpStream::connect(s.addr()).expect("connect");
+    write!(slow, "GET /healthz HTTP/1.1\r\nhost: x\r\n").expect("half a header");
+    closed(&mut slow);
+    let mut silent = std::net::TcpStream::connect(s.addr()).expect("connect");
+    closed(&mut silent);
+    // A keep-alive connection after one answer: closed once idle (after the answer's bytes).
+    let mut kept = std::net::TcpStream::connect(s.addr()).expect("connect");
+    write!(kept, "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").expect("request");
+    let got = closed(&mut kept);
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"), "{got:?}");
+    // The service still answers.
+    call(&s, "GET", "/healthz", None, None).ok();
+}

@@ -11,9 +11,11 @@
 
 pub mod api;
 pub mod auth;
+pub mod conn;
 pub mod error;
 pub mod grants;
 pub mod handlers;
+pub mod limits;
 pub mod quota;
 pub mod sessions;
 pub mod tls;
@@ -68,6 +70,8 @@ pub struct Config {
     /// Bearer tokens of the named clients; `None`: no authentication (every request is served,
     /// holders are used as given).
     pub tokens: Option<auth::Tokens>,
+    /// Connection and request limits (issue 20 item 2).
+    pub limits: limits::Limits,
 }
 
 impl Default for Config {
@@ -78,6 +82,7 @@ impl Default for Config {
             maintenance_interval: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
             tokens: None,
+            limits: limits::Limits::default(),
         }
     }
 }
@@ -96,6 +101,8 @@ pub struct AppState {
     metrics: Option<PrometheusHandle>,
     /// The per-(client, pool) locks of the reference quota.
     pub(crate) ref_locks: quota::RefLocks,
+    /// Request slots, in total and per client.
+    pub(crate) concurrency: limits::Concurrency,
 }
 
 impl AppState {
@@ -112,6 +119,7 @@ impl AppState {
             store,
             layout: Layout::new(prefix)?,
             sessions: Sessions::default(),
+            concurrency: limits::Concurrency::new(&config.limits),
             config,
             opened: Mutex::new(Default::default()),
             shutting_down: AtomicBool::new(false),
@@ -200,6 +208,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), refuse_oversized))
+        // Inside authentication: the per-client request limit knows the client.
+        .layer(middleware::from_fn_with_state(state.clone(), limits::limit_concurrency))
         // Before anything reads the request: who may ask is decided first.
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
         .layer(middleware::from_fn(http_metrics))
@@ -405,34 +415,26 @@ async fn serve_on<L>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L: axum::serve::Listener<Addr = SocketAddr>,
 {
     let app = router(state.clone());
     let maint = tokio::spawn(maintenance(state.clone()));
-    let st = state.clone();
-    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_timeout = state.config.drain_timeout;
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        info!("shutdown requested: refusing new requests, finishing in-flight ones");
-        st.begin_shutdown();
-        let _ = drained_tx.send(());
-    });
-    let server = async move { server.await };
+    let server =
+        conn::serve_connections(listener, app, state.config.limits.clone(), state.stop_signal());
     tokio::pin!(server);
-    let result = tokio::select! {
-        r = &mut server => r,
-        _ = async {
-            let _ = drained_rx.await;
-            tokio::time::sleep(drain_timeout).await;
-        } => {
-            warn!(?drain_timeout, "in-flight requests did not finish in time; exiting anyway");
-            Ok(())
-        }
-    };
+    tokio::select! {
+        // Returns only after the stop signal, which only begin_shutdown sends.
+        _ = &mut server => {}
+        _ = shutdown => {}
+    }
+    info!("shutdown requested: refusing new requests, finishing in-flight ones");
+    state.begin_shutdown();
+    if tokio::time::timeout(drain_timeout, &mut server).await.is_err() {
+        warn!(?drain_timeout, "in-flight requests did not finish in time; exiting anyway");
+    }
     maint.abort();
-    result
+    Ok(())
 }
 
 /// Resolves on SIGTERM or SIGINT.
