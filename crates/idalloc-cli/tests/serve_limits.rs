@@ -320,3 +320,91 @@ fn slow_header_and_idle_clients_are_cut() {
     // The service still answers.
     call(&s, "GET", "/healthz", None, None).ok();
 }
+
+/// An admin lists every client's sessions (holder, client, TTL, age, references; no id) and ends
+/// any of them by holder; others cannot list. Every mutating request leaves one audit line (JSON)
+/// with its request id (echoed, or generated), client, operation, pool, keys and outcome, and no
+/// token anywhere in the log.
+#[test]
+fn admins_list_and_end_sessions_and_every_write_is_audited_without_tokens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tokens, tk) =
+        tokens_file(dir.path(), &["w allocate file:w.token", "boss admin file:boss.token"]);
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    let s = Serve::start_logged(
+        bin(),
+        &["--store", &store, "--timeout", "3s", "--log-format", "json"],
+        &["--auth-tokens", tokens.to_str().expect("utf-8")],
+        dir.path().join("serve.log"),
+    );
+    let (w, boss) = (Some(token(&tk, "w")), Some(token(&tk, "boss")));
+    call(&s, "POST", "/v1/pools", boss, Some(json!({"name":"p","min":1,"max":100}))).ok();
+    let sess = call(&s, "POST", "/v1/sessions", w, Some(json!({"ttl":30}))).ok();
+    let (sid, holder) =
+        (sess["session"].as_str().expect("id"), sess["holder"].as_str().expect("h"));
+    call(&s, "POST", "/v1/pools/p/acquire", w, Some(json!({"keys":["a","b"],"session":sid}))).ok();
+
+    call(&s, "GET", "/v1/sessions", w, None).err(403, "forbidden");
+    let list = call(&s, "GET", "/v1/sessions", boss, None).ok();
+    let one = &list["sessions"][0];
+    assert_eq!(list["sessions"].as_array().map(Vec::len), Some(1), "{list}");
+    assert_eq!((one["holder"].as_str(), one["client"].as_str()), (Some(holder), Some("w")));
+    assert_eq!((one["ttl"].as_u64(), one["references"].as_u64()), (Some(30), Some(2)), "{one}");
+    assert!(one["age"].as_u64().is_some() && !list.to_string().contains(sid), "{list}");
+    // Another allocate client cannot end it by holder; the admin can.
+    call(&s, "DELETE", &format!("/v1/sessions/{holder}"), w, None).err(404, "session_not_found");
+    call(&s, "DELETE", &format!("/v1/sessions/{holder}"), boss, None).ok();
+    call(&s, "POST", "/v1/pools/p/acquire", w, Some(json!({"key":"c","session":sid})))
+        .err(404, "session_not_found");
+
+    // X-Request-Id: echoed when sent, generated when not.
+    let agent = plain_agent(Duration::from_secs(30));
+    let resp = agent
+        .post(&s.http("/v1/pools/p/acquire"))
+        .header("authorization", &format!("Bearer {}", w.expect("w")))
+        .header("x-request-id", "req-42")
+        .header("content-type", "application/json")
+        .send(json!({"keys":["k1","k2","k3"],"holder":"h"}).to_string())
+        .expect("transport");
+    assert_eq!(resp.headers().get("x-request-id").and_then(|v| v.to_str().ok()), Some("req-42"));
+    let resp = agent.get(&s.http("/healthz")).call().expect("transport");
+    let generated = resp.headers().get("x-request-id").and_then(|v| v.to_str().ok());
+    assert!(generated.is_some_and(|g| g.len() == 32), "{generated:?}");
+    // A refused write is audited too (refused before its body is read: no pool named).
+    call(&s, "POST", "/v1/pools", w, Some(json!({"name":"q","min":1,"max":10})))
+        .err(403, "forbidden");
+
+    let (_, log) = s.stop();
+    let audit: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "idalloc::audit")
+        .collect();
+    let find = |id: &str| audit.iter().find(|v| v["fields"]["request_id"] == id);
+    let line = find("req-42").unwrap_or_else(|| panic!("no audit line for req-42 in {audit:?}"));
+    let f = &line["fields"];
+    assert_eq!(
+        (&f["client"], &f["operation"], &f["pool"], &f["keys"], &f["status"], &f["outcome"]),
+        (&json!("w"), &json!("acquire"), &json!("p"), &json!(3), &json!(200), &json!("ok")),
+        "{line}"
+    );
+    let refused = audit
+        .iter()
+        .find(|v| v["fields"]["operation"] == "pool_create" && v["fields"]["status"] == 403);
+    assert!(
+        refused
+            .is_some_and(|v| v["fields"]["client"] == "w" && v["fields"]["outcome"] == "refused"),
+        "{audit:?}"
+    );
+    let ended = audit
+        .iter()
+        .find(|v| v["fields"]["operation"] == "session_end" && v["fields"]["outcome"] == "ok");
+    assert!(ended.is_some_and(|v| v["fields"]["client"] == "boss"), "{audit:?}");
+    // One line per mutating request: pool create, session open, acquire, 2 session ends,
+    // 2 acquires, pool create refused (GETs are not audited).
+    assert_eq!(audit.len(), 8, "{audit:#?}");
+    for (_, t) in &tk {
+        assert!(!log.contains(t.as_str()), "a token is in the log");
+    }
+    assert!(!log.contains(sid), "a session id is in the log");
+}

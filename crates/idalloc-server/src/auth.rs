@@ -297,6 +297,8 @@ pub fn classify(method: &Method, route: &str) -> Option<Access> {
         | "/v1/pools/{pool}/ids/{id}"
         | "/v1/pools/{pool}/bindings"
         | "/v1/pools/{pool}/watch" => Access::Needs(Scope::Read),
+        // The list of every client's sessions: operators only.
+        "/v1/sessions" if read_only => Access::Needs(Scope::Admin),
         "/v1/pools/{pool}/acquire"
         | "/v1/pools/{pool}/release"
         | "/v1/sessions"
@@ -359,20 +361,24 @@ pub async fn require_token(
         Ok(None) => return unauthenticated(false),
         Err(()) => return unauthenticated(true),
     };
+    let audited = |mut resp: Response, c: &Client| {
+        resp.extensions_mut().insert(crate::audit::AuditClient(c.name.clone()));
+        resp
+    };
     if let Some(refused) = crate::quota::check_rate(&client) {
-        return refused;
+        return audited(refused, &client);
     }
     if client.scope < need {
         let what = format!("{} {}", req.method(), route.as_deref().unwrap_or("this route"));
-        return ApiError::new(
+        let refused = ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
                 "client {:?} has scope {}; {what} needs scope {need}",
                 &*client.name, client.scope
             ),
-        )
-        .into_response();
+        );
+        return audited(refused.into_response(), &client);
     }
     // The pool grants: the pool the path names, for reading or writing.
     if let Some(access) = route.as_deref().and_then(|r| pool_access(req.method(), r)) {
@@ -382,12 +388,13 @@ pub async fn require_token(
             .and_then(|p| p.iter().find(|(k, _)| *k == "pool").map(|(_, v)| v.to_string()));
         if let Some(pool) = pool {
             if let Err(why) = client.policy.check(&client.name, &pool, access) {
-                return ApiError::new(StatusCode::FORBIDDEN, "forbidden", why).into_response();
+                let refused = ApiError::new(StatusCode::FORBIDDEN, "forbidden", why);
+                return audited(refused.into_response(), &client);
             }
         }
     }
-    req.extensions_mut().insert(client);
-    next.run(req).await
+    req.extensions_mut().insert(client.clone());
+    audited(next.run(req).await, &client)
 }
 
 #[cfg(test)]
@@ -485,6 +492,7 @@ mod tests {
             (&get, Some("/v1/pools/{pool}/bindings"), Needs(Scope::Read)),
             (&get, Some("/v1/pools/{pool}/watch"), Needs(Scope::Read)),
             (&post, Some("/v1/sessions"), Needs(Scope::Allocate)),
+            (&get, Some("/v1/sessions"), Needs(Scope::Admin)),
             (&del, Some("/v1/sessions/{id}"), Needs(Scope::Allocate)),
             (&put, Some("/v1/sessions/{id}/keepalive"), Needs(Scope::Allocate)),
             (&get, Some("/v1/some-new-route"), Needs(Scope::Admin)),

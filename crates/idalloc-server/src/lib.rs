@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod audit;
 pub mod auth;
 pub mod conn;
 pub mod error;
@@ -195,7 +196,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/pools/{pool}/bindings", get(handlers::list_bindings))
         .route("/v1/pools/{pool}/sweep", post(handlers::sweep))
         .route("/v1/pools/{pool}/watch", get(watch::watch))
-        .route("/v1/sessions", post(handlers::open_session))
+        .route("/v1/sessions", post(handlers::open_session).get(handlers::list_sessions))
         .route("/v1/sessions/{id}", axum::routing::delete(handlers::end_session))
         .route("/v1/sessions/{id}/keepalive", put(handlers::keepalive))
         .layer(middleware::from_fn_with_state(state.clone(), refuse_when_shutting_down));
@@ -213,6 +214,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         // Before anything reads the request: who may ask is decided first.
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
         .layer(middleware::from_fn(http_metrics))
+        // Request ids and the audit line of every mutating request, refused ones included.
+        .layer(middleware::from_fn(audit::audit))
         // Outermost: sees every answer, including the refusals of the layers above.
         .layer(middleware::from_fn(unread::close_if_body_unread))
         .with_state(state)

@@ -98,6 +98,17 @@ struct Entry {
     renewed: Instant,
     /// The client that opened it (with tokens).
     owner: Option<Arc<str>>,
+    /// When it was opened (for the administrators' list).
+    opened: Instant,
+}
+
+/// A session as the administrators' list shows it (no id: ids are capabilities).
+#[derive(Clone, Debug)]
+pub struct SessionView {
+    pub holder: String,
+    pub client: Option<Arc<str>>,
+    pub ttl: std::time::Duration,
+    pub age: std::time::Duration,
 }
 
 impl Entry {
@@ -123,7 +134,8 @@ impl Sessions {
     /// id and returns the id.
     pub fn insert(&self, s: ClientSession, granted: Instant, owner: Option<Arc<str>>) -> String {
         let id = new_id();
-        self.lock().insert(id.clone(), Entry { session: Arc::new(s), renewed: granted, owner });
+        let entry = Entry { session: Arc::new(s), renewed: granted, owner, opened: granted };
+        self.lock().insert(id.clone(), entry);
         id
     }
 
@@ -142,6 +154,36 @@ impl Sessions {
             Some(e) => Ok(e.session.clone()),
             None => Err(ApiError::session_not_found()),
         }
+    }
+
+    /// The live session whose id or holder name is `id_or_holder`, whoever opened it (for an
+    /// administrator), with its id.
+    pub fn get_any(&self, id_or_holder: &str) -> Result<(String, Arc<ClientSession>), ApiError> {
+        let map = self.lock();
+        let found = map.iter().find(|(id, e)| {
+            !e.over() && (id.as_str() == id_or_holder || e.session.holder() == id_or_holder)
+        });
+        match found {
+            Some((id, e)) => Ok((id.clone(), e.session.clone())),
+            None => Err(ApiError::session_not_found()),
+        }
+    }
+
+    /// Every live session, by holder name.
+    pub fn list(&self) -> Vec<SessionView> {
+        let map = self.lock();
+        let mut out: Vec<SessionView> = map
+            .values()
+            .filter(|e| !e.over())
+            .map(|e| SessionView {
+                holder: e.session.holder().to_string(),
+                client: e.owner.clone(),
+                ttl: e.session.ttl(),
+                age: e.opened.elapsed(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.holder.cmp(&b.holder));
+        out
     }
 
     /// Records a successful renewal sent at `sent` (the TTL counts from the request, not from the
