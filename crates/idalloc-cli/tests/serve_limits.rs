@@ -408,3 +408,73 @@ fn admins_list_and_end_sessions_and_every_write_is_audited_without_tokens() {
     }
     assert!(!log.contains(sid), "a session id is in the log");
 }
+
+/// `serve` with `extra` flags on a memory store: exit code, stdout, stderr. A server that starts
+/// is stopped by its PID.
+fn run_serve(extra: &[&str]) -> (Option<i32>, String, String) {
+    use std::io::{BufRead, BufReader};
+    use std::process::{Command, Stdio};
+    let mut child = Command::new(bin())
+        .args(["--store", "memory:", "serve", "--listen", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run serve");
+    let mut first = String::new();
+    let _ = BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut first);
+    if first.starts_with("listening on") {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().expect("wait");
+    (out.status.code(), first, String::from_utf8_lossy(&out.stderr).to_string())
+}
+
+fn chmod(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+}
+
+/// A tokens file, token file or TLS key others can write is refused; a token file or key anyone
+/// can read is refused; a tokens file anyone can read (it may hold only digests) starts with a
+/// warning; each message names the file and `chmod 600 FILE`.
+#[test]
+fn secret_files_others_can_write_or_read_are_refused_or_warned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tokens, _) = tokens_file(dir.path(), &["w allocate file:w.token"]);
+    let t = tokens.to_str().expect("utf-8").to_string();
+    let token_file = dir.path().join("w.token");
+    let refused = |extra: &[&str], file: &Path, why: &str| {
+        let (code, out, err) = run_serve(extra);
+        assert_eq!(code, Some(2), "{extra:?}: {out} {err}");
+        assert!(
+            err.contains(why) && err.contains(&format!("chmod 600 {}", file.display())),
+            "{err}"
+        );
+    };
+    chmod(&tokens, 0o666);
+    refused(&["--auth-tokens", &t], &tokens, "writable by anyone");
+    chmod(&tokens, 0o620);
+    refused(&["--auth-tokens", &t], &tokens, "writable by its group");
+    chmod(&tokens, 0o644);
+    let (_, out, err) = run_serve(&["--auth-tokens", &t]);
+    assert!(out.starts_with("listening on"), "{out} {err}");
+    assert!(err.contains("readable by anyone") && err.contains(&t), "{err}");
+    chmod(&tokens, 0o600);
+    chmod(&token_file, 0o644);
+    refused(&["--auth-tokens", &t], &token_file, "readable by anyone: refusing");
+    chmod(&token_file, 0o600);
+    let (_, out, err) = run_serve(&["--auth-tokens", &t]);
+    assert!(out.starts_with("listening on") && !err.contains("chmod"), "{out} {err}");
+
+    let pki = idalloc_testkit::secure::TestPki::generate(dir.path()).expect("certificates");
+    let (cert, key) =
+        (pki.server.cert.to_str().expect("utf-8"), pki.server.key.to_str().expect("utf-8"));
+    chmod(&pki.server.key, 0o644);
+    refused(&["--tls-cert", cert, "--tls-key", key], &pki.server.key, "the TLS key");
+    chmod(&pki.server.key, 0o600);
+    let (_, out, err) = run_serve(&["--tls-cert", cert, "--tls-key", key]);
+    assert!(out.starts_with("listening on"), "{out} {err}");
+}

@@ -155,6 +155,7 @@ impl Tokens {
     /// Reads the tokens file at `path` (`file:` paths are relative to its directory). Errors are
     /// one line naming the file (and line) and what is wrong, never a token.
     pub fn load(path: &Path) -> Result<Tokens, String> {
+        crate::secret_files::check(path, crate::secret_files::Kind::TokensFile)?;
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the tokens file {}: {e}", path.display()))?;
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -244,6 +245,7 @@ impl Tokens {
 
 /// A token from a file: its content without one trailing newline (`\n` or `\r\n`).
 fn read_token_file(path: &PathBuf) -> Result<String, String> {
+    crate::secret_files::check(path, crate::secret_files::Kind::TokenFile)?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
     let token = text.strip_suffix('\n').unwrap_or(&text);
@@ -401,6 +403,12 @@ pub async fn require_token(
 mod tests {
     use super::*;
 
+    /// Mode 0600, as a token file must be.
+    fn private(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
+
     fn hex(d: &Digest) -> String {
         d.iter().map(|b| format!("{b:02x}")).collect()
     }
@@ -419,6 +427,7 @@ mod tests {
     fn parses_both_forms_and_authenticates_by_token() {
         let dir = tempfile::tempdir().expect("dir");
         std::fs::write(dir.path().join("b.token"), "bbbbbbbbbbbbbbbbbbbb\n").expect("write");
+        private(&dir.path().join("b.token"));
         let a = "aaaaaaaaaaaaaaaaaaaa";
         let text = format!(
             "# clients\n\nalpha read sha256:{}  # a comment\nbeta admin file:b.token\n",
@@ -439,6 +448,13 @@ mod tests {
     fn bad_files_are_refused_with_the_line_and_never_the_secret() {
         let dir = tempfile::tempdir().expect("dir");
         std::fs::write(dir.path().join("short"), "abc").expect("write");
+        private(&dir.path().join("short"));
+        std::fs::write(dir.path().join("open"), "abcdefghijklmnopqrstuvwxyz").expect("write");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(0o666);
+            std::fs::set_permissions(dir.path().join("open"), mode).expect("chmod");
+        }
         let h = hex(&sha256(b"x"));
         let cases: Vec<(String, &str)> = vec![
             ("alpha read".into(), "line 1: 2 fields"),
@@ -451,6 +467,10 @@ mod tests {
             ("alpha read hunter2-secret-token".into(), "its value is not shown"),
             ("alpha read file:short".into(), "3 bytes: at least 16"),
             ("alpha read file:missing".into(), "cannot read the token file"),
+            (
+                "alpha read file:open".into(),
+                "writable by anyone: refusing to use it; run `chmod 600",
+            ),
             (
                 format!("alpha read sha256:{h}\nalpha admin sha256:{h}"),
                 "line 2: client \"alpha\" is named twice",

@@ -18,6 +18,7 @@ pub mod grants;
 pub mod handlers;
 pub mod limits;
 pub mod quota;
+pub mod secret_files;
 pub mod sessions;
 pub mod tls;
 mod unread;
