@@ -1,7 +1,7 @@
 //! The shipped Prometheus files against the real thing (issue 20 item 12): `promtool check rules`
 //! and `promtool test rules` on `deploy/prometheus/` (every alert of the rules has a unit test that
 //! fires it), and a real Prometheus (Debian's `prometheus`), configured from the shipped
-//! `deploy/prometheus/prometheus.yml`, scraping a real `idalloc serve` and loading the shipped
+//! `deploy/prometheus/prometheus.yaml`, scraping a real `idalloc serve` and loading the shipped
 //! rules. Prometheus listens on a free loopback port, keeps its data in a temporary directory and
 //! is stopped by its PID when the test ends.
 
@@ -42,14 +42,14 @@ fn names(text: &str, key: &str) -> std::collections::BTreeSet<String> {
 fn the_shipped_alert_rules_pass_promtool_and_every_alert_is_fired_by_a_unit_test() {
     let (ok, out) = promtool(&["check", "rules", "idalloc-alerts.yml"]);
     assert!(ok && out.contains("SUCCESS"), "{out}");
-    let (ok, out) = promtool(&["test", "rules", "idalloc-alerts.test.yml"]);
+    let (ok, out) = promtool(&["test", "rules", "idalloc-alerts.test.yaml"]);
     assert!(ok && out.contains("SUCCESS"), "{out}");
     let rules = std::fs::read_to_string(deploy().join("idalloc-alerts.yml")).expect("rules");
-    let tests = std::fs::read_to_string(deploy().join("idalloc-alerts.test.yml")).expect("tests");
+    let tests = std::fs::read_to_string(deploy().join("idalloc-alerts.test.yaml")).expect("tests");
     let alerts = names(&rules, "alert:");
     assert!(alerts.len() >= 16, "{alerts:?}");
     assert_eq!(alerts, names(&tests, "alertname:"), "every alert has a unit test, and no other");
-    let (ok, out) = promtool(&["check", "config", "prometheus.yml"]);
+    let (ok, out) = promtool(&["check", "config", "prometheus.yaml"]);
     // The shipped config names /etc/prometheus/rules/idalloc-alerts.yml, absent here: only its
     // syntax is checked by the scrape test below, which loads it.
     assert!(ok || out.contains("idalloc-alerts.yml"), "{out}");
@@ -144,7 +144,8 @@ fn a_real_prometheus_scrapes_serve_with_the_shipped_settings_and_loads_the_shipp
     assert_eq!(r.status, 200, "{}", r.text);
 
     // The shipped settings, with the test's target, a short interval and the rules' real path.
-    let shipped = std::fs::read_to_string(deploy().join("prometheus.yml")).expect("shipped config");
+    let shipped =
+        std::fs::read_to_string(deploy().join("prometheus.yaml")).expect("shipped config");
     let rules = deploy().join("idalloc-alerts.yml").canonicalize().expect("rules path");
     let config = shipped
         .replace("127.0.0.1:7379", s.addr())

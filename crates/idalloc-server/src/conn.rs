@@ -39,6 +39,8 @@ use crate::limits::Limits;
 
 /// Connections open now (gauge).
 pub const HTTP_CONNECTIONS: &str = "idalloc_http_connections";
+/// The connection cap (`--max-connections`), so that alerts can compare the gauge with it.
+pub const HTTP_MAX_CONNECTIONS: &str = "idalloc_http_max_connections";
 /// Connections closed by the service to stay under its cap, or refused at it, by `reason`
 /// (`evicted_idle`, `refused`, `idle_timeout`).
 pub const HTTP_CONNECTIONS_CLOSED: &str = "idalloc_http_connections_closed_total";
@@ -174,6 +176,12 @@ pub async fn serve_connections<L>(
     L: axum::serve::Listener<Addr = SocketAddr>,
 {
     let max = limits.max_connections.max(1);
+    metrics::gauge!(HTTP_MAX_CONNECTIONS).set(max as f64);
+    metrics::gauge!(HTTP_CONNECTIONS).set(0.0);
+    // Exported from the start (at 0), so that alerts on them have a series to read.
+    for reason in ["evicted_idle", "refused", "idle_timeout"] {
+        metrics::counter!(HTTP_CONNECTIONS_CLOSED, "reason" => reason).absolute(0);
+    }
     let permits = Arc::new(Semaphore::new(max));
     let registry = Arc::new(Registry {
         clock: Instant::now(),
