@@ -1,7 +1,7 @@
 //! Per-client pool grants and quotas of the tokens file (issue 20 item 3): which pools a client
 //! may read and write, the way an etcd role grants key ranges, and the limits of its usage.
 //!
-//! A tokens-file line is `NAME SCOPE SECRET [OPTION ...]`; the options ([`Policy::parse_option`]):
+//! A tokens-file line is `NAME SCOPE SECRET [OPTION ...]`; the options ([`Policy::parse`]):
 //! - `read=PATTERNS`, `write=PATTERNS`: comma-separated pool names or globs (`vni-*`, `t?`,
 //!   `[ab]-*`). A pool is writable if it matches `write`, readable if it matches `read` or `write`
 //!   (who may write a pool may see it). With neither option, every pool (`*`) for both, as before
