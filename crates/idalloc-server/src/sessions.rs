@@ -18,7 +18,7 @@
 //! the session's references, or add a durable reference under the same name that outlives the
 //! lease (the ID would then stay bound after the session ended). So the service names its
 //! sessions in a reserved namespace ([`SESSION_HOLDER_PREFIX`], through the allocator holder
-//! [`service_holder`] it gives the library) and [`check_durable_holder`] refuses every durable
+//! [`service_holder`] it gives the library) and [`Sessions::check_durable_holder`] refuses every durable
 //! holder in that namespace, whichever instance opened the session and whether it is still live;
 //! holders of live sessions of this instance are refused too (also if they predate the prefix).
 
