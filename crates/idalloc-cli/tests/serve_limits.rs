@@ -478,3 +478,61 @@ fn secret_files_others_can_write_or_read_are_refused_or_warned() {
     let (_, out, err) = run_serve(&["--tls-cert", cert, "--tls-key", key]);
     assert!(out.starts_with("listening on"), "{out} {err}");
 }
+
+/// Requests in flight are bounded per client (429 `rate_limited` with Retry-After) and in total
+/// (503 `overloaded`); a body that stops arriving is given up after `--body-timeout`, which frees
+/// the slot.
+#[test]
+fn requests_in_flight_are_bounded_per_client_and_in_total_and_slow_bodies_time_out() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A request whose body never completes: it holds its slot until the body timeout.
+    let hold = |s: &Serve| {
+        let mut c = std::net::TcpStream::connect(s.addr()).expect("connect");
+        write!(
+            c,
+            "POST /v1/sessions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+             content-length: 100\r\n\r\n{{\"ttl\":"
+        )
+        .expect("send");
+        c
+    };
+    let slot_freed = |s: &Serve, held: &mut std::net::TcpStream| {
+        held.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+        let mut head = [0u8; 12];
+        held.read_exact(&mut head).expect("the slow request is answered after the body timeout");
+        let status = String::from_utf8_lossy(&head[9..12]).to_string();
+        assert!(status.starts_with('4'), "{}", String::from_utf8_lossy(&head));
+        call(s, "GET", "/v1/pools", None, None).ok();
+    };
+    let s = start(dir.path(), &["--max-requests-per-client", "1", "--body-timeout", "2s"]);
+    let mut held = hold(&s);
+    // The held request is in flight once its header is in: poll until the limit shows.
+    let mut r = call(&s, "GET", "/v1/pools", None, None);
+    for _ in 0..50 {
+        if r.status == 429 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        r = call(&s, "GET", "/v1/pools", None, None);
+    }
+    let msg = r.err(429, "rate_limited");
+    assert!(msg.contains("127.0.0.1") && msg.contains("--max-requests-per-client"), "{msg}");
+    assert_eq!(call(&s, "GET", "/healthz", None, None).status, 200, "healthz is never limited");
+    slot_freed(&s, &mut held);
+    drop(s);
+
+    let s = start(dir.path(), &["--max-requests", "1", "--body-timeout", "2s"]);
+    let mut held = hold(&s);
+    let mut r = call(&s, "GET", "/v1/pools", None, None);
+    for _ in 0..50 {
+        if r.status == 503 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        r = call(&s, "GET", "/v1/pools", None, None);
+    }
+    let msg = r.err(503, "overloaded");
+    assert!(msg.contains("--max-requests"), "{msg}");
+    slot_freed(&s, &mut held);
+}
