@@ -312,11 +312,29 @@ fn slow_header_and_idle_clients_are_cut() {
     closed(&mut slow);
     let mut silent = std::net::TcpStream::connect(s.addr()).expect("connect");
     closed(&mut silent);
-    // A keep-alive connection after one answer: closed once idle (after the answer's bytes).
+    // A keep-alive connection serves several requests, then is closed once idle.
     let mut kept = std::net::TcpStream::connect(s.addr()).expect("connect");
-    write!(kept, "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").expect("request");
-    let got = closed(&mut kept);
-    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"), "{got:?}");
+    kept.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    for _ in 0..2 {
+        write!(kept, "GET /v1/pools HTTP/1.1\r\nhost: x\r\n\r\n").expect("request");
+        let mut got = Vec::new();
+        let mut byte = [0u8; 1];
+        // The answer: its head, then as many body bytes as it announces.
+        while !got.ends_with(b"\r\n\r\n") {
+            kept.read_exact(&mut byte).expect("the answer's head");
+            got.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&got).to_lowercase();
+        assert!(head.starts_with("http/1.1 200") && !head.contains("connection: close"), "{head}");
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|n| n.trim().parse().ok())
+            .expect("content-length");
+        let mut body = vec![0u8; len];
+        kept.read_exact(&mut body).expect("the answer's body");
+    }
+    assert!(closed(&mut kept).is_empty(), "closed with nothing more sent");
     // The service still answers.
     call(&s, "GET", "/healthz", None, None).ok();
 }

@@ -12,7 +12,8 @@
 //!   connection has sent nothing.
 //! - **Idle timeout**: a reaper closes connections with no request in flight for `idle_timeout`
 //!   (HTTP/1 keep-alive and HTTP/2).
-//! - **Body timeout**: every request body is wrapped in tower-http's `TimeoutBody`.
+//! - **Body timeout**: every request body (but an empty one) is wrapped in tower-http's
+//!   `TimeoutBody`.
 //! - **HTTP/2 streams**: at most `max_requests_per_client` per connection.
 //! - **Shutdown**: on `stop`, accepting ends, every connection is shut down gracefully (in-flight
 //!   requests finish, idle connections close) and [`serve_connections`] returns when all are gone.
@@ -251,8 +252,16 @@ pub async fn serve_connections<L>(
         let app = app.clone();
         let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             let busy = Busy::new(&activity, clock);
-            let mut req =
-                req.map(|b| Body::new(tower_http::timeout::TimeoutBody::new(body_timeout, b)));
+            // A request without a body keeps hyper's body: `TimeoutBody` does not forward
+            // `is_end_stream`, and an empty body that looks unread closes the connection
+            // (`unread.rs`) after every GET.
+            let mut req = req.map(|b| {
+                if http_body::Body::is_end_stream(&b) {
+                    Body::new(b)
+                } else {
+                    Body::new(tower_http::timeout::TimeoutBody::new(body_timeout, b))
+                }
+            });
             req.extensions_mut().insert(ConnectInfo(addr));
             let app = app.clone();
             async move {
