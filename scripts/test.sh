@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command (README): installs etcd, protoc and python3 if missing, starts ONE etcd on a
+# The project's test command (README): installs etcd, protoc, python3 and prometheus if missing, starts ONE etcd on a
 # free loopback port for the whole run, then runs fmt, clippy and every test of the workspace.
 # Extra arguments go to `cargo test`. Works non-interactively (CI=true, no terminal, as root).
 set -euo pipefail
@@ -12,6 +12,10 @@ command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # python3: the serve tests run the stdlib-only Python client (clients/python) against a real serve.
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# prometheus and promtool: the serve tests scrape a real serve with a real Prometheus and unit-test
+# the shipped alert rules (deploy/prometheus). The package may start a system Prometheus on 9090;
+# the tests run their own on a free port.
+{ command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "test.sh: installing ${missing[*]}" >&2
     sudo=()

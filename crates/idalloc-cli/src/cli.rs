@@ -276,6 +276,33 @@ pub struct ServeArgs {
     /// pools. For a trusted network or a TLS-terminating proxy only.
     #[arg(long, env = "IDALLOC_INSECURE_LISTEN")]
     pub insecure_listen: bool,
+    /// Most connections open at once; at the cap a new connection closes the one idle the
+    /// longest, or gets 503 `overloaded` if none is idle. Default: the open-files limit minus
+    /// 128, at most 10000 (so connections never run the process out of descriptors).
+    #[arg(long, env = "IDALLOC_MAX_CONNECTIONS", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections: Option<u32>,
+    /// An HTTP/1 client must send a request's header within this (also the first request).
+    #[arg(long, env = "IDALLOC_HEADER_TIMEOUT", value_parser = parse::duration, value_name = "DUR",
+          default_value = "10s")]
+    pub header_timeout: Duration,
+    /// A connection with no request in flight for this long is closed.
+    #[arg(long, env = "IDALLOC_IDLE_TIMEOUT", value_parser = parse::duration, value_name = "DUR",
+          default_value = "60s")]
+    pub idle_timeout: Duration,
+    /// The longest wait for the next part of a request body.
+    #[arg(long, env = "IDALLOC_BODY_TIMEOUT", value_parser = parse::duration, value_name = "DUR",
+          default_value = "30s")]
+    pub body_timeout: Duration,
+    /// Requests in flight at once in total; more get 503 `overloaded`.
+    #[arg(long, env = "IDALLOC_MAX_REQUESTS", value_name = "N", default_value = "1024",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_requests: u32,
+    /// Requests in flight at once per client (token name, or IP address without tokens), HTTP/2
+    /// streams included; more get 429 `rate_limited` with Retry-After.
+    #[arg(long, env = "IDALLOC_MAX_REQUESTS_PER_CLIENT", value_name = "N", default_value = "128",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_requests_per_client: u32,
 }
 
 #[derive(Subcommand, Debug)]

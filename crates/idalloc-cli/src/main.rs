@@ -78,7 +78,14 @@ fn main() -> ExitCode {
 fn init_logs(cli: &cli::Cli) {
     use tracing_subscriber::EnvFilter;
     let default = if matches!(cli.command, cli::Command::Serve(_)) { "info" } else { "off" };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let mut filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // serve's audit log is on whatever RUST_LOG says, unless RUST_LOG names its target itself.
+    let names_audit = std::env::var("RUST_LOG").is_ok_and(|v| v.contains("idalloc::audit"));
+    if matches!(cli.command, cli::Command::Serve(_)) && !names_audit {
+        if let Ok(d) = "idalloc::audit=info".parse() {
+            filter = filter.add_directive(d);
+        }
+    }
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     let _ = match cli.log_format {
         cli::LogFormat::Json => builder.json().try_init(),

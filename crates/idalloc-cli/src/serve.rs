@@ -46,6 +46,29 @@ fn check_listen(
     ))
 }
 
+/// The connection and request limits of the flags; a zero timeout is refused.
+fn limits(a: &ServeArgs) -> Result<idalloc_server::limits::Limits, Failure> {
+    for (flag, d) in [
+        ("--header-timeout", a.header_timeout),
+        ("--idle-timeout", a.idle_timeout),
+        ("--body-timeout", a.body_timeout),
+    ] {
+        if d.is_zero() {
+            return Err(Failure::usage(format!("{flag} 0: a timeout above zero, such as 10s")));
+        }
+    }
+    let mut l = idalloc_server::limits::Limits::default();
+    if let Some(n) = a.max_connections {
+        l.max_connections = n as usize;
+    }
+    l.header_timeout = a.header_timeout;
+    l.idle_timeout = a.idle_timeout;
+    l.body_timeout = a.body_timeout;
+    l.max_requests = a.max_requests as usize;
+    l.max_requests_per_client = a.max_requests_per_client as usize;
+    Ok(l)
+}
+
 pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
     // Configuration errors first, before anything connects: each names its file.
     let tokens = a.auth_tokens.as_deref().map(Tokens::load).transpose().map_err(Failure::usage)?;
@@ -89,6 +112,8 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
             max_backoff: Duration::from_millis(500),
         },
         sweep_interval: Some(a.sweep_interval),
+        // Client sessions are named in the namespace durable holders may not use.
+        holder: Some(idalloc_server::sessions::service_holder()),
         ..AllocatorOptions::default()
     };
     let alloc = Allocator::from_arc(store.clone(), opts)
@@ -99,6 +124,7 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
         maintenance_interval: a.sweep_interval,
         drain_timeout: a.drain_timeout,
         tokens,
+        limits: limits(a)?,
     };
     let state = AppState::new(alloc.clone(), store, &settings.prefix, config, Some(metrics))
         .map_err(|e| Failure::usage(format!("--prefix: {e}")))?;

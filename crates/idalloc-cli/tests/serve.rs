@@ -568,6 +568,7 @@ fn metrics_parse_and_move_with_operations() {
                     "by",
                     "route",
                     "method",
+                    "reason",
                     "status",
                     "le",
                     "quantile"

@@ -204,6 +204,13 @@ fn sha256_hex(token: &str) -> String {
     String::from_utf8(out.stdout).expect("utf-8")[..64].to_string()
 }
 
+/// Writes a secret file with mode 0600 (the service refuses token files others can read).
+fn write_secret(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
 struct Tokens {
     reader: String,
     worker: String,
@@ -217,8 +224,8 @@ fn tokens_file(dir: &Path) -> (PathBuf, Tokens) {
     let t = |name: &str| format!("tok-{name}-{:x}-{}", now_ns(), std::process::id());
     let tokens =
         Tokens { reader: t("reader"), worker: t("worker"), other: t("other"), boss: t("boss") };
-    std::fs::write(dir.join("worker.token"), format!("{}\n", tokens.worker)).expect("write");
-    std::fs::write(dir.join("other.token"), &tokens.other).expect("write");
+    write_secret(&dir.join("worker.token"), &format!("{}\n", tokens.worker));
+    write_secret(&dir.join("other.token"), &tokens.other);
     let text = format!(
         "# idalloc serve clients\nreader   read     sha256:{}\nworker   allocate file:worker.token\nother    allocate file:other.token\nboss     admin    sha256:{}  # operators\n",
         sha256_hex(&tokens.reader),
@@ -532,13 +539,12 @@ fn bad_configuration_stops_serve_at_start_with_one_line_naming_the_file() {
     refused(&["--auth-tokens", &missing], &missing);
     let bad = dir.path().join("bad-tokens");
     let secret = "s3cr3t-pasted-here-by-mistake";
-    std::fs::write(&bad, format!("alpha read sha256:{}\nbeta admin {secret}\n", "0".repeat(64)))
-        .expect("write");
+    write_secret(&bad, &format!("alpha read sha256:{}\nbeta admin {secret}\n", "0".repeat(64)));
     let e = refused(&["--auth-tokens", &p(&bad)], &format!("tokens file {}: line 2", p(&bad)));
     assert!(!e.contains(secret), "{e}");
     let short = dir.path().join("short-tokens");
-    std::fs::write(dir.path().join("short.token"), "abc").expect("write");
-    std::fs::write(&short, "alpha read file:short.token\n").expect("write");
+    write_secret(&dir.path().join("short.token"), "abc");
+    write_secret(&short, "alpha read file:short.token\n");
     refused(&["--auth-tokens", &p(&short)], "short.token is 3 bytes");
 
     refused(&["--tls-cert", &missing, "--tls-key", &key], &format!("--tls-cert) {missing}"));

@@ -5,6 +5,10 @@
 //!   `NAME SCOPE file:PATH` (a file holding the token itself, e.g. a Kubernetes secret mount).
 //! - [`required`] is the pure decision of which scope each route needs; the router's middleware
 //!   ([`require_token`]) applies it, so the handlers only see an authenticated [`Client`].
+//! - Each line may grant pools by name or glob, for reading and writing, and set quotas
+//!   (`read=vni-* write=vni-a sessions=10 refs=1000 rate=50`): [`crate::grants`] parses and
+//!   decides, [`require_token`] refuses a pool outside the grants (403) and a client over its rate
+//!   (429, [`crate::quota`]).
 //! - With tokens, durable holder names are namespaced by the client ([`Client::holder`]) and
 //!   sessions belong to the client that opened them, so one client cannot release another's
 //!   references.
@@ -19,13 +23,16 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::extract::{MatchedPath, Request, State};
+use axum::extract::{MatchedPath, RawPathParams, Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::RequestExt;
 use subtle::ConstantTimeEq;
 
 use crate::error::ApiError;
+use crate::grants::{pool_access, Policy, OPTIONS};
+use crate::quota::Rate;
 use crate::AppState;
 
 /// What a client may do. Each scope includes the ones before it.
@@ -64,12 +71,16 @@ impl fmt::Display for Scope {
     }
 }
 
-/// An authenticated client: its name (from the tokens file) and scope. Put in the request's
-/// extensions by [`require_token`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// An authenticated client: its name (from the tokens file), scope, pool grants and quotas. Put
+/// in the request's extensions by [`require_token`].
+#[derive(Clone, Debug)]
 pub struct Client {
     pub name: Arc<str>,
     pub scope: Scope,
+    /// Pools it may read and write, and its quotas (everything, none: a line without options).
+    pub policy: Arc<Policy>,
+    /// Its request-rate bucket (`rate=` in the tokens file), shared by all its requests.
+    pub rate: Option<Arc<Rate>>,
 }
 
 /// Separates a client's name from its own holder name in the store (`NAME/HOLDER`). Client names
@@ -77,6 +88,11 @@ pub struct Client {
 pub const HOLDER_SEPARATOR: char = '/';
 
 impl Client {
+    /// A client with every pool granted and no quota.
+    pub fn new(name: &str, scope: Scope) -> Client {
+        Client { name: name.into(), scope, policy: Arc::new(Policy::default()), rate: None }
+    }
+
     /// The durable holder name `holder` of this client stands for in the store.
     pub fn holder(&self, holder: &str) -> String {
         format!("{}{HOLDER_SEPARATOR}{holder}", self.name)
@@ -110,8 +126,9 @@ impl fmt::Debug for Tokens {
 /// Tokens shorter than this are refused in `file:` entries (a guessable token is no token).
 pub const MIN_TOKEN_BYTES: usize = 16;
 
-const FORMAT: &str = "each line is `NAME SCOPE sha256:HEX` or `NAME SCOPE file:PATH` \
-     (NAME [a-z0-9][a-z0-9._-]{0,62}, SCOPE read|allocate|admin; # starts a comment)";
+const FORMAT: &str = "each line is `NAME SCOPE sha256:HEX [OPTION...]` or `NAME SCOPE \
+     file:PATH [OPTION...]` (NAME [a-z0-9][a-z0-9._-]{0,62}, SCOPE read|allocate|admin, OPTION \
+     read=POOLS write=POOLS sessions=N refs=N rate=N burst=N; # starts a comment)";
 
 fn valid_name(name: &str) -> bool {
     let b = name.as_bytes();
@@ -138,6 +155,7 @@ impl Tokens {
     /// Reads the tokens file at `path` (`file:` paths are relative to its directory). Errors are
     /// one line naming the file (and line) and what is wrong, never a token.
     pub fn load(path: &Path) -> Result<Tokens, String> {
+        crate::secret_files::check(path, crate::secret_files::Kind::TokensFile)?;
         let text = std::fs::read_to_string(path)
             .map_err(|e| format!("cannot read the tokens file {}: {e}", path.display()))?;
         let dir = path.parent().unwrap_or(Path::new("."));
@@ -155,9 +173,14 @@ impl Tokens {
                 continue;
             }
             let fields: Vec<&str> = line.split_whitespace().collect();
-            let [name, scope, secret] = fields[..] else {
-                return Err(format!("line {n}: {} fields, expected 3: {FORMAT}", fields.len()));
+            let [name, scope, secret, ref options @ ..] = fields[..] else {
+                return Err(format!(
+                    "line {n}: {} fields, expected at least 3: {FORMAT}",
+                    fields.len()
+                ));
             };
+            let policy = Policy::parse(options)
+                .map_err(|e| format!("line {n}: client {name:?}: {e} ({OPTIONS})"))?;
             if !valid_name(name) {
                 return Err(format!("line {n}: invalid client name {name:?}: {FORMAT}"));
             }
@@ -185,7 +208,11 @@ impl Tokens {
             if entries.iter().any(|(d, _)| bool::from(d.ct_eq(&digest))) {
                 return Err(format!("line {n}: client {name:?} has the same token as another"));
             }
-            entries.push((digest, Client { name: name.into(), scope }));
+            let rate = policy.rate.map(|(r, b)| Arc::new(Rate::new(r, b)));
+            entries.push((
+                digest,
+                Client { name: name.into(), scope, policy: Arc::new(policy), rate },
+            ));
         }
         if entries.is_empty() {
             return Err(format!("no client is configured: {FORMAT}"));
@@ -218,6 +245,7 @@ impl Tokens {
 
 /// A token from a file: its content without one trailing newline (`\n` or `\r\n`).
 fn read_token_file(path: &PathBuf) -> Result<String, String> {
+    crate::secret_files::check(path, crate::secret_files::Kind::TokenFile)?;
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?;
     let token = text.strip_suffix('\n').unwrap_or(&text);
@@ -271,6 +299,8 @@ pub fn classify(method: &Method, route: &str) -> Option<Access> {
         | "/v1/pools/{pool}/ids/{id}"
         | "/v1/pools/{pool}/bindings"
         | "/v1/pools/{pool}/watch" => Access::Needs(Scope::Read),
+        // The list of every client's sessions: operators only.
+        "/v1/sessions" if read_only => Access::Needs(Scope::Admin),
         "/v1/pools/{pool}/acquire"
         | "/v1/pools/{pool}/release"
         | "/v1/sessions"
@@ -333,25 +363,51 @@ pub async fn require_token(
         Ok(None) => return unauthenticated(false),
         Err(()) => return unauthenticated(true),
     };
+    let audited = |mut resp: Response, c: &Client| {
+        resp.extensions_mut().insert(crate::audit::AuditClient(c.name.clone()));
+        resp
+    };
+    if let Some(refused) = crate::quota::check_rate(&client) {
+        return audited(refused, &client);
+    }
     if client.scope < need {
         let what = format!("{} {}", req.method(), route.as_deref().unwrap_or("this route"));
-        return ApiError::new(
+        let refused = ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
             format!(
                 "client {:?} has scope {}; {what} needs scope {need}",
                 &*client.name, client.scope
             ),
-        )
-        .into_response();
+        );
+        return audited(refused.into_response(), &client);
     }
-    req.extensions_mut().insert(client);
-    next.run(req).await
+    // The pool grants: the pool the path names, for reading or writing.
+    if let Some(access) = route.as_deref().and_then(|r| pool_access(req.method(), r)) {
+        let params = req.extract_parts::<RawPathParams>().await;
+        let pool = params
+            .ok()
+            .and_then(|p| p.iter().find(|(k, _)| *k == "pool").map(|(_, v)| v.to_string()));
+        if let Some(pool) = pool {
+            if let Err(why) = client.policy.check(&client.name, &pool, access) {
+                let refused = ApiError::new(StatusCode::FORBIDDEN, "forbidden", why);
+                return audited(refused.into_response(), &client);
+            }
+        }
+    }
+    req.extensions_mut().insert(client.clone());
+    audited(next.run(req).await, &client)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Mode 0600, as a token file must be.
+    fn private(path: &Path) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    }
 
     fn hex(d: &Digest) -> String {
         d.iter().map(|b| format!("{b:02x}")).collect()
@@ -371,6 +427,7 @@ mod tests {
     fn parses_both_forms_and_authenticates_by_token() {
         let dir = tempfile::tempdir().expect("dir");
         std::fs::write(dir.path().join("b.token"), "bbbbbbbbbbbbbbbbbbbb\n").expect("write");
+        private(&dir.path().join("b.token"));
         let a = "aaaaaaaaaaaaaaaaaaaa";
         let text = format!(
             "# clients\n\nalpha read sha256:{}  # a comment\nbeta admin file:b.token\n",
@@ -391,9 +448,18 @@ mod tests {
     fn bad_files_are_refused_with_the_line_and_never_the_secret() {
         let dir = tempfile::tempdir().expect("dir");
         std::fs::write(dir.path().join("short"), "abc").expect("write");
+        private(&dir.path().join("short"));
+        std::fs::write(dir.path().join("open"), "abcdefghijklmnopqrstuvwxyz").expect("write");
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::Permissions::from_mode(0o666);
+            std::fs::set_permissions(dir.path().join("open"), mode).expect("chmod");
+        }
         let h = hex(&sha256(b"x"));
         let cases: Vec<(String, &str)> = vec![
             ("alpha read".into(), "line 1: 2 fields"),
+            (format!("alpha read sha256:{h} refs=0"), "line 1: client \"alpha\": invalid refs"),
+            (format!("alpha read sha256:{h} pools=x"), "unknown option \"pools\""),
             (format!("Alpha read sha256:{h}"), "invalid client name \"Alpha\""),
             (format!("a/b read sha256:{h}"), "invalid client name \"a/b\""),
             (format!("alpha root sha256:{h}"), "invalid scope \"root\""),
@@ -401,6 +467,10 @@ mod tests {
             ("alpha read hunter2-secret-token".into(), "its value is not shown"),
             ("alpha read file:short".into(), "3 bytes: at least 16"),
             ("alpha read file:missing".into(), "cannot read the token file"),
+            (
+                "alpha read file:open".into(),
+                "writable by anyone: refusing to use it; run `chmod 600",
+            ),
             (
                 format!("alpha read sha256:{h}\nalpha admin sha256:{h}"),
                 "line 2: client \"alpha\" is named twice",
@@ -442,6 +512,7 @@ mod tests {
             (&get, Some("/v1/pools/{pool}/bindings"), Needs(Scope::Read)),
             (&get, Some("/v1/pools/{pool}/watch"), Needs(Scope::Read)),
             (&post, Some("/v1/sessions"), Needs(Scope::Allocate)),
+            (&get, Some("/v1/sessions"), Needs(Scope::Admin)),
             (&del, Some("/v1/sessions/{id}"), Needs(Scope::Allocate)),
             (&put, Some("/v1/sessions/{id}/keepalive"), Needs(Scope::Allocate)),
             (&get, Some("/v1/some-new-route"), Needs(Scope::Admin)),
@@ -455,7 +526,7 @@ mod tests {
 
     #[test]
     fn holders_are_namespaced_by_client() {
-        let c = Client { name: "alpha".into(), scope: Scope::Allocate };
+        let c = Client::new("alpha", Scope::Allocate);
         assert_eq!(c.holder("node-1"), "alpha/node-1");
         // Another client's full holder name, passed by this one, lands in this one's namespace.
         assert_eq!(c.holder("beta/node-1"), "alpha/beta/node-1");

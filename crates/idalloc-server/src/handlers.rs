@@ -27,17 +27,31 @@ type ApiResult<T = Response> = Result<T, ApiError>;
 /// Most keys one request may acquire or release (bounds the work of one request).
 pub const MAX_KEYS_PER_REQUEST: usize = 1000;
 
-pub async fn list_pools(State(st): State<Arc<AppState>>) -> ApiResult {
+pub async fn list_pools(State(st): State<Arc<AppState>>, client: Caller) -> ApiResult {
     let pools = st.alloc.list_pools().await?;
-    let pools: Vec<PoolSpecBody> = pools.iter().map(PoolSpecBody::from_spec).collect();
+    // A client sees the pools it may read (its grants in the tokens file).
+    let visible = |name: &str| caller(&client).is_none_or(|c| c.policy.can_read(name));
+    let pools: Vec<PoolSpecBody> =
+        pools.iter().filter(|p| visible(p.name())).map(PoolSpecBody::from_spec).collect();
     Ok(Json(json!({ "pools": pools })).into_response())
 }
 
 pub async fn create_pool(
     State(st): State<Arc<AppState>>,
+    client: Caller,
+    note: Option<Extension<crate::audit::Note>>,
     ApiJson(body): ApiJson<PoolSpecBody>,
 ) -> ApiResult {
     let spec = body.to_spec()?;
+    if let Some(Extension(n)) = &note {
+        n.pool(spec.name());
+    }
+    if let Some(c) = caller(&client) {
+        let access = crate::grants::PoolAccess::Write;
+        c.policy
+            .check(&c.name, spec.name(), access)
+            .map_err(|why| ApiError::new(StatusCode::FORBIDDEN, "forbidden", why))?;
+    }
     let pool = st.alloc.ensure_pool(&spec).await?;
     st.remember(&pool);
     Ok((StatusCode::OK, Json(PoolSpecBody::from_spec(pool.spec()))).into_response())
@@ -118,13 +132,15 @@ fn owner(
 ) -> ApiResult<Owner> {
     match (session, holder) {
         (Some(s), None) => Ok(Owner::Session(st.sessions.get(&s, client)?)),
-        (None, Some(h)) => {
-            idalloc::pool::validate_holder(&h)?;
+        (None, Some(given)) => {
+            idalloc::pool::validate_holder(&given)?;
             let h = match client {
-                Some(c) => c.holder(&h),
-                None => h,
+                Some(c) => c.holder(&given),
+                None => given.clone(),
             };
             idalloc::pool::validate_holder(&h)?;
+            // Sessions own their holder names (issue 20 item 4).
+            st.sessions.check_durable_holder(&given, &h)?;
             Ok(Owner::Holder(h))
         }
         (Some(_), Some(_)) => {
@@ -163,10 +179,14 @@ struct KeysRequest {
 async fn keys_request(
     st: &AppState,
     client: &Caller,
+    note: &Option<Extension<crate::audit::Note>>,
     name: &str,
     body: AcquireBody,
 ) -> ApiResult<KeysRequest> {
     let (keys, single) = keys(body.key, body.keys)?;
+    if let Some(Extension(n)) = note {
+        n.keys(keys.len());
+    }
     for k in &keys {
         idalloc::pool::validate_key(k)?;
     }
@@ -196,10 +216,18 @@ fn session_error(s: &ClientSession, e: idalloc::Error) -> ApiError {
 pub async fn acquire(
     State(st): State<Arc<AppState>>,
     client: Caller,
+    note: Option<Extension<crate::audit::Note>>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
-    let KeysRequest { keys, single, owner, pool } = keys_request(&st, &client, &name, body).await?;
+    let KeysRequest { keys, single, owner, pool } =
+        keys_request(&st, &client, &note, &name, body).await?;
+    // The reference quota, checked before writing; its lock is held until the write is done.
+    let holder = match &owner {
+        Owner::Session(s) => s.holder(),
+        Owner::Holder(h) => h.as_str(),
+    };
+    let _quota = crate::quota::check_refs(&st, caller(&client), &name, &keys, holder).await?;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
         Owner::Session(s) => {
@@ -227,10 +255,12 @@ pub async fn acquire(
 pub async fn release(
     State(st): State<Arc<AppState>>,
     client: Caller,
+    note: Option<Extension<crate::audit::Note>>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
-    let KeysRequest { keys, single, owner, pool } = keys_request(&st, &client, &name, body).await?;
+    let KeysRequest { keys, single, owner, pool } =
+        keys_request(&st, &client, &note, &name, body).await?;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
         Owner::Session(s) => {
@@ -366,6 +396,8 @@ pub async fn open_session(
     client: Caller,
     ApiJson(body): ApiJson<SessionBody>,
 ) -> ApiResult {
+    // The `sessions=` quota: a slot reserved before the lease is granted.
+    let _slot = st.sessions.reserve(caller(&client))?;
     let sent = Instant::now();
     let s = st.alloc.client_session(std::time::Duration::from_secs(body.ttl)).await?;
     let info = SessionInfo {
@@ -393,15 +425,56 @@ pub async fn keepalive(
     }
 }
 
+/// Ends a session. Its owner names it by id; an administrator (or anyone, without tokens) may
+/// also end any client's session, by id or by the holder name `GET /v1/sessions` lists.
 pub async fn end_session(
     State(st): State<Arc<AppState>>,
     client: Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let s = st.sessions.get(&id, caller(&client))?;
+    let admin = caller(&client).is_none_or(|c| c.scope == crate::auth::Scope::Admin);
+    let (id, s) = match st.sessions.get(&id, caller(&client)) {
+        Ok(s) => (id, s),
+        Err(e) if !admin => return Err(e),
+        Err(_) => st.sessions.get_any(&id)?,
+    };
     s.end().await?;
     st.sessions.remove(&id);
     Ok(Json(json!({ "ended": true })).into_response())
+}
+
+/// Every live session of this instance, for administrators: holder, client, TTL, age and the
+/// number of references it holds (counted from the store: one read of each pool's references).
+pub async fn list_sessions(State(st): State<Arc<AppState>>) -> ApiResult {
+    let sessions = st.sessions.list();
+    let mut refs: HashMap<String, u64> = sessions.iter().map(|s| (s.holder.clone(), 0)).collect();
+    if !refs.is_empty() {
+        for spec in st.alloc.list_pools().await? {
+            let name = spec.name();
+            let prefix = st.layout.refs_prefix(name);
+            let got = st.store.get(GetRequest::new(KeyRange::prefix(prefix)).keys_only()).await?;
+            for kv in &got.kvs {
+                if let Some((_, holder)) = st.layout.parse_ref_key(name, &kv.key) {
+                    if let Some(n) = refs.get_mut(&holder) {
+                        *n += 1;
+                    }
+                }
+            }
+        }
+    }
+    let list: Vec<_> = sessions
+        .iter()
+        .map(|s| {
+            json!({
+                "holder": s.holder,
+                "client": s.client.as_deref(),
+                "ttl": s.ttl.as_secs(),
+                "age": s.age.as_secs(),
+                "references": refs.get(&s.holder).copied().unwrap_or(0),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "sessions": list })).into_response())
 }
 
 /// Pools this service has opened, by name (readiness checks that each is synced).

@@ -10,9 +10,15 @@
 #![forbid(unsafe_code)]
 
 pub mod api;
+pub mod audit;
 pub mod auth;
+pub mod conn;
 pub mod error;
+pub mod grants;
 pub mod handlers;
+pub mod limits;
+pub mod quota;
+pub mod secret_files;
 pub mod sessions;
 pub mod tls;
 mod unread;
@@ -66,6 +72,8 @@ pub struct Config {
     /// Bearer tokens of the named clients; `None`: no authentication (every request is served,
     /// holders are used as given).
     pub tokens: Option<auth::Tokens>,
+    /// Connection and request limits (issue 20 item 2).
+    pub limits: limits::Limits,
 }
 
 impl Default for Config {
@@ -76,6 +84,7 @@ impl Default for Config {
             maintenance_interval: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
             tokens: None,
+            limits: limits::Limits::default(),
         }
     }
 }
@@ -92,6 +101,10 @@ pub struct AppState {
     /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
     stop: signal::Sender<bool>,
     metrics: Option<PrometheusHandle>,
+    /// The per-(client, pool) locks of the reference quota.
+    pub(crate) ref_locks: quota::RefLocks,
+    /// Request slots, in total and per client.
+    pub(crate) concurrency: limits::Concurrency,
 }
 
 impl AppState {
@@ -108,11 +121,13 @@ impl AppState {
             store,
             layout: Layout::new(prefix)?,
             sessions: Sessions::default(),
+            concurrency: limits::Concurrency::new(&config.limits),
             config,
             opened: Mutex::new(Default::default()),
             shutting_down: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
+            ref_locks: Default::default(),
         }))
     }
 
@@ -182,7 +197,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/pools/{pool}/bindings", get(handlers::list_bindings))
         .route("/v1/pools/{pool}/sweep", post(handlers::sweep))
         .route("/v1/pools/{pool}/watch", get(watch::watch))
-        .route("/v1/sessions", post(handlers::open_session))
+        .route("/v1/sessions", post(handlers::open_session).get(handlers::list_sessions))
         .route("/v1/sessions/{id}", axum::routing::delete(handlers::end_session))
         .route("/v1/sessions/{id}/keepalive", put(handlers::keepalive))
         .layer(middleware::from_fn_with_state(state.clone(), refuse_when_shutting_down));
@@ -195,9 +210,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(state.config.max_body_bytes))
         .layer(middleware::from_fn_with_state(state.clone(), refuse_oversized))
+        // Inside authentication: the per-client request limit knows the client.
+        .layer(middleware::from_fn_with_state(state.clone(), limits::limit_concurrency))
         // Before anything reads the request: who may ask is decided first.
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
         .layer(middleware::from_fn(http_metrics))
+        // Request ids and the audit line of every mutating request, refused ones included.
+        .layer(middleware::from_fn(audit::audit))
         // Outermost: sees every answer, including the refusals of the layers above.
         .layer(middleware::from_fn(unread::close_if_body_unread))
         .with_state(state)
@@ -315,10 +334,20 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     Json(json!({ "status": "ready", "revision": revision, "pools": pools.len() })).into_response()
 }
 
-async fn metrics_text(State(st): State<Arc<AppState>>) -> Response {
+async fn metrics_text(
+    State(st): State<Arc<AppState>>,
+    client: Option<axum::Extension<auth::Client>>,
+) -> Response {
     match &st.metrics {
-        Some(h) => ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], h.render())
-            .into_response(),
+        Some(h) => {
+            let mut text = h.render();
+            // A client sees the per-pool samples of the pools it may read only.
+            if let Some(axum::Extension(c)) = client {
+                text = grants::filter_metrics(&text, |p| c.policy.can_read(p));
+            }
+            ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4")], text)
+                .into_response()
+        }
         None => ApiError::not_found("metrics are not enabled in this process").into_response(),
     }
 }
@@ -390,34 +419,26 @@ async fn serve_on<L>(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()>
 where
-    L: axum::serve::Listener,
-    L::Addr: std::fmt::Debug,
+    L: axum::serve::Listener<Addr = SocketAddr>,
 {
     let app = router(state.clone());
     let maint = tokio::spawn(maintenance(state.clone()));
-    let st = state.clone();
-    let (drained_tx, drained_rx) = tokio::sync::oneshot::channel::<()>();
     let drain_timeout = state.config.drain_timeout;
-    let server = axum::serve(listener, app).with_graceful_shutdown(async move {
-        shutdown.await;
-        info!("shutdown requested: refusing new requests, finishing in-flight ones");
-        st.begin_shutdown();
-        let _ = drained_tx.send(());
-    });
-    let server = async move { server.await };
+    let server =
+        conn::serve_connections(listener, app, state.config.limits.clone(), state.stop_signal());
     tokio::pin!(server);
-    let result = tokio::select! {
-        r = &mut server => r,
-        _ = async {
-            let _ = drained_rx.await;
-            tokio::time::sleep(drain_timeout).await;
-        } => {
-            warn!(?drain_timeout, "in-flight requests did not finish in time; exiting anyway");
-            Ok(())
-        }
-    };
+    tokio::select! {
+        // Returns only after the stop signal, which only begin_shutdown sends.
+        _ = &mut server => {}
+        _ = shutdown => {}
+    }
+    info!("shutdown requested: refusing new requests, finishing in-flight ones");
+    state.begin_shutdown();
+    if tokio::time::timeout(drain_timeout, &mut server).await.is_err() {
+        warn!(?drain_timeout, "in-flight requests did not finish in time; exiting anyway");
+    }
     maint.abort();
-    result
+    Ok(())
 }
 
 /// Resolves on SIGTERM or SIGINT.
@@ -515,10 +536,11 @@ mod tests {
                     auth::Access::Needs(scope) => {
                         assert_eq!(op["x-scope"], scope.as_str(), "{method} {path}");
                         assert!(responses.get("401").is_some(), "{method} {path}: no 401");
+                        // 403: a lower scope exists, or the pool named is outside the grants.
                         assert_eq!(
                             responses.get("403").is_some(),
-                            scope > auth::Scope::Read,
-                            "{method} {path}: 403 listed iff a lower scope exists"
+                            scope > auth::Scope::Read || path.starts_with("/v1/pools/{pool}"),
+                            "{method} {path}: 403 listed iff a lower scope exists or a pool is named"
                         );
                     }
                 }

@@ -66,6 +66,8 @@ impl TlsFiles {
     /// flag it came from).
     pub fn load(&self) -> Result<Arc<ServerConfig>, String> {
         let certs = read_certs("certificate (--tls-cert)", &self.cert)?;
+        crate::secret_files::check(&self.key, crate::secret_files::Kind::TlsKey)
+            .map_err(|e| format!("--tls-key: {e}"))?;
         let key_bytes = std::fs::read(&self.key).map_err(|e| {
             format!("cannot read the private key (--tls-key) {}: {e}", self.key.display())
         })?;

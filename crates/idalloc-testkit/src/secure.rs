@@ -102,6 +102,12 @@ fn leaf(
 fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, String> {
     let path = dir.join(name);
     std::fs::write(&path, text).map_err(|e| format!("writing {}: {e}", path.display()))?;
+    // Private, as the service requires of its key (and harmless for certificates).
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| format!("chmod {}: {e}", path.display()))?;
+    }
     Ok(path)
 }
 

@@ -27,10 +27,11 @@ pub struct Serve {
 
 impl Serve {
     /// `BIN <global> serve --listen 127.0.0.1:0 --sweep-interval 1s <args>` with `RUST_LOG=warn`
-    /// and stderr on the test's stderr. `global` holds the options before the subcommand
+    /// (and the audit log off: one line per write would flood the test's output) and stderr on the
+    /// test's stderr. `global` holds the options before the subcommand
     /// (`--store`, `--prefix`, `--timeout`, …).
     pub fn start(bin: &str, global: &[&str], args: &[&str]) -> Serve {
-        Serve::spawn(bin, global, args, "warn", None)
+        Serve::spawn(bin, global, args, "warn,idalloc::audit=off", None)
     }
 
     /// The same with `RUST_LOG=debug` and stderr written to the file `log`, for tests that read

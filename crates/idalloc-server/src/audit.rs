@@ -1,0 +1,145 @@
+//! The audit log and request ids (issue 20 item 5).
+//!
+//! Every mutating request (any method but GET, HEAD and OPTIONS), answered or refused, gives one
+//! `tracing` event of target [`TARGET`] at `info` with the fields `request_id`, `client` (the
+//! token's client name, `-` without tokens or before authentication), `operation` (a fixed set:
+//! [`operation`]), `pool` (`-` if none), `keys` (the keys of an acquire or release, else 0),
+//! `status` (the HTTP status) and `outcome` (`ok`, `refused` for 4xx, `failed` for 5xx). With
+//! `--log-format json` each is one JSON line. Never a token, a session id or a key: the token is
+//! only read by the auth middleware, and the session id is a capability.
+//!
+//! `X-Request-Id`: taken from the request when it is 1–128 visible ASCII characters, else a fresh
+//! random one; echoed on every answer, so a client can find its request in the audit log.
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{MatchedPath, RawPathParams, Request};
+use axum::http::{HeaderName, HeaderValue, Method};
+use axum::middleware::Next;
+use axum::response::Response;
+use axum::RequestExt;
+
+/// The `tracing` target of audit events.
+pub const TARGET: &str = "idalloc::audit";
+
+/// The request-id header.
+pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// What a handler learned that the audit line reports (the keys of a request, the pool a body
+/// names). Put in the request's extensions by [`audit`].
+#[derive(Clone, Default)]
+pub struct Note(Arc<Mutex<Noted>>);
+
+#[derive(Default)]
+struct Noted {
+    keys: usize,
+    pool: Option<String>,
+}
+
+impl Note {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Noted> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The request names `n` keys.
+    pub fn keys(&self, n: usize) {
+        self.lock().keys = n;
+    }
+
+    /// The request's pool, when the path does not name it (pool create).
+    pub fn pool(&self, name: &str) {
+        self.lock().pool = Some(name.to_string());
+    }
+}
+
+/// Who made a request (set on the answer by the auth middleware once it knows).
+#[derive(Clone, Debug)]
+pub struct AuditClient(pub Arc<str>);
+
+/// The operation of a mutating `method` on `route` (`None`: no route matched): a fixed set, so
+/// the field is bounded whatever requests arrive.
+pub fn operation(method: &Method, route: Option<&str>) -> &'static str {
+    match (method.as_str(), route.unwrap_or("")) {
+        ("POST", "/v1/pools") => "pool_create",
+        ("DELETE", "/v1/pools/{pool}") => "pool_delete",
+        ("POST", "/v1/pools/{pool}/acquire") => "acquire",
+        ("POST", "/v1/pools/{pool}/release") => "release",
+        ("POST", "/v1/pools/{pool}/sweep") => "sweep",
+        ("POST", "/v1/sessions") => "session_open",
+        ("DELETE", "/v1/sessions/{id}") => "session_end",
+        ("PUT", "/v1/sessions/{id}/keepalive") => "session_keepalive",
+        _ => "other",
+    }
+}
+
+/// A request id the client sent, if usable: 1–128 visible ASCII characters.
+fn given_id(v: &HeaderValue) -> Option<HeaderValue> {
+    let b = v.as_bytes();
+    let ok = !b.is_empty() && b.len() <= 128 && b.iter().all(|c| c.is_ascii_graphic());
+    ok.then(|| v.clone())
+}
+
+fn fresh_id() -> HeaderValue {
+    let n: u128 = rand::random();
+    HeaderValue::from_str(&format!("{n:032x}")).unwrap_or(HeaderValue::from_static("unknown"))
+}
+
+/// The middleware: request id in and out, and the audit line of mutating requests.
+pub async fn audit(mut req: Request, next: Next) -> Response {
+    let id = req.headers().get(&REQUEST_ID).and_then(given_id).unwrap_or_else(fresh_id);
+    req.headers_mut().insert(REQUEST_ID.clone(), id.clone());
+    let method = req.method().clone();
+    let mutating = !matches!(method, Method::GET | Method::HEAD | Method::OPTIONS);
+    let route = req.extensions().get::<MatchedPath>().map(|m| m.as_str().to_string());
+    let note = Note::default();
+    req.extensions_mut().insert(note.clone());
+    let path_pool = match mutating {
+        true => req
+            .extract_parts::<RawPathParams>()
+            .await
+            .ok()
+            .and_then(|p| p.iter().find(|(k, _)| *k == "pool").map(|(_, v)| v.to_string())),
+        false => None,
+    };
+    let mut resp = next.run(req).await;
+    if mutating {
+        let status = resp.status();
+        let outcome = match status.as_u16() {
+            200..=399 => "ok",
+            400..=499 => "refused",
+            _ => "failed",
+        };
+        let client = resp.extensions().get::<AuditClient>().map(|c| c.0.clone());
+        let noted = note.lock();
+        let pool = path_pool.as_deref().or(noted.pool.as_deref()).unwrap_or("-");
+        tracing::info!(
+            target: TARGET,
+            request_id = %String::from_utf8_lossy(id.as_bytes()),
+            client = client.as_deref().unwrap_or("-"),
+            operation = operation(&method, route.as_deref()),
+            pool,
+            keys = noted.keys,
+            status = status.as_u16(),
+            outcome,
+            "audit"
+        );
+    }
+    resp.headers_mut().insert(REQUEST_ID.clone(), id);
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_kept_when_sane_and_operations_are_a_fixed_set() {
+        assert!(given_id(&HeaderValue::from_static("abc-123")).is_some());
+        assert!(given_id(&HeaderValue::from_static("has space")).is_none());
+        assert!(given_id(&HeaderValue::from_static("")).is_none());
+        assert!(given_id(&HeaderValue::from_str(&"x".repeat(129)).expect("value")).is_none());
+        assert_eq!(fresh_id().len(), 32);
+        assert_eq!(operation(&Method::POST, Some("/v1/pools/{pool}/acquire")), "acquire");
+        assert_eq!(operation(&Method::from_bytes(b"BREW").expect("method"), None), "other");
+    }
+}

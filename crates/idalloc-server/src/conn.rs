@@ -1,0 +1,310 @@
+//! The accept loop (issue 20 item 2): hyper's connection builder with the limits of
+//! [`crate::limits::Limits`], in place of `axum::serve` (which exposes no header timeout, no
+//! connection cap and no HTTP/2 stream limit).
+//!
+//! - **Connection cap**: a semaphore taken on accept, held by the connection's task. At the cap,
+//!   the connection idle the longest (no request in flight) is closed to make room, so idle sockets
+//!   cannot lock clients out (2,000 idle sockets leave `/healthz` answering); if every connection
+//!   has a request in flight, the new one gets a 503 `overloaded` JSON answer and is closed. The
+//!   process thus holds at most `max_connections` client descriptors, and the default cap is below
+//!   its open-files limit.
+//! - **Header timeout**: hyper's HTTP/1 `header_read_timeout`, which also runs while a new
+//!   connection has sent nothing.
+//! - **Idle timeout**: a reaper closes connections with no request in flight for `idle_timeout`
+//!   (HTTP/1 keep-alive and HTTP/2).
+//! - **Body timeout**: every request body (but an empty one) is wrapped in tower-http's
+//!   `TimeoutBody`.
+//! - **HTTP/2 streams**: at most `max_requests_per_client` per connection.
+//! - **Shutdown**: on `stop`, accepting ends, every connection is shut down gracefully (in-flight
+//!   requests finish, idle connections close) and [`serve_connections`] returns when all are gone.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::Router;
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::io::AsyncWriteExt;
+use tokio::sync::{oneshot, watch, Semaphore};
+use tower::ServiceExt;
+use tracing::debug;
+
+use crate::limits::Limits;
+
+/// Connections open now (gauge).
+pub const HTTP_CONNECTIONS: &str = "idalloc_http_connections";
+/// The connection cap (`--max-connections`), so that alerts can compare the gauge with it.
+pub const HTTP_MAX_CONNECTIONS: &str = "idalloc_http_max_connections";
+/// Connections closed by the service to stay under its cap, or refused at it, by `reason`
+/// (`evicted_idle`, `refused`, `idle_timeout`).
+pub const HTTP_CONNECTIONS_CLOSED: &str = "idalloc_http_connections_closed_total";
+
+/// Whether a connection has a request in flight, and since when it has not.
+struct Activity {
+    busy: AtomicUsize,
+    /// Milliseconds since the registry's start when `busy` last dropped to 0 (or it connected).
+    idle_since: AtomicU64,
+}
+
+/// Marks a request in flight for as long as it lives (until the answer's body is sent).
+struct Busy {
+    activity: Arc<Activity>,
+    clock: Instant,
+}
+
+impl Busy {
+    fn new(activity: &Arc<Activity>, clock: Instant) -> Busy {
+        activity.busy.fetch_add(1, Ordering::AcqRel);
+        Busy { activity: activity.clone(), clock }
+    }
+}
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        let now = self.clock.elapsed().as_millis() as u64;
+        self.activity.idle_since.store(now, Ordering::Release);
+        self.activity.busy.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Open connections by id: their activity, and the signal that closes them.
+type Conns = HashMap<u64, (Arc<Activity>, oneshot::Sender<()>)>;
+
+/// The open connections, for eviction and the idle reaper.
+struct Registry {
+    clock: Instant,
+    next: AtomicU64,
+    conns: Mutex<Conns>,
+}
+
+impl Registry {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Conns> {
+        self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn insert(&self, activity: Arc<Activity>, close: oneshot::Sender<()>) -> u64 {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, (activity, close));
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.lock().remove(&id);
+    }
+
+    /// Closes the connection idle the longest; false if every connection is busy.
+    fn evict_oldest_idle(&self) -> bool {
+        let mut map = self.lock();
+        let oldest = map
+            .iter()
+            .filter(|(_, (a, _))| a.busy.load(Ordering::Acquire) == 0)
+            .min_by_key(|(_, (a, _))| a.idle_since.load(Ordering::Acquire))
+            .map(|(id, _)| *id);
+        match oldest.and_then(|id| map.remove(&id)) {
+            Some((_, close)) => {
+                let _ = close.send(());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Closes every connection idle for `timeout` or longer.
+    fn reap(&self, timeout: Duration) -> usize {
+        let now = self.now_ms();
+        let limit = timeout.as_millis() as u64;
+        let mut map = self.lock();
+        let idle: Vec<u64> = map
+            .iter()
+            .filter(|(_, (a, _))| {
+                a.busy.load(Ordering::Acquire) == 0
+                    && now.saturating_sub(a.idle_since.load(Ordering::Acquire)) >= limit
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in &idle {
+            if let Some((_, close)) = map.remove(id) {
+                let _ = close.send(());
+            }
+        }
+        idle.len()
+    }
+}
+
+/// The answer to a connection over the cap when none could be closed: written raw (no request
+/// was read), then the connection is closed.
+fn overloaded_answer(max: usize) -> Vec<u8> {
+    let body = serde_json::json!({
+        "kind": "overloaded",
+        "message": format!(
+            "the service has {max} connections open, its limit (--max-connections), each with a \
+             request in flight; retry later or on another instance"
+        ),
+    })
+    .to_string();
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: \
+         {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// Resolves once `stop` is true (or its sender is gone), holding no borrow of it after.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    let _ = stop.wait_for(|s| *s).await;
+}
+
+/// Serves `app` on `listener` with `limits` until `stop` turns true, then shuts every connection
+/// down gracefully and returns once all are closed (the caller bounds that wait).
+pub async fn serve_connections<L>(
+    mut listener: L,
+    app: Router,
+    limits: Limits,
+    mut stop: watch::Receiver<bool>,
+) where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    let max = limits.max_connections.max(1);
+    metrics::gauge!(HTTP_MAX_CONNECTIONS).set(max as f64);
+    metrics::gauge!(HTTP_CONNECTIONS).set(0.0);
+    // Exported from the start (at 0), so that alerts on them have a series to read.
+    for reason in ["evicted_idle", "refused", "idle_timeout"] {
+        metrics::counter!(HTTP_CONNECTIONS_CLOSED, "reason" => reason).absolute(0);
+    }
+    let permits = Arc::new(Semaphore::new(max));
+    let registry = Arc::new(Registry {
+        clock: Instant::now(),
+        next: AtomicU64::new(0),
+        conns: Mutex::default(),
+    });
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(u32::try_from(limits.max_requests_per_client).unwrap_or(u32::MAX));
+    let reaper = {
+        let registry = registry.clone();
+        let idle = limits.idle_timeout;
+        tokio::spawn(async move {
+            let tick = (idle / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+            loop {
+                tokio::time::sleep(tick).await;
+                let n = registry.reap(idle);
+                if n > 0 {
+                    metrics::counter!(HTTP_CONNECTIONS_CLOSED, "reason" => "idle_timeout")
+                        .increment(n as u64);
+                }
+            }
+        })
+    };
+    loop {
+        let (io, addr) = tokio::select! {
+            a = listener.accept() => a,
+            _ = stopped(&mut stop) => break,
+        };
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) if registry.evict_oldest_idle() => {
+                metrics::counter!(HTTP_CONNECTIONS_CLOSED, "reason" => "evicted_idle").increment(1);
+                // The evicted connection's task ends at its next poll and frees its permit.
+                tokio::time::timeout(Duration::from_secs(1), permits.clone().acquire_owned())
+                    .await
+                    .ok()
+                    .and_then(Result::ok)
+            }
+            Err(_) => None,
+        };
+        let Some(permit) = permit else {
+            metrics::counter!(HTTP_CONNECTIONS_CLOSED, "reason" => "refused").increment(1);
+            debug!(%addr, max, "connection refused: at the connection cap, none idle");
+            let answer = overloaded_answer(max);
+            tokio::spawn(async move {
+                let mut io = io;
+                let _ = tokio::time::timeout(Duration::from_secs(1), async {
+                    let _ = io.write_all(&answer).await;
+                    let _ = io.shutdown().await;
+                })
+                .await;
+            });
+            continue;
+        };
+        let activity = Arc::new(Activity {
+            busy: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(registry.now_ms()),
+        });
+        let (close_tx, close_rx) = oneshot::channel();
+        let id = registry.insert(activity.clone(), close_tx);
+        let clock = registry.clock;
+        let body_timeout = limits.body_timeout;
+        let app = app.clone();
+        let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let busy = Busy::new(&activity, clock);
+            // A request without a body keeps hyper's body: `TimeoutBody` does not forward
+            // `is_end_stream`, and an empty body that looks unread closes the connection
+            // (`unread.rs`) after every GET.
+            let mut req = req.map(|b| {
+                if http_body::Body::is_end_stream(&b) {
+                    Body::new(b)
+                } else {
+                    Body::new(tower_http::timeout::TimeoutBody::new(body_timeout, b))
+                }
+            });
+            req.extensions_mut().insert(ConnectInfo(addr));
+            let app = app.clone();
+            async move {
+                let resp = match app.oneshot(req).await {
+                    Ok(r) => r,
+                    Err(never) => match never {},
+                };
+                // The connection is busy until the answer's body is sent (watch streams too).
+                Ok::<_, Infallible>(resp.map(|b| {
+                    Body::new(b.map_frame(move |f| {
+                        let _ = &busy;
+                        f
+                    }))
+                }))
+            }
+        });
+        let builder = builder.clone();
+        let registry = registry.clone();
+        let mut stop = stop.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            metrics::gauge!(HTTP_CONNECTIONS).increment(1.0);
+            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        debug!(%addr, error = %e, "connection ended with an error");
+                    }
+                }
+                // Evicted or idle too long: dropping the connection closes it.
+                _ = close_rx => {}
+                _ = stopped(&mut stop) => {
+                    conn.as_mut().graceful_shutdown();
+                    let _ = conn.await;
+                }
+            }
+            registry.remove(id);
+            metrics::gauge!(HTTP_CONNECTIONS).decrement(1.0);
+        });
+    }
+    drop(listener);
+    // Every connection task holds a permit: all are back when all connections are closed.
+    let _ = permits.acquire_many(max as u32).await;
+    reaper.abort();
+}
