@@ -240,6 +240,46 @@ Examples:
   idalloc --store file:/var/lib/idalloc/ids.redb serve --listen 127.0.0.1:8080
   RUST_LOG=idalloc=debug idalloc --log-format json serve")]
     Serve(ServeArgs),
+
+    /// Print a completion script for SHELL (bash, zsh or fish) on stdout. Needs no store.
+    #[command(after_help = "\
+Generated from the same definitions as the parser, so it knows every command and flag of this
+build. Installed by nothing. Examples, installing for one user (docs/cli.md has more):
+  idalloc completions bash > ~/.local/share/bash-completion/completions/idalloc
+  idalloc completions zsh  > ~/.zfunc/_idalloc      # with fpath+=(~/.zfunc) before compinit
+  idalloc completions fish > ~/.config/fish/completions/idalloc.fish")]
+    Completions(CompletionsArgs),
+
+    /// Print the man page (roff) on stdout, or with --dir write one page per command there.
+    /// Needs no store.
+    #[command(after_help = "\
+Generated from the same definitions as --help. Installed by nothing. Examples (docs/cli.md):
+  idalloc man --dir /usr/local/share/man/man1      # idalloc.1, idalloc-acquire.1, ...
+  idalloc man | man -l -                           # read it without installing")]
+    Man(ManArgs),
+}
+
+/// The shells `idalloc completions` writes scripts for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ShellArg {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+#[derive(Args, Debug)]
+pub struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum, value_name = "SHELL")]
+    pub shell: ShellArg,
+}
+
+#[derive(Args, Debug)]
+pub struct ManArgs {
+    /// Write idalloc.1 and one page per subcommand (idalloc-pool-create.1, ...) into this
+    /// existing directory instead of printing the main page.
+    #[arg(long, value_name = "DIR")]
+    pub dir: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]

@@ -11,13 +11,13 @@ use serde_json::{json, Value};
 
 use crate::cli::{
     AcquireArgs, CheckArgs, Cli, Command, CreateArgs, DeleteArgs, GcArgs, GetArgs, LookupArgs,
-    PoolCommand, ReleaseArgs, StrategyArg,
+    ManArgs, PoolCommand, ReleaseArgs, StrategyArg,
 };
 use crate::fail::Failure;
 use crate::open::{self, Settings};
 use crate::parse::default_holder;
 use crate::render::{self, Usage};
-use crate::{batch, remotes, watch};
+use crate::{batch, docgen, remotes, watch};
 
 /// Where results go: text or JSON on stdout.
 #[derive(Clone, Copy)]
@@ -32,6 +32,15 @@ impl Out {
         let mut o = std::io::stdout().lock();
         o.write_all(text.as_bytes())
             .and_then(|_| o.flush())
+            .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))
+    }
+
+    /// Writes raw bytes (a generated script or page) to stdout; exit 0.
+    pub fn bytes(&self, b: &[u8]) -> Result<u8, Failure> {
+        let mut o = std::io::stdout().lock();
+        o.write_all(b)
+            .and_then(|_| o.flush())
+            .map(|_| 0)
             .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))
     }
 
@@ -56,6 +65,16 @@ impl Out {
 
 /// Runs the parsed command line; returns the exit code on success paths that are not 0 (status).
 pub async fn run(cli: Cli) -> Result<u8, Failure> {
+    // Completions and man pages come from the command definitions alone: no store, no
+    // credentials, no prompt.
+    match &cli.command {
+        Command::Completions(a) => return Out { json: false }.bytes(&docgen::completions(a.shell)),
+        Command::Man(ManArgs { dir: Some(dir) }) => return docgen::man_pages_to(dir).map(|_| 0),
+        Command::Man(ManArgs { dir: None }) => {
+            return Out { json: false }.bytes(&docgen::man_page()?)
+        }
+        _ => {}
+    }
     // Which store and how to reach it (etcd flags, config file, URL credentials); a password
     // prompt, if any, happens here, before anything else.
     let (url, etcd) = crate::connect::resolve_here(cli.store.clone(), &cli.etcd)?;
@@ -184,6 +203,9 @@ async fn dispatch(
         Command::Status => status(settings, layout, alloc, &*store, file_missing, out).await,
         Command::Check(a) => check(settings, layout, &*store, a, out).await,
         Command::Serve(_) => Err(Failure::usage("serve is run before a store is opened")),
+        Command::Completions(_) | Command::Man(_) => {
+            Err(Failure::usage("completions and man are run before a store is opened"))
+        }
     }
 }
 

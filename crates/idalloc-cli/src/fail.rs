@@ -89,12 +89,20 @@ pub fn clap_line(rendered: &str) -> String {
     } else {
         Vec::new()
     };
+    // A bad value of a fixed set ("invalid value 'tcsh' for '<SHELL>'") lists what is allowed
+    // on a line of its own: keep it, the message must say what is allowed.
+    let allowed = rendered.lines().map(str::trim).find(|l| l.starts_with("[possible values:"));
     let joined;
-    let first = if listed.is_empty() {
-        first
-    } else {
-        joined = format!("{first} {}", listed.join(", "));
-        &joined
+    let first = match (listed.is_empty(), allowed) {
+        (true, None) => first,
+        (true, Some(a)) => {
+            joined = format!("{first} {a}");
+            &joined
+        }
+        (false, _) => {
+            joined = format!("{first} {}", listed.join(", "));
+            &joined
+        }
     };
     // clap quotes the offending value: never a password from an etcd:// URL.
     let first = crate::parse::redact_urls(first);
@@ -130,6 +138,15 @@ mod tests {
         assert_eq!(
             clap_line(rendered),
             "the following required arguments were not provided: --tls-key <FILE> (see 'idalloc --help')"
+        );
+    }
+
+    #[test]
+    fn the_allowed_values_of_a_bad_choice_are_kept() {
+        let rendered = "error: invalid value 'tcsh' for '<SHELL>'\n  [possible values: bash, zsh, fish]\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            clap_line(rendered),
+            "invalid value 'tcsh' for '<SHELL>' [possible values: bash, zsh, fish] (see 'idalloc --help')"
         );
     }
 

@@ -7,6 +7,7 @@ mod batch;
 mod cli;
 mod commands;
 mod connect;
+mod docgen;
 mod fail;
 mod open;
 mod parse;

@@ -5,10 +5,16 @@
 //! as root (as CI does) the part that opens the file runs as a child process of this test binary
 //! under the unprivileged uid/gid 65534 ("nobody"); otherwise it runs as the current user. A
 //! second test leaves the file as a killed writer does, not closed cleanly.
+//!
+//! The child must be able to reach what it runs and opens wherever the checkout lies (issue 19
+//! item 9): under a directory other users cannot enter (a clone in root's home, or in a 0700
+//! `mktemp -d`), "nobody" can execute neither the test binary where cargo built it nor anything
+//! beside it. So each test makes its own directory every user can enter ([`world_dir`]), puts the
+//! store file there and runs a copy of this test binary from there.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
@@ -54,9 +60,33 @@ fn unclean_writer(path: &str) {
     std::process::exit(0);
 }
 
-/// Runs this test binary as a child in `mode` on `path` (as "nobody" if `nobody`).
+/// True if every user may enter `dir` and each directory above it (the "x" bit for others).
+fn enterable_by_all(dir: &Path) -> bool {
+    dir.ancestors().all(|a| std::fs::metadata(a).is_ok_and(|m| m.mode() & 0o001 != 0))
+}
+
+/// A fresh directory every user can enter (mode 0755): in the temporary directory if everyone
+/// can reach it, else in `/tmp`.
+fn world_dir() -> tempfile::TempDir {
+    let base = [std::env::temp_dir(), PathBuf::from("/tmp")]
+        .into_iter()
+        .find(|d| enterable_by_all(d))
+        .expect("neither $TMPDIR nor /tmp can be entered by every user");
+    let dir = tempfile::tempdir_in(base).unwrap();
+    perms(dir.path(), 0o755);
+    dir
+}
+
+/// Runs this test binary as a child in `mode` on `path` (as "nobody" if `nobody`). The child
+/// runs a copy placed beside the store file (in a [`world_dir`]), not the binary where cargo
+/// built it, which "nobody" may not be able to reach.
 fn run_child(test: &str, mode: &str, path: &Path, nobody: bool) -> std::process::Output {
-    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    let exe = path.with_file_name("test-binary");
+    if !exe.exists() {
+        std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+        perms(&exe, 0o755);
+    }
+    let mut cmd = Command::new(&exe);
     cmd.args([test, "--exact", "--nocapture", "--test-threads=1"])
         .env(CHILD_ENV, format!("{mode}:{}", path.display()));
     if nobody {
@@ -114,7 +144,7 @@ fn read_only_store_file_serves_reads_and_refuses_writes() {
     if as_child() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = world_dir();
     let path = dir.path().join("store.redb");
     rt().block_on(async {
         let s = EmbeddedStore::open(&path, EmbeddedOptions::default()).await.unwrap();
@@ -133,7 +163,7 @@ fn read_only_store_file_not_closed_cleanly_still_serves_reads() {
     if as_child() {
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
+    let dir = world_dir();
     let path = dir.path().join("store.redb");
     let out = run_child(NAME, "write", &path, false);
     assert!(out.status.success(), "writer: {}", String::from_utf8_lossy(&out.stderr));
