@@ -20,13 +20,13 @@ use serde::Serialize;
 
 mod guard;
 
-pub use guard::removes_protected;
+pub use guard::{removes_protected, RepairContext};
 
-use crate::layout::{encode_id, IdRecord, Layout};
+use crate::layout::{encode_id, IdRecord};
 use crate::pool::PoolSpec;
 use crate::protocol::id_is_allocatable;
 use crate::records::{PoolSnapshot, SpecProblem, SpecProblemKind};
-use crate::store::{Compare, KeyRange, Revision, TxnOp, TxnRequest};
+use crate::store::{Compare, KeyRange, TxnOp, TxnRequest};
 
 /// One breach of the layout's invariants. Keys and holders are the decoded strings; `record` is a
 /// full record name (lossy UTF-8).
@@ -331,16 +331,6 @@ pub struct Repair {
     /// What the txn does, for people.
     pub action: String,
     pub txn: TxnRequest,
-}
-
-/// What a repair may rely on besides the snapshot: the layout, and the spec record's mod revision
-/// at the snapshot (every repair compares it, so a pool deleted or re-created meanwhile is left
-/// alone).
-#[derive(Clone, Copy, Debug)]
-pub struct RepairContext<'a> {
-    pub layout: &'a Layout,
-    pub spec: &'a PoolSpec,
-    pub spec_revision: Revision,
 }
 
 /// True if handed-out ID `id` carries `spec`'s prefix and its raw part is reserved.

@@ -1,12 +1,22 @@
 //! The rule every `check --repair` txn must pass, whatever finding planned it (issue 19, item 1):
 //! no repair takes an ID from a key the pool's reclaim rules still protect (DESIGN §8, G5).
 
-use crate::layout::{parse_id_value, IdRecord};
+use crate::layout::{parse_id_value, IdRecord, Layout};
+use crate::pool::PoolSpec;
 use crate::protocol::id_is_allocatable;
 use crate::records::PoolSnapshot;
-use crate::store::{KeyRange, PutRequest, TxnOp, TxnRequest};
+use crate::store::{KeyRange, PutRequest, Revision, TxnOp, TxnRequest};
 
-use super::RepairContext;
+/// What a repair may rely on besides the snapshot: the layout, and the spec record's mod revision
+/// at the snapshot (every repair compares it, so a pool deleted or re-created meanwhile is left
+/// alone). Defined here, beside the rule that uses it, so that this file needs nothing of its
+/// parent (the import check's one-node-per-file graph stays a tree).
+#[derive(Clone, Copy, Debug)]
+pub struct RepairContext<'a> {
+    pub layout: &'a Layout,
+    pub spec: &'a PoolSpec,
+    pub spec_revision: Revision,
+}
 
 /// True if `txn` deletes (or gives to another key or ID) a record that keeps an ID for a key
 /// (DESIGN §8):
