@@ -555,7 +555,8 @@ fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::{CompareOp, CompareTarget, KeyValue};
+    use crate::layout::Layout;
+    use crate::store::{CompareOp, CompareTarget, KeyValue, Revision};
 
     const P: &str = "p";
 
