@@ -96,6 +96,10 @@ pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Fa
             _ = &mut ctrl_c => return Ok(()),
         };
         let Some(ev) = ev else {
+            // The stream ends after a `Delete` per binding when the pool is deleted (by anyone).
+            if pool.is_retired() {
+                return Err(idalloc::Error::PoolNotFound { pool: w.pool.clone() }.into());
+            }
             return Err(Failure::runtime(format!("the event stream of pool {:?} ended", w.pool)));
         };
         let changes = match ev {

@@ -486,6 +486,35 @@ fn watch_sees_changes(t: &Target) {
     assert!(status.success(), "{status:?}");
 }
 
+/// Issue 19 item 6: `watch` of a pool another process deletes prints an unbound line per binding
+/// and exits 3 (pool not found), instead of following a pool that no longer exists.
+#[test]
+fn etcd_watch_of_a_deleted_pool_ends_with_not_found() {
+    let Some(t) = Target::etcd() else { return };
+    t.run(&["pool", "create", "gone", "--range", "1-100"]).ok();
+    let id = t.run(&["acquire", "gone", "doomed"]).id();
+    let mut child = t
+        .std_cmd()
+        .args(["--json", "watch", "gone"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut seen = Vec::new();
+    read_until(&mut out, &mut seen, |l| l.contains("\"synced\""));
+    t.run(&["pool", "delete", "gone", "--force"]).ok();
+    read_until(&mut out, &mut seen, |l| l.contains("\"delete\""));
+    let del: Value = serde_json::from_str(&seen[1]).unwrap();
+    assert_eq!(
+        del,
+        serde_json::json!({"event": "delete", "pool": "gone", "id": id, "key": "doomed"})
+    );
+    drop(out);
+    let done = wait_with_output(child);
+    assert_eq!(done.status.code(), Some(3), "{}", String::from_utf8_lossy(&done.stderr));
+}
+
 #[test]
 fn file_store_watch() {
     watch_sees_changes(&Target::file());

@@ -388,7 +388,14 @@ pub async fn sweep(State(st): State<Arc<AppState>>, Path(name): Path<String>) ->
     let r = pool.sweep().await?;
     let reclaimed: Vec<_> =
         r.reclaimed.iter().map(|(id, key)| json!({ "id": id, "key": key })).collect();
-    Ok(Json(json!({ "pool": name, "reclaimed": reclaimed, "idle": r.idle })).into_response())
+    Ok(Json(json!({
+        "pool": name,
+        "reclaimed": reclaimed,
+        "idle": r.idle,
+        "fence_records": r.fence_records,
+        "folded": r.folded,
+    }))
+    .into_response())
 }
 
 pub async fn open_session(

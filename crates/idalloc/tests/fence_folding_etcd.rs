@@ -79,11 +79,13 @@ async fn a_thousand_holder_names_leave_a_bounded_number_of_fence_records() {
     admin.init_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
 
     let next = Arc::new(AtomicUsize::new(0));
+    let failed_acquires = Arc::new(AtomicUsize::new(0));
     let done = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for w in 0..WORKERS {
         let a = alloc(store.clone(), &layout, &format!("worker-{w}"), FOLD_ABOVE);
         let next = next.clone();
+        let failed_acquires = failed_acquires.clone();
         workers.push(tokio::spawn(async move {
             let pool = until_ok("open", || a.pool("p")).await;
             loop {
@@ -95,7 +97,9 @@ async fn a_thousand_holder_names_leave_a_bounded_number_of_fence_records() {
                 let key = format!("k{}", i % KEYS);
                 // An acquire that failed may still commit late: the release below (which bumps
                 // the holder's fence) must make it fail, across folds too.
-                let _ = pool.acquire_durable(&key, &holder).await;
+                if pool.acquire_durable(&key, &holder).await.is_err() {
+                    failed_acquires.fetch_add(1, Ordering::SeqCst);
+                }
                 until_ok("release", || pool.release_durable(&key, &holder)).await;
             }
             a.close().await.ok();
@@ -156,8 +160,10 @@ async fn a_thousand_holder_names_leave_a_bounded_number_of_fence_records() {
     );
     assert!(snap.fence_floor.is_some(), "the folds left the floor");
     eprintln!(
-        "fence folding: {NAMES} holder names, {pauses} member pauses, {folds} folds of {folded} \
-         records, {} fence records and 1 floor left (bound {FOLD_ABOVE})",
+        "fence folding: {NAMES} holder names, {pauses} member pauses, {} acquires failed (may \
+         have committed late), {folds} folds of {folded} records, {} fence records and 1 floor \
+         left (bound {FOLD_ABOVE})",
+        failed_acquires.load(Ordering::SeqCst),
         snap.fences.len()
     );
     admin.close().await.ok();
