@@ -13,6 +13,7 @@ pub mod api;
 pub mod auth;
 pub mod error;
 pub mod handlers;
+pub mod labels;
 pub mod sessions;
 pub mod tls;
 mod unread;
@@ -46,7 +47,7 @@ use crate::sessions::Sessions;
 pub const OPENAPI: &str = include_str!("openapi.json");
 
 /// HTTP requests served, by `route` (the route template, never the concrete path: paths carry
-/// keys and session ids), `method` and `status`.
+/// keys and session ids), `method` and `status`; every label from a fixed set ([`labels`]).
 pub const HTTP_REQUESTS: &str = "idalloc_http_requests_total";
 /// HTTP request duration, by `route` and `method`.
 pub const HTTP_DURATION: &str = "idalloc_http_request_duration_seconds";
@@ -255,17 +256,14 @@ async fn refuse_oversized(State(st): State<Arc<AppState>>, req: Request, next: N
     next.run(req).await
 }
 
-/// Counts requests by route template, method and status.
+/// Counts requests by route template, method and status, each label from a fixed set
+/// ([`labels`]): no request can add a series.
 async fn http_metrics(req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let method = req.method().as_str().to_string();
+    let route = labels::route(req.extensions().get::<MatchedPath>().map(|m| m.as_str()));
+    let method = labels::method(req.method());
     let start = Instant::now();
     let resp = next.run(req).await;
-    metrics::histogram!(HTTP_DURATION, "route" => route.clone(), "method" => method.clone())
+    metrics::histogram!(HTTP_DURATION, "route" => route, "method" => method)
         .record(start.elapsed().as_secs_f64());
     metrics::counter!(HTTP_REQUESTS, "route" => route, "method" => method,
         "status" => resp.status().as_u16().to_string())
