@@ -30,7 +30,6 @@ struct Answer {
     body: Vec<u8>,
 }
 
-#[allow(dead_code)] // the error tests use them
 impl Answer {
     fn header(&self, name: &str) -> Option<&str> {
         self.headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
@@ -117,7 +116,6 @@ impl Raw {
         a
     }
 
-    #[allow(dead_code)]
     fn get(&mut self, path: &str) -> Answer {
         self.send("GET", path, &[], b"")
     }
@@ -219,4 +217,126 @@ impl Raw {
         let h: Vec<(&str, &str)> = auth.iter().map(|a| ("authorization", a.as_str())).collect();
         self.send("GET", path, &h, b"").body
     }
+}
+
+/// Item 7: every error is JSON with its documented status, including the rejections of the
+/// query, path and body extractors, unknown routes and 405 (with `Allow`).
+#[test]
+fn every_error_is_json_with_its_documented_status() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let admin = "boss-token-0123456789abcdef";
+    let tokens = tokens_file(dir.path(), admin);
+    let s = start_serve(&["--max-body", "1000"]);
+    let mut raw = Raw::new(s.addr());
+    let json = [("content-type", "application/json")];
+    let created = raw.send("POST", "/v1/pools", &json, br#"{"name":"p","min":1,"max":100}"#);
+    assert_eq!(created.status, 200, "{}", String::from_utf8_lossy(&created.body));
+
+    // Query parameters: each names the parameter, the value and what is allowed.
+    let cases: [(&str, &str, &[&str]); 9] = [
+        ("GET", "/v1/pools/p/bindings?limit=abc", &["limit", "\"abc\"", "1 to 10000"]),
+        ("GET", "/v1/pools/p/bindings?limit=0", &["limit", "1 to 10000"]),
+        ("GET", "/v1/pools/p/bindings?after=-1", &["after", "\"-1\""]),
+        ("GET", "/v1/pools/p/bindings?bogus=1", &["bogus"]),
+        ("DELETE", "/v1/pools/p?force=yes", &["force", "\"yes\"", "true or false"]),
+        ("GET", "/v1/pools/p/keys/k?consistent=maybe", &["consistent", "\"maybe\""]),
+        ("GET", "/v1/pools/p/ids/abc", &["ID", "\"abc\""]),
+        ("GET", "/v1/pools/p/watch?from_revision=x", &["from_revision", "\"x\""]),
+        ("GET", "/v1/pools/p/watch?from_revision=0", &["from_revision", "at least 1"]),
+    ];
+    for (m, path, needles) in cases {
+        let msg = raw.send(m, path, &[], b"").error(400, "invalid_input");
+        for n in needles {
+            assert!(msg.contains(n), "{m} {path}: {msg:?} does not name {n}");
+        }
+    }
+    // Path segments that are not UTF-8.
+    for path in ["/v1/pools/%FF", "/v1/pools/p/keys/%FF%FE", "/v1/pools/%C3/acquire"] {
+        let m = if path.ends_with("acquire") { "POST" } else { "GET" };
+        raw.send(m, path, &json, b"{}").error(400, "invalid_input");
+    }
+    // Bodies: malformed, unknown field, not JSON, too large (announced, and chunked).
+    let msg = raw.send("POST", "/v1/pools", &json, b"{").error(400, "invalid_input");
+    assert!(msg.contains("JSON"), "{msg}");
+    let msg = raw
+        .send("POST", "/v1/pools/p/acquire", &json, br#"{"key":"k","holder":"h","x":1}"#)
+        .error(400, "invalid_input");
+    assert!(msg.contains("unknown field"), "{msg}");
+    for ct in ["text/plain", "application/x-www-form-urlencoded", "application/jsonx"] {
+        let msg = raw
+            .send("POST", "/v1/pools/p/acquire", &[("content-type", ct)], br#"{"key":"k"}"#)
+            .error(415, "unsupported_media_type");
+        assert!(msg.contains(ct) && msg.contains("application/json"), "{msg}");
+    }
+    let ok = raw.send(
+        "POST",
+        "/v1/pools/p/acquire",
+        &[("content-type", "application/json; charset=utf-8")],
+        br#"{"key":"k","holder":"h"}"#,
+    );
+    assert_eq!(ok.status, 200, "{}", String::from_utf8_lossy(&ok.body));
+    let big = format!(r#"{{"key":"{}","holder":"h"}}"#, "k".repeat(2000));
+    let msg =
+        raw.send("POST", "/v1/pools/p/acquire", &json, big.as_bytes()).error(413, "too_large");
+    assert!(msg.contains("1000"), "{msg}");
+    let chunked = chunked_post(s.addr(), "/v1/pools/p/acquire", big.as_bytes());
+    chunked.error(413, "too_large");
+
+    // Unknown routes and methods.
+    raw.get("/nowhere").error(404, "not_found");
+    raw.send("POST", "/v1/pools/p/nothing", &json, b"{}").error(404, "not_found");
+    for (m, path, allow) in [
+        ("PUT", "/v1/pools", &["GET", "POST"][..]),
+        ("BREW", "/v1/pools", &["GET", "POST"][..]),
+        ("PATCH", "/healthz", &["GET"][..]),
+        ("GET", "/v1/pools/p/acquire", &["POST"][..]),
+        ("POST", "/v1/sessions/abc", &["DELETE"][..]),
+    ] {
+        let a = raw.send(m, path, &json, b"{}");
+        a.error(405, "method_not_allowed");
+        let allowed = a.header("allow").unwrap_or_else(|| panic!("{m} {path}: no Allow"));
+        for want in allow {
+            assert!(allowed.split(',').any(|x| x.trim() == *want), "{m} {path}: Allow {allowed}");
+        }
+    }
+
+    // With tokens, the refusals are JSON too (and still carry their headers).
+    let t = start_serve(&["--auth-tokens", &tokens]);
+    let mut raw = Raw::new(t.addr());
+    let a = raw.get("/v1/pools");
+    a.error(401, "unauthenticated");
+    assert!(a.header("www-authenticate").is_some_and(|v| v.starts_with("Bearer")));
+    raw.get("/no/such/route").error(401, "unauthenticated");
+    let bearer = format!("Bearer {admin}");
+    let auth = [("authorization", bearer.as_str())];
+    raw.send("GET", "/no/such/route", &auth, b"").error(404, "not_found");
+    raw.send("GET", "/v1/pools/x/bindings?limit=abc", &auth, b"").error(400, "invalid_input");
+}
+
+/// POSTs `body` in chunks (no announced length), as a streaming client does.
+fn chunked_post(addr: &str, path: &str, body: &[u8]) -> Answer {
+    let mut c = TcpStream::connect(addr).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    );
+    c.write_all(head.as_bytes()).expect("head");
+    for chunk in body.chunks(100) {
+        let _ = c.write_all(format!("{:x}\r\n", chunk.len()).as_bytes());
+        let _ = c.write_all(chunk);
+        let _ = c.write_all(b"\r\n");
+    }
+    let _ = c.write_all(b"0\r\n\r\n");
+    let mut all = Vec::new();
+    let _ = c.read_to_end(&mut all);
+    let text = String::from_utf8_lossy(&all).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").expect("an answer");
+    let mut lines = head.lines();
+    let status =
+        lines.next().and_then(|l| l.split_whitespace().nth(1)).and_then(|x| x.parse().ok());
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Answer { status: status.expect("status"), headers, body: body.as_bytes().to_vec() }
 }

@@ -199,6 +199,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         // Before anything reads the request: who may ask is decided first.
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
         .layer(middleware::from_fn(http_metrics))
+        // Every error answer is JSON, also those of axum's extractors and of the layers above.
+        .layer(middleware::from_fn(error::json_errors))
         // Outermost: sees every answer, including the refusals of the layers above.
         .layer(middleware::from_fn(unread::close_if_body_unread))
         .with_state(state)

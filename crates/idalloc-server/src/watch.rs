@@ -15,7 +15,7 @@ use std::collections::{HashMap, HashSet};
 use std::convert::Infallible;
 use std::sync::Arc;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -26,14 +26,14 @@ use idalloc::store::{list_all, GetRequest, KeyRange, StoreError, WatchEvent, Wat
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::error::ApiError;
+use crate::error::{param, ApiError, ApiQuery};
 use crate::AppState;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatchQuery {
     #[serde(default)]
-    from_revision: Option<i64>,
+    from_revision: Option<String>,
 }
 
 fn event(name: &str, id: Option<i64>, data: serde_json::Value) -> Event {
@@ -47,11 +47,12 @@ fn event(name: &str, id: Option<i64>, data: serde_json::Value) -> Event {
 pub async fn watch(
     State(st): State<Arc<AppState>>,
     Path(name): Path<String>,
-    Query(q): Query<WatchQuery>,
+    ApiQuery(q): ApiQuery<WatchQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    let revisions = "a store revision: a whole number from 1";
     let from = match (q.from_revision, headers.get("last-event-id")) {
-        (Some(r), _) => Some(r),
+        (Some(r), _) => Some(param::<i64>("from_revision", &r, revisions)?),
         (None, Some(v)) => {
             let last: i64 =
                 v.to_str().ok().and_then(|s| s.trim().parse().ok()).ok_or_else(|| {
