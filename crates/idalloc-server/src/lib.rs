@@ -14,6 +14,7 @@ pub mod auth;
 pub mod error;
 pub mod handlers;
 pub mod labels;
+pub mod ready;
 pub mod sessions;
 pub mod tls;
 mod unread;
@@ -32,7 +33,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use idalloc::layout::Layout;
-use idalloc::store::{GetRequest, KeyRange, Store};
+use idalloc::store::Store;
 use idalloc::{Allocator, Pool};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
@@ -277,20 +278,22 @@ async fn healthz() -> Response {
     Json(json!({ "status": "ok" })).into_response()
 }
 
-/// Ready: not shutting down, the store answers within the probe timeout, and every pool this
-/// instance serves has its cache synced.
+/// Ready: not shutting down, the store lets this service read and write its prefix (a probe
+/// that writes nothing, [`ready`]) within the probe timeout, and every pool this instance serves
+/// has its cache synced. A refusal says why.
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     if st.is_shutting_down() {
         return ApiError::unavailable("shutting down").into_response();
     }
-    let probe = tokio::time::timeout(
-        st.config.probe_timeout,
-        st.store.get(GetRequest::new(KeyRange::prefix(st.layout.pools_prefix())).count_only()),
-    )
-    .await;
+    let probe =
+        tokio::time::timeout(st.config.probe_timeout, ready::probe(&*st.store, &st.layout)).await;
     let revision = match probe {
-        Ok(Ok(r)) => r.revision,
-        Ok(Err(e)) => return ApiError::unavailable(format!("store: {e}")).into_response(),
+        Ok(ready::Probe::Ready { revision }) => revision,
+        Ok(ready::Probe::Denied(why)) => {
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "access_denied", why)
+                .into_response()
+        }
+        Ok(ready::Probe::Unavailable(why)) => return ApiError::unavailable(why).into_response(),
         Err(_) => {
             return ApiError::unavailable(format!(
                 "store: no answer within {:?}",
