@@ -99,6 +99,7 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
         maintenance_interval: a.sweep_interval,
         drain_timeout: a.drain_timeout,
         tokens,
+        watch_history: a.watch_history as usize,
     };
     let state = AppState::new(alloc.clone(), store, &settings.prefix, config, Some(metrics))
         .map_err(|e| Failure::usage(format!("--prefix: {e}")))?;

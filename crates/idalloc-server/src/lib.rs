@@ -12,6 +12,7 @@
 pub mod api;
 pub mod auth;
 pub mod error;
+pub mod fanout;
 pub mod handlers;
 pub mod labels;
 pub mod ready;
@@ -68,6 +69,9 @@ pub struct Config {
     /// Bearer tokens of the named clients; `None`: no authentication (every request is served,
     /// holders are used as given).
     pub tokens: Option<auth::Tokens>,
+    /// Changes of each watched pool kept for watch streams to read and resume from
+    /// ([`fanout`]); a stream more than this many changes behind is ended.
+    pub watch_history: usize,
 }
 
 impl Default for Config {
@@ -78,6 +82,7 @@ impl Default for Config {
             maintenance_interval: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
             tokens: None,
+            watch_history: 10_000,
         }
     }
 }
@@ -90,6 +95,8 @@ pub struct AppState {
     pub sessions: Sessions,
     pub config: Config,
     opened: Mutex<handlers::Opened>,
+    /// The shared watch feed of each watched pool.
+    hubs: Mutex<std::collections::HashMap<String, Arc<fanout::Hub>>>,
     shutting_down: AtomicBool,
     /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
     stop: signal::Sender<bool>,
@@ -112,6 +119,7 @@ impl AppState {
             sessions: Sessions::default(),
             config,
             opened: Mutex::new(Default::default()),
+            hubs: Mutex::new(Default::default()),
             shutting_down: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
@@ -133,6 +141,21 @@ impl AppState {
         let p = self.alloc.pool(name).await?;
         self.remember(&p);
         Ok(p)
+    }
+
+    /// The shared watch feed of `pool` (started on its first watch; a new one once the pool was
+    /// re-created).
+    pub(crate) fn hub(&self, pool: &Pool) -> Arc<fanout::Hub> {
+        let mut hubs = self.hubs.lock().unwrap_or_else(|p| p.into_inner());
+        let name = pool.spec().name();
+        if let Some(h) = hubs.get(name) {
+            if !h.is_ended() {
+                return h.clone();
+            }
+        }
+        let h = fanout::Hub::start(pool.clone(), self.config.watch_history);
+        hubs.insert(name.to_string(), h.clone());
+        h
     }
 
     pub(crate) fn remember(&self, p: &Pool) {

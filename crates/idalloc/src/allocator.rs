@@ -38,7 +38,7 @@ use crate::layout::Layout;
 use crate::pool::{validate_holder, validate_key, validate_pool_name, PoolSpec};
 use crate::store::{Compare, GetRequest, KeyRange, LeaseId, OpResponse, Store, TxnOp, TxnRequest};
 
-pub use events::{ClusterEvents, Events};
+pub use events::{ClusterEvents, Events, Stamped, StampedEvents};
 pub use handle::Pool;
 pub use types::{Acquired, AllocatorOptions, Binding, Released, RetryPolicy};
 

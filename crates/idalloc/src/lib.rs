@@ -140,7 +140,7 @@ mod hooked;
 
 pub use allocator::{
     Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
-    RetryPolicy,
+    RetryPolicy, Stamped, StampedEvents,
 };
 pub use cache::{Event, Foreign};
 pub use client_session::ClientSession;

@@ -73,10 +73,11 @@ impl Sink for LocalSink {
             // per listing, after its changes.
             for e in events {
                 if e != Event::Synced {
-                    pool.emit(e);
+                    pool.emit_at(rev, e);
                 }
             }
-            pool.emit(Event::Synced);
+            pool.emit_at(rev, Event::Synced);
+            pool.emitted_through(rev);
             pool.listed.store(true, Ordering::Release);
         }
         pool.note_applied(rev);
@@ -94,7 +95,13 @@ impl Sink for LocalSink {
         for ev in events {
             apply_event(&self.layout, &self.repairs, &self.pool, ev);
         }
-        let applied = self.pool.lock_cache().revision();
+        let applied = {
+            let cache = self.pool.lock_cache();
+            // Under the lock, as every stamped change: a subscriber starting now sees the
+            // boundary either before or after it, never half of it.
+            self.pool.emitted_through(cache.revision());
+            cache.revision()
+        };
         self.pool.note_applied(applied);
         if let Some(req) = self.req.upgrade() {
             self.pool.publish_gauges(req.seen());
@@ -110,7 +117,7 @@ fn apply_event(layout: &Layout, repairs: &RepairQueue, pool: &Arc<PoolState>, ev
         let before = id.and_then(|id| cache.key_of(id).map(|k| (id, k.to_string())));
         let event = cache.apply(ev, |k| layout.parse_id_key(pool.spec.name(), k));
         if let Some(e) = &event {
-            pool.emit(e.clone());
+            pool.emit_at(ev.kv().mod_revision, e.clone());
         }
         (event, before)
     };

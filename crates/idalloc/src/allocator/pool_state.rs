@@ -40,6 +40,12 @@ pub(crate) struct PoolState {
     pub(super) held: Mutex<HashMap<String, Held, foldhash::fast::RandomState>>,
     pub(super) key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     pub(super) events: broadcast::Sender<Event>,
+    /// The cache's changes with their revisions (see [`super::events::Stamped`]), sent under the
+    /// cache lock by the sync task only.
+    pub(super) stamped: broadcast::Sender<super::events::Stamped>,
+    /// The revision of the last `Stamped::Through` sent (under the cache lock): the cache is at a
+    /// revision boundary when its revision equals this.
+    pub(super) through: std::sync::atomic::AtomicI64,
     /// Events of every cluster of the pool (local and remote views), tagged.
     pub(super) mesh: broadcast::Sender<ClusterEvent>,
     /// Remote views of this pool by name (lock order: this map, then the cache, then each view).
@@ -218,6 +224,19 @@ impl PoolState {
     /// Sends `e` to the pool's subscribers. Changes of the cache's bindings are emitted with the
     /// cache lock held, so that a new subscriber's replay and its live events never overlap or
     /// leave a gap.
+    /// [`PoolState::emit`] for a change of the store's history at `revision`: also sent to the
+    /// stamped subscribers. Called with the cache lock held.
+    pub(crate) fn emit_at(&self, revision: Revision, e: Event) {
+        let _ = self.stamped.send(super::events::Stamped::Event { revision, event: e.clone() });
+        self.emit(e);
+    }
+
+    /// Every change at or before `revision` has been emitted. Called with the cache lock held.
+    pub(crate) fn emitted_through(&self, revision: Revision) {
+        self.through.store(revision, std::sync::atomic::Ordering::Release);
+        let _ = self.stamped.send(super::events::Stamped::Through { revision });
+    }
+
     pub(crate) fn emit(&self, e: Event) {
         // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
         let _ = self.events.send(e.clone());
