@@ -15,6 +15,7 @@ pub mod error;
 pub mod fanout;
 pub mod handlers;
 pub mod labels;
+pub mod openapi;
 pub mod ready;
 pub mod sessions;
 pub mod tls;
@@ -101,6 +102,8 @@ pub struct AppState {
     /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
     stop: signal::Sender<bool>,
     metrics: Option<PrometheusHandle>,
+    /// The OpenAPI document as served (security as configured, [`openapi::document`]).
+    openapi: String,
 }
 
 impl AppState {
@@ -117,12 +120,13 @@ impl AppState {
             store,
             layout: Layout::new(prefix)?,
             sessions: Sessions::default(),
-            config,
             opened: Mutex::new(Default::default()),
             hubs: Mutex::new(Default::default()),
             shutting_down: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
+            openapi: openapi::document(config.tokens.is_some()),
+            config,
         }))
     }
 
@@ -230,8 +234,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn openapi() -> Response {
-    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+async fn openapi(State(st): State<Arc<AppState>>) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], st.openapi.clone()).into_response()
 }
 
 async fn not_found() -> ApiError {
