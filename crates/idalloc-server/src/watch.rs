@@ -172,11 +172,17 @@ async fn caught_up(hub: &Hub, revision: Option<i64>) -> Result<i64, ApiError> {
 /// The initial bindings (at a revision boundary R of the cache) and `synced`, and the cursor of
 /// the first change after R.
 async fn snapshot(hub: &Hub, pool: &idalloc::Pool) -> Result<(Bytes, u64, i64), ApiError> {
+    let mut tick = hub.subscribe();
     for _ in 0..100 {
+        tick.borrow_and_update();
         let Some((bindings, r)) = pool.snapshot_at() else {
-            // A watch response is being applied: the next boundary is moments away.
-            caught_up(hub, None).await?;
-            tokio::task::yield_now().await;
+            // A watch response is being applied: its end (a `Through`) is moments away, and the
+            // hub ticks when it has read it.
+            if tokio::time::timeout(CATCH_UP, tick.changed()).await.is_err() {
+                return Err(ApiError::unavailable(format!(
+                    "the pool's change feed did not move within {CATCH_UP:?}; retry"
+                )));
+            }
             continue;
         };
         caught_up(hub, Some(r)).await?;
