@@ -32,6 +32,14 @@ if [ "${#missing[@]}" -gt 0 ]; then
     "${sudo[@]}" apt-get install -y "${missing[@]}"
 fi
 # Debian's etcd-server package may start a system etcd on 2379; ours uses its own free port.
+# schemathesis (PyPI): the OpenAPI-driven fuzz test of serve (crates/idalloc-cli/tests/serve_openapi.rs)
+# runs its `st` command; that test fails when it is missing (IDALLOC_SKIP_SCHEMATHESIS=1 skips it).
+if ! python3 -c 'import schemathesis' >/dev/null 2>&1 || ! command -v st >/dev/null 2>&1; then
+    echo "test.sh: installing schemathesis (pip)" >&2
+    # A system Python that PEP 668 marks as externally managed (Debian's) refuses a plain install.
+    python3 -m pip install --quiet schemathesis \
+        || python3 -m pip install --quiet --break-system-packages schemathesis
+fi
 
 # --- one etcd for the run ------------------------------------------------------------------------
 etcd_dir="$(mktemp -d -t idalloc-test-etcd.XXXXXX)"

@@ -293,6 +293,10 @@ pub struct ServeArgs {
     /// Largest request body accepted (bytes); larger ones get 413.
     #[arg(long, value_name = "BYTES", default_value = "1048576")]
     pub max_body: usize,
+    /// Changes of each watched pool kept in memory for watch streams to read and resume from
+    /// (`Last-Event-ID`); a stream further behind is ended with a `lagged` event.
+    #[arg(long, value_name = "CHANGES", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
+    pub watch_history: u32,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
     #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
     pub drain_timeout: Duration,

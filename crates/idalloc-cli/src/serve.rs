@@ -125,6 +125,7 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
         drain_timeout: a.drain_timeout,
         tokens,
         limits: limits(a)?,
+        watch_history: a.watch_history as usize,
     };
     let state = AppState::new(alloc.clone(), store, &settings.prefix, config, Some(metrics))
         .map_err(|e| Failure::usage(format!("--prefix: {e}")))?;

@@ -3,17 +3,24 @@
 //!
 //! | kind | status | meaning |
 //! |---|---|---|
-//! | `invalid_input` | 400 | bad key, pool name, spec, TTL, malformed JSON, unknown field |
+//! | `invalid_input` | 400 | bad key, pool name, spec, TTL, malformed JSON, unknown field, bad query parameter or path segment |
+//! | `unauthenticated`, `forbidden` | 401, 403 | no or unknown token; a scope that does not cover the route (`auth.rs`) |
 //! | `pool_not_found`, `not_found`, `session_not_found` | 404 | no such pool / key / ID / route / session |
+//! | `method_not_allowed` | 405 | the route exists, the method is not one of it (`Allow` lists them) |
 //! | `range_mismatch`, `conflict` | 409 | the pool exists with another spec; a held key changed ID |
 //! | `invalid_input` ([`idalloc::Input::PoolInUse`]) | 409 | deleting a pool that still has records, without `force` |
 //! | `pool_replaced` | 409 | the pool was deleted and re-created under a handle (the service re-opens it: retry) |
 //! | `exhausted` | 409 | the pool has no free ID: retrying does not help until IDs are released |
+//! | `gone` | 410 | a watch resumed from a revision the service no longer holds (the answer has the current one) |
 //! | `too_large` | 413 | request body over the limit |
-//! | `method_not_allowed` | 405 | |
+//! | `unsupported_media_type` | 415 | a request body with a `Content-Type` that is not JSON |
 //! | `unavailable` | 503 | the store did not answer in time, or the service is shutting down |
 //! | `access_denied` | 503 | the store refused the service's credentials (fix its configuration) |
 //! | `corrupt` | 500 | the store holds a record idalloc cannot use (named in the message; see `idalloc check`) |
+//!
+//! Errors the handlers do not make (a rejection of one of axum's extractors, a response of a layer)
+//! are turned into this body too by [`json_errors`], with the kind of their status
+//! ([`kind_of_status`]), so no error answer is ever plain text.
 //!
 //! Exhausted is 409, not 507: a 5xx tells proxies and client libraries to retry, and retrying a
 //! full pool only adds load; 409 says "the state of the resource forbids this now".
@@ -21,7 +28,8 @@
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
-use axum::http::StatusCode;
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -32,17 +40,21 @@ pub struct ApiError {
     pub status: StatusCode,
     pub kind: &'static str,
     pub message: String,
+    /// A store revision the client should use next (`gone`: the current one, to re-list from).
+    pub revision: Option<i64>,
 }
 
 #[derive(Serialize)]
 struct Body<'a> {
     kind: &'a str,
     message: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    revision: Option<i64>,
 }
 
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
-        ApiError { status, kind, message: message.into() }
+        ApiError { status, kind, message: message.into(), revision: None }
     }
 
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -91,7 +103,7 @@ impl From<idalloc::Error> for ApiError {
             // will not cure (a 503 would invite retries), so 500, with the record named.
             E::Corrupt { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
-        ApiError { status, kind: e.kind(), message: e.to_string() }
+        ApiError { status, kind: e.kind(), message: e.to_string(), revision: None }
     }
 }
 
@@ -103,22 +115,37 @@ impl From<idalloc::store::StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&Body { kind: self.kind, message: &self.message })
-            .unwrap_or_default();
+        let body = serde_json::to_vec(&Body {
+            kind: self.kind,
+            message: &self.message,
+            revision: self.revision,
+        })
+        .unwrap_or_default();
         (self.status, [(axum::http::header::CONTENT_TYPE, "application/json")], body)
             .into_response()
     }
 }
 
-/// A JSON request body, parsed strictly: any content type (clients in any language can send it
-/// without ceremony), the body limit enforced (413), malformed JSON and unknown fields (the types
-/// use `deny_unknown_fields`) rejected with a 400 JSON error naming the problem.
+/// Whether a `Content-Type` names JSON: `application/json` or `application/*+json`, with any
+/// parameters (`; charset=utf-8`), case-insensitive.
+pub fn is_json(content_type: &str) -> bool {
+    let essence = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match essence.strip_prefix("application/") {
+        Some(sub) => sub == "json" || sub.ends_with("+json"),
+        None => false,
+    }
+}
+
+/// A JSON request body, parsed strictly: a `Content-Type` other than JSON is refused (415; none
+/// at all is taken as JSON), the body limit enforced (413), malformed JSON and unknown fields (the
+/// types use `deny_unknown_fields`) rejected with a 400 JSON error naming the problem.
 pub struct ApiJson<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        check_content_type(req.headers())?;
         let bytes = Bytes::from_request(req, state).await.map_err(|e: BytesRejection| {
             if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
                 ApiError::new(
@@ -136,10 +163,136 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     }
 }
 
+fn check_content_type(headers: &HeaderMap) -> Result<(), ApiError> {
+    let Some(v) = headers.get(header::CONTENT_TYPE) else { return Ok(()) };
+    match v.to_str() {
+        Ok(ct) if is_json(ct) => Ok(()),
+        other => Err(ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            format!(
+                "Content-Type {} is not JSON: send the body as `Content-Type: application/json` \
+                 (curl: --json)",
+                crate::error::show(other.unwrap_or("(not text)"))
+            ),
+        )),
+    }
+}
+
+/// A client's value in a message: quoted, cut at 100 characters.
+pub fn show(v: &str) -> String {
+    idalloc::error::show_value(v)
+}
+
+/// Parses query parameter `name` (`raw`, as sent) as a `T`; the error names the parameter, the
+/// value and what is allowed.
+pub fn param<T: std::str::FromStr>(name: &str, raw: &str, allowed: &str) -> Result<T, ApiError> {
+    raw.parse().map_err(|_| ApiError::invalid(format!("invalid {name} {}: {allowed}", show(raw))))
+}
+
+/// A query string's parameters, parsed strictly (unknown parameters are refused): 400
+/// `invalid_input` with the reason, never axum's plain-text rejection. Values are strings; the
+/// handlers parse them with [`param`], so the error names the value and what is allowed.
+pub struct ApiQuery<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> axum::extract::FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Query::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Query(q)) => Ok(ApiQuery(q)),
+            Err(e) => Err(ApiError::invalid(format!(
+                "invalid query string {}: {}",
+                show(parts.uri.query().unwrap_or("")),
+                e.body_text().trim_start_matches("Failed to deserialize query string: ")
+            ))),
+        }
+    }
+}
+
+/// The status's kind for an error answer that has no JSON body of ours (see [`json_errors`]).
+pub fn kind_of_status(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 | 422 => "invalid_input",
+        404 => "not_found",
+        405 => "method_not_allowed",
+        408 => "timeout",
+        410 => "gone",
+        413 => "too_large",
+        415 => "unsupported_media_type",
+        429 => "rate_limited",
+        503 => "unavailable",
+        s if s >= 500 => "internal",
+        _ => "invalid_input",
+    }
+}
+
+/// Largest plain-text error body turned into a message (axum's rejections are one line).
+const MAX_REWRITTEN: usize = 4096;
+
+/// The middleware that makes every error answer JSON: an error (4xx, 5xx) whose body is not
+/// already JSON becomes `{"kind","message"}` with the kind of its status and its text as the
+/// message. Headers (`Allow`, `WWW-Authenticate`, `Retry-After`, `Connection`) are kept.
+pub async fn json_errors(req: Request, next: Next) -> Response {
+    let resp = next.run(req).await;
+    let status = resp.status();
+    if !(status.is_client_error() || status.is_server_error()) {
+        return resp;
+    }
+    let json =
+        resp.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(is_json);
+    if json {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let text = match axum::body::to_bytes(body, MAX_REWRITTEN).await {
+        Ok(b) => String::from_utf8_lossy(&b).trim().to_string(),
+        Err(_) => String::new(),
+    };
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("error").to_string()
+    } else {
+        text
+    };
+    let mut out = ApiError::new(status, kind_of_status(status), message).into_response();
+    parts.headers.remove(header::CONTENT_TYPE);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    for (k, v) in out.headers() {
+        parts.headers.insert(k.clone(), v.clone());
+    }
+    *out.headers_mut() = parts.headers;
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use idalloc::Input;
+
+    #[test]
+    fn json_content_types_and_status_kinds() {
+        for ct in ["application/json", "Application/JSON; charset=utf-8", "application/merge+json"]
+        {
+            assert!(is_json(ct), "{ct}");
+        }
+        for ct in
+            ["text/plain", "application/jsonx", "json", "", "application/x-www-form-urlencoded"]
+        {
+            assert!(!is_json(ct), "{ct}");
+        }
+        let doc: serde_json::Value = serde_json::from_str(crate::OPENAPI).expect("openapi.json");
+        let listed = doc["components"]["schemas"]["Error"]["properties"]["kind"]["enum"]
+            .as_array()
+            .expect("kind enum")
+            .clone();
+        for s in [400, 404, 405, 410, 413, 415, 500, 502, 503] {
+            let kind = kind_of_status(StatusCode::from_u16(s).expect("status"));
+            assert!(listed.iter().any(|k| k == kind), "{s} → {kind} missing from openapi.json");
+        }
+    }
 
     #[test]
     fn g6_errors_map_to_documented_statuses() {

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Extension;
@@ -19,7 +19,7 @@ use crate::api::{
     AcquireBody, Acquired, BindingBody, PoolInfo, PoolSpecBody, Released, SessionBody, SessionInfo,
 };
 use crate::auth::Client;
-use crate::error::{ApiError, ApiJson};
+use crate::error::{param, ApiError, ApiJson, ApiQuery};
 use crate::AppState;
 
 type ApiResult<T = Response> = Result<T, ApiError>;
@@ -92,15 +92,21 @@ pub async fn show_pool(State(st): State<Arc<AppState>>, Path(name): Path<String>
 #[serde(deny_unknown_fields)]
 pub struct DeleteQuery {
     #[serde(default)]
-    force: bool,
+    force: Option<String>,
+}
+
+/// A boolean query parameter: `true` or `false` (absent: false).
+fn flag(name: &str, raw: Option<&str>) -> ApiResult<bool> {
+    raw.map_or(Ok(false), |r| param(name, r, "true or false"))
 }
 
 pub async fn delete_pool(
     State(st): State<Arc<AppState>>,
     Path(name): Path<String>,
-    Query(q): Query<DeleteQuery>,
+    ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> ApiResult {
-    let deleted = st.alloc.delete_pool(&name, q.force).await?;
+    let force = flag("force", q.force.as_deref())?;
+    let deleted = st.alloc.delete_pool(&name, force).await?;
     st.forget(&name);
     if !deleted {
         return Err(idalloc::Error::PoolNotFound { pool: name }.into());
@@ -290,7 +296,7 @@ pub async fn release(
 pub struct ReadQuery {
     /// Read from the store (one round trip) instead of the cache.
     #[serde(default)]
-    consistent: bool,
+    consistent: Option<String>,
 }
 
 async fn synced(pool: &Pool) -> ApiResult<()> {
@@ -300,11 +306,12 @@ async fn synced(pool: &Pool) -> ApiResult<()> {
 pub async fn get_key(
     State(st): State<Arc<AppState>>,
     Path((name, key)): Path<(String, String)>,
-    Query(q): Query<ReadQuery>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> ApiResult {
+    let consistent = flag("consistent", q.consistent.as_deref())?;
     idalloc::pool::validate_key(&key)?;
     let pool = st.pool(&name).await?;
-    let id = if q.consistent {
+    let id = if consistent {
         pool.get_consistent(&key).await?
     } else {
         synced(&pool).await?;
@@ -322,16 +329,12 @@ pub async fn get_key(
 pub async fn lookup_id(
     State(st): State<Arc<AppState>>,
     Path((name, id)): Path<(String, String)>,
-    Query(q): Query<ReadQuery>,
+    ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> ApiResult {
-    let id: u64 = id.parse().map_err(|_| {
-        ApiError::invalid(format!(
-            "invalid ID {}: a decimal number",
-            idalloc::error::show_value(&id)
-        ))
-    })?;
+    let consistent = flag("consistent", q.consistent.as_deref())?;
+    let id: u64 = param("ID", &id, "a decimal number from 0 to 18446744073709551615")?;
     let pool = st.pool(&name).await?;
-    let key = if q.consistent {
+    let key = if consistent {
         pool.key_of_consistent(id).await?
     } else {
         synced(&pool).await?;
@@ -348,27 +351,35 @@ pub async fn lookup_id(
 pub struct ListQuery {
     /// Only bindings with an ID greater than this (the previous page's `next_after`).
     #[serde(default)]
-    after: Option<u64>,
+    after: Option<String>,
     /// Page size (1..=10000, default 1000).
     #[serde(default)]
-    limit: Option<usize>,
+    limit: Option<String>,
 }
+
+/// Largest page of `GET …/bindings`.
+pub const MAX_PAGE: usize = 10_000;
 
 pub async fn list_bindings(
     State(st): State<Arc<AppState>>,
     Path(name): Path<String>,
-    Query(q): Query<ListQuery>,
+    ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult {
-    let limit = q.limit.unwrap_or(1000);
-    if !(1..=10_000).contains(&limit) {
-        return Err(ApiError::invalid(format!("invalid limit {limit}: between 1 and 10000")));
+    let limits = "a whole number from 1 to 10000";
+    let limit: usize = q.limit.as_deref().map_or(Ok(1000), |l| param("limit", l, limits))?;
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::invalid(format!("invalid limit {limit}: {limits}")));
     }
+    let after: Option<u64> = q
+        .after
+        .as_deref()
+        .map(|a| param("after", a, "an ID: a whole number from 0 to 18446744073709551615"))
+        .transpose()?;
     let pool = st.pool(&name).await?;
     let all = pool.list().await?;
-    let after = q.after.unwrap_or(0);
     let page: Vec<BindingBody> = all
         .into_iter()
-        .filter(|b| q.after.is_none() || b.id > after)
+        .filter(|b| after.is_none_or(|a| b.id > a))
         .take(limit + 1)
         .map(|b| BindingBody { id: b.id, key: b.key, holders: b.holders })
         .collect();

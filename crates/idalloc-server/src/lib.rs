@@ -14,10 +14,14 @@ pub mod audit;
 pub mod auth;
 pub mod conn;
 pub mod error;
+pub mod fanout;
 pub mod grants;
 pub mod handlers;
+pub mod labels;
 pub mod limits;
+pub mod openapi;
 pub mod quota;
+pub mod ready;
 pub mod secret_files;
 pub mod sessions;
 pub mod tls;
@@ -37,7 +41,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use idalloc::layout::Layout;
-use idalloc::store::{GetRequest, KeyRange, Store};
+use idalloc::store::Store;
 use idalloc::{Allocator, Pool};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use serde_json::json;
@@ -52,7 +56,7 @@ use crate::sessions::Sessions;
 pub const OPENAPI: &str = include_str!("openapi.json");
 
 /// HTTP requests served, by `route` (the route template, never the concrete path: paths carry
-/// keys and session ids), `method` and `status`.
+/// keys and session ids), `method` and `status`; every label from a fixed set ([`labels`]).
 pub const HTTP_REQUESTS: &str = "idalloc_http_requests_total";
 /// HTTP request duration, by `route` and `method`.
 pub const HTTP_DURATION: &str = "idalloc_http_request_duration_seconds";
@@ -74,6 +78,9 @@ pub struct Config {
     pub tokens: Option<auth::Tokens>,
     /// Connection and request limits (issue 20 item 2).
     pub limits: limits::Limits,
+    /// Changes of each watched pool kept for watch streams to read and resume from
+    /// ([`fanout`]); a stream more than this many changes behind is ended.
+    pub watch_history: usize,
 }
 
 impl Default for Config {
@@ -85,6 +92,7 @@ impl Default for Config {
             drain_timeout: Duration::from_secs(10),
             tokens: None,
             limits: limits::Limits::default(),
+            watch_history: 10_000,
         }
     }
 }
@@ -97,6 +105,8 @@ pub struct AppState {
     pub sessions: Sessions,
     pub config: Config,
     opened: Mutex<handlers::Opened>,
+    /// The shared watch feed of each watched pool.
+    hubs: Mutex<std::collections::HashMap<String, Arc<fanout::Hub>>>,
     shutting_down: AtomicBool,
     /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
     stop: signal::Sender<bool>,
@@ -105,6 +115,8 @@ pub struct AppState {
     pub(crate) ref_locks: quota::RefLocks,
     /// Request slots, in total and per client.
     pub(crate) concurrency: limits::Concurrency,
+    /// The OpenAPI document as served (security as configured, [`openapi::document`]).
+    openapi: String,
 }
 
 impl AppState {
@@ -122,12 +134,14 @@ impl AppState {
             layout: Layout::new(prefix)?,
             sessions: Sessions::default(),
             concurrency: limits::Concurrency::new(&config.limits),
-            config,
             opened: Mutex::new(Default::default()),
+            hubs: Mutex::new(Default::default()),
             shutting_down: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
             ref_locks: Default::default(),
+            openapi: openapi::document(config.tokens.is_some()),
+            config,
         }))
     }
 
@@ -146,6 +160,21 @@ impl AppState {
         let p = self.alloc.pool(name).await?;
         self.remember(&p);
         Ok(p)
+    }
+
+    /// The shared watch feed of `pool` (started on its first watch; a new one once the pool was
+    /// re-created).
+    pub(crate) fn hub(&self, pool: &Pool) -> Arc<fanout::Hub> {
+        let mut hubs = self.hubs.lock().unwrap_or_else(|p| p.into_inner());
+        let name = pool.spec().name();
+        if let Some(h) = hubs.get(name) {
+            if !h.is_ended() {
+                return h.clone();
+            }
+        }
+        let h = fanout::Hub::start(pool.clone(), self.config.watch_history);
+        hubs.insert(name.to_string(), h.clone());
+        h
     }
 
     pub(crate) fn remember(&self, p: &Pool) {
@@ -215,6 +244,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         // Before anything reads the request: who may ask is decided first.
         .layer(middleware::from_fn_with_state(state.clone(), auth::require_token))
         .layer(middleware::from_fn(http_metrics))
+        // Every error answer is JSON, also those of axum's extractors and of the layers above.
+        .layer(middleware::from_fn(error::json_errors))
         // Request ids and the audit line of every mutating request, refused ones included.
         .layer(middleware::from_fn(audit::audit))
         // Outermost: sees every answer, including the refusals of the layers above.
@@ -222,8 +253,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .with_state(state)
 }
 
-async fn openapi() -> Response {
-    ([(axum::http::header::CONTENT_TYPE, "application/json")], OPENAPI).into_response()
+async fn openapi(State(st): State<Arc<AppState>>) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], st.openapi.clone()).into_response()
 }
 
 async fn not_found() -> ApiError {
@@ -274,17 +305,14 @@ async fn refuse_oversized(State(st): State<Arc<AppState>>, req: Request, next: N
     next.run(req).await
 }
 
-/// Counts requests by route template, method and status.
+/// Counts requests by route template, method and status, each label from a fixed set
+/// ([`labels`]): no request can add a series.
 async fn http_metrics(req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|m| m.as_str().to_string())
-        .unwrap_or_else(|| "unmatched".to_string());
-    let method = req.method().as_str().to_string();
+    let route = labels::route(req.extensions().get::<MatchedPath>().map(|m| m.as_str()));
+    let method = labels::method(req.method());
     let start = Instant::now();
     let resp = next.run(req).await;
-    metrics::histogram!(HTTP_DURATION, "route" => route.clone(), "method" => method.clone())
+    metrics::histogram!(HTTP_DURATION, "route" => route, "method" => method)
         .record(start.elapsed().as_secs_f64());
     metrics::counter!(HTTP_REQUESTS, "route" => route, "method" => method,
         "status" => resp.status().as_u16().to_string())
@@ -296,20 +324,22 @@ async fn healthz() -> Response {
     Json(json!({ "status": "ok" })).into_response()
 }
 
-/// Ready: not shutting down, the store answers within the probe timeout, and every pool this
-/// instance serves has its cache synced.
+/// Ready: not shutting down, the store lets this service read and write its prefix (a probe
+/// that writes nothing, [`ready`]) within the probe timeout, and every pool this instance serves
+/// has its cache synced. A refusal says why.
 async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     if st.is_shutting_down() {
         return ApiError::unavailable("shutting down").into_response();
     }
-    let probe = tokio::time::timeout(
-        st.config.probe_timeout,
-        st.store.get(GetRequest::new(KeyRange::prefix(st.layout.pools_prefix())).count_only()),
-    )
-    .await;
+    let probe =
+        tokio::time::timeout(st.config.probe_timeout, ready::probe(&*st.store, &st.layout)).await;
     let revision = match probe {
-        Ok(Ok(r)) => r.revision,
-        Ok(Err(e)) => return ApiError::unavailable(format!("store: {e}")).into_response(),
+        Ok(ready::Probe::Ready { revision }) => revision,
+        Ok(ready::Probe::Denied(why)) => {
+            return ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "access_denied", why)
+                .into_response()
+        }
+        Ok(ready::Probe::Unavailable(why)) => return ApiError::unavailable(why).into_response(),
         Err(_) => {
             return ApiError::unavailable(format!(
                 "store: no answer within {:?}",

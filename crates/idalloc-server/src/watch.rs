@@ -1,198 +1,304 @@
-//! `GET /v1/pools/{pool}/watch`: a pool's binding changes as Server-Sent Events.
+//! `GET /v1/pools/{pool}/watch`: a pool's binding changes as Server-Sent Events, from the pool's
+//! shared feed ([`crate::fanout`]): no store watch per client.
 //!
-//! Same order as the library's cache (DESIGN §6): without a start revision, the pool is listed at
-//! one revision R and every binding is sent as an `upsert`, then `synced` (with R), then live
-//! changes from R+1. With `from_revision=N` (or a `Last-Event-ID: M` header, meaning N = M+1) the
-//! store's history from N is replayed, then live changes follow: a client that saw revision M
-//! resumes without gaps or repeats. Each change carries its revision as the SSE `id`.
+//! Without a start revision, the pool's bindings as of one revision R (the cache's, at a revision
+//! boundary) are sent as `upsert` events, then `synced {revision: R, bindings}` with id R, then
+//! every change after R. With `Last-Event-ID: M` (or `?from_revision=N`, meaning M = N-1) the
+//! changes after M are sent, exactly, from the service's recent history; if that history no longer
+//! reaches back to M, the answer is 410 `gone` with the current revision: re-list (watch without a
+//! revision). Each revision's last event carries the revision as its SSE `id`, so `Last-Event-ID`
+//! always names a revision the client has seen all of.
 //!
-//! Events: `upsert {id,key,revision}`, `delete {id,key|null,revision}` (a tombstone or a deleted
-//! ID record; the key is null when the stream never saw the binding), `synced {revision,bindings}`,
-//! and `error {kind,message}` before the stream ends (`compacted`: the start revision is gone,
-//! watch again without one; `unavailable`: the store broke the stream, resume from the last id).
+//! Events: `upsert {id,key,revision}`, `delete {id,key,revision}` (a binding ended: tombstoned,
+//! reclaimed or deleted), `synced {revision,bindings}` (after the initial bindings, and after the
+//! service re-listed the pool), and `error {kind,message,...}` before the stream ends: `lagged`
+//! (this client fell more than the history behind; `revision` is the last revision it has all of:
+//! resume with `Last-Event-ID` = it, or `from_revision` = `from_revision` of the event), `gone`
+//! (the pool was deleted or re-created).
+//!
+//! A stream's resources go with its connection (hyper drops the body when the client goes away,
+//! also on an idle pool); a comment line every 15 s keeps proxies from closing an idle stream.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::extract::{Path, Query, State};
-use axum::http::HeaderMap;
-use axum::response::sse::{Event, KeepAlive, Sse};
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use futures::channel::mpsc;
-use futures::{SinkExt, StreamExt};
-use idalloc::layout::IdRecord;
-use idalloc::store::{list_all, GetRequest, KeyRange, StoreError, WatchEvent, WatchMessage};
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::error::ApiError;
+use idalloc::store::GetRequest;
+
+use crate::error::{param, ApiError, ApiQuery};
+use crate::fanout::{sse, Hub};
 use crate::AppState;
+
+/// Open watch streams, by `pool`.
+pub const WATCH_SUBSCRIBERS: &str = "idalloc_watch_subscribers";
+/// Watch streams ended because their client fell behind the history, by `pool`.
+pub const WATCH_LAGGED: &str = "idalloc_watch_lagged_total";
+
+/// Groups a stream copies out of the ring at a time.
+const BATCH: usize = 64;
+/// How long a new stream waits for the pool's feed to reach the cache's revision.
+const CATCH_UP: Duration = Duration::from_secs(5);
+/// Interval of the keep-alive comment.
+const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WatchQuery {
     #[serde(default)]
-    from_revision: Option<i64>,
-}
-
-fn event(name: &str, id: Option<i64>, data: serde_json::Value) -> Event {
-    let e = Event::default().event(name).data(data.to_string());
-    match id {
-        Some(r) => e.id(r.to_string()),
-        None => e,
-    }
+    from_revision: Option<String>,
 }
 
 pub async fn watch(
     State(st): State<Arc<AppState>>,
     Path(name): Path<String>,
-    Query(q): Query<WatchQuery>,
+    ApiQuery(q): ApiQuery<WatchQuery>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let from = match (q.from_revision, headers.get("last-event-id")) {
-        (Some(r), _) => Some(r),
+    let revisions = "a store revision: a whole number from 1";
+    // The last revision the client has all of.
+    let seen = match (q.from_revision, headers.get("last-event-id")) {
+        (Some(r), _) => {
+            let r: i64 = param("from_revision", &r, revisions)?;
+            if r < 1 {
+                return Err(ApiError::invalid(format!("invalid from_revision {r}: at least 1")));
+            }
+            Some(r - 1)
+        }
         (None, Some(v)) => {
-            let last: i64 =
-                v.to_str().ok().and_then(|s| s.trim().parse().ok()).ok_or_else(|| {
-                    ApiError::invalid("invalid Last-Event-ID header: a revision number")
-                })?;
-            Some(last + 1)
+            let v = v.to_str().unwrap_or("(not text)");
+            let m: i64 = param("Last-Event-ID", v.trim(), "a revision: a whole number from 0")?;
+            if m < 0 {
+                return Err(ApiError::invalid(format!("invalid Last-Event-ID {m}: at least 0")));
+            }
+            Some(m)
         }
         (None, None) => None,
     };
-    if let Some(r) = from {
-        if r < 1 {
-            return Err(ApiError::invalid(format!("invalid from_revision {r}: at least 1")));
+    let pool = st.pool(&name).await?;
+    pool.wait_synced().await?;
+    let hub = st.hub(&pool);
+    let (first, cursor, last_id) = match seen {
+        Some(m) => {
+            let current = caught_up(&hub, None).await?;
+            let st = hub.lock();
+            match st.ring.seq_after(m) {
+                Some(seq) => (Bytes::new(), seq, m),
+                None => {
+                    let floor = st.ring.floor();
+                    return Err(ApiError {
+                        revision: Some(current),
+                        ..ApiError::new(
+                            StatusCode::GONE,
+                            "gone",
+                            format!(
+                                "revision {m} is older than this service's watch history of pool \
+                                 {name:?} (it holds the changes after revision {floor}; the \
+                                 current revision is {current}): list the bindings again and \
+                                 watch without a revision"
+                            ),
+                        )
+                    });
+                }
+            }
         }
-    }
-    // Opens the pool (404 if it does not exist) before the stream starts.
-    st.pool(&name).await?;
-    let (tx, rx) = mpsc::channel::<Event>(256);
-    tokio::spawn(produce(st, name, from, tx));
-    Ok(Sse::new(rx.map(Ok::<_, Infallible>)).keep_alive(KeepAlive::default()).into_response())
+        None => {
+            // Read-your-writes: the snapshot includes every binding the store holds now (the
+            // cache follows the store's watch, so it can be a moment behind a write that just
+            // returned).
+            let newest = newest_change(&st, &name).await?;
+            caught_up(&hub, Some(newest)).await?;
+            snapshot(&hub, &pool).await?
+        }
+    };
+    let sub = Subscriber::new(st.clone(), hub, cursor, last_id, first);
+    let stream = futures::stream::unfold(sub, |mut s| async move {
+        s.next().await.map(|b| (Ok::<_, Infallible>(b), s))
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+            (header::HeaderName::from_static("x-accel-buffering"), "no"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response())
 }
 
-/// Feeds the stream until the client goes away, the store breaks it, or shutdown begins.
-async fn produce(st: Arc<AppState>, pool: String, from: Option<i64>, mut tx: mpsc::Sender<Event>) {
-    let mut stop = st.stop_signal();
-    let id_prefix = st.layout.id_prefix(&pool);
-    let mut keys: HashMap<u64, String> = HashMap::new();
-    // IDs whose binding ended as a tombstone: the tombstone's later expiry is not another delete.
-    let mut tombstoned: HashSet<u64> = HashSet::new();
-    let start = match from {
-        Some(r) => r,
-        None => {
-            let range = KeyRange::prefix(id_prefix.clone());
-            let (kvs, rev) = match list_all(&*st.store, &range, 1000).await {
-                Ok(x) => x,
-                Err(e) => {
-                    let _ = tx.send(error_event("unavailable", &e.to_string())).await;
-                    return;
+/// The newest mod revision of the pool's ID records in the store (a keys-only read).
+async fn newest_change(st: &AppState, pool: &str) -> Result<i64, ApiError> {
+    let req = GetRequest::prefix(st.layout.id_prefix(pool)).keys_only();
+    let resp = st.store.get(req).await?;
+    Ok(resp.kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0))
+}
+
+/// Waits until the hub has every change through `revision` (any boundary if `None`); returns the
+/// hub's revision.
+async fn caught_up(hub: &Hub, revision: Option<i64>) -> Result<i64, ApiError> {
+    let mut tick = hub.subscribe();
+    let wait = async {
+        loop {
+            {
+                let st = hub.lock();
+                if let Some(why) = &st.ended {
+                    return Err(ApiError::unavailable(why.clone()));
                 }
-            };
-            for kv in &kvs {
-                let Some(id) = st.layout.parse_id_key(&pool, &kv.key) else { continue };
-                if let Some(IdRecord::Bound(key)) = IdRecord::decode(&kv.value) {
-                    let e = event(
-                        "upsert",
-                        None,
-                        json!({"id": id, "key": key, "revision": kv.mod_revision}),
-                    );
-                    keys.insert(id, key);
-                    if tx.send(e).await.is_err() {
-                        return;
+                if let Some(r) = st.revision {
+                    if revision.is_none_or(|want| r >= want) {
+                        return Ok(r);
                     }
                 }
             }
-            let synced =
-                event("synced", Some(rev), json!({"revision": rev, "bindings": keys.len()}));
-            if tx.send(synced).await.is_err() {
-                return;
+            if tick.changed().await.is_err() {
+                return Err(ApiError::unavailable("the pool's feed stopped"));
             }
-            rev + 1
         }
     };
-    let mut stream = match st.store.watch(KeyRange::prefix(id_prefix), start).await {
-        Ok(s) => s,
-        Err(StoreError::Compacted { compact_revision, .. }) => {
-            let _ = tx.send(compacted(start, compact_revision)).await;
-            return;
-        }
-        Err(e) => {
-            let _ = tx.send(error_event("unavailable", &e.to_string())).await;
-            return;
-        }
-    };
-    loop {
-        let msg = tokio::select! {
-            m = stream.next() => m,
-            _ = stop.wait_for(|s| *s) => return,
-        };
-        let events = match msg {
-            Some(Ok(WatchMessage::Events(evs))) => evs,
-            Some(Ok(WatchMessage::Compacted { compact_revision })) => {
-                let _ = tx.send(compacted(start, compact_revision)).await;
-                return;
+    tokio::time::timeout(CATCH_UP, wait).await.unwrap_or_else(|_| {
+        Err(ApiError::unavailable(format!(
+            "the pool's change feed did not catch up within {CATCH_UP:?}; retry"
+        )))
+    })
+}
+
+/// The initial bindings (at a revision boundary R of the cache) and `synced`, and the cursor of
+/// the first change after R.
+async fn snapshot(hub: &Hub, pool: &idalloc::Pool) -> Result<(Bytes, u64, i64), ApiError> {
+    let mut tick = hub.subscribe();
+    for _ in 0..100 {
+        tick.borrow_and_update();
+        let Some((bindings, r)) = pool.snapshot_at() else {
+            // A watch response is being applied: its end (a `Through`) is moments away, and the
+            // hub ticks when it has read it.
+            if tokio::time::timeout(CATCH_UP, tick.changed()).await.is_err() {
+                return Err(ApiError::unavailable(format!(
+                    "the pool's change feed did not move within {CATCH_UP:?}; retry"
+                )));
             }
-            Some(Err(e)) => {
-                let _ = tx.send(error_event("unavailable", &e.to_string())).await;
-                return;
-            }
-            None => return,
+            continue;
         };
-        for ev in events {
-            let kv = ev.kv();
-            let Some(id) = st.layout.parse_id_key(&pool, &kv.key) else { continue };
-            let rev = kv.mod_revision;
-            let e = match (&ev, IdRecord::decode(&kv.value)) {
-                (WatchEvent::Put(_), Some(IdRecord::Bound(key))) => {
-                    keys.insert(id, key.clone());
-                    event("upsert", Some(rev), json!({"id": id, "key": key, "revision": rev}))
+        caught_up(hub, Some(r)).await?;
+        let Some(seq) = hub.lock().ring.seq_after(r) else {
+            // The ring moved past R meanwhile (a burst of changes): take a newer snapshot.
+            continue;
+        };
+        let mut out = String::with_capacity(bindings.len() * 64 + 64);
+        for (id, key) in &bindings {
+            out.push_str(&sse("upsert", None, &json!({"id": id, "key": key, "revision": r})));
+        }
+        out.push_str(&sse("synced", Some(r), &json!({"revision": r, "bindings": bindings.len()})));
+        return Ok((Bytes::from(out), seq, r));
+    }
+    Err(ApiError::unavailable("the pool changes too fast to take a snapshot of it; retry"))
+}
+
+/// One open stream: a cursor into the hub's ring.
+struct Subscriber {
+    hub: Arc<Hub>,
+    st: Arc<AppState>,
+    cursor: u64,
+    /// The revision of the last group sent (what the client's `Last-Event-ID` is).
+    last_id: i64,
+    ready: VecDeque<Bytes>,
+    tick: tokio::sync::watch::Receiver<u64>,
+    stop: tokio::sync::watch::Receiver<bool>,
+    keep_alive: tokio::time::Interval,
+    done: bool,
+}
+
+impl Subscriber {
+    fn new(st: Arc<AppState>, hub: Arc<Hub>, cursor: u64, last_id: i64, first: Bytes) -> Self {
+        metrics::gauge!(WATCH_SUBSCRIBERS, "pool" => hub.pool.clone()).increment(1.0);
+        let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
+        keep_alive.reset();
+        Subscriber {
+            tick: hub.subscribe(),
+            stop: st.stop_signal(),
+            hub,
+            st,
+            cursor,
+            last_id,
+            ready: if first.is_empty() { VecDeque::new() } else { VecDeque::from([first]) },
+            keep_alive,
+            done: false,
+        }
+    }
+
+    /// The next chunk of the stream; `None` ends it.
+    async fn next(&mut self) -> Option<Bytes> {
+        loop {
+            if let Some(b) = self.ready.pop_front() {
+                return Some(b);
+            }
+            if self.done || self.st.is_shutting_down() {
+                return None;
+            }
+            // Marks the current tick seen before reading, so a change after the read wakes us.
+            self.tick.borrow_and_update();
+            let read = {
+                let st = self.hub.lock();
+                match st.ring.read(self.cursor, BATCH) {
+                    Ok(groups) => Ok((groups, st.ended.clone())),
+                    Err(_) => Err(()),
                 }
-                (WatchEvent::Put(_), Some(IdRecord::Tombstone(key))) => {
-                    keys.remove(&id);
-                    tombstoned.insert(id);
-                    event("delete", Some(rev), json!({"id": id, "key": key, "revision": rev}))
-                }
-                (WatchEvent::Delete(_), _) if tombstoned.remove(&id) => continue,
-                (WatchEvent::Delete(_), _) => {
-                    // A stream resumed from a revision may not have seen the binding: the key is
-                    // the record's value just before the delete (null if compacted away).
-                    let key = match keys.remove(&id) {
-                        Some(k) => Some(k),
-                        None => key_before(&st, &kv.key, rev).await,
-                    };
-                    event("delete", Some(rev), json!({"id": id, "key": key, "revision": rev}))
-                }
-                (WatchEvent::Put(_), None) => continue,
             };
-            if tx.send(e).await.is_err() {
-                return;
+            match read {
+                Ok((groups, _)) if !groups.is_empty() => {
+                    self.cursor += groups.len() as u64;
+                    for g in groups {
+                        self.last_id = g.revision;
+                        self.ready.push_back(g.chunk);
+                    }
+                    continue;
+                }
+                Ok((_, Some(why))) => {
+                    self.done = true;
+                    return Some(error_event("gone", &why, None));
+                }
+                Ok(_) => {}
+                Err(()) => {
+                    self.done = true;
+                    metrics::counter!(WATCH_LAGGED, "pool" => self.hub.pool.clone()).increment(1);
+                    let r = self.last_id;
+                    let why = format!(
+                        "this stream fell behind the service's watch history and was ended; \
+                         resume with Last-Event-ID: {r} (or from_revision={})",
+                        r + 1
+                    );
+                    return Some(error_event("lagged", &why, Some(r)));
+                }
+            }
+            tokio::select! {
+                changed = self.tick.changed() => {
+                    if changed.is_err() {
+                        self.done = true;
+                    }
+                }
+                _ = self.stop.wait_for(|s| *s) => return None,
+                _ = self.keep_alive.tick() => return Some(Bytes::from_static(b": keep-alive\n\n")),
             }
         }
     }
 }
 
-/// The key an ID record held just before revision `rev`.
-async fn key_before(st: &AppState, record: &[u8], rev: i64) -> Option<String> {
-    let req = GetRequest::key(record.to_vec()).at_revision(rev - 1);
-    let resp = st.store.get(req).await.ok()?;
-    match IdRecord::decode(&resp.kvs.first()?.value)? {
-        IdRecord::Bound(k) => Some(k),
-        IdRecord::Tombstone(_) => None,
+impl Drop for Subscriber {
+    fn drop(&mut self) {
+        metrics::gauge!(WATCH_SUBSCRIBERS, "pool" => self.hub.pool.clone()).decrement(1.0);
     }
 }
 
-fn error_event(kind: &str, message: &str) -> Event {
-    event("error", None, json!({"kind": kind, "message": message}))
-}
-
-fn compacted(start: i64, compact_revision: i64) -> Event {
-    error_event(
-        "compacted",
-        &format!(
-            "revision {start} is compacted (oldest available: {compact_revision}); watch again without from_revision"
-        ),
-    )
+fn error_event(kind: &str, message: &str, revision: Option<i64>) -> Bytes {
+    let data = match revision {
+        Some(r) => json!({"kind": kind, "message": message, "revision": r, "from_revision": r + 1}),
+        None => json!({"kind": kind, "message": message}),
+    };
+    Bytes::from(sse("error", None, &data))
 }

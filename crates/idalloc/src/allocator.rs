@@ -45,7 +45,7 @@ use crate::pool::{validate_holder, validate_key, validate_pool_name, PoolSpec};
 use crate::store::{Compare, GetRequest, KeyRange, LeaseId, OpResponse, Store, TxnOp, TxnRequest};
 
 pub use cluster_events::ClusterEvents;
-pub use events::Events;
+pub use events::{Events, Stamped, StampedEvents};
 pub use handle::Pool;
 pub use types::{Acquired, AllocatorOptions, Binding, Released, RetryPolicy};
 

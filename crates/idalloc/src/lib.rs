@@ -142,7 +142,7 @@ pub use allocator::client_session::ClientSession;
 pub use allocator::sweeper::SweepReport;
 pub use allocator::{
     Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
-    RetryPolicy,
+    RetryPolicy, Stamped, StampedEvents,
 };
 pub use cache::{Event, Foreign};
 pub use error::{Error, Input, Result};

@@ -644,3 +644,63 @@ async fn release_that_never_arrived_is_completed_in_the_background() {
     wait_until_async(|| async { count_refs(&*store, "p").await == 0 }).await;
     assert_eq!(raw_binding(&*store, "p", "k").await, None, "reclaimed by the completed release");
 }
+
+/// `Pool::stamped_events` (issue 20, the service's watch fan-out): every change with the revision
+/// of its store write, the several changes of one txn at one revision, a `Through` after them;
+/// `snapshot_at` gives the bindings at a revision boundary.
+#[tokio::test]
+async fn stamped_events_carry_revisions_and_mark_each_revisions_end() {
+    let store = Arc::new(EmbeddedStore::memory());
+    let a = allocator(store.clone(), "a");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
+    p.acquire_durable("first", "h").await.expect("acquire");
+    p.wait_synced().await.expect("synced");
+    wait_until(|| p.snapshot_at().is_some_and(|(b, _)| b.len() == 1)).await;
+    let (bindings, at) = p.snapshot_at().expect("at a boundary");
+    assert_eq!(bindings.iter().map(|(_, k)| k.as_str()).collect::<Vec<_>>(), ["first"]);
+    let mut feed = p.stamped_events();
+    assert_eq!((feed.revision, feed.complete), (at, true));
+    // Three keys in one txn: one revision; then a release at a later one.
+    let keys = ["x", "y", "z"];
+    let got = p.acquire_many_durable(&keys, "h").await;
+    assert!(got.iter().all(|r| r.is_ok()), "{got:?}");
+    p.release_durable("first", "h").await.expect("release");
+    let mut seen: Vec<idalloc::Stamped> = Vec::new();
+    while !matches!(seen.last(), Some(idalloc::Stamped::Through { revision }) if *revision > at
+        && seen.iter().any(|s| matches!(s, idalloc::Stamped::Event { event: idalloc::Event::Delete { .. }, .. })))
+    {
+        let next = tokio::time::timeout(Duration::from_secs(10), feed.recv()).await;
+        seen.push(next.expect("a change in time").expect("open").expect("not lagged"));
+    }
+    let upserts: Vec<i64> = seen
+        .iter()
+        .filter_map(|s| match s {
+            idalloc::Stamped::Event { revision, event: idalloc::Event::Upsert { .. } } => {
+                Some(*revision)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(upserts.len(), 3, "{seen:?}");
+    assert!(upserts.iter().all(|r| *r == upserts[0] && *r > at), "one txn, one revision: {seen:?}");
+    let delete = seen.iter().position(|s| {
+        matches!(s, idalloc::Stamped::Event { event: idalloc::Event::Delete { .. }, .. })
+    });
+    let delete = delete.expect("the release");
+    let last_upsert = seen
+        .iter()
+        .rposition(|s| {
+            matches!(s, idalloc::Stamped::Event { event: idalloc::Event::Upsert { .. }, .. })
+        })
+        .expect("upserts");
+    // The txn's revision is closed by a Through before the release's change comes.
+    assert!(
+        seen[last_upsert..delete].iter().any(
+            |s| matches!(s, idalloc::Stamped::Through { revision } if *revision >= upserts[0])
+        ),
+        "{seen:?}"
+    );
+    let (after, rev) = p.snapshot_at().expect("at a boundary after the Through");
+    assert!(rev > upserts[0]);
+    assert_eq!(after.len(), 3);
+}

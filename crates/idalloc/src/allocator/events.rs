@@ -5,6 +5,51 @@ use std::collections::VecDeque;
 use tokio::sync::broadcast;
 
 use crate::cache::{Batch, Event};
+use crate::store::Revision;
+
+/// A change of a pool's bindings with the store revision it happened at, as the pool's cache
+/// applied it ([`Pool::stamped_events`](super::Pool::stamped_events)): for a service that
+/// re-serves the pool's history with revisions (idalloc serve's watch, issue 20) from the one
+/// watch the cache already has, instead of a store watch per client.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stamped {
+    /// `Upsert` or `Delete` at `revision`; after a (re-)listing at `revision`, its differences and
+    /// then `Synced`.
+    Event { revision: Revision, event: Event },
+    /// Every change at or before `revision` has been sent: the changes of one revision are
+    /// complete (the end of one watch response or listing).
+    Through { revision: Revision },
+}
+
+/// A subscription to [`Stamped`] changes. It starts at the cache's revision `revision`;
+/// `complete` says whether every change at `revision` was applied before it started (if not, the
+/// rest of that revision's changes follow, then a `Through`).
+pub struct StampedEvents {
+    pub revision: Revision,
+    pub complete: bool,
+    rx: broadcast::Receiver<Stamped>,
+}
+
+impl StampedEvents {
+    pub(crate) fn new(
+        revision: Revision,
+        complete: bool,
+        rx: broadcast::Receiver<Stamped>,
+    ) -> StampedEvents {
+        StampedEvents { revision, complete, rx }
+    }
+
+    /// The next change; `Err(n)`: `n` changes were dropped because this subscriber fell more
+    /// than the pool's event buffer behind (subscribe again); `None` once the pool's state is
+    /// gone.
+    pub async fn recv(&mut self) -> Option<Result<Stamped, u64>> {
+        match self.rx.recv().await {
+            Ok(e) => Some(Ok(e)),
+            Err(broadcast::error::RecvError::Lagged(n)) => Some(Err(n)),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}
 
 /// A subscription to one pool's (or one remote view's) events: a replay, then live events.
 pub struct Events {

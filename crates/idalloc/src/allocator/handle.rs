@@ -9,7 +9,7 @@ use tracing::warn;
 
 use super::cluster_events::ClusterEvents;
 use super::coalesce::{self, Turn};
-use super::events::Events;
+use super::events::{Events, StampedEvents};
 use super::pool_state::{lock, read, write, Held, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
@@ -355,6 +355,30 @@ impl Pool {
         let rx = self.state.subscribe();
         drop(cache);
         Events::new(replay, rx)
+    }
+
+    /// Subscribes to the pool's changes with their store revisions ([`Stamped`](crate::Stamped)),
+    /// from the cache's current revision on, without a replay: for a service that keeps its own
+    /// history of the pool (idalloc serve's watch). Pair it with [`Pool::snapshot_at`].
+    pub fn stamped_events(&self) -> StampedEvents {
+        let cache = self.state.lock_cache();
+        let rx = self.state.stamped.subscribe();
+        let revision = cache.revision();
+        let complete = self.state.through.load(Ordering::Acquire) == revision;
+        drop(cache);
+        StampedEvents::new(revision, complete, rx)
+    }
+
+    /// Every binding in the cache, sorted by ID, with the cache's revision, if the cache is at a
+    /// revision boundary (every change at that revision applied) and has been listed; `None`
+    /// while a watch response is being applied or before the first listing (try again after the
+    /// next [`Stamped::Through`](crate::Stamped::Through)).
+    pub fn snapshot_at(&self) -> Option<(Vec<(u64, String)>, crate::store::Revision)> {
+        let cache = self.state.lock_cache();
+        let revision = cache.revision();
+        let at_boundary = self.state.through.load(Ordering::Acquire) == revision;
+        (at_boundary && self.state.listed.load(Ordering::Acquire))
+            .then(|| (cache.snapshot(), revision))
     }
 
     /// Like [`Pool::events`] for every cluster of the pool: the local cache and each remote view

@@ -42,6 +42,12 @@ pub(crate) struct PoolState {
     /// The pool's event channel; `None` once the state retired, which ends every subscription
     /// (the receivers see the channel closed after the last buffered event).
     pub(super) events: Mutex<Option<broadcast::Sender<Batch<Event>>>>,
+    /// The cache's changes with their revisions (see [`super::events::Stamped`]), sent under the
+    /// cache lock by the sync task only.
+    pub(super) stamped: broadcast::Sender<super::events::Stamped>,
+    /// The revision of the last `Stamped::Through` sent (under the cache lock): the cache is at a
+    /// revision boundary when its revision equals this.
+    pub(super) through: std::sync::atomic::AtomicI64,
     /// Events of every cluster of the pool (local and remote views), tagged.
     pub(super) mesh: broadcast::Sender<Batch<ClusterEvent>>,
     /// Remote views of this pool by name (lock order: this map, then the cache, then each view).
@@ -236,6 +242,29 @@ impl PoolState {
 
     pub(crate) fn lock_cache(&self) -> MutexGuard<'_, PoolCache> {
         lock(&self.cache)
+    }
+
+    /// [`PoolState::emit`] for a change of the store's history at `revision`: also sent to the
+    /// stamped subscribers. Called with the cache lock held.
+    pub(crate) fn emit_at(&self, revision: Revision, e: Event) {
+        self.emit_all_at(revision, vec![e]);
+    }
+
+    /// [`PoolState::emit_all`] for changes of the store's history at `revision` (a listing's):
+    /// each also sent to the stamped subscribers. Called with the cache lock held.
+    pub(crate) fn emit_all_at(&self, revision: Revision, events: Vec<Event>) {
+        for e in &events {
+            let _ = self
+                .stamped
+                .send(super::events::Stamped::Event { revision, event: e.clone() });
+        }
+        self.emit_all(events);
+    }
+
+    /// Every change at or before `revision` has been emitted. Called with the cache lock held.
+    pub(crate) fn emitted_through(&self, revision: Revision) {
+        self.through.store(revision, std::sync::atomic::Ordering::Release);
+        let _ = self.stamped.send(super::events::Stamped::Through { revision });
     }
 
     /// Sends `e` to the pool's subscribers. Changes of the cache's bindings are emitted with the

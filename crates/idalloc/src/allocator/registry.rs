@@ -178,6 +178,7 @@ impl Inner {
         }
         let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (mesh, _) = broadcast::channel(self.opts.event_buffer.max(1));
+        let (stamped, _) = broadcast::channel(self.opts.event_buffer.max(1));
         let (synced, _) = tokio::sync::watch::channel(false);
         let (applied, _) = tokio::sync::watch::channel(0);
         let (list_progress, _) = tokio::sync::watch::channel(0);
@@ -189,6 +190,8 @@ impl Inner {
             held: Mutex::new(HashMap::default()),
             key_locks: Mutex::new(HashMap::new()),
             events: Mutex::new(Some(events)),
+            stamped,
+            through: std::sync::atomic::AtomicI64::new(0),
             mesh,
             remotes: std::sync::RwLock::default(),
             listed: AtomicBool::new(false),

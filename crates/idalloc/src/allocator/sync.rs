@@ -70,11 +70,12 @@ impl Sink for LocalSink {
             let events =
                 cache.replace_all(kvs, rev, |k| self.layout.parse_id_key(pool.spec.name(), k));
             // Emitted under the cache lock (see `PoolState::emit`), with exactly one `Synced`
-            // per listing, after its changes, all as one message (`PoolState::emit_all`).
+            // per listing, after its changes, all as one message (`PoolState::emit_all_at`).
             let mut events: Vec<Event> =
                 events.into_iter().filter(|e| *e != Event::Synced).collect();
             events.push(Event::Synced);
-            pool.emit_all(events);
+            pool.emit_all_at(rev, events);
+            pool.emitted_through(rev);
             pool.listed.store(true, Ordering::Release);
         }
         pool.note_applied(rev);
@@ -92,7 +93,13 @@ impl Sink for LocalSink {
         for ev in events {
             apply_event(&self.layout, &self.repairs, &self.pool, ev);
         }
-        let applied = self.pool.lock_cache().revision();
+        let applied = {
+            let cache = self.pool.lock_cache();
+            // Under the lock, as every stamped change: a subscriber starting now sees the
+            // boundary either before or after it, never half of it.
+            self.pool.emitted_through(cache.revision());
+            cache.revision()
+        };
         self.pool.note_applied(applied);
         if let Some(req) = self.req.upgrade() {
             self.pool.publish_gauges(req.seen());
@@ -108,7 +115,7 @@ fn apply_event(layout: &Layout, repairs: &RepairQueue, pool: &Arc<PoolState>, ev
         let before = id.and_then(|id| cache.key_of(id).map(|k| (id, k.to_string())));
         let event = cache.apply(ev, |k| layout.parse_id_key(pool.spec.name(), k));
         if let Some(e) = &event {
-            pool.emit(e.clone());
+            pool.emit_at(ev.kv().mod_revision, e.clone());
         }
         (event, before)
     };

@@ -1,0 +1,325 @@
+//! One feed per pool shared by every watch subscriber (issue 20 item 1), as the Kubernetes watch
+//! cache and etcd's grpc-proxy do.
+//!
+//! A [`Hub`] per watched pool follows the pool's cache ([`idalloc::Pool::stamped_events`]: the one
+//! store watch the library already has for an open pool) and keeps a [`Ring`] of its recent
+//! changes, grouped by revision and rendered once as Server-Sent Events. Subscribers do not get
+//! a copy pushed to them: each reads the ring at its own pace with its own cursor (a sequence
+//! number), so the hub never waits for anyone, a client that stops reading costs one cursor,
+//! and 1,000 subscribers are one store watch. A subscriber whose cursor falls off the ring's
+//! tail (more than the ring's capacity behind) is ended with a last event saying so and the
+//! revision to resume from. Resuming (`Last-Event-ID`, `from_revision`) starts the cursor at the
+//! first group after the client's revision, if the ring still holds everything after it; else
+//! the client must re-list (410 `gone`).
+//!
+//! The ring is plain data ([`Ring`]); the hub's task is the only writer.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use axum::body::Bytes;
+use idalloc::{Event, Pool, Stamped};
+use serde_json::json;
+use tokio::sync::watch;
+
+/// One revision's changes, rendered as SSE events; the last one carries the revision as its id,
+/// so a client's `Last-Event-ID` is always a revision whose changes it has all seen.
+#[derive(Clone, Debug)]
+pub struct Group {
+    pub revision: i64,
+    pub events: usize,
+    pub chunk: Bytes,
+}
+
+/// Recent groups, oldest first, numbered by sequence (`front_seq` is the first one's). Holds at
+/// most `cap` events (and always the newest group). `floor`: every change after this revision is
+/// in the ring, so a client that has seen everything through `floor` or later can resume exactly.
+#[derive(Debug)]
+pub struct Ring {
+    groups: VecDeque<Group>,
+    front_seq: u64,
+    events: usize,
+    cap: usize,
+    floor: i64,
+}
+
+/// A subscriber's cursor fell off the ring: what it missed is gone.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Lagged;
+
+impl Ring {
+    pub fn new(cap: usize, floor: i64) -> Ring {
+        Ring { groups: VecDeque::new(), front_seq: 0, events: 0, cap: cap.max(1), floor }
+    }
+
+    /// The sequence number the next group will have.
+    pub fn next_seq(&self) -> u64 {
+        self.front_seq + self.groups.len() as u64
+    }
+
+    pub fn floor(&self) -> i64 {
+        self.floor
+    }
+
+    pub fn push(&mut self, g: Group) {
+        self.events += g.events;
+        self.groups.push_back(g);
+        while self.events > self.cap && self.groups.len() > 1 {
+            if let Some(old) = self.groups.pop_front() {
+                self.events -= old.events;
+                self.floor = old.revision;
+                self.front_seq += 1;
+            }
+        }
+    }
+
+    /// Forgets every group and starts again after `floor`, skipping one sequence number so that
+    /// every current cursor (even one that had read everything) is behind: changes were lost.
+    pub fn reset(&mut self, floor: i64) {
+        self.front_seq = self.next_seq() + 1;
+        self.groups.clear();
+        self.events = 0;
+        self.floor = floor;
+    }
+
+    /// Up to `max` groups from sequence `seq` on (empty if none yet).
+    pub fn read(&self, seq: u64, max: usize) -> Result<Vec<Group>, Lagged> {
+        if seq < self.front_seq {
+            return Err(Lagged);
+        }
+        let from = (seq - self.front_seq) as usize;
+        Ok(self.groups.iter().skip(from).take(max).cloned().collect())
+    }
+
+    /// The cursor of a client that has seen every change through `revision`: the first group
+    /// after it. `None` if the ring no longer holds everything after `revision`.
+    pub fn seq_after(&self, revision: i64) -> Option<u64> {
+        if revision < self.floor {
+            return None;
+        }
+        let i = self.groups.partition_point(|g| g.revision <= revision);
+        Some(self.front_seq + i as u64)
+    }
+}
+
+/// `event: NAME`, `data: JSON`, and `id: ID` if given, as one SSE event.
+pub fn sse(name: &str, id: Option<i64>, data: &serde_json::Value) -> String {
+    match id {
+        Some(id) => format!("id: {id}\nevent: {name}\ndata: {data}\n\n"),
+        None => format!("event: {name}\ndata: {data}\n\n"),
+    }
+}
+
+/// Renders one revision's changes (`bindings`: the pool's size, for a `synced` after a
+/// re-listing).
+pub fn render(revision: i64, events: &[Event], bindings: impl Fn() -> usize) -> Group {
+    let mut out = String::new();
+    let n = events.len();
+    for (i, e) in events.iter().enumerate() {
+        let id = (i + 1 == n).then_some(revision);
+        let s = match e {
+            Event::Upsert { id: x, key } => {
+                sse("upsert", id, &json!({"id": x, "key": key, "revision": revision}))
+            }
+            Event::Delete { id: x, key } => {
+                sse("delete", id, &json!({"id": x, "key": key, "revision": revision}))
+            }
+            Event::Synced => {
+                sse("synced", id, &json!({"revision": revision, "bindings": bindings()}))
+            }
+            // Not store changes: never stamped.
+            Event::Conflict { .. } | Event::Lagged { .. } => continue,
+        };
+        out.push_str(&s);
+    }
+    Group { revision, events: n, chunk: Bytes::from(out) }
+}
+
+/// What the hub publishes to its subscribers.
+#[derive(Debug)]
+pub struct HubState {
+    pub ring: Ring,
+    /// Every change through this revision is in the ring (`None` until the hub knows a boundary).
+    pub revision: Option<i64>,
+    /// Set when the hub stopped for good (the pool was deleted or re-created, the allocator
+    /// closed): subscribers end with this message.
+    pub ended: Option<String>,
+}
+
+/// The shared feed of one pool.
+pub struct Hub {
+    pub pool: String,
+    state: Mutex<HubState>,
+    /// Bumped whenever the state changes; subscribers wait on it.
+    tick: watch::Sender<u64>,
+}
+
+impl Hub {
+    /// Starts following `pool` with a ring of at most `cap` events.
+    pub fn start(pool: Pool, cap: usize) -> Arc<Hub> {
+        let hub = Arc::new(Hub {
+            pool: pool.spec().name().to_string(),
+            state: Mutex::new(HubState { ring: Ring::new(cap, 0), revision: None, ended: None }),
+            tick: watch::channel(0).0,
+        });
+        tokio::spawn(run(Arc::downgrade(&hub), pool));
+        hub
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.tick.subscribe()
+    }
+
+    pub fn is_ended(&self) -> bool {
+        self.lock().ended.is_some()
+    }
+
+    fn changed(&self) {
+        self.tick.send_modify(|t| *t += 1);
+    }
+
+    fn end(&self, why: String) {
+        self.lock().ended = Some(why);
+        self.changed();
+    }
+}
+
+/// How often the hub checks that its pool still exists (a deleted pool's feed just goes quiet).
+const RETIRED_CHECK: Duration = Duration::from_secs(1);
+
+/// The hub's task: follows the pool's stamped changes into the ring until the pool is retired,
+/// the allocator closes, or every handle on the hub is gone.
+async fn run(hub: std::sync::Weak<Hub>, pool: Pool) {
+    let mut check = tokio::time::interval(RETIRED_CHECK);
+    'subscribe: loop {
+        let mut feed = pool.stamped_events();
+        let start = feed.revision;
+        {
+            let Some(h) = hub.upgrade() else { return };
+            let mut st = h.lock();
+            // Everything before this subscription is unknown to the ring: it starts after
+            // `start` (a partial revision at `start` is dropped below).
+            st.ring.reset(start);
+            st.revision = feed.complete.then_some(start);
+            drop(st);
+            h.changed();
+        }
+        let mut pending: Vec<(i64, Event)> = Vec::new();
+        loop {
+            let msg = tokio::select! {
+                m = feed.recv() => m,
+                _ = check.tick() => {
+                    let Some(h) = hub.upgrade() else { return };
+                    if pool.is_retired() {
+                        h.end(format!(
+                            "pool {:?} was deleted or re-created: watch it again",
+                            h.pool
+                        ));
+                        return;
+                    }
+                    continue;
+                }
+            };
+            let Some(h) = hub.upgrade() else { return };
+            match msg {
+                None => {
+                    h.end("the service stopped following this pool".to_string());
+                    return;
+                }
+                // The hub fell more than the pool's event buffer behind (it only copies, so the
+                // machine is overloaded): start over; every subscriber is told it lagged.
+                Some(Err(_missed)) => continue 'subscribe,
+                Some(Ok(Stamped::Event { revision, event })) => {
+                    if revision > start {
+                        pending.push((revision, event));
+                    }
+                }
+                Some(Ok(Stamped::Through { revision })) => {
+                    let groups = group(std::mem::take(&mut pending), &pool);
+                    let mut st = h.lock();
+                    for g in groups {
+                        st.ring.push(g);
+                    }
+                    st.revision = Some(st.revision.unwrap_or(start).max(revision));
+                    drop(st);
+                    h.changed();
+                }
+            }
+        }
+    }
+}
+
+/// Splits changes (in revision order) into one rendered group per revision.
+fn group(changes: Vec<(i64, Event)>, pool: &Pool) -> Vec<Group> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < changes.len() {
+        let rev = changes[i].0;
+        let j = changes[i..].iter().position(|(r, _)| *r != rev).map_or(changes.len(), |k| i + k);
+        let events: Vec<Event> = changes[i..j].iter().map(|(_, e)| e.clone()).collect();
+        out.push(render(rev, &events, || pool.snapshot().len()));
+        i = j;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn g(revision: i64, events: usize) -> Group {
+        Group { revision, events, chunk: Bytes::from(format!("r{revision}")) }
+    }
+
+    #[test]
+    fn the_ring_keeps_at_most_cap_events_and_moves_its_floor() {
+        let mut r = Ring::new(5, 10);
+        assert_eq!(r.seq_after(9), None, "before the floor: re-list");
+        assert_eq!(r.seq_after(10), Some(0));
+        r.push(g(11, 2));
+        r.push(g(12, 2));
+        assert_eq!(r.seq_after(10), Some(0));
+        assert_eq!(r.seq_after(11), Some(1));
+        assert_eq!(r.seq_after(15), Some(2), "after everything: the next group");
+        r.push(g(14, 2));
+        // 6 events > 5: the oldest group goes, and with it the ability to resume from 10.
+        assert_eq!(r.floor(), 11);
+        assert_eq!(r.seq_after(10), None);
+        assert_eq!(r.seq_after(11), Some(1));
+        assert_eq!(r.read(0, 10).map(|v| v.len()), Err(Lagged));
+        let got: Vec<i64> = r.read(1, 10).expect("read").iter().map(|g| g.revision).collect();
+        assert_eq!(got, [12, 14]);
+        assert_eq!(r.read(3, 10).expect("read").len(), 0, "nothing new yet");
+        // A single group over the cap is kept (the newest is always there).
+        r.push(g(20, 50));
+        assert_eq!(r.read(3, 10).expect("read").len(), 1);
+    }
+
+    #[test]
+    fn a_reset_lags_every_cursor_even_a_caught_up_one() {
+        let mut r = Ring::new(100, 0);
+        r.push(g(1, 1));
+        let caught_up = r.next_seq();
+        r.reset(7);
+        assert_eq!(r.read(caught_up, 10).map(|v| v.len()), Err(Lagged));
+        assert_eq!(r.seq_after(6), None);
+        assert_eq!(r.seq_after(7), Some(r.next_seq()));
+    }
+
+    #[test]
+    fn a_group_puts_its_revision_on_its_last_event_only() {
+        let events =
+            [Event::Upsert { id: 1, key: "a".into() }, Event::Delete { id: 2, key: "b\"c".into() }];
+        let text = String::from_utf8(render(42, &events, || 0).chunk.to_vec()).expect("utf-8");
+        assert_eq!(
+            text,
+            "event: upsert\ndata: {\"id\":1,\"key\":\"a\",\"revision\":42}\n\n\
+             id: 42\nevent: delete\ndata: {\"id\":2,\"key\":\"b\\\"c\",\"revision\":42}\n\n"
+        );
+    }
+}

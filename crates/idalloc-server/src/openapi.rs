@@ -1,0 +1,47 @@
+//! The OpenAPI document as this service serves it: `openapi.json` (written for a service with
+//! tokens) with its security as configured (issue 20 item 8). Without `--auth-tokens` no operation
+//! needs a token and none answers 401 or 403, so the served document says so; a fuzzer driven by
+//! it (schemathesis, in the tests) then holds the service to exactly what it does.
+
+use serde_json::Value;
+
+/// The document served at `/v1/openapi.json`: [`crate::OPENAPI`] as is with tokens; without,
+/// no security requirement and no 401/403 answers.
+pub fn document(tokens: bool) -> String {
+    if tokens {
+        return crate::OPENAPI.to_string();
+    }
+    let Ok(mut doc) = serde_json::from_str::<Value>(crate::OPENAPI) else {
+        // A unit test parses the embedded document: unreachable in a built service.
+        return crate::OPENAPI.to_string();
+    };
+    doc["security"] = Value::Array(Vec::new());
+    if let Some(paths) = doc["paths"].as_object_mut() {
+        for op in paths.values_mut().filter_map(Value::as_object_mut).flat_map(|m| m.values_mut()) {
+            if let Some(op) = op.as_object_mut() {
+                op.remove("security");
+                if let Some(r) = op.get_mut("responses").and_then(Value::as_object_mut) {
+                    r.remove("401");
+                    r.remove("403");
+                }
+            }
+        }
+    }
+    doc.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_tokens_no_operation_needs_one_or_answers_401() {
+        let open: Value = serde_json::from_str(&document(false)).expect("JSON");
+        assert_eq!(open["security"], serde_json::json!([]));
+        let text = open["paths"].to_string();
+        assert!(!text.contains("E401") && !text.contains("E403"), "{text}");
+        let locked: Value = serde_json::from_str(&document(true)).expect("JSON");
+        assert_eq!(locked["security"], serde_json::json!([{"bearer": []}]));
+        assert!(locked["paths"]["/v1/pools"]["get"]["responses"]["401"].is_object());
+    }
+}
