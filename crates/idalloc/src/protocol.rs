@@ -217,7 +217,7 @@ impl BindPlan {
     /// - with a holder, the holder's fence record is unchanged since `seen`: releases of that
     ///   holder bump it, so a create applied late — after the key's last release deleted every
     ///   record it compares — fails too (docs/design-notes.md, "Late commits"); and so is the
-    ///   pool's fence floor, which a fold of the holder records bumps (see [`fold_fences_txn`]).
+    ///   pool's fence floor, which a fold of the holder records bumps (see `fold_fences_txn`).
     ///
     /// The else branch reads back the key and ID records (and the moved-from ID, the spec and the
     /// holder record when compared), which [`BindPlan::outcome_fenced`] turns into the next input.

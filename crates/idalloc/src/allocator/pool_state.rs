@@ -254,9 +254,7 @@ impl PoolState {
     /// each also sent to the stamped subscribers. Called with the cache lock held.
     pub(crate) fn emit_all_at(&self, revision: Revision, events: Vec<Event>) {
         for e in &events {
-            let _ = self
-                .stamped
-                .send(super::events::Stamped::Event { revision, event: e.clone() });
+            let _ = self.stamped.send(super::events::Stamped::Event { revision, event: e.clone() });
         }
         self.emit_all(events);
     }
