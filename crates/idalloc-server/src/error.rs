@@ -11,9 +11,12 @@
 //! | `invalid_input` ([`idalloc::Input::PoolInUse`]) | 409 | deleting a pool that still has records, without `force` |
 //! | `pool_replaced` | 409 | the pool was deleted and re-created under a handle (the service re-opens it: retry) |
 //! | `exhausted` | 409 | the pool has no free ID: retrying does not help until IDs are released |
+//! | `holder_reserved` | 409 | a durable acquire or release named a session's holder (`sessions.rs`) |
 //! | `gone` | 410 | a watch resumed from a revision the service no longer holds (the answer has the current one) |
 //! | `too_large` | 413 | request body over the limit |
 //! | `unsupported_media_type` | 415 | a request body with a `Content-Type` that is not JSON |
+//! | `rate_limited`, `quota_exceeded` | 429 | over the client's request rate or requests in flight (`Retry-After`); at its `sessions=` or `refs=` quota (`limits.rs`, `quota.rs`) |
+//! | `overloaded` | 503 | the service is at its request or connection limit (`limits.rs`, `conn.rs`) |
 //! | `unavailable` | 503 | the store did not answer in time, or the service is shutting down |
 //! | `access_denied` | 503 | the store refused the service's credentials (fix its configuration) |
 //! | `corrupt` | 500 | the store holds a record idalloc cannot use (named in the message; see `idalloc check`) |
