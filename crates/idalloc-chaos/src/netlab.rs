@@ -92,7 +92,7 @@ pub fn reap_stale() -> Vec<String> {
     let mut removed = Vec::new();
     for ns in namespaces() {
         let Some(pid) = owner_pid(&ns) else { continue };
-        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        if process_alive(pid) {
             continue;
         }
         kill_inside(&ns);
@@ -101,6 +101,15 @@ pub fn reap_stale() -> Vec<String> {
         }
     }
     removed
+}
+
+/// True if process `pid` runs (a zombie, whose test was killed and not yet reaped, does not).
+fn process_alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|s| {
+        s.lines()
+            .find_map(|l| l.strip_prefix("State:"))
+            .is_some_and(|st| !st.trim_start().starts_with('Z'))
+    })
 }
 
 /// Kills (SIGKILL, by PID) every process still running in namespace `ns`: only this module's

@@ -510,3 +510,34 @@ fn chaos_in_network_namespaces_is_linearizable() {
         assert!(reordered > 0, "the slow links reordered no packet");
     }
 }
+
+/// A crashed run's namespaces (its PID is gone) are removed, with what runs in them; a live
+/// run's are left alone.
+#[test]
+fn namespaces_of_crashed_runs_are_reaped_and_live_ones_kept() {
+    if !lab_or_skip("the namespace reaping check") {
+        return;
+    }
+    // A PID that is surely gone: a process that ran and was reaped.
+    let mut done = Command::new("true").spawn().expect("run true");
+    let dead = done.id();
+    done.wait().expect("reap true");
+    let stale = format!("{}{dead}-rsw", netlab::NS_PREFIX);
+    let live = format!("{}{}-rlive", netlab::NS_PREFIX, std::process::id());
+    for ns in [&stale, &live] {
+        netlab::run(Command::new("ip").args(["netns", "add", ns])).expect("add namespace");
+    }
+    // Something left running in the stale namespace, as a killed run leaves its etcd members.
+    let mut sleeper = Command::new("ip")
+        .args(["netns", "exec", &stale, "sleep", "600"])
+        .spawn()
+        .expect("sleep in the stale namespace");
+    let reaped = netlab::reap_stale();
+    let left = netlab::namespaces();
+    let _ = netlab::run(Command::new("ip").args(["netns", "del", &live]));
+    // The reaper killed the sleeper (by PID), so this wait returns at once.
+    let status = sleeper.wait().expect("wait for the sleeper");
+    assert!(!left.contains(&stale), "stale namespace {stale} kept (reaped {reaped:?})");
+    assert!(left.contains(&live), "the live run's namespace {live} was removed");
+    assert!(!status.success(), "the process in the stale namespace was not killed: {status}");
+}
