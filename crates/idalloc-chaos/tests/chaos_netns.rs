@@ -534,12 +534,39 @@ fn namespaces_of_crashed_runs_are_reaped_and_live_ones_kept() {
         .args(["netns", "exec", &stale, "sleep", "600"])
         .spawn()
         .expect("sleep in the stale namespace");
+    // Reap only once it runs inside (or has failed to get in: another test's reaper, running at
+    // the same time, may have removed the namespace first); else it could enter after the reap.
+    let sleeper_pid = sleeper.id().to_string();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        let pids =
+            netlab::run(Command::new("ip").args(["netns", "pids", &stale])).unwrap_or_default();
+        if pids.split_whitespace().any(|p| p == sleeper_pid)
+            || sleeper.try_wait().ok().flatten().is_some()
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let reaped = netlab::reap_stale();
     let left = netlab::namespaces();
     let _ = netlab::run(Command::new("ip").args(["netns", "del", &live]));
-    // The reaper killed the sleeper (by PID), so this wait returns at once.
-    let status = sleeper.wait().expect("wait for the sleeper");
+    // The reaper killed the sleeper (by PID), so it has ended or ends at once; if not, it is
+    // killed here and the test fails.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(st) = sleeper.try_wait().expect("wait for the sleeper") {
+            break Some(st);
+        }
+        if Instant::now() > deadline {
+            let _ = sleeper.kill();
+            let _ = sleeper.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert!(!left.contains(&stale), "stale namespace {stale} kept (reaped {reaped:?})");
     assert!(left.contains(&live), "the live run's namespace {live} was removed");
-    assert!(!status.success(), "the process in the stale namespace was not killed: {status}");
+    let status = status.expect("the process in the stale namespace still ran 10 s after the reap");
+    assert!(!status.success(), "the process in the stale namespace ended by itself: {status}");
 }

@@ -220,7 +220,6 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
     let members = cluster.members();
     let quiet_tail = secs(Duration::from_secs(4));
     let mut step = 0usize;
-    let mut pauses = 0usize;
     while now_ns() + quiet_tail < setup.until_ns {
         tokio::time::sleep(Duration::from_millis(rng.random_range(800..2000))).await;
         match scan(&observer, &layout).await {
@@ -269,8 +268,10 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
                     // Pauses alternate between short and long, shifted by one every pass of
                     // the cycle: a cycle with one follower and one leader pause pauses each of
                     // them long every other pass, and a short run (one pass) has a long one too.
-                    let long = (pauses + (step - 1) / cycle.len()) % 2 == 1;
-                    pauses += 1;
+                    // (A cycle with one pause pauses long every other pass.)
+                    let (pass, pos) = ((step - 1) / cycle.len(), (step - 1) % cycle.len());
+                    let earlier = cycle[..pos].iter().filter(|k| k.starts_with("pause")).count();
+                    let long = (earlier + pass) % 2 == 1;
                     if long {
                         report.long_pauses += 1;
                         Duration::from_millis(rng.random_range(LONG_PAUSE_MS.start..=pause_max_ms))
