@@ -147,6 +147,13 @@ impl Lab {
     pub fn create(tag: &str, roles: &[&str]) -> Result<Lab, String> {
         let pid = std::process::id();
         let switch = format!("{NS_PREFIX}{pid}-{tag}sw");
+        // This process makes each tag's lab once, so any namespace of this name pattern already
+        // there is a crashed earlier process's that had the same PID (reused): remove it.
+        let mine = format!("{NS_PREFIX}{pid}-{tag}");
+        for ns in namespaces().into_iter().filter(|n| n.starts_with(&mine)) {
+            kill_inside(&ns);
+            let _ = ip(&["netns", "del", &ns]);
+        }
         ip(&["netns", "add", &switch])?;
         // From here on, a failure drops `lab`, which deletes what was made.
         let mut lab = Lab { switch: switch.clone(), hosts: Vec::new() };
