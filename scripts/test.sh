@@ -16,6 +16,12 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 # the shipped alert rules (deploy/prometheus). The package may start a system Prometheus on 9090;
 # the tests run their own on a free port.
 { command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1; } || missing+=(prometheus)
+# ip, nft and iptables: the network-namespace chaos test (crates/idalloc-chaos/tests/chaos_netns.rs)
+# builds its own hosts in namespaces and injects partitions, loss, duplication and delay with them.
+# It needs root; as another user it prints why it skips.
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "test.sh: installing ${missing[*]}" >&2
     sudo=()

@@ -6,7 +6,9 @@
 //! `chaos-client` processes (`src/bin/chaos_client.rs`), injects faults, and then runs these
 //! checks on what the clients recorded. See `docs/chaos.md`.
 
+pub mod delay;
 pub mod history;
 pub mod linearize;
 pub mod model;
+pub mod netlab;
 pub mod scan;

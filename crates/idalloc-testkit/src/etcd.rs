@@ -28,10 +28,21 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// port between our probe and etcd's bind).
 const START_ATTEMPTS: usize = 3;
 
-/// One etcd member process on loopback.
+/// Where a member runs: on loopback with free ports, or inside a network namespace on an address
+/// of its own (the network-namespace chaos test, `idalloc-chaos/tests/chaos_netns.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemberHost {
+    /// The network namespace (`ip netns` name) the member runs in; `None`: the caller's.
+    pub netns: Option<String>,
+    /// The address it listens on (client port 2379, peer port 2380 in a namespace).
+    pub addr: String,
+}
+
+/// One etcd member process, on loopback or in a network namespace.
 #[derive(Debug)]
 struct Member {
     name: String,
+    host: MemberHost,
     client_port: u16,
     peer_port: u16,
     child: Option<Child>,
@@ -41,17 +52,27 @@ struct Member {
 
 impl Member {
     fn client_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client_port)
+        format!("http://{}:{}", self.host.addr, self.client_port)
     }
     fn peer_url(&self) -> String {
-        format!("http://127.0.0.1:{}", self.peer_port)
+        format!("http://{}:{}", self.host.addr, self.peer_port)
     }
 
     fn spawn(&mut self, initial_cluster: &str, token: &str) -> std::io::Result<()> {
         std::fs::create_dir_all(&self.data_dir)?;
         // Append: a restarted member keeps the log of its earlier runs.
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
-        let child = Command::new("etcd")
+        // In a namespace, `ip netns exec` execs etcd in place: the child's PID is etcd's, so
+        // kills and pauses by PID reach etcd itself.
+        let mut cmd = match &self.host.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns, "etcd"]);
+                c
+            }
+            None => Command::new("etcd"),
+        };
+        let child = cmd
             .arg("--name")
             .arg(&self.name)
             .arg("--data-dir")
@@ -194,17 +215,49 @@ impl EtcdCluster {
         Err(format!("etcd did not start after {START_ATTEMPTS} attempts: {last_err}"))
     }
 
+    /// Starts one member per host, each inside its network namespace on its address (ports 2379
+    /// and 2380: a namespace has ports of its own), and waits until every member answers a read.
+    /// The caller's thread must reach those addresses (it runs in a namespace on the same
+    /// network), and so must every later call that talks to the members.
+    pub async fn start_on(hosts: Vec<MemberHost>) -> Result<EtcdCluster, String> {
+        if hosts.is_empty() {
+            return Err("an etcd cluster needs at least one member, got no hosts".into());
+        }
+        let mut last_err = String::new();
+        for _ in 0..START_ATTEMPTS {
+            match Self::try_start_on(hosts.clone()).await {
+                Ok(c) => return Ok(c),
+                Err(e) => last_err = e,
+            }
+        }
+        Err(format!("etcd did not start after {START_ATTEMPTS} attempts: {last_err}"))
+    }
+
     async fn try_start(size: usize) -> Result<EtcdCluster, String> {
+        let loopback = MemberHost { netns: None, addr: "127.0.0.1".into() };
+        Self::try_start_on(vec![loopback; size]).await
+    }
+
+    async fn try_start_on(hosts: Vec<MemberHost>) -> Result<EtcdCluster, String> {
         let dir = tempfile::Builder::new()
             .prefix("idalloc-etcd-")
             .tempdir()
             .map_err(|e| format!("cannot create a temp dir for etcd: {e}"))?;
-        let mut members = Vec::with_capacity(size);
-        for i in 0..size {
+        let mut members = Vec::with_capacity(hosts.len());
+        for (i, host) in hosts.into_iter().enumerate() {
             let name = format!("m{i}");
+            let (client_port, peer_port) = if host.netns.is_some() {
+                (2379, 2380)
+            } else {
+                (
+                    free_port().map_err(|e| format!("no free port: {e}"))?,
+                    free_port().map_err(|e| format!("no free port: {e}"))?,
+                )
+            };
             members.push(Member {
-                client_port: free_port().map_err(|e| format!("no free port: {e}"))?,
-                peer_port: free_port().map_err(|e| format!("no free port: {e}"))?,
+                host,
+                client_port,
+                peer_port,
                 data_dir: dir.path().join(format!("{name}.etcd")),
                 log: dir.path().join(format!("{name}.log")),
                 name,

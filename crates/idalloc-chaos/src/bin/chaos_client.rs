@@ -84,9 +84,15 @@ fn parse_args() -> Result<Args, String> {
     };
     let endpoints: Vec<String> = get("endpoints")?.split(',').map(str::to_string).collect();
     for e in &endpoints {
-        // The chaos test must stay on this machine.
-        if !e.starts_with("http://127.0.0.1:") && !e.starts_with("https://127.0.0.1:") {
-            return Err(format!("endpoint {e:?} is not on 127.0.0.1: only loopback is allowed"));
+        // The chaos tests must stay on this machine: loopback, or the addresses the
+        // network-namespace chaos test gives its own namespaces (10.231.0.0/16, which exist only
+        // inside them; `tests/chaos_netns.rs`).
+        let host = e.strip_prefix("http://").or_else(|| e.strip_prefix("https://")).unwrap_or("");
+        if !host.starts_with("127.0.0.1:") && !host.starts_with("10.231.") {
+            return Err(format!(
+                "endpoint {e:?} is neither on 127.0.0.1 nor in the netns test's 10.231.0.0/16: \
+                 only those are allowed"
+            ));
         }
     }
     let path = |k: &str| m.get(k).map(PathBuf::from);

@@ -1,0 +1,575 @@
+//! The chaos run shared by the chaos tests (docs/chaos.md): client processes, a fault cycle
+//! against a [`Target`] etcd, the checks of G1 (scans), linearizability per key, G3 and G6 on
+//! what the clients recorded, and the report. `chaos_etcd.rs` runs it on loopback clusters,
+//! `chaos_netns.rs` on a cluster in network namespaces with network nemeses.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use idalloc::layout::Layout;
+use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome};
+use idalloc_chaos::linearize::{check, CheckError, KeyOp};
+use idalloc_chaos::model::{Call, KeyState, Ret};
+use idalloc_chaos::scan::{analyze, Scan};
+use idalloc_testkit::g1::read_pool;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+const CLIENTS: usize = 5;
+const KEYS: usize = 6;
+const POOL: &str = "chaos";
+const MAX_ID: u64 = 64;
+const REUSE_DELAY_MS: u64 = 1500;
+/// An answerless call (killed mid-call, or an error after retries) may still commit for this long
+/// after its process stopped waiting: bounds a request lingering in etcd's raft pipeline through
+/// an election, with a wide margin.
+const INDETERMINATE_WINDOW: Duration = Duration::from_secs(10);
+/// After a leader fault ends, errors are still allowed this long (election, client back-off).
+const ELECTION_GRACE: Duration = Duration::from_secs(3);
+/// Member pauses shorter than the clients' request timeout (2 s, `chaos_client.rs`)...
+const SHORT_PAUSE_MS: std::ops::RangeInclusive<u64> = 300..=1500;
+/// ...and longer than it, so a frozen request is retried elsewhere and applied late (DESIGN §11).
+/// `CHAOS_PAUSE_MAX_MS` raises the upper end.
+const LONG_PAUSE_MS: std::ops::Range<u64> = 2500..3500;
+
+fn secs(d: Duration) -> u64 {
+    d.as_nanos() as u64
+}
+
+/// One client process, killed by PID (SIGKILL) and reaped on drop.
+struct ClientProc {
+    child: Child,
+    tag: String,
+}
+
+impl Drop for ClientProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Slot {
+    holder: String,
+    runs: usize,
+    proc_: Option<ClientProc>,
+}
+
+struct Setup {
+    bin: PathBuf,
+    endpoints: String,
+    prefix: String,
+    until_ns: u64,
+    dir: PathBuf,
+    /// The clients' TLS and user flags (none on the plain cluster).
+    client_args: Vec<String>,
+}
+
+impl Setup {
+    fn history(&self, holder: &str) -> PathBuf {
+        self.dir.join(format!("{holder}.jsonl"))
+    }
+    fn stderr(&self, holder: &str) -> PathBuf {
+        self.dir.join(format!("{holder}.stderr"))
+    }
+
+    /// Starts the client of `slot` with `cmd` (the binary, or a wrapper that runs it, such as
+    /// `ip netns exec`).
+    fn spawn(&self, slot: &mut Slot, seed: u64, mut cmd: Command) -> ClientProc {
+        slot.runs += 1;
+        let tag = format!("{}.{}", slot.holder, slot.runs);
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.stderr(&slot.holder))
+            .expect("client stderr file");
+        let child = cmd
+            .args(["--endpoints", &self.endpoints])
+            .args(["--prefix", &self.prefix])
+            .args(["--pool", POOL])
+            .args(["--holder", &slot.holder])
+            .args(["--proc", &tag])
+            .args(["--keys", &KEYS.to_string()])
+            .args(["--until-ns", &self.until_ns.to_string()])
+            .arg("--history")
+            .arg(self.history(&slot.holder))
+            .args(["--seed", &seed.to_string()])
+            .args(["--pause-ms", "100"])
+            .args(["--max-id", &MAX_ID.to_string()])
+            .args(["--reuse-delay-ms", &REUSE_DELAY_MS.to_string()])
+            .args(&self.client_args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("start chaos-client");
+        ClientProc { child, tag }
+    }
+}
+
+/// A fault and when it was in force.
+#[derive(Debug, Clone)]
+struct Fault {
+    what: &'static str,
+    target: usize,
+    /// It hit the leader (so the cluster was without a usable leader for a while).
+    leader: bool,
+    start: u64,
+    end: u64,
+}
+
+#[derive(Default)]
+struct Report {
+    faults: Vec<Fault>,
+    client_kills: Vec<(String, u64)>,
+    scans: usize,
+    /// Member pauses longer than the request timeout.
+    long_pauses: usize,
+    violations: Vec<String>,
+}
+
+async fn scan(store: &EtcdStore, layout: &Layout) -> Result<Scan, String> {
+    let snap = read_pool(store, layout, POOL).await.map_err(|e| e.to_string())?;
+    let mut s = analyze(&snap);
+    for p in &mut s.problems {
+        *p = format!("scan at revision {}: {p}", snap.revision);
+    }
+    Ok(s)
+}
+
+/// The etcd a chaos run injects faults into: members by index, as the clients reach them.
+pub trait Target {
+    fn members(&self) -> usize;
+    fn endpoints(&self) -> Vec<String>;
+    /// Where the run's keys go: the restricted user of a secured etcd can reach only its prefix.
+    fn prefix_root(&self) -> &'static str;
+    /// The chaos clients' TLS and user flags.
+    fn client_args(&self, dir: &Path) -> Vec<String>;
+    /// The observer's client (it scans the pool during and after the run).
+    fn observer_options(&self) -> EtcdOptions;
+    async fn leader(&self) -> Option<usize>;
+    fn kill_member(&mut self, i: usize) -> Result<(), String>;
+    async fn restart_member(&mut self, i: usize) -> Result<(), String>;
+    fn pause_member(&mut self, i: usize) -> Result<(), String>;
+    fn resume_member(&mut self, i: usize) -> Result<(), String>;
+    fn dir(&self) -> &Path;
+    /// The command that runs the client binary `bin` for client `i` (a wrapper may place it in
+    /// a network namespace).
+    fn client_command(&self, bin: &Path, _i: usize) -> Command {
+        Command::new(bin)
+    }
+    /// Injects the fault `what` (a kind of the cycle this run does not know itself), holds it,
+    /// heals it, and answers the member it targeted and whether it disrupted the cluster's
+    /// service (then `Unavailable` errors are allowed during it, as during a leader fault).
+    async fn nemesis(
+        &mut self,
+        what: &'static str,
+        _leader: Option<usize>,
+        _rng: &mut StdRng,
+    ) -> Result<(usize, bool), String> {
+        Err(format!("fault kind {what:?} is not known to this target"))
+    }
+}
+
+/// Runs the chaos of `cycle` on `cluster` for `chaos_secs` and checks it (panics on a violation).
+pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'static str]) {
+    let seed: u64 =
+        std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(now_ns);
+    // Pauses alternate between short ones (below the clients' 2 s request timeout: the frozen
+    // request is answered late but in time) and long ones (above it: the client gives up on the
+    // frozen request, retries it on another member and goes on, and the frozen copy is forwarded
+    // when the member resumes, after the retry and after later operations of the same holder).
+    // The long ones are DESIGN §11's adversary: every write must be harmless when applied late.
+    let pause_max_ms: u64 = std::env::var("CHAOS_PAUSE_MAX_MS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(LONG_PAUSE_MS.end)
+        .max(LONG_PAUSE_MS.start);
+    eprintln!("chaos: {chaos_secs} s, seed {seed}, pauses up to {pause_max_ms} ms");
+    let mut rng = StdRng::seed_from_u64(seed);
+
+    let work = tempfile::Builder::new().prefix("idalloc-chaos-").tempdir().expect("temp dir");
+    let prefix = format!("{}chaos-{}-{}", cluster.prefix_root(), std::process::id(), now_ns());
+    let layout = Layout::new(prefix.clone()).expect("prefix");
+    let endpoints = cluster.endpoints();
+    let observer =
+        Arc::new(EtcdStore::connect(cluster.observer_options()).await.expect("observer client"));
+
+    let started = now_ns();
+    let setup = Setup {
+        bin: PathBuf::from(env!("CARGO_BIN_EXE_chaos-client")),
+        endpoints: endpoints.join(","),
+        prefix,
+        until_ns: started + secs(Duration::from_secs(chaos_secs)),
+        dir: work.path().to_path_buf(),
+        client_args: cluster.client_args(work.path()),
+    };
+    let mut slots: Vec<Slot> =
+        (0..CLIENTS).map(|i| Slot { holder: format!("h{i}"), runs: 0, proc_: None }).collect();
+    for (i, s) in slots.iter_mut().enumerate() {
+        let p = setup.spawn(s, rng.random(), cluster.client_command(&setup.bin, i));
+        s.proc_ = Some(p);
+    }
+
+    let mut report = Report::default();
+    let members = cluster.members();
+    let quiet_tail = secs(Duration::from_secs(4));
+    let mut step = 0usize;
+    while now_ns() + quiet_tail < setup.until_ns {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(800..2000))).await;
+        match scan(&observer, &layout).await {
+            Ok(s) => {
+                report.scans += 1;
+                report.violations.extend(s.problems);
+            }
+            Err(e) => {
+                eprintln!("chaos: scan failed (not a violation: a fault may be in force): {e}")
+            }
+        }
+        let what = cycle[step % cycle.len()];
+        step += 1;
+        let leader = cluster.leader().await;
+        match what {
+            "kill-client" => {
+                let i = rng.random_range(0..CLIENTS);
+                let slot = &mut slots[i];
+                if let Some(mut p) = slot.proc_.take() {
+                    // Kill at a random moment of its run of calls.
+                    tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+                    let _ = p.child.kill();
+                    let _ = p.child.wait();
+                    report.client_kills.push((p.tag.clone(), now_ns()));
+                    let t = now_ns();
+                    report.faults.push(Fault { what, target: i, leader: false, start: t, end: t });
+                }
+                tokio::time::sleep(Duration::from_millis(rng.random_range(100..600))).await;
+                let p = setup.spawn(slot, rng.random(), cluster.client_command(&setup.bin, i));
+                slot.proc_ = Some(p);
+            }
+            "kill-leader" | "kill-follower" | "pause-leader" | "pause-follower" => {
+                let want_leader = what.ends_with("leader");
+                let target = match (want_leader, leader) {
+                    (true, Some(l)) => l,
+                    (false, Some(l)) => {
+                        (l + 1 + rng.random_range(0..members.saturating_sub(1).max(1))) % members
+                    }
+                    (_, None) => rng.random_range(0..members),
+                };
+                let is_leader = leader == Some(target) || leader.is_none();
+                let start = now_ns();
+                let hold = if what.starts_with("kill") {
+                    Duration::from_millis(rng.random_range(1000..3000))
+                } else {
+                    // Pauses alternate between short and long, shifted by one every pass of
+                    // the cycle: a cycle with one follower and one leader pause pauses each of
+                    // them long every other pass, and a short run (one pass) has a long one too.
+                    // (A cycle with one pause pauses long every other pass.)
+                    let (pass, pos) = ((step - 1) / cycle.len(), (step - 1) % cycle.len());
+                    let earlier = cycle[..pos].iter().filter(|k| k.starts_with("pause")).count();
+                    let long = (earlier + pass) % 2 == 1;
+                    if long {
+                        report.long_pauses += 1;
+                        Duration::from_millis(rng.random_range(LONG_PAUSE_MS.start..=pause_max_ms))
+                    } else {
+                        Duration::from_millis(rng.random_range(SHORT_PAUSE_MS))
+                    }
+                };
+                if what.starts_with("kill") {
+                    cluster.kill_member(target).expect("kill member");
+                    tokio::time::sleep(hold).await;
+                    cluster.restart_member(target).await.expect("restart member");
+                } else {
+                    cluster.pause_member(target).expect("pause member");
+                    tokio::time::sleep(hold).await;
+                    cluster.resume_member(target).expect("resume member");
+                }
+                report.faults.push(Fault { what, target, leader: is_leader, start, end: now_ns() });
+            }
+            other => {
+                let start = now_ns();
+                let (target, disrupts) = cluster
+                    .nemesis(other, leader, &mut rng)
+                    .await
+                    .unwrap_or_else(|e| panic!("nemesis {other}: {e}"));
+                report.faults.push(Fault {
+                    what: other,
+                    target,
+                    leader: disrupts,
+                    start,
+                    end: now_ns(),
+                });
+            }
+        }
+    }
+
+    // Let every client finish its run (each stops at the deadline by itself).
+    for s in &mut slots {
+        if let Some(mut p) = s.proc_.take() {
+            let deadline = setup.until_ns + secs(Duration::from_secs(90));
+            let status = loop {
+                if let Some(st) = p.child.try_wait().expect("wait client") {
+                    break Some(st);
+                }
+                if now_ns() > deadline {
+                    break None;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            match status {
+                Some(st) if st.success() => {}
+                Some(st) => report.violations.push(format!("client {} exited with {st}", p.tag)),
+                None => report
+                    .violations
+                    .push(format!("client {} did not stop 90 s after its deadline", p.tag)),
+            }
+        }
+    }
+    let ended = now_ns();
+    // Every fault is over; give requests of killed clients still in etcd's pipeline time to land.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let final_scan = scan(&observer, &layout).await.expect("final scan");
+    report.scans += 1;
+    report.violations.extend(final_scan.problems.iter().cloned());
+
+    // --- histories ---------------------------------------------------------------------------
+    let paths: Vec<PathBuf> = slots.iter().map(|s| setup.history(&s.holder)).collect();
+    let history = read_histories(&paths).expect("read histories");
+    // Coalesced session calls (the clients' bursts, issue 14): each client run that ended on its
+    // own prints how many were answered; they must have run, or the run proves nothing of them.
+    let mut coalesced = 0u64;
+    for s in &slots {
+        let err = std::fs::read_to_string(setup.stderr(&s.holder)).unwrap_or_default();
+        if err.contains("panicked") {
+            report.violations.push(format!("client {} panicked:\n{err}", s.holder));
+        }
+        coalesced += err
+            .lines()
+            .filter_map(|l| {
+                l.split_once("coalesced: ")?.1.split_once(" answered")?.0.parse::<u64>().ok()
+            })
+            .sum::<u64>();
+    }
+    if coalesced == 0 {
+        report.violations.push("no coalesced session call was answered".into());
+    }
+    let kill_time: HashMap<&str, u64> =
+        report.client_kills.iter().map(|(t, at)| (t.as_str(), *at)).collect();
+    let leader_windows: Vec<(u64, u64)> = report
+        .faults
+        .iter()
+        .filter(|f| f.leader)
+        .map(|f| (f.start, f.end + secs(ELECTION_GRACE)))
+        .collect();
+
+    let mut per_kind: BTreeMap<String, usize> = BTreeMap::new();
+    let mut errors: BTreeMap<String, usize> = BTreeMap::new();
+    let mut by_key: BTreeMap<String, Vec<KeyOp>> = BTreeMap::new();
+    let holder_index = |h: &str| -> u32 { h.trim_start_matches('h').parse().expect("holder hN") };
+    for op in &history.ops {
+        let holder = holder_index(&op.holder);
+        let call = match op.kind {
+            OpKind::Acquire => Call::Acquire { holder },
+            OpKind::Release => Call::Release { holder },
+        };
+        let (ret, end, label) = match &op.ret {
+            Some((t, Outcome::Acquired { id, new })) => {
+                if !(1..=MAX_ID).contains(id) {
+                    report.violations.push(format!(
+                        "G3: {}#{} got ID {id} outside [1, {MAX_ID}]",
+                        op.proc, op.seq
+                    ));
+                }
+                (
+                    Ret::Acquired { id: *id, new: *new },
+                    *t,
+                    if *new { "acquire ok new" } else { "acquire ok" },
+                )
+            }
+            Some((t, Outcome::Released { held, reclaimed })) => (
+                Ret::Released { held: *held, reclaimed: *reclaimed },
+                *t,
+                match (held, reclaimed) {
+                    (true, true) => "release ok reclaimed",
+                    (true, false) => "release ok",
+                    _ => "release ok not-held",
+                },
+            ),
+            Some((t, Outcome::Error { kind, msg })) => {
+                *errors.entry(kind.clone()).or_default() += 1;
+                let in_window = leader_windows.iter().any(|(s, e)| op.invoke <= *e && *t >= *s);
+                if kind != "Unavailable" || !in_window {
+                    report.violations.push(format!(
+                        "G6: {}#{} {:?} {} failed with {kind} {}: {msg}",
+                        op.proc,
+                        op.seq,
+                        op.kind,
+                        op.key,
+                        if in_window {
+                            "during a leader fault"
+                        } else {
+                            "outside any leader fault"
+                        }
+                    ));
+                }
+                (Ret::Unknown, t + secs(INDETERMINATE_WINDOW), "error")
+            }
+            None => {
+                let killed = kill_time.get(op.proc.as_str()).copied().unwrap_or(ended);
+                (Ret::Unknown, killed + secs(INDETERMINATE_WINDOW), "no return (killed)")
+            }
+        };
+        let kind = match op.kind {
+            OpKind::Acquire => "acquire",
+            OpKind::Release => "release",
+        };
+        *per_kind
+            .entry(if label.starts_with(kind) {
+                label.to_string()
+            } else {
+                format!("{kind} {label}")
+            })
+            .or_default() += 1;
+        by_key.entry(op.key.clone()).or_default().push(KeyOp { call, ret, invoke: op.invoke, end });
+    }
+    // The final scan is the last call of every key.
+    let t_end = now_ns();
+    for k in 0..KEYS {
+        let key = format!("k{k}");
+        let holders: BTreeSet<u32> = final_scan
+            .holders
+            .get(&key)
+            .map(|hs| hs.iter().map(|h| holder_index(h)).collect())
+            .unwrap_or_default();
+        let bound = final_scan.bindings.get(&key).copied();
+        by_key.entry(key).or_default().push(KeyOp {
+            call: Call::Observe { bound, holders },
+            ret: Ret::Observed,
+            invoke: t_end,
+            end: t_end,
+        });
+    }
+    let mut max_configs = 0;
+    for (key, ops) in &by_key {
+        match check(KeyState::default(), ops) {
+            Ok(c) => max_configs = max_configs.max(c.max_configs),
+            Err(CheckError::Violation(v)) => report.violations.push(format!(
+                "linearizability of {key}: no linearization explains {:?} -> {:?} (invoked +{:.3} s, ended +{:.3} s); states before: {:?}",
+                ops[v.op].call,
+                ops[v.op].ret,
+                ops[v.op].invoke.saturating_sub(started) as f64 / 1e9,
+                ops[v.op].end.saturating_sub(started) as f64 / 1e9,
+                v.states_before
+            )),
+            Err(CheckError::TooWide { op }) => report.violations.push(format!(
+                "linearizability of {key}: search too wide at {:?}: inconclusive",
+                ops[op]
+            )),
+        }
+    }
+
+    // --- report --------------------------------------------------------------------------------
+    let mut faults: BTreeMap<String, usize> = BTreeMap::new();
+    for f in &report.faults {
+        *faults.entry(f.what.to_string()).or_default() += 1;
+    }
+    let completed = history.ops.iter().filter(|o| o.ret.is_some()).count();
+    println!("=== chaos report ===");
+    println!(
+        "seed {seed}; chaos {:.1} s (wall {:.1} s)",
+        (ended - started) as f64 / 1e9,
+        (now_ns() - started) as f64 / 1e9
+    );
+    println!(
+        "client runs started {} (clean ends {}), clients killed {}",
+        history.starts,
+        history.dones,
+        report.client_kills.len()
+    );
+    println!(
+        "operations: {} invoked, {} returned; by kind: {per_kind:?}",
+        history.ops.len(),
+        completed
+    );
+    println!(
+        "faults: {faults:?} ({} hit the leader)",
+        report.faults.iter().filter(|f| f.leader && f.what != "kill-client").count()
+    );
+    for f in &report.faults {
+        println!(
+            "  fault at +{:.1} s: {} {} for {:.1} s{}",
+            (f.start - started) as f64 / 1e9,
+            f.what,
+            if f.what == "kill-client" {
+                format!("h{}", f.target)
+            } else {
+                format!("member m{}", f.target)
+            },
+            (f.end - f.start) as f64 / 1e9,
+            if f.leader && f.what != "kill-client" { " (leader)" } else { "" }
+        );
+    }
+    println!("errors: {errors:?}");
+    println!("member pauses longer than the request timeout: {}", report.long_pauses);
+    println!(
+        "scans (G1): {}; final: {} bindings, {} tombstones",
+        report.scans,
+        final_scan.bindings.len(),
+        final_scan.tombstones
+    );
+    println!("linearizability: {} keys, widest search {max_configs} configurations", by_key.len());
+    println!("coalesced session calls answered (bursts, not in the histories): {coalesced}");
+    println!("violations: {}", report.violations.len());
+    for v in &report.violations {
+        println!("  - {v}");
+    }
+    if !report.violations.is_empty() {
+        // Keep the evidence: histories, client stderr and member logs.
+        let keep = std::env::temp_dir().join(format!("idalloc-chaos-failed-{seed}"));
+        let _ = copy_dir(work.path(), &keep);
+        let _ = copy_dir(cluster.dir(), &keep.join("etcd"));
+        println!("evidence kept in {}", keep.display());
+    }
+
+    assert!(
+        report.violations.is_empty(),
+        "{} violations (see the report above)",
+        report.violations.len()
+    );
+    // The run did what it claims: calls of every kind returned, every fault kind was injected.
+    assert!(per_kind.keys().any(|k| k.starts_with("acquire ok")), "no acquire succeeded");
+    assert!(per_kind.contains_key("release ok reclaimed"), "no release reclaimed");
+    // Batched calls ran and answered (their keys are checked like single calls).
+    let batched = |kind: OpKind| {
+        history.ops.iter().any(|o| {
+            o.batch > 1
+                && o.kind == kind
+                && matches!(o.ret, Some((_, Outcome::Acquired { .. } | Outcome::Released { .. })))
+        })
+    };
+    assert!(batched(OpKind::Acquire), "no batched acquire succeeded");
+    assert!(batched(OpKind::Release), "no batched release succeeded");
+    if chaos_secs >= 40 {
+        for kind in cycle {
+            assert!(faults.contains_key(*kind), "fault {kind} was never injected");
+        }
+        assert!(report.long_pauses > 0, "no member was paused longer than the request timeout");
+    }
+    assert_eq!(history.starts, CLIENTS + report.client_kills.len(), "every client run started");
+}
+
+fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for e in std::fs::read_dir(from)? {
+        let e = e?;
+        let p = e.path();
+        if p.is_file() {
+            std::fs::copy(&p, to.join(e.file_name()))?;
+        }
+    }
+    Ok(())
+}
