@@ -83,10 +83,18 @@ pub fn damaged(data: &[u8]) -> Vec<u8> {
 
 /// Input: see [`damaged`].
 pub fn check(data: &[u8]) {
+    crate::panics::install();
     let file = damaged(data);
     let path: PathBuf = base().dir.path().join("damaged.redb");
     std::fs::write(&path, &file).expect("writing the damaged file");
+    let before = crate::panics::count();
+    // The runtime is dropped inside: the store's writer thread, which closes the file, is done.
     runtime().block_on(open_damaged(&path));
+    assert_eq!(
+        crate::panics::count(),
+        before,
+        "a thread panicked opening, reading or closing the file"
+    );
 }
 
 async fn open_damaged(path: &Path) {

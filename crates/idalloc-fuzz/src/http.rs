@@ -39,6 +39,8 @@ pub fn check(data: &[u8]) {
     let mut input = Input::new(data);
     let (method, path) = ROUTES[usize::from(input.byte()) % ROUTES.len()];
     let body = input.rest().to_vec();
+    crate::panics::install();
+    let before = crate::panics::count();
     runtime().block_on(async move {
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::memory());
         let alloc = Allocator::from_arc(store.clone(), Default::default()).expect("allocator");
@@ -94,6 +96,7 @@ pub fn check(data: &[u8]) {
             _ => {}
         }
     });
+    assert_eq!(crate::panics::count(), before, "a task panicked serving {method} {path}");
 }
 
 /// Percent-encodes a key for a URL path (every byte but unreserved ASCII).

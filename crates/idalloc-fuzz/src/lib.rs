@@ -15,6 +15,7 @@ pub mod escape;
 pub mod from_input;
 pub mod http;
 mod input;
+pub mod panics;
 pub mod records;
 pub mod spec;
 
