@@ -284,6 +284,24 @@ impl FileStore {
             }
         };
         let err = read_error(path);
+        // redb's own check of every page's checksum. A writable database commits its allocator
+        // state when closed, reading its freed-page tree; on a file damaged there (which a load
+        // never reads) that panicked inside redb, twice over in one case (a panic while unwinding
+        // from a panic aborts the process: no `guarded` can catch it). Found by the
+        // `damaged_file` fuzz target (docs/fuzzing.md). Checking first makes such a file
+        // `Corrupt` at open, naming it, before anything can close it. A read-only database writes
+        // nothing at close and is not checked.
+        let mut db = db;
+        if let Db::Write(d) | Db::Copy { db: d, .. } = &mut db {
+            if let Err(e) = d.check_integrity() {
+                // After a failed check redb's close no longer commits (the fuzz corpus's
+                // `crash-close-double-panic` closes cleanly here); it is dropped under `guarded`.
+                return Err(OpenError::Store(corrupt(
+                    path,
+                    format!("the file is damaged: redb's integrity check failed ({e})"),
+                )));
+            }
+        }
         let fresh = {
             let rtx = match &db {
                 Db::Write(d) | Db::Copy { db: d, .. } => d.begin_read(),
