@@ -64,7 +64,8 @@ pub(crate) enum OpenError {
 
 /// An open store file.
 pub(crate) struct FileStore {
-    db: Db,
+    /// Always `Some` until [`Drop`] takes it out to close it under [`guarded`].
+    db: Option<Db>,
     path: PathBuf,
     written: Meta,
     /// redb write transactions committed since open (tests check group commit with it).
@@ -86,6 +87,22 @@ enum Db {
         _dir: tempfile::TempDir,
         why: String,
     },
+}
+
+/// Closing is a redb call like any other: a writable database commits and trims its allocator
+/// state when dropped, reading the file's freed-page tree, and on a damaged file whose open went
+/// through (the damage was in pages open never reads) that panicked inside redb
+/// (`btree_cursor.rs:167`, "entered unreachable code"; found by the `damaged_file` fuzz target,
+/// docs/fuzzing.md). So the close runs under [`guarded`] too; a drop cannot return an error,
+/// so a failed close is logged, naming the file. The acknowledged txns are durable already:
+/// what is lost is only redb's bookkeeping of free pages, which its next open rebuilds.
+impl Drop for FileStore {
+    fn drop(&mut self) {
+        let Some(db) = self.db.take() else { return };
+        if let Err(e) = guarded(&self.path, move || drop(db)) {
+            tracing::warn!("closing the store file failed: {e}");
+        }
+    }
 }
 
 impl std::fmt::Debug for FileStore {
@@ -267,6 +284,24 @@ impl FileStore {
             }
         };
         let err = read_error(path);
+        // redb's own check of every page's checksum. A writable database commits its allocator
+        // state when closed, reading its freed-page tree; on a file damaged there (which a load
+        // never reads) that panicked inside redb, twice over in one case (a panic while unwinding
+        // from a panic aborts the process: no `guarded` can catch it). Found by the
+        // `damaged_file` fuzz target (docs/fuzzing.md). Checking first makes such a file
+        // `Corrupt` at open, naming it, before anything can close it. A read-only database writes
+        // nothing at close and is not checked.
+        let mut db = db;
+        if let Db::Write(d) | Db::Copy { db: d, .. } = &mut db {
+            if let Err(e) = d.check_integrity() {
+                // After a failed check redb's close no longer commits (the fuzz corpus's
+                // `crash-close-double-panic` closes cleanly here); it is dropped under `guarded`.
+                return Err(OpenError::Store(corrupt(
+                    path,
+                    format!("the file is damaged: redb's integrity check failed ({e})"),
+                )));
+            }
+        }
         let fresh = {
             let rtx = match &db {
                 Db::Write(d) | Db::Copy { db: d, .. } => d.begin_read(),
@@ -297,7 +332,7 @@ impl FileStore {
             Db::Read(d, _) => load(d, path)?,
         };
         let written = loaded.meta;
-        Ok((FileStore { db, path: path.to_path_buf(), written, commits: 0 }, loaded))
+        Ok((FileStore { db: Some(db), path: path.to_path_buf(), written, commits: 0 }, loaded))
     }
 
     pub fn path(&self) -> &Path {
@@ -307,8 +342,8 @@ impl FileStore {
     /// Why the file is read-only, if it is.
     pub fn read_only(&self) -> Option<&str> {
         match &self.db {
-            Db::Write(_) => None,
-            Db::Read(_, why) | Db::Copy { why, .. } => Some(why),
+            Some(Db::Write(_)) | None => None,
+            Some(Db::Read(_, why) | Db::Copy { why, .. }) => Some(why),
         }
     }
 
@@ -343,7 +378,7 @@ impl FileStore {
     }
 
     fn write(&self, delta: &Delta, meta: Meta, now: Instant) -> Result<(), redb::Error> {
-        let Db::Write(db) = &self.db else {
+        let Some(Db::Write(db)) = &self.db else {
             // The store never gets here: it refuses writes up front and keeps what a read-only
             // file's state machine changes by itself (lease expiry) in memory.
             return Err(redb::Error::Io(std::io::Error::other("the file is open read-only")));
