@@ -362,6 +362,9 @@ async fn run_into(
         f.rows.push(Row { clients: c, library, http });
     }
 
+    // A new connection: the service closes one idle longer than its --idle-timeout (60 s), which
+    // `admin` may have been during the runs above.
+    let mut admin = Conn::open(&addr).await?;
     let keys: Vec<String> = (0..LOOKUP_KEYS).map(|i| format!("lookup-{i}")).collect();
     let all = serde_json::json!({ "keys": keys, "holder": HOLDER }).to_string();
     admin.call(Method::POST, &format!("/v1/pools/{POOL}/acquire"), all).await?;
