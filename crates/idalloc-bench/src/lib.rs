@@ -11,6 +11,7 @@ pub mod batched;
 pub mod cilium;
 pub mod contender;
 pub mod contiv;
+pub mod fanout;
 pub mod heap;
 pub mod micro;
 pub mod plot;

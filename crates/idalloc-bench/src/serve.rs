@@ -112,9 +112,9 @@ impl ServeFigures {
 }
 
 /// A running `idalloc serve`, killed (by PID) on drop.
-struct Service {
-    child: Child,
-    addr: String,
+pub(crate) struct Service {
+    pub(crate) child: Child,
+    pub(crate) addr: String,
 }
 
 impl Drop for Service {
@@ -124,10 +124,16 @@ impl Drop for Service {
     }
 }
 
-async fn start_service(bin: &Path, etcd: &str) -> Result<Service, String> {
+/// Starts the service on a free loopback port; `extra`: more `serve` flags.
+pub(crate) async fn start_service(
+    bin: &Path,
+    etcd: &str,
+    extra: &[&str],
+) -> Result<Service, String> {
     let child = Command::new(bin)
         .args(["--endpoints", etcd, "--prefix", "bench-http", "--timeout", "10s", "serve"])
         .args(["--listen", "127.0.0.1:0", "--sweep-interval", "1h"])
+        .args(extra)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -148,13 +154,13 @@ async fn start_service(bin: &Path, etcd: &str) -> Result<Service, String> {
 }
 
 /// One keep-alive HTTP/1.1 connection, one request at a time.
-struct Conn {
+pub(crate) struct Conn {
     sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
     host: String,
 }
 
 impl Conn {
-    async fn open(addr: &str) -> Result<Conn, String> {
+    pub(crate) async fn open(addr: &str) -> Result<Conn, String> {
         let tcp =
             tokio::net::TcpStream::connect(addr).await.map_err(|e| format!("connect: {e}"))?;
         tcp.set_nodelay(true).map_err(|e| e.to_string())?;
@@ -167,7 +173,12 @@ impl Conn {
         Ok(Conn { sender, host: addr.to_string() })
     }
 
-    async fn call(&mut self, method: Method, path: &str, body: String) -> Result<Bytes, String> {
+    pub(crate) async fn call(
+        &mut self,
+        method: Method,
+        path: &str,
+        body: String,
+    ) -> Result<Bytes, String> {
         self.sender.ready().await.map_err(|e| e.to_string())?;
         let req = Request::builder()
             .method(method)
@@ -239,7 +250,7 @@ async fn library_run(pool: Arc<Pool>, clients: usize, dur: Duration, tag: String
     .await
 }
 
-async fn http_run(addr: Arc<String>, clients: usize, dur: Duration, tag: String) -> Run {
+pub(crate) async fn http_run(addr: Arc<String>, clients: usize, dur: Duration, tag: String) -> Run {
     loops(clients, dur, move |t, deadline| {
         let addr = addr.clone();
         let tag = tag.clone();
@@ -316,7 +327,7 @@ async fn run_into(
     f: &mut ServeFigures,
 ) -> Result<(), String> {
     let etcd = EtcdServer::start().await?;
-    let service = start_service(bin, &etcd.endpoint()).await?;
+    let service = start_service(bin, &etcd.endpoint(), &[]).await?;
     let addr = Arc::new(service.addr.clone());
 
     let store = etcd.store().await?;
@@ -351,6 +362,9 @@ async fn run_into(
         f.rows.push(Row { clients: c, library, http });
     }
 
+    // A new connection: the service closes one idle longer than its --idle-timeout (60 s), which
+    // `admin` may have been during the runs above.
+    let mut admin = Conn::open(&addr).await?;
     let keys: Vec<String> = (0..LOOKUP_KEYS).map(|i| format!("lookup-{i}")).collect();
     let all = serde_json::json!({ "keys": keys, "holder": HOLDER }).to_string();
     admin.call(Method::POST, &format!("/v1/pools/{POOL}/acquire"), all).await?;

@@ -235,7 +235,7 @@ impl CpuSample {
 /// those of its children it has waited for (`cutime + cstime`), from `/proc/PID/stat`. `None` where
 /// there is no procfs. The unit is USER_HZ, which Linux fixes at 100 ticks per second for
 /// user space whatever the kernel's own tick rate.
-fn cpu_secs(pid: &str, children: bool) -> Option<f64> {
+pub fn cpu_secs(pid: &str, children: bool) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may contain spaces and parentheses: fields resume after the last ')'.
     let rest = &stat[stat.rfind(')')? + 1..];
