@@ -162,9 +162,9 @@ pub mod bench_api {
         Action, BindLoop, Failure, FullCheck, Hints, Input, Step,
     };
     pub use crate::protocol::{
-        fold_fences_txn, fold_outcome, init_pool_outcome, init_pool_txn, sweep_outcome, sweep_txn,
-        BindOutcome, BindPlan, Fences, LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
-        stray_ref_release_outcome, stray_ref_release_txn,
+        fold_fences_txn, fold_outcome, init_pool_outcome, init_pool_txn, stray_ref_release_outcome,
+        stray_ref_release_txn, sweep_outcome, sweep_txn, BindOutcome, BindPlan, Fences,
+        LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
     };
     /// The memory store's state machine, synchronous and clonable (the model checker's store).
     pub use crate::store::embedded::bench_core::MemoryCore;
