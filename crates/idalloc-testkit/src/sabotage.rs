@@ -116,7 +116,9 @@ impl Saboteur {
             Some(Sabotage::SkipReleaseRefsEmpty) => {
                 req.compare.retain(|c| !self.is_refs_empty(c, false))
             }
-            Some(Sabotage::SkipSweepRefsEmpty) => req.compare.retain(|c| !self.is_refs_empty(c, true)),
+            Some(Sabotage::SkipSweepRefsEmpty) => {
+                req.compare.retain(|c| !self.is_refs_empty(c, true))
+            }
             Some(Sabotage::SkipSpecCompare) => {
                 let pools = self.layout.pools_prefix();
                 req.compare.retain(|c| {
