@@ -136,5 +136,8 @@ python3 scripts/check-imports.py --self-test
 python3 scripts/check-imports.py
 # The API docs build without broken or private links (the crate docs carry the guarantee map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+# The model checker (issue 22 item 3, docs/model-checking.md) with its output, so that the state
+# counts and the sabotage traces are in the log; the workspace run below runs it again, silently.
+cargo test -p idalloc-model --test model_check -- --nocapture
 # --no-fail-fast: one flaky or failing binary must not hide the results of the others.
 cargo test --workspace --no-fail-fast "$@"

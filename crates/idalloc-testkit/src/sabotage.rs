@@ -31,6 +31,17 @@ pub enum Sabotage {
     /// before a fold of the holder fence records and applied after it finds the holder's record
     /// deleted and commits a reference nobody holds (breaks G4, or G2).
     SkipFenceFloor,
+    /// Binds of a fresh candidate lose their "ID record absent" compare (`create_revision(id/C)
+    /// == 0`): two keys racing for one free ID both bind it (breaks G1). Found by the model
+    /// checker (`crates/idalloc-model`).
+    SkipIdAbsentCompare,
+    /// Releases lose their "no other reference" compares (the two empty ref ranges around the
+    /// holder's own): a release that is not the last reclaims the binding under its other
+    /// holders (breaks G2).
+    SkipReleaseRefsEmpty,
+    /// Sweeps lose their "no reference" compare on each orphan: a sweep decided on a snapshot
+    /// where the key was idle reclaims it after a holder referenced it again (breaks G2).
+    SkipSweepRefsEmpty,
 }
 
 /// The [`Hook`] that applies one [`Sabotage`] (or none) to every txn, nested txns included.
@@ -52,6 +63,24 @@ pub fn sabotaged<S: Store>(
 }
 
 impl Saboteur {
+    /// The rewriter alone, for drivers that apply txns themselves (the model checker).
+    pub fn new(layout: Layout, sabotage: Option<Sabotage>) -> Self {
+        Saboteur { layout, sabotage }
+    }
+
+    /// Whether `c` is an empty-range compare over references of some pool; `whole`: over one
+    /// key's whole reference prefix (a sweep's), else a part of it (a release's).
+    fn is_refs_empty(&self, c: &idalloc::store::Compare, whole: bool) -> bool {
+        let empty = c.op == CompareOp::Equal
+            && c.target == CompareTarget::CreateRevision(0)
+            && !c.range.range_end.is_empty();
+        let Some(pool) = self.pool_of(&c.range.key) else {
+            return false;
+        };
+        let is_whole = c.range.range_end == idalloc::store::prefix_end(&c.range.key);
+        empty && c.range.key.starts_with(&self.layout.refs_prefix(&pool)) && is_whole == whole
+    }
+
     /// The pool a record of the layout's data belongs to (`P/data/<pool>/...`).
     fn pool_of(&self, record: &[u8]) -> Option<String> {
         let data = format!("{}/data/", self.layout.prefix());
@@ -78,6 +107,18 @@ impl Saboteur {
                 !(absent && self.is_key_record(&c.range.key))
             }),
             Some(Sabotage::SkipReuseTombstone) => {}
+            Some(Sabotage::SkipIdAbsentCompare) => req.compare.retain(|c| {
+                let absent = c.op == CompareOp::Equal
+                    && c.target == CompareTarget::CreateRevision(0)
+                    && c.range.range_end.is_empty();
+                !(absent && self.is_id_record(&c.range.key))
+            }),
+            Some(Sabotage::SkipReleaseRefsEmpty) => {
+                req.compare.retain(|c| !self.is_refs_empty(c, false))
+            }
+            Some(Sabotage::SkipSweepRefsEmpty) => {
+                req.compare.retain(|c| !self.is_refs_empty(c, true))
+            }
             Some(Sabotage::SkipSpecCompare) => {
                 let pools = self.layout.pools_prefix();
                 req.compare.retain(|c| {
@@ -207,5 +248,32 @@ mod tests {
         ]);
         assert_eq!(got, want, "bound records stay, nested tombstones go too");
         assert_eq!(saboteur(Some(Sabotage::SkipReuseTombstone)).rewrite(bind(&l)), bind(&l));
+    }
+
+    #[test]
+    fn refs_empty_sabotages_tell_a_release_from_a_sweep() {
+        use idalloc::store::{prefix_end, KeyRange};
+        let l = Layout::new("idalloc").unwrap();
+        let refs = l.ref_prefix("p", "k");
+        let own = l.ref_key("p", "k", "h");
+        let mut after = own.clone();
+        after.push(0);
+        let release = TxnRequest::new().when([
+            Compare::range_empty(KeyRange::range(refs.clone(), own.clone())),
+            Compare::range_empty(KeyRange::range(after, prefix_end(&refs))),
+            Compare::absent(l.id_key("p", 3)),
+        ]);
+        let sweep = TxnRequest::new().when([
+            Compare::range_empty(KeyRange::prefix(refs)),
+            Compare::mod_revision_is(l.key_key("p", "k"), 4),
+        ]);
+        let rel = saboteur(Some(Sabotage::SkipReleaseRefsEmpty));
+        let swp = saboteur(Some(Sabotage::SkipSweepRefsEmpty));
+        assert_eq!(rel.rewrite(release.clone()).compare, release.compare[2..].to_vec());
+        assert_eq!(rel.rewrite(sweep.clone()), sweep, "a sweep keeps its compare");
+        assert_eq!(swp.rewrite(sweep.clone()).compare, sweep.compare[1..].to_vec());
+        assert_eq!(swp.rewrite(release.clone()), release, "a release keeps its compares");
+        let ida = saboteur(Some(Sabotage::SkipIdAbsentCompare));
+        assert_eq!(ida.rewrite(release.clone()).compare, release.compare[..2].to_vec());
     }
 }

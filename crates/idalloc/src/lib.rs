@@ -155,8 +155,17 @@ pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 /// are no part of the public API.
 #[cfg(feature = "bench")]
 pub mod bench_api {
-    pub use crate::batch::{assemble, Frame};
+    pub use crate::batch::{assemble, pack, split, Frame};
     pub use crate::cache::PoolCache;
     pub use crate::idset::IdSet;
-    pub use crate::protocol::{BindPlan, Fences, RefTarget};
+    pub use crate::protocol::bind_step::{
+        Action, BindLoop, Failure, FullCheck, Hints, Input, Step,
+    };
+    pub use crate::protocol::{
+        fold_fences_txn, fold_outcome, init_pool_outcome, init_pool_txn, stray_ref_release_outcome,
+        stray_ref_release_txn, sweep_outcome, sweep_txn, BindOutcome, BindPlan, Fences,
+        LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
+    };
+    /// The memory store's state machine, synchronous and clonable (the model checker's store).
+    pub use crate::store::embedded::bench_core::MemoryCore;
 }

@@ -109,7 +109,7 @@ pub enum Failure {
     Exhausted,
     /// The store has free IDs the local view has not caught up with (`Unavailable`, retryable).
     ViewBehind,
-    /// [`MAX_BIND_ATTEMPTS`] decisions without binding (`Unavailable`).
+    /// `MAX_BIND_ATTEMPTS` decisions without binding (`Unavailable`).
     Contended,
     /// The pool's spec is not the one decided against (deleted: `None`; re-created: its spec).
     PoolGone { spec_now: Option<Vec<u8>> },

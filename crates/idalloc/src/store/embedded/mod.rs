@@ -38,6 +38,8 @@
 //!   the compaction point), so reads at old revisions and watches from old revisions work after a
 //!   reopen as before it.
 
+#[cfg(feature = "bench")]
+pub(crate) mod bench_core;
 mod file;
 mod group;
 mod mvcc;

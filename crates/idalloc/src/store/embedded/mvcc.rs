@@ -94,7 +94,7 @@ pub(crate) struct LeaseState {
 
 /// Everything one operation changed, in order: what the file layer must write and what watchers
 /// must be told.
-#[derive(Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Delta {
     /// New key changes, in revision order.
     pub entries: Vec<(Vec<u8>, Entry)>,
@@ -142,8 +142,9 @@ struct Path {
     children: Vec<Path>,
 }
 
-/// The state machine. See the module docs.
-#[derive(Debug)]
+/// The state machine. See the module docs. `Clone` so that the model checker (`bench` feature,
+/// `idalloc-model`) can branch a store state into its successors.
+#[derive(Clone, Debug)]
 pub(crate) struct Mvcc {
     rev: Revision,
     compact_rev: Revision,

@@ -1,0 +1,164 @@
+//! The model checker in CI (issue 22 item 3; docs/model-checking.md): every state of the CI scope
+//! satisfies G1–G3, every quiescent one G4; each sabotage of the protocol is found, with a
+//! shortest trace. `scripts/test.sh` runs this file with `--nocapture` so the state counts are
+//! in the log. `MODEL_SCOPE=wide` widens the clean run (see the docs for its figures).
+
+use idalloc_model::{explore, Report, Scope};
+use idalloc_testkit::sabotage::Sabotage;
+
+fn env_u(name: &str, default: u64) -> u64 {
+    match std::env::var(name) {
+        Ok(v) => v.parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+        Err(_) => default,
+    }
+}
+
+/// The CI scope, widened by `MODEL_SCOPE=wide` or field by field (`MODEL_PROCS`, `MODEL_KEYS`,
+/// `MODEL_IDS`, `MODEL_OPS`, `MODEL_CRASHES`, `MODEL_TIMEOUTS`, `MODEL_DUPS`, `MODEL_SWEEPS`,
+/// `MODEL_DELETES`).
+fn scope() -> Scope {
+    let base = match std::env::var("MODEL_SCOPE").as_deref() {
+        Ok("wide") => Scope { ops: 2, ..Scope::default() },
+        _ => Scope::default(),
+    };
+    Scope {
+        procs: env_u("MODEL_PROCS", base.procs as u64) as usize,
+        keys: env_u("MODEL_KEYS", base.keys as u64) as usize,
+        ids: env_u("MODEL_IDS", base.ids),
+        ops: env_u("MODEL_OPS", base.ops.into()) as u32,
+        crashes: env_u("MODEL_CRASHES", base.crashes.into()) as u32,
+        timeouts: env_u("MODEL_TIMEOUTS", base.timeouts.into()) as u32,
+        dups: env_u("MODEL_DUPS", base.dups.into()) as u32,
+        sweeps: env_u("MODEL_SWEEPS", base.sweeps.into()) as u32,
+        deletes: env_u("MODEL_DELETES", base.deletes.into()) as u32,
+        same_holder: env_u("MODEL_SAME_HOLDER", 0) == 1,
+        ..base
+    }
+}
+
+fn line(what: &str, scope: &Scope, r: &Report) {
+    println!(
+        "model check {what}: {} states, {} transitions, {} quiescent, depth {}, {:.1} s \
+         (procs {} keys {} ids {} ops {} crashes {} timeouts {} dups {} sweeps {} deletes {} batch {})",
+        r.states,
+        r.transitions,
+        r.quiescent,
+        r.depth,
+        r.elapsed.as_secs_f64(),
+        scope.procs,
+        scope.keys,
+        scope.ids,
+        scope.ops,
+        scope.crashes,
+        scope.timeouts,
+        scope.dups,
+        scope.sweeps,
+        scope.deletes,
+        scope.batch
+    );
+}
+
+#[test]
+fn every_reachable_state_satisfies_g1_to_g4() {
+    let scope = scope();
+    let r = explore(scope.clone());
+    line("clean protocol", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated, "the search stopped at {} states before exhausting the scope", r.states);
+    assert!(r.quiescent > 0, "no quiescent state was reached: G4 was never checked");
+}
+
+/// Lost answers and late and repeated applies, with releases, fence bumps, sweeps and folds: one
+/// process (two make this scope too large for CI; see the docs for the wider runs).
+#[test]
+fn lost_answers_and_late_applies_break_nothing() {
+    let scope = Scope { procs: 1, ops: 2, crashes: 0, timeouts: 1, dups: 1, ..Scope::default() };
+    let r = explore(scope.clone());
+    line("clean protocol, late applies", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated && r.quiescent > 0);
+}
+
+/// The pool deleted (force) and re-created under two processes, with a sweep in flight.
+#[test]
+fn pool_delete_and_re_create_break_nothing() {
+    let scope = Scope { crashes: 0, deletes: 1, ..Scope::default() };
+    let r = explore(scope.clone());
+    line("clean protocol, pool delete", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated && r.quiescent > 0);
+}
+
+/// Runs `sabotage` on `scope` and requires a violation naming one of `expect`, printing its trace.
+fn found(sabotage: Sabotage, scope: Scope, expect: &[&str]) {
+    let scope = Scope { sabotage: Some(sabotage), ..scope };
+    let r = explore(scope.clone());
+    line(&format!("{sabotage:?}"), &scope, &r);
+    let Some(v) = r.violation else {
+        panic!("{sabotage:?} was not found in {} states", r.states);
+    };
+    println!("{sabotage:?}: shortest trace ({} steps)\n{v}", v.trace.len());
+    assert!(
+        v.problems.iter().any(|p| expect.iter().any(|e| p.starts_with(e))),
+        "{sabotage:?} broke something else than {expect:?}: {:?}",
+        v.problems
+    );
+}
+
+/// Small scopes that reach each sabotage fast; BFS makes the trace a shortest one.
+fn small() -> Scope {
+    Scope { ops: 2, crashes: 0, timeouts: 0, dups: 0, sweeps: 0, deletes: 0, ..Scope::default() }
+}
+
+#[test]
+fn sabotage_dropping_the_id_absent_compare_is_found() {
+    found(Sabotage::SkipIdAbsentCompare, small(), &["G1"]);
+}
+
+#[test]
+fn sabotage_dropping_the_key_absent_compare_is_found() {
+    found(Sabotage::SkipKeyAbsentCompare, small(), &["G1", "G2"]);
+}
+
+#[test]
+fn sabotage_dropping_the_release_refs_empty_compare_is_found() {
+    found(Sabotage::SkipReleaseRefsEmpty, small(), &["G2", "G1"]);
+}
+
+#[test]
+fn sabotage_dropping_the_sweep_refs_empty_compare_is_found() {
+    found(
+        Sabotage::SkipSweepRefsEmpty,
+        Scope { ops: 1, crashes: 1, sweeps: 1, ..small() },
+        &["G2", "G1"],
+    );
+}
+
+#[test]
+fn sabotage_dropping_the_late_fences_is_found() {
+    found(
+        Sabotage::SkipLateFences,
+        Scope { procs: 1, timeouts: 1, ..small() },
+        &["G4", "G2", "G1"],
+    );
+}
+
+#[test]
+fn sabotage_dropping_the_fence_floor_compare_is_found() {
+    found(
+        Sabotage::SkipFenceFloor,
+        Scope { procs: 1, timeouts: 1, sweeps: 1, ..small() },
+        &["G4", "G2", "G1"],
+    );
+}
+
+#[test]
+fn sabotage_dropping_the_spec_compare_is_found() {
+    found(Sabotage::SkipSpecCompare, Scope { deletes: 1, ..small() }, &["G4", "G2", "G1"]);
+}
