@@ -39,7 +39,7 @@ const WRITERS: u64 = 16;
 /// Subscriber counts, in the order they are reached.
 pub const LEVELS: [usize; 4] = [1, 100, 1000, 5000];
 /// Subscribers attached during the acquire comparison.
-const ATTACHED: usize = 1000;
+pub const ATTACHED: usize = 1000;
 /// Acquire/release loops in the acquire comparison.
 const CLIENTS: usize = 64;
 /// Idle connections opened to measure a connection's own memory.
