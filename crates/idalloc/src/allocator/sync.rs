@@ -8,7 +8,6 @@ use std::sync::{Arc, Weak};
 use crate::allocator::pool_state::PoolState;
 use crate::allocator::repair_queue::RepairQueue;
 use crate::allocator::request::Requester;
-use crate::cache::Event;
 use crate::feed::{self, FeedConfig, Gone, Sink};
 use crate::layout::Layout;
 use crate::store::{KeyRange, KeyValue, Revision, WatchEvent};
@@ -69,11 +68,9 @@ impl Sink for LocalSink {
             let mut cache = pool.lock_cache();
             let events =
                 cache.replace_all(kvs, rev, |k| self.layout.parse_id_key(pool.spec.name(), k));
-            // Emitted under the cache lock (see `PoolState::emit`), with exactly one `Synced`
-            // per listing, after its changes, all as one message (`PoolState::emit_all_at`).
-            let mut events: Vec<Event> =
-                events.into_iter().filter(|e| *e != Event::Synced).collect();
-            events.push(Event::Synced);
+            // Emitted under the cache lock (see `PoolState::emit`): the listing's changes, then
+            // its one `Synced` (as `replace_all` returns them), all as one message
+            // (`PoolState::emit_all_at`).
             pool.emit_all_at(rev, events);
             pool.emitted_through(rev);
             pool.listed.store(true, Ordering::Release);

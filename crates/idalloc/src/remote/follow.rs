@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::cache::Event;
 use crate::feed::{self, FeedConfig, Gone, Relist, Sink};
 use crate::metrics;
 use crate::store::{KeyRange, KeyValue, Revision, StoreError, WatchEvent};
@@ -101,10 +100,8 @@ impl Sink for RemoteSink {
                 ));
             }
             let events = g.cache.replace_all(&kept, revision, |k| v.parse_id(k));
-            // Exactly one `Synced` per listing, after its changes, all as one message.
-            let mut events: Vec<Event> =
-                events.into_iter().filter(|e| *e != Event::Synced).collect();
-            events.push(Event::Synced);
+            // The listing's changes, then its one `Synced` (as `replace_all` returns them), all
+            // as one message.
             v.emit_all(events);
             g.listed = true;
             metrics::remote_bindings(&v.pool, &v.name, g.cache.len());
