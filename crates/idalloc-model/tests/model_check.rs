@@ -95,6 +95,29 @@ fn pool_delete_and_re_create_break_nothing() {
     assert!(!r.truncated && r.quiescent > 0);
 }
 
+/// A process that restarts under the same holder name (a configured `AllocatorOptions::holder`):
+/// a bind of its previous life applied after the new life re-referenced the key must not move the
+/// reference back onto the old lease (it did, until binds compared the holder's own reference:
+/// G2, "P1 holds k0 but its reference is gone", in this scope).
+#[test]
+fn a_restart_under_the_same_holder_name_breaks_nothing() {
+    let scope = Scope {
+        keys: 1,
+        ids: 1,
+        ops: 2,
+        crashes: 1,
+        sweeps: 0,
+        same_holder: true,
+        ..Scope::default()
+    };
+    let r = explore(scope.clone());
+    line("clean protocol, same holder across a restart", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated && r.quiescent > 0);
+}
+
 /// Runs `sabotage` on `scope` and requires a violation naming one of `expect`, printing its trace.
 fn found(sabotage: Sabotage, scope: Scope, expect: &[&str]) {
     let scope = Scope { sabotage: Some(sabotage), ..scope };

@@ -265,6 +265,13 @@ impl BindPlan {
             read_back.push(TxnOp::get_key(layout.pool_spec_key(pool)));
         }
         if let (Some(h), Some(seen)) = (holder, fences.seen) {
+            // The holder's own reference too, as a release compares it: a bind of this holder
+            // sent before the reference was last written and applied after it fails. Without
+            // it, a bind of a previous life of a process that keeps its holder name
+            // (`AllocatorOptions::holder`) or of a lease it lost, applied after the new life
+            // re-referenced the key, would move the reference back onto the old lease, whose
+            // end then takes a reference the new life holds (G2; found by the model checker).
+            compare.push(unchanged_since(layout.ref_key(pool, key, h.holder), seen));
             compare.push(unchanged_since(layout.holder_key(pool, h.holder), seen));
             // The pool's fence floor stands in for every holder record a fold deleted.
             compare.push(unchanged_since(layout.fence_floor_key(pool), seen));
@@ -1196,6 +1203,13 @@ mod tests {
         assert!(txn.compare.contains(&spec_compare(&l, "p", 3)));
         assert!(txn.compare.contains(&Compare::new(
             KeyRange::key(l.holder_key("p", "h")),
+            CompareOp::Less,
+            CompareTarget::ModRevision(43)
+        )));
+        // ... and the holder's own reference (a bind of an earlier life of the same holder
+        // name, or on a lease it lost, fails once the reference was written again) ...
+        assert!(txn.compare.contains(&Compare::new(
+            KeyRange::key(l.ref_key("p", "k", "h")),
             CompareOp::Less,
             CompareTarget::ModRevision(43)
         )));
