@@ -11,4 +11,6 @@ pub mod history;
 pub mod linearize;
 pub mod model;
 pub mod netlab;
+pub mod procs;
 pub mod scan;
+pub mod soak;

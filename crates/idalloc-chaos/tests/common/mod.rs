@@ -16,6 +16,7 @@ use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome};
 use idalloc_chaos::linearize::{check, CheckError, KeyOp};
 use idalloc_chaos::model::{Call, KeyState, Ret};
 use idalloc_chaos::scan::{analyze, Scan};
+use idalloc_testkit::etcd::EtcdCluster;
 use idalloc_testkit::g1::read_pool;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -176,8 +177,82 @@ pub trait Target {
     }
 }
 
+/// A loopback cluster of the testkit (the chaos test's and the soak's).
+impl Target for EtcdCluster {
+    fn members(&self) -> usize {
+        3
+    }
+    fn endpoints(&self) -> Vec<String> {
+        EtcdCluster::endpoints(self)
+    }
+    fn prefix_root(&self) -> &'static str {
+        ""
+    }
+    fn client_args(&self, _dir: &Path) -> Vec<String> {
+        Vec::new()
+    }
+    fn observer_options(&self) -> EtcdOptions {
+        let mut eo = EtcdOptions::new(EtcdCluster::endpoints(self));
+        eo.request_timeout = Duration::from_secs(3);
+        eo.connect_timeout = Duration::from_secs(1);
+        eo
+    }
+    async fn leader(&self) -> Option<usize> {
+        EtcdCluster::leader(self).await
+    }
+    fn kill_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::kill_member(self, i)
+    }
+    async fn restart_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::restart_member(self, i).await
+    }
+    fn pause_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::pause_member(self, i)
+    }
+    fn resume_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::resume_member(self, i)
+    }
+    fn dir(&self) -> &Path {
+        EtcdCluster::dir(self)
+    }
+}
+
+/// How a run differs from the chaos tests' default.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// `kill-client` kills only clients `0..killable` (the soak keeps the others alive all run
+    /// long, so their memory and descriptors make one series each).
+    pub killable: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions { killable: CLIENTS }
+    }
+}
+
+/// What a run did (it passed: a violation panics).
+#[derive(Clone, Debug, Default)]
+pub struct RunSummary {
+    pub invoked: usize,
+    pub returned: usize,
+    pub coalesced: u64,
+    pub faults: BTreeMap<String, usize>,
+    pub client_kills: usize,
+}
+
 /// Runs the chaos of `cycle` on `cluster` for `chaos_secs` and checks it (panics on a violation).
 pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'static str]) {
+    run_chaos_with(cluster, chaos_secs, cycle, &RunOptions::default()).await;
+}
+
+/// [`run_chaos`] with `opts`; answers what the run did.
+pub async fn run_chaos_with<T: Target>(
+    cluster: &mut T,
+    chaos_secs: u64,
+    cycle: &[&'static str],
+    opts: &RunOptions,
+) -> RunSummary {
     let seed: u64 =
         std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(now_ns);
     // Pauses alternate between short ones (below the clients' 2 s request timeout: the frozen
@@ -202,7 +277,11 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
 
     let started = now_ns();
     let setup = Setup {
-        bin: PathBuf::from(env!("CARGO_BIN_EXE_chaos-client")),
+        // `IDALLOC_CHAOS_CLIENT_BIN`: a copy of the client, so a long run (the hour-long soak)
+        // is not switched to a binary rebuilt meanwhile when it restarts a client.
+        bin: std::env::var_os("IDALLOC_CHAOS_CLIENT_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_chaos-client"))),
         endpoints: endpoints.join(","),
         prefix,
         until_ns: started + secs(Duration::from_secs(chaos_secs)),
@@ -236,7 +315,7 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
         let leader = cluster.leader().await;
         match what {
             "kill-client" => {
-                let i = rng.random_range(0..CLIENTS);
+                let i = rng.random_range(0..opts.killable.clamp(1, CLIENTS));
                 let slot = &mut slots[i];
                 if let Some(mut p) = slot.proc_.take() {
                     // Kill at a random moment of its run of calls.
@@ -560,6 +639,13 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
         assert!(report.long_pauses > 0, "no member was paused longer than the request timeout");
     }
     assert_eq!(history.starts, CLIENTS + report.client_kills.len(), "every client run started");
+    RunSummary {
+        invoked: history.ops.len(),
+        returned: completed,
+        coalesced,
+        faults,
+        client_kills: report.client_kills.len(),
+    }
 }
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
