@@ -284,4 +284,72 @@ mod tests {
         let r = check(KeyState::default(), &h);
         assert!(!matches!(r, Err(CheckError::TooWide { .. })), "{r:?}");
     }
+
+    fn lease_end(h: u32, lo: u64, hi: Option<u64>, last: u64) -> KeyOp {
+        match hi {
+            Some(hi) => {
+                KeyOp { call: Call::LeaseEnd { holder: h }, ret: Ret::Ended, invoke: lo, end: hi }
+            }
+            None => unknown(Call::LeaseEnd { holder: h }, lo, last),
+        }
+    }
+
+    #[test]
+    fn a_session_held_key_keeps_its_id_until_the_lease_ends() {
+        // Session 1000 holds k (ID 5) from t = 1; its lease ends somewhere in [20, 30].
+        let base = [acq(1000, 5, true, 0, 1), lease_end(1000, 20, Some(30), 0)];
+        // Another holder joining before the window: same ID (G2)...
+        assert!(ok(&[base[0].clone(), acq(2, 5, false, 10, 11), base[1].clone()]));
+        // ...a different ID while the session holds it is reported.
+        let moved = [base[0].clone(), acq(2, 6, false, 10, 11), base[1].clone()];
+        assert!(matches!(
+            check(KeyState::default(), &moved),
+            Err(CheckError::Violation(Violation { op: 1, .. }))
+        ));
+        // So is a new binding while it holds (the key was reclaimed under the session).
+        assert!(!ok(&[base[0].clone(), acq(2, 6, true, 10, 11), base[1].clone()]));
+        // And a release by someone else that claims to be the last one.
+        assert!(!ok(&[
+            base[0].clone(),
+            acq(2, 5, false, 4, 5),
+            rel(2, true, true, 10, 11),
+            base[1].clone()
+        ]));
+        // After the window the key may have been swept and re-bound to any ID.
+        assert!(ok(&[base[0].clone(), base[1].clone(), acq(2, 6, true, 40, 41)]));
+        // Overlapping the window: either order.
+        assert!(ok(&[base[0].clone(), base[1].clone(), acq(2, 6, true, 25, 26)]));
+        assert!(ok(&[base[0].clone(), base[1].clone(), acq(2, 5, false, 25, 26)]));
+    }
+
+    #[test]
+    fn a_session_reference_vanishing_early_or_surviving_its_lease_is_reported() {
+        let held = acq(1000, 5, true, 0, 1);
+        // The scan finds the session's reference gone before its lease could have ended.
+        assert!(!ok(&[held.clone(), observe(Some(5), &[], 10), lease_end(1000, 20, Some(30), 0)]));
+        // ...or still there after its lease was seen gone.
+        assert!(!ok(&[
+            held.clone(),
+            lease_end(1000, 20, Some(30), 0),
+            observe(Some(5), &[1000], 40)
+        ]));
+        // After the end: gone, and the orphan binding swept or not.
+        assert!(ok(&[held.clone(), lease_end(1000, 20, Some(30), 0), observe(None, &[], 40)]));
+        assert!(ok(&[held.clone(), lease_end(1000, 20, Some(30), 0), observe(Some(5), &[], 40)]));
+        // A lease never seen gone may or may not have ended by the scan.
+        assert!(ok(&[held.clone(), lease_end(1000, 20, None, 50), observe(Some(5), &[1000], 40)]));
+        assert!(ok(&[held.clone(), lease_end(1000, 20, None, 50), observe(None, &[], 40)]));
+        // An acquire of the session after its lease was seen gone cannot have succeeded...
+        assert!(!ok(&[
+            held.clone(),
+            lease_end(1000, 20, Some(30), 0),
+            acq(1000, 5, false, 40, 41)
+        ]));
+        // ...and a "session gone" refusal before its lease could have ended is unexplained.
+        let gone =
+            KeyOp { call: Call::Acquire { holder: 1000 }, ret: Ret::Gone, invoke: 5, end: 6 };
+        assert!(!ok(&[held.clone(), gone.clone(), lease_end(1000, 20, Some(30), 0)]));
+        let late = KeyOp { invoke: 31, end: 32, ..gone };
+        assert!(ok(&[held, lease_end(1000, 20, Some(30), 0), late]));
+    }
 }
