@@ -332,7 +332,8 @@ async fn soak_with_faults_holds_every_resource_flat() {
     let mut judged = Vec::new();
     println!("=== soak report ===");
     println!(
-        "{end:.0} s; durable calls {} invoked, {} answered; coalesced session calls {}; \
+        "{end:.0} s; recorded calls (durable, client sessions) {} invoked, {} answered; \
+         coalesced session calls {}; \
          faults {:?}; client kills {}",
         summary.invoked, summary.returned, summary.coalesced, summary.faults, summary.client_kills
     );
