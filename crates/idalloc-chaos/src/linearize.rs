@@ -11,7 +11,7 @@
 //! stopped sending it), or never. Bounding that window keeps the search small: without it every
 //! unknown call would stay pending forever and the configurations would double with each.
 
-use std::collections::{BTreeSet, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
 
 use crate::model::{step, Call, KeyState, Ret};
 
@@ -62,13 +62,21 @@ pub fn check(initial: KeyState, ops: &[KeyOp]) -> Result<Checked, CheckError> {
     let mut configs: HashSet<Config> = HashSet::new();
     configs.insert((initial, BTreeSet::new()));
     let mut stats = Checked { ops: ops.len(), max_configs: 1 };
-    for (_, kind, i) in events {
+    // The latest invocation of an acquire by each holder (for `settle`).
+    let mut last_acquire: HashMap<u32, u64> = HashMap::new();
+    for op in ops {
+        if let Call::Acquire { holder } = op.call {
+            let t = last_acquire.entry(holder).or_default();
+            *t = (*t).max(op.invoke);
+        }
+    }
+    for (now, kind, i) in events {
         if kind == 0 {
             configs = configs
                 .into_iter()
                 .map(|(s, mut p)| {
                     p.insert(i);
-                    (s, p)
+                    settle(ops, &last_acquire, now, s, p)
                 })
                 .collect();
             continue;
@@ -83,6 +91,8 @@ pub fn check(initial: KeyState, ops: &[KeyOp]) -> Result<Checked, CheckError> {
                 next.insert((s.clone(), p));
             }
         }
+        let next: HashSet<Config> =
+            next.into_iter().map(|(s, p)| settle(ops, &last_acquire, now, s, p)).collect();
         if next.is_empty() {
             return Err(CheckError::Violation(Violation {
                 op: i,
@@ -93,6 +103,42 @@ pub fn check(initial: KeyState, ops: &[KeyOp]) -> Result<Checked, CheckError> {
         stats.max_configs = stats.max_configs.max(configs.len());
     }
     Ok(stats)
+}
+
+/// Linearizes at once every pending lease end that can no longer change anything: its holder has
+/// no reference in `s`, and no acquire of that holder is pending or still to be invoked after
+/// `now` (only an acquire could give it one again, or meet the ended lease). Placing such an end
+/// now or at any later point of its window gives the same states, so keeping both would only
+/// double the configurations for each (the lease ends of killed clients, whose windows run to the
+/// end of the history, made the widest search 2,048 in 60 s runs without this).
+fn settle(
+    ops: &[KeyOp],
+    last_acquire: &HashMap<u32, u64>,
+    now: u64,
+    mut s: KeyState,
+    mut pending: BTreeSet<usize>,
+) -> Config {
+    let acquiring = |h: u32, pending: &BTreeSet<usize>| {
+        last_acquire.get(&h).is_some_and(|t| *t >= now)
+            || pending.iter().any(|q| ops[*q].call == Call::Acquire { holder: h })
+    };
+    let inert: Vec<usize> = pending
+        .iter()
+        .copied()
+        .filter(|p| match ops[*p].call {
+            Call::LeaseEnd { holder } => {
+                !s.holders.contains(&holder) && !acquiring(holder, &pending)
+            }
+            _ => false,
+        })
+        .collect();
+    for p in inert {
+        if let Some(n) = step(&s, &ops[p].call, &ops[p].ret) {
+            s = n;
+            pending.remove(&p);
+        }
+    }
+    (s, pending)
 }
 
 /// Every configuration reachable from `configs` by linearizing pending calls, up to and including
@@ -351,5 +397,32 @@ mod tests {
         assert!(!ok(&[held.clone(), gone.clone(), lease_end(1000, 20, Some(30), 0)]));
         let late = KeyOp { invoke: 31, end: 32, ..gone };
         assert!(ok(&[held, lease_end(1000, 20, Some(30), 0), late]));
+    }
+
+    #[test]
+    fn lease_ends_that_change_nothing_more_do_not_widen_the_search() {
+        // 30 sessions each acquire and release the key, then die: their lease ends stay open to
+        // the end of the history. Kept pending, they would double the configurations each.
+        let mut h = vec![acq(1, 5, true, 0, 1)];
+        for i in 0..30u32 {
+            let t = 10 + u64::from(i) * 10;
+            h.push(acq(1000 + i, 5, false, t, t + 1));
+            h.push(rel(1000 + i, true, false, t + 2, t + 3));
+            h.push(lease_end(1000 + i, t + 4, None, 10_000));
+        }
+        h.push(observe(Some(5), &[1], 10_000));
+        let c = check(KeyState::default(), &h).unwrap();
+        assert!(c.max_configs <= 4, "{c:?}");
+        // A session that still holds the key when its lease may end keeps its end pending, and
+        // the check still requires it: the scan may find its reference or not...
+        let mut h = vec![acq(1, 5, true, 0, 1), acq(1000, 5, false, 2, 3)];
+        h.push(lease_end(1000, 4, None, 10_000));
+        h.push(observe(Some(5), &[1], 10_000));
+        assert!(ok(&h));
+        *h.last_mut().unwrap() = observe(Some(5), &[1, 1000], 10_000);
+        assert!(ok(&h));
+        // ...but a lease seen gone must have taken it.
+        h[2] = lease_end(1000, 4, Some(20), 0);
+        assert!(!ok(&h));
     }
 }
