@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use idalloc::layout::Layout;
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
-use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome};
+use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome, Record};
 use idalloc_chaos::linearize::{check, CheckError, KeyOp};
 use idalloc_chaos::model::{Call, KeyState, Ret};
 use idalloc_chaos::scan::{analyze, Scan};
@@ -228,6 +228,44 @@ impl Target for EtcdCluster {
     }
 }
 
+/// A lease seen gone by `etcdctl lease timetolive`, asked and answered at these times.
+pub struct LeaseSighting {
+    lease: i64,
+    asked: u64,
+    answered: u64,
+}
+
+/// After a client run `tag` was killed: the lease of its last client session (from its history
+/// file), polled until etcd says it expired (at most a minute).
+fn watch_lease_end(etcdctl: &[String], history: &Path, tag: &str) -> Option<LeaseSighting> {
+    let text = std::fs::read_to_string(history).ok()?;
+    let lease = text
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Record>(l).ok())
+        .filter_map(|r| match r {
+            Record::Session { proc, lease, .. } if proc == tag => Some(lease),
+            _ => None,
+        })
+        .next()?;
+    let until = now_ns() + secs(Duration::from_secs(60));
+    while now_ns() < until {
+        let asked = now_ns();
+        let out = Command::new("etcdctl")
+            .args(etcdctl)
+            .args(["--command-timeout=2s", "lease", "timetolive", &format!("{lease:x}")])
+            .env("ETCDCTL_API", "3")
+            .output()
+            .ok()?;
+        let answered = now_ns();
+        if parse_timetolive(&String::from_utf8_lossy(&out.stdout)) == Some(false) {
+            return Some(LeaseSighting { lease, asked, answered });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    None
+}
+
 /// How a run differs from the chaos tests' default.
 #[derive(Clone, Debug)]
 pub struct RunOptions {
@@ -307,6 +345,7 @@ pub async fn run_chaos_with<T: Target>(
     }
 
     let mut report = Report::default();
+    let mut lease_watches: Vec<tokio::task::JoinHandle<Option<LeaseSighting>>> = Vec::new();
     let members = cluster.members();
     let quiet_tail = secs(Duration::from_secs(4));
     let mut step = 0usize;
@@ -334,6 +373,13 @@ pub async fn run_chaos_with<T: Target>(
                     let _ = p.child.kill();
                     let _ = p.child.wait();
                     report.client_kills.push((p.tag.clone(), now_ns()));
+                    // Watch its session's lease run out, for a tight end of its window.
+                    if let Some(args) = cluster.etcdctl_args() {
+                        let (path, tag) = (setup.history(&slot.holder), p.tag.clone());
+                        lease_watches.push(tokio::task::spawn_blocking(move || {
+                            watch_lease_end(&args, &path, &tag)
+                        }));
+                    }
                     let t = now_ns();
                     report.faults.push(Fault { what, target: i, leader: false, start: t, end: t });
                 }
@@ -475,6 +521,15 @@ pub async fn run_chaos_with<T: Target>(
     // When each session's lease ended: from the history, and for those never seen gone, from
     // etcd after the run (`etcdctl lease timetolive`, where the target allows it).
     let mut finals: BTreeMap<i64, FinalLease> = BTreeMap::new();
+    // Sightings of killed clients' leases gone, unless a leader fault was in force (a stale
+    // leader can answer for a lease it does not know).
+    for w in lease_watches {
+        if let Ok(Some(LeaseSighting { lease, asked, answered })) = w.await {
+            if !leader_windows.iter().any(|(s, e)| asked <= *e && answered >= *s) {
+                finals.insert(lease, FinalLease::Gone(answered));
+            }
+        }
+    }
     let (unseen, _) = lease_ends(&history, &finals, &leader_windows);
     if let Some(args) = cluster.etcdctl_args() {
         for l in unseen.iter().filter(|l| l.hi.is_none()) {
