@@ -139,5 +139,7 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # The model checker (issue 22 item 3, docs/model-checking.md) with its output, so that the state
 # counts and the sabotage traces are in the log; the workspace run below runs it again, silently.
 cargo test -p idalloc-model --test model_check -- --nocapture
+# The workspace run includes the 2-minute soak (crates/idalloc-chaos/tests/soak.rs, issue 22 item 5;
+# IDALLOC_SOAK_SECS sets its length): chaos load and faults plus serve, failing on resource growth.
 # --no-fail-fast: one flaky or failing binary must not hide the results of the others.
 cargo test --workspace --no-fail-fast "$@"

@@ -21,8 +21,13 @@ pub fn now_ns() -> u64 {
 pub enum OpKind {
     /// `Pool::acquire_durable(key, holder)`.
     Acquire,
-    /// `Pool::release_durable(key, holder)`.
+    /// `Pool::release_durable(key, holder)`; for a client session's holder, the session's
+    /// release (which is that call).
     Release,
+    /// `ClientSession::keep_alive()` of the session whose holder the record names (no key).
+    Renew,
+    /// `ClientSession::end()`: revokes the session's lease (no key).
+    Revoke,
 }
 
 /// What a call returned.
@@ -37,6 +42,14 @@ pub enum Outcome {
         held: bool,
         reclaimed: bool,
     },
+    /// A renewal or revoke answered: `alive` is `keep_alive`'s `true` (renewed) / `false` (the
+    /// lease is gone), or `end`'s "the lease existed".
+    Lease {
+        alive: bool,
+    },
+    /// A session's acquire refused because its lease is gone (`Input::SessionGone`): the call
+    /// took no effect, and the lease had ended before it returned.
+    SessionGone,
     /// An error: `kind` is the G6 variant name (`Unavailable`, `Conflict`...), or `Hang` if the
     /// client's own outer bound ran out first (G6 forbids hangs).
     Error {
@@ -67,6 +80,10 @@ pub enum Record {
     },
     /// The call `seq` of `proc` came back.
     Return { proc: String, seq: u64, t: u64, outcome: Outcome },
+    /// A client session was opened (`Allocator::client_session`): its holder name (every later
+    /// record of the session names it), lease and TTL; `invoke` is when the grant was asked for,
+    /// so the lease cannot expire before `invoke + ttl_ms` unless revoked.
+    Session { proc: String, holder: String, lease: i64, ttl_ms: u64, invoke: u64, t: u64 },
     /// The client finished its run normally.
     Done { proc: String, t: u64 },
 }
@@ -86,10 +103,22 @@ pub struct Op {
     pub batch: u32,
 }
 
+/// A client session, as its `Session` record says.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SessionRec {
+    pub proc: String,
+    pub holder: String,
+    pub lease: i64,
+    pub ttl_ms: u64,
+    /// When the lease grant was invoked.
+    pub invoke: u64,
+}
+
 /// Everything read from a set of history files.
 #[derive(Debug, Default)]
 pub struct History {
     pub ops: Vec<Op>,
+    pub sessions: Vec<SessionRec>,
     /// Process runs that wrote `Start`.
     pub starts: usize,
     /// Process runs that wrote `Done`.
@@ -125,6 +154,9 @@ pub fn read_histories(paths: &[impl AsRef<Path>]) -> Result<History, String> {
             match rec {
                 Record::Start { .. } => h.starts += 1,
                 Record::Done { .. } => h.dones += 1,
+                Record::Session { proc, holder, lease, ttl_ms, invoke, .. } => {
+                    h.sessions.push(SessionRec { proc, holder, lease, ttl_ms, invoke })
+                }
                 Record::Invoke { proc, holder, seq, op, key, t, batch } => {
                     open.insert((proc.clone(), seq), h.ops.len());
                     h.ops.push(Op {

@@ -15,6 +15,17 @@
 //!
 //! Which ID an unbound key gets ("any ID not bound to another key") is a cross-key property; the
 //! chaos test checks it on raw store scans (G1) instead of here.
+//!
+//! Session references (issue 22 item 2): a client session's holder acquires and releases like a
+//! durable holder, and its references also end with its lease:
+//! - `lease_end(h)`: every reference of `h` vanishes (revoke or expiry; etcd deletes the lease's
+//!   keys in one step, here seen one key at a time), and `h` can never reference again: an
+//!   acquire of `h` linearized after it cannot have succeeded (etcd refuses a put on a gone
+//!   lease) and answers "session gone" (`Ret::Gone`), which in turn needs the lease ended.
+//! - The lease deletes only references: a binding left without any (an *orphan*) stays until the
+//!   sweeper reclaims it, at a moment no history records. So while orphaned, a key may be found
+//!   bound to its ID or unbound, and an acquire may join it (same ID, not new) or bind it anew
+//!   (any ID). While any reference exists, the key keeps its ID (G2), as for durable holders.
 
 use std::collections::BTreeSet;
 
@@ -26,6 +37,16 @@ pub type Bound = Option<Option<u64>>;
 pub struct KeyState {
     pub bound: Bound,
     pub holders: BTreeSet<u32>,
+    /// Session holders whose lease has ended (they can hold nothing any more).
+    pub ended: BTreeSet<u32>,
+}
+
+impl KeyState {
+    /// Bound, but nobody references it: a lease end took the last reference, and the sweeper
+    /// may reclaim the binding at any moment.
+    pub fn orphaned(&self) -> bool {
+        self.bound.is_some() && self.holders.is_empty()
+    }
 }
 
 /// A call on one key; holders are small integers.
@@ -35,6 +56,10 @@ pub enum Call {
         holder: u32,
     },
     Release {
+        holder: u32,
+    },
+    /// The lease of the session holder `holder` ended (revoked or expired).
+    LeaseEnd {
         holder: u32,
     },
     /// A read of the whole state (the raw store scan after the run).
@@ -56,6 +81,10 @@ pub enum Ret {
         reclaimed: bool,
     },
     Observed,
+    /// A lease end that certainly happened within its window (it was seen gone by its end).
+    Ended,
+    /// A session's acquire refused because the lease is gone: no effect.
+    Gone,
     /// No answer, or an error that may have come after the write committed: the call took effect
     /// or did not.
     Unknown,
@@ -66,10 +95,15 @@ pub enum Ret {
 /// checker's business).
 pub fn step(s: &KeyState, call: &Call, ret: &Ret) -> Option<KeyState> {
     let mut n = s.clone();
+    let orphan = s.orphaned();
     match (call, ret) {
         (Call::Acquire { holder }, Ret::Acquired { id, new }) => {
+            if s.ended.contains(holder) {
+                return None;
+            }
             // Joining a binding: it must be this ID (if known), and not created by this call.
-            if let Some(b) = s.bound {
+            // An orphan may have been swept meanwhile: joined or bound anew, any answer fits.
+            if let (Some(b), false) = (s.bound, orphan) {
                 if *new || b.is_some_and(|b| b != *id) {
                     return None;
                 }
@@ -79,10 +113,24 @@ pub fn step(s: &KeyState, call: &Call, ret: &Ret) -> Option<KeyState> {
             Some(n)
         }
         (Call::Acquire { holder }, Ret::Unknown) => {
-            if n.bound.is_none() {
+            if s.ended.contains(holder) {
+                return None;
+            }
+            if n.bound.is_none() || orphan {
+                // Unbound: some ID. Orphaned: its ID, or any if it was swept first.
                 n.bound = Some(None);
             }
             n.holders.insert(*holder);
+            Some(n)
+        }
+        (Call::Acquire { holder }, Ret::Gone) => s.ended.contains(holder).then_some(n),
+        (Call::Release { holder }, Ret::Released { held: false, reclaimed })
+            if orphan && !s.holders.contains(holder) =>
+        {
+            // Nobody references the orphan: the release finds nothing, and may reclaim it.
+            if *reclaimed {
+                n.bound = None;
+            }
             Some(n)
         }
         (Call::Release { holder }, Ret::Released { held: false, reclaimed: false })
@@ -116,11 +164,19 @@ pub fn step(s: &KeyState, call: &Call, ret: &Ret) -> Option<KeyState> {
             }
             Some(n)
         }
+        (Call::LeaseEnd { holder }, Ret::Ended | Ret::Unknown) => {
+            // Only the references go; the binding stays (maybe orphaned) for the sweeper.
+            n.holders.remove(holder);
+            n.ended.insert(*holder);
+            Some(n)
+        }
         (Call::Observe { bound, holders }, Ret::Observed) => {
             let bound_ok = match (s.bound, bound) {
                 (None, None) => true,
                 (Some(None), Some(_)) => true,
                 (Some(Some(a)), Some(b)) => a == *b,
+                // Swept.
+                (Some(_), None) => orphan,
                 _ => false,
             };
             if !bound_ok || s.holders != *holders {
@@ -138,7 +194,7 @@ mod tests {
     use super::*;
 
     fn st(bound: Bound, holders: &[u32]) -> KeyState {
-        KeyState { bound, holders: holders.iter().copied().collect() }
+        KeyState { bound, holders: holders.iter().copied().collect(), ended: BTreeSet::new() }
     }
 
     #[test]
@@ -204,5 +260,47 @@ mod tests {
         assert_eq!(step(&s, &wrong_id, &Ret::Observed), None);
         let leak = Call::Observe { bound: Some(7), holders: [].into() };
         assert_eq!(step(&st(None, &[]), &leak, &Ret::Observed), None);
+    }
+
+    #[test]
+    fn a_lease_end_drops_the_reference_and_the_holder_for_good() {
+        let end = Call::LeaseEnd { holder: 9 };
+        // A session (9) and a durable holder (1) share the key; the lease ends.
+        let s = step(&st(Some(Some(7)), &[1, 9]), &end, &Ret::Ended).unwrap();
+        assert_eq!(s.holders, [1].into());
+        assert_eq!(s.bound, Some(Some(7)));
+        assert!(s.ended.contains(&9));
+        // The ended session cannot acquire again; its refusal needs the lease ended.
+        let again = Call::Acquire { holder: 9 };
+        assert_eq!(step(&s, &again, &Ret::Acquired { id: 7, new: false }), None);
+        assert_eq!(step(&s, &again, &Ret::Unknown), None);
+        assert_eq!(step(&s, &again, &Ret::Gone), Some(s.clone()));
+        assert_eq!(step(&st(Some(Some(7)), &[9]), &again, &Ret::Gone), None);
+        // The durable holder is now the last one: its release reclaims.
+        let r = Call::Release { holder: 1 };
+        assert_eq!(
+            step(&s, &r, &Ret::Released { held: true, reclaimed: true }).map(|s| s.bound),
+            Some(None)
+        );
+        // While the durable holder holds, the key keeps its ID (G2).
+        let other = Call::Acquire { holder: 2 };
+        assert_eq!(step(&s, &other, &Ret::Acquired { id: 8, new: false }), None);
+    }
+
+    #[test]
+    fn an_orphan_may_be_swept_or_joined() {
+        let o = step(&st(Some(Some(7)), &[9]), &Call::LeaseEnd { holder: 9 }, &Ret::Ended).unwrap();
+        assert!(o.orphaned());
+        let a = Call::Acquire { holder: 2 };
+        // Joined (same ID) or bound anew after a sweep (any ID, new).
+        assert!(step(&o, &a, &Ret::Acquired { id: 7, new: false }).is_some());
+        assert!(step(&o, &a, &Ret::Acquired { id: 3, new: true }).is_some());
+        // Observed swept, or still bound to its ID, but not to another ID.
+        let seen = |bound| Call::Observe { bound, holders: BTreeSet::new() };
+        assert!(step(&o, &seen(None), &Ret::Observed).is_some());
+        assert!(step(&o, &seen(Some(7)), &Ret::Observed).is_some());
+        assert_eq!(step(&o, &seen(Some(3)), &Ret::Observed), None);
+        // A key with a reference is not an orphan: it cannot have been swept.
+        assert_eq!(step(&st(Some(Some(7)), &[2]), &seen(None), &Ret::Observed), None);
     }
 }

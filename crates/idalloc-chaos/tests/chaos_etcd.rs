@@ -36,45 +36,6 @@ use idalloc::store::etcd::EtcdOptions;
 use idalloc_testkit::etcd::{etcd_or_skip, EtcdCluster};
 use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
 
-impl Target for EtcdCluster {
-    fn members(&self) -> usize {
-        3
-    }
-    fn endpoints(&self) -> Vec<String> {
-        EtcdCluster::endpoints(self)
-    }
-    fn prefix_root(&self) -> &'static str {
-        ""
-    }
-    fn client_args(&self, _dir: &Path) -> Vec<String> {
-        Vec::new()
-    }
-    fn observer_options(&self) -> EtcdOptions {
-        let mut eo = EtcdOptions::new(EtcdCluster::endpoints(self));
-        eo.request_timeout = Duration::from_secs(3);
-        eo.connect_timeout = Duration::from_secs(1);
-        eo
-    }
-    async fn leader(&self) -> Option<usize> {
-        EtcdCluster::leader(self).await
-    }
-    fn kill_member(&mut self, i: usize) -> Result<(), String> {
-        EtcdCluster::kill_member(self, i)
-    }
-    async fn restart_member(&mut self, i: usize) -> Result<(), String> {
-        EtcdCluster::restart_member(self, i).await
-    }
-    fn pause_member(&mut self, i: usize) -> Result<(), String> {
-        EtcdCluster::pause_member(self, i)
-    }
-    fn resume_member(&mut self, i: usize) -> Result<(), String> {
-        EtcdCluster::resume_member(self, i)
-    }
-    fn dir(&self) -> &Path {
-        EtcdCluster::dir(self)
-    }
-}
-
 /// One etcd member with TLS, client certificates and user authentication (short tokens).
 impl Target for SecureEtcd {
     fn members(&self) -> usize {

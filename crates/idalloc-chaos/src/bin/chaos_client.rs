@@ -26,17 +26,26 @@
 //! keys it holds at once have one ID, a release of a confirmed hold says `held`, and no error
 //! but `Unavailable`. It prints `coalesced: N answered, M unavailable` to stderr at the end and
 //! exits non-zero on a violation. 0 turns the bursts off.
+//!
+//! `--session-pct` (default 30) is the share of steps spent on a *client session*
+//! (`Allocator::client_session`, TTL `--session-ttl-ms`, default 2000): acquires and releases of
+//! the same recorded keys as the durable calls, under the session's holder, renewals every third
+//! of the TTL, and in the end a revoke (`ClientSession::end`) or, one session in four, abandonment:
+//! no more renewals, so the lease expires, which the next renewal or acquire then sees. All of it
+//! is recorded (`Session`, and invokes/returns of `renew` and `revoke`), so the checker places
+//! each lease's end (`idalloc_chaos::sessions`) and checks the session references against the
+//! model with the durable ones (issue 22 item 2). 0 turns sessions off.
 
 use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
 use idalloc::store::StoreError;
-use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
+use idalloc::{Allocator, AllocatorOptions, ClientSession, Error, Input, PoolSpec};
 use idalloc_chaos::history::{now_ns, OpKind, Outcome, Record};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -61,6 +70,8 @@ struct Args {
     acquire_pct: u64,
     batch_pct: u64,
     burst_tasks: usize,
+    session_pct: u64,
+    session_ttl: Duration,
     tls: Option<EtcdTls>,
     auth: Option<EtcdAuth>,
 }
@@ -132,6 +143,8 @@ fn parse_args() -> Result<Args, String> {
         acquire_pct: num("acquire-pct", Some(35))?.min(100),
         batch_pct: num("batch-pct", Some(25))?.min(100),
         burst_tasks: num("burst-tasks", Some(4))?.min(64) as usize,
+        session_pct: num("session-pct", Some(30))?.min(100),
+        session_ttl: Duration::from_millis(num("session-ttl-ms", Some(2000))?.max(1000)),
     })
 }
 
@@ -226,7 +239,15 @@ async fn run(a: Args) -> Result<(), String> {
     let bursts = tokio::spawn(bursts(pool.clone(), a.burst_tasks, a.seed, a.until_ns));
     let mut rng = StdRng::seed_from_u64(a.seed);
     let mut seq = 0u64;
+    let mut session: Option<Sess> = None;
     while now_ns() < a.until_ns {
+        if rng.random_range(0..100) < a.session_pct {
+            let mut ctx = Ctx { log: &mut log, seq: &mut seq, proc_tag: &proc_tag, rng: &mut rng };
+            session_step(&a, &alloc, &pool, &mut session, &mut ctx).await?;
+            let pause = rng.random_range(0..=2 * a.pause_ms);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+            continue;
+        }
         let op = if rng.random_range(0..100) < a.acquire_pct {
             OpKind::Acquire
         } else {
@@ -281,6 +302,8 @@ async fn run(a: Args) -> Result<(), String> {
                     .into_iter()
                     .map(released)
                     .collect(),
+                // Only client sessions renew and revoke (`session_step`).
+                (OpKind::Renew | OpKind::Revoke, _) => Vec::new(),
             }
         };
         let outcomes: Vec<Outcome> = match tokio::time::timeout(HANG_BOUND, call).await {
@@ -310,6 +333,16 @@ async fn run(a: Args) -> Result<(), String> {
         let pause = rng.random_range(0..=2 * a.pause_ms);
         tokio::time::sleep(Duration::from_millis(pause)).await;
     }
+    // A clean end ends the session too (recorded), as a well-behaved client would.
+    if let Some(cur) = session.take().filter(|c| !c.abandoned) {
+        let mut ctx = Ctx { log: &mut log, seq: &mut seq, proc_tag: &proc_tag, rng: &mut rng };
+        let seq = ctx.invoke(cur.s.holder(), OpKind::Revoke, "")?;
+        let outcome = match bounded(cur.s.end()).await {
+            Ok(existed) => Outcome::Lease { alive: existed },
+            Err(o) => o,
+        };
+        ctx.ret(seq, outcome)?;
+    }
     let burst = bursts.await.map_err(|e| format!("burst task: {e}"))?;
     eprintln!(
         "{proc_tag}: coalesced: {} answered, {} unavailable",
@@ -319,6 +352,156 @@ async fn run(a: Args) -> Result<(), String> {
         return Err(format!("coalesced calls broke a guarantee: {}", burst.violations.join("; ")));
     }
     log.write(&Record::Done { proc: proc_tag, t: now_ns() })?;
+    Ok(())
+}
+
+/// The client session in use, and how it is being treated.
+struct Sess {
+    s: ClientSession,
+    renewed: Instant,
+    /// Steps left before it is revoked or abandoned.
+    steps_left: u32,
+    /// Abandoned: no more renewals; it is used until it is seen gone.
+    abandoned: bool,
+}
+
+/// What a recorded call needs of the main loop.
+struct Ctx<'a> {
+    log: &'a mut Log,
+    seq: &'a mut u64,
+    proc_tag: &'a str,
+    rng: &'a mut StdRng,
+}
+
+impl Ctx<'_> {
+    /// Records the invocation of `op` by `holder` on `key` and returns its `seq`.
+    fn invoke(&mut self, holder: &str, op: OpKind, key: &str) -> Result<u64, String> {
+        *self.seq += 1;
+        self.log.write(&Record::Invoke {
+            proc: self.proc_tag.to_string(),
+            holder: holder.to_string(),
+            seq: *self.seq,
+            op,
+            key: key.to_string(),
+            t: now_ns(),
+            batch: 0,
+        })?;
+        Ok(*self.seq)
+    }
+
+    fn ret(&mut self, seq: u64, outcome: Outcome) -> Result<(), String> {
+        self.log.write(&Record::Return {
+            proc: self.proc_tag.to_string(),
+            seq,
+            t: now_ns(),
+            outcome,
+        })
+    }
+}
+
+fn error_outcome(e: &Error) -> Outcome {
+    if matches!(e, Error::InvalidInput { input: Input::SessionGone, .. }) {
+        return Outcome::SessionGone;
+    }
+    Outcome::Error { kind: error_kind(e).into(), msg: e.to_string() }
+}
+
+/// A call bounded by [`HANG_BOUND`]; a hang is an error of kind `Hang`.
+async fn bounded<T>(
+    f: impl std::future::Future<Output = idalloc::Result<T>>,
+) -> Result<T, Outcome> {
+    match tokio::time::timeout(HANG_BOUND, f).await {
+        Ok(r) => r.map_err(|e| error_outcome(&e)),
+        Err(_) => {
+            Err(Outcome::Error { kind: "Hang".into(), msg: format!("no answer in {HANG_BOUND:?}") })
+        }
+    }
+}
+
+/// One step of the client-session work (see the crate docs): open a session, renew it when a
+/// third of its TTL has passed, acquire or release one key under it, or end it.
+async fn session_step(
+    a: &Args,
+    alloc: &Allocator,
+    pool: &idalloc::Pool,
+    session: &mut Option<Sess>,
+    ctx: &mut Ctx<'_>,
+) -> Result<(), String> {
+    let Some(cur) = session.as_mut() else {
+        let invoke = now_ns();
+        match tokio::time::timeout(HANG_BOUND, alloc.client_session(a.session_ttl)).await {
+            Ok(Ok(s)) => {
+                ctx.log.write(&Record::Session {
+                    proc: ctx.proc_tag.to_string(),
+                    holder: s.holder().to_string(),
+                    lease: s.lease(),
+                    ttl_ms: s.ttl().as_millis() as u64,
+                    invoke,
+                    t: now_ns(),
+                })?;
+                let steps_left = ctx.rng.random_range(4..16);
+                let abandoned = false;
+                *session = Some(Sess { s, renewed: Instant::now(), steps_left, abandoned });
+            }
+            // Not a recorded call: a session that failed to open holds nothing.
+            Ok(Err(Error::Unavailable { .. })) | Err(_) => {}
+            Ok(Err(e)) => return Err(format!("opening a client session: {e}")),
+        }
+        return Ok(());
+    };
+    let holder = cur.s.holder().to_string();
+    let renew_due = cur.renewed.elapsed() >= cur.s.ttl() / 3;
+    if (renew_due && !cur.abandoned) || (cur.abandoned && cur.renewed.elapsed() > cur.s.ttl() * 2) {
+        // Renew (an abandoned session: only long after its TTL, to see it gone).
+        let seq = ctx.invoke(&holder, OpKind::Renew, "")?;
+        let started = Instant::now();
+        let outcome = match bounded(cur.s.keep_alive()).await {
+            Ok(alive) => Outcome::Lease { alive },
+            Err(o) => o,
+        };
+        ctx.ret(seq, outcome.clone())?;
+        match outcome {
+            Outcome::Lease { alive: true } => cur.renewed = started,
+            Outcome::Lease { alive: false } => *session = None,
+            _ => {}
+        }
+        return Ok(());
+    }
+    if cur.steps_left == 0 && !cur.abandoned {
+        if ctx.rng.random_range(0..4) == 0 {
+            cur.abandoned = true;
+            return Ok(());
+        }
+        let seq = ctx.invoke(&holder, OpKind::Revoke, "")?;
+        let outcome = match bounded(cur.s.end()).await {
+            Ok(existed) => Outcome::Lease { alive: existed },
+            Err(o) => o,
+        };
+        ctx.ret(seq, outcome)?;
+        *session = None;
+        return Ok(());
+    }
+    cur.steps_left = cur.steps_left.saturating_sub(1);
+    let key = format!("k{}", ctx.rng.random_range(0..a.keys));
+    let acquire = ctx.rng.random_range(0..100) < 50;
+    let op = if acquire { OpKind::Acquire } else { OpKind::Release };
+    let seq = ctx.invoke(&holder, op, &key)?;
+    let outcome = if acquire {
+        match bounded(cur.s.acquire(pool, &key)).await {
+            Ok(r) => Outcome::Acquired { id: r.id, new: r.new },
+            Err(o) => o,
+        }
+    } else {
+        match bounded(cur.s.release(pool, &key)).await {
+            Ok(r) => Outcome::Released { held: r.held, reclaimed: r.reclaimed },
+            Err(o) => o,
+        }
+    };
+    let gone = outcome == Outcome::SessionGone;
+    ctx.ret(seq, outcome)?;
+    if gone {
+        *session = None;
+    }
     Ok(())
 }
 

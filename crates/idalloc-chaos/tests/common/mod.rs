@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use idalloc::layout::Layout;
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
-use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome};
+use idalloc_chaos::history::{now_ns, read_histories, OpKind, Outcome, Record};
 use idalloc_chaos::linearize::{check, CheckError, KeyOp};
 use idalloc_chaos::model::{Call, KeyState, Ret};
 use idalloc_chaos::scan::{analyze, Scan};
+use idalloc_chaos::sessions::{lease_ends, parse_timetolive, FinalLease};
+use idalloc_testkit::etcd::EtcdCluster;
 use idalloc_testkit::g1::read_pool;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -25,6 +27,8 @@ const KEYS: usize = 6;
 const POOL: &str = "chaos";
 const MAX_ID: u64 = 64;
 const REUSE_DELAY_MS: u64 = 1500;
+/// Holder numbers of client sessions start here (durable holders are `h0`..`h4`: 0..4).
+const SESSION_BASE: u32 = 1000;
 /// An answerless call (killed mid-call, or an error after retries) may still commit for this long
 /// after its process stopped waiting: bounds a request lingering in etcd's raft pipeline through
 /// an election, with a wide margin.
@@ -158,6 +162,14 @@ pub trait Target {
     fn pause_member(&mut self, i: usize) -> Result<(), String>;
     fn resume_member(&mut self, i: usize) -> Result<(), String>;
     fn dir(&self) -> &Path;
+    /// `etcdctl`'s flags to reach the cluster from this process, if it can (plain loopback
+    /// endpoints): the run asks it whether leases never seen gone are still alive.
+    fn etcdctl_args(&self) -> Option<Vec<String>> {
+        let eps = self.endpoints();
+        eps.iter()
+            .all(|e| e.starts_with("http://127.0.0.1:"))
+            .then(|| vec!["--endpoints".to_string(), eps.join(",")])
+    }
     /// The command that runs the client binary `bin` for client `i` (a wrapper may place it in
     /// a network namespace).
     fn client_command(&self, bin: &Path, _i: usize) -> Command {
@@ -176,8 +188,120 @@ pub trait Target {
     }
 }
 
+/// A loopback cluster of the testkit (the chaos test's and the soak's).
+impl Target for EtcdCluster {
+    fn members(&self) -> usize {
+        3
+    }
+    fn endpoints(&self) -> Vec<String> {
+        EtcdCluster::endpoints(self)
+    }
+    fn prefix_root(&self) -> &'static str {
+        ""
+    }
+    fn client_args(&self, _dir: &Path) -> Vec<String> {
+        Vec::new()
+    }
+    fn observer_options(&self) -> EtcdOptions {
+        let mut eo = EtcdOptions::new(EtcdCluster::endpoints(self));
+        eo.request_timeout = Duration::from_secs(3);
+        eo.connect_timeout = Duration::from_secs(1);
+        eo
+    }
+    async fn leader(&self) -> Option<usize> {
+        EtcdCluster::leader(self).await
+    }
+    fn kill_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::kill_member(self, i)
+    }
+    async fn restart_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::restart_member(self, i).await
+    }
+    fn pause_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::pause_member(self, i)
+    }
+    fn resume_member(&mut self, i: usize) -> Result<(), String> {
+        EtcdCluster::resume_member(self, i)
+    }
+    fn dir(&self) -> &Path {
+        EtcdCluster::dir(self)
+    }
+}
+
+/// A lease seen gone by `etcdctl lease timetolive`, asked and answered at these times.
+pub struct LeaseSighting {
+    lease: i64,
+    asked: u64,
+    answered: u64,
+}
+
+/// After a client run `tag` was killed: the lease of its last client session (from its history
+/// file), polled until etcd says it expired (at most a minute).
+fn watch_lease_end(etcdctl: &[String], history: &Path, tag: &str) -> Option<LeaseSighting> {
+    let text = std::fs::read_to_string(history).ok()?;
+    let lease = text
+        .lines()
+        .rev()
+        .filter_map(|l| serde_json::from_str::<Record>(l).ok())
+        .filter_map(|r| match r {
+            Record::Session { proc, lease, .. } if proc == tag => Some(lease),
+            _ => None,
+        })
+        .next()?;
+    let until = now_ns() + secs(Duration::from_secs(60));
+    while now_ns() < until {
+        let asked = now_ns();
+        let out = Command::new("etcdctl")
+            .args(etcdctl)
+            .args(["--command-timeout=2s", "lease", "timetolive", &format!("{lease:x}")])
+            .env("ETCDCTL_API", "3")
+            .output()
+            .ok()?;
+        let answered = now_ns();
+        if parse_timetolive(&String::from_utf8_lossy(&out.stdout)) == Some(false) {
+            return Some(LeaseSighting { lease, asked, answered });
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    None
+}
+
+/// How a run differs from the chaos tests' default.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// `kill-client` kills only clients `0..killable` (the soak keeps the others alive all run
+    /// long, so their memory and descriptors make one series each).
+    pub killable: usize,
+}
+
+impl Default for RunOptions {
+    fn default() -> RunOptions {
+        RunOptions { killable: CLIENTS }
+    }
+}
+
+/// What a run did (it passed: a violation panics).
+#[derive(Clone, Debug, Default)]
+pub struct RunSummary {
+    pub invoked: usize,
+    pub returned: usize,
+    pub coalesced: u64,
+    pub faults: BTreeMap<String, usize>,
+    pub client_kills: usize,
+}
+
 /// Runs the chaos of `cycle` on `cluster` for `chaos_secs` and checks it (panics on a violation).
 pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'static str]) {
+    run_chaos_with(cluster, chaos_secs, cycle, &RunOptions::default()).await;
+}
+
+/// [`run_chaos`] with `opts`; answers what the run did.
+pub async fn run_chaos_with<T: Target>(
+    cluster: &mut T,
+    chaos_secs: u64,
+    cycle: &[&'static str],
+    opts: &RunOptions,
+) -> RunSummary {
     let seed: u64 =
         std::env::var("CHAOS_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(now_ns);
     // Pauses alternate between short ones (below the clients' 2 s request timeout: the frozen
@@ -202,7 +326,11 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
 
     let started = now_ns();
     let setup = Setup {
-        bin: PathBuf::from(env!("CARGO_BIN_EXE_chaos-client")),
+        // `IDALLOC_CHAOS_CLIENT_BIN`: a copy of the client, so a long run (the hour-long soak)
+        // is not switched to a binary rebuilt meanwhile when it restarts a client.
+        bin: std::env::var_os("IDALLOC_CHAOS_CLIENT_BIN")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_chaos-client"))),
         endpoints: endpoints.join(","),
         prefix,
         until_ns: started + secs(Duration::from_secs(chaos_secs)),
@@ -217,6 +345,7 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
     }
 
     let mut report = Report::default();
+    let mut lease_watches: Vec<tokio::task::JoinHandle<Option<LeaseSighting>>> = Vec::new();
     let members = cluster.members();
     let quiet_tail = secs(Duration::from_secs(4));
     let mut step = 0usize;
@@ -236,7 +365,7 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
         let leader = cluster.leader().await;
         match what {
             "kill-client" => {
-                let i = rng.random_range(0..CLIENTS);
+                let i = rng.random_range(0..opts.killable.clamp(1, CLIENTS));
                 let slot = &mut slots[i];
                 if let Some(mut p) = slot.proc_.take() {
                     // Kill at a random moment of its run of calls.
@@ -244,6 +373,13 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
                     let _ = p.child.kill();
                     let _ = p.child.wait();
                     report.client_kills.push((p.tag.clone(), now_ns()));
+                    // Watch its session's lease run out, for a tight end of its window.
+                    if let Some(args) = cluster.etcdctl_args() {
+                        let (path, tag) = (setup.history(&slot.holder), p.tag.clone());
+                        lease_watches.push(tokio::task::spawn_blocking(move || {
+                            watch_lease_end(&args, &path, &tag)
+                        }));
+                    }
                     let t = now_ns();
                     report.faults.push(Fault { what, target: i, leader: false, start: t, end: t });
                 }
@@ -332,7 +468,9 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
     let ended = now_ns();
     // Every fault is over; give requests of killed clients still in etcd's pipeline time to land.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let scan_start = now_ns();
     let final_scan = scan(&observer, &layout).await.expect("final scan");
+    let scan_end = now_ns();
     report.scans += 1;
     report.violations.extend(final_scan.problems.iter().cloned());
 
@@ -369,12 +507,60 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
     let mut per_kind: BTreeMap<String, usize> = BTreeMap::new();
     let mut errors: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_key: BTreeMap<String, Vec<KeyOp>> = BTreeMap::new();
-    let holder_index = |h: &str| -> u32 { h.trim_start_matches('h').parse().expect("holder hN") };
+    // Holders: the durable `hN` are N; client sessions' holders (`hN-c<lease>`) are numbered
+    // from SESSION_BASE in the order they opened.
+    let sessions: HashMap<&str, u32> = history
+        .sessions
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (s.holder.as_str(), SESSION_BASE + i as u32))
+        .collect();
+    let holder_index = |h: &str| -> Option<u32> {
+        sessions.get(h).copied().or_else(|| h.strip_prefix('h')?.parse().ok())
+    };
+    // When each session's lease ended: from the history, and for those never seen gone, from
+    // etcd after the run (`etcdctl lease timetolive`, where the target allows it).
+    let mut finals: BTreeMap<i64, FinalLease> = BTreeMap::new();
+    // Sightings of killed clients' leases gone, unless a leader fault was in force (a stale
+    // leader can answer for a lease it does not know).
+    for w in lease_watches {
+        if let Ok(Some(LeaseSighting { lease, asked, answered })) = w.await {
+            if !leader_windows.iter().any(|(s, e)| asked <= *e && answered >= *s) {
+                finals.insert(lease, FinalLease::Gone(answered));
+            }
+        }
+    }
+    let (unseen, _) = lease_ends(&history, &finals, &leader_windows);
+    if let Some(args) = cluster.etcdctl_args() {
+        for l in unseen.iter().filter(|l| l.hi.is_none()) {
+            let out = Command::new("etcdctl")
+                .args(&args)
+                .args(["--command-timeout=3s", "lease", "timetolive", &format!("{:x}", l.lease)])
+                .env("ETCDCTL_API", "3")
+                .output();
+            let t = now_ns();
+            let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            match text.as_deref().ok().and_then(parse_timetolive) {
+                Some(true) => finals.insert(l.lease, FinalLease::Alive),
+                Some(false) => finals.insert(l.lease, FinalLease::Gone(t)),
+                None => None,
+            };
+        }
+    }
+    let (lease_ends, lease_problems) = lease_ends(&history, &finals, &leader_windows);
+    report.violations.extend(lease_problems);
     for op in &history.ops {
-        let holder = holder_index(&op.holder);
+        let Some(holder) = holder_index(&op.holder) else {
+            report
+                .violations
+                .push(format!("{}#{}: unknown holder {:?}", op.proc, op.seq, op.holder));
+            continue;
+        };
         let call = match op.kind {
             OpKind::Acquire => Call::Acquire { holder },
             OpKind::Release => Call::Release { holder },
+            // Lease calls are not calls on a key: they place the lease ends below.
+            OpKind::Renew | OpKind::Revoke => Call::LeaseEnd { holder },
         };
         let (ret, end, label) = match &op.ret {
             Some((t, Outcome::Acquired { id, new })) => {
@@ -399,6 +585,10 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
                     _ => "release ok not-held",
                 },
             ),
+            Some((t, Outcome::SessionGone)) => (Ret::Gone, *t, "refused: session gone"),
+            Some((t, Outcome::Lease { alive })) => {
+                (Ret::Unknown, *t, if *alive { "ok" } else { "ok: lease gone" })
+            }
             Some((t, Outcome::Error { kind, msg })) => {
                 *errors.entry(kind.clone()).or_default() += 1;
                 let in_window = leader_windows.iter().any(|(s, e)| op.invoke <= *e && *t >= *s);
@@ -426,6 +616,8 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
         let kind = match op.kind {
             OpKind::Acquire => "acquire",
             OpKind::Release => "release",
+            OpKind::Renew => "renew",
+            OpKind::Revoke => "revoke",
         };
         *per_kind
             .entry(if label.starts_with(kind) {
@@ -434,23 +626,64 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
                 format!("{kind} {label}")
             })
             .or_default() += 1;
-        by_key.entry(op.key.clone()).or_default().push(KeyOp { call, ret, invoke: op.invoke, end });
+        if matches!(op.kind, OpKind::Acquire | OpKind::Release) {
+            let ko = KeyOp { call, ret, invoke: op.invoke, end };
+            by_key.entry(op.key.clone()).or_default().push(ko);
+        }
+    }
+    // Each session's lease end, on every key the session called: its references vanish at one
+    // point of [lo, hi] (must, if seen gone by hi; may, by the final scan, if never seen gone).
+    let mut session_keys: HashMap<u32, BTreeSet<String>> = HashMap::new();
+    for op in &history.ops {
+        if let (Some(&h), OpKind::Acquire | OpKind::Release) =
+            (sessions.get(op.holder.as_str()), op.kind)
+        {
+            session_keys.entry(h).or_default().insert(op.key.clone());
+        }
+    }
+    let (mut ends_seen, mut ends_open) = (0usize, 0usize);
+    for l in &lease_ends {
+        let holder = sessions[l.holder.as_str()];
+        let (ret, end) = match l.hi {
+            Some(hi) => {
+                ends_seen += 1;
+                (Ret::Ended, hi)
+            }
+            // Could not have ended by the final scan, the last event: nothing to place.
+            None if l.lo > scan_end => continue,
+            None => {
+                ends_open += 1;
+                (Ret::Unknown, scan_end)
+            }
+        };
+        for key in session_keys.get(&holder).into_iter().flatten() {
+            let ko = KeyOp {
+                call: Call::LeaseEnd { holder },
+                ret: ret.clone(),
+                invoke: l.lo.min(end),
+                end,
+            };
+            by_key.entry(key.clone()).or_default().push(ko);
+        }
     }
     // The final scan is the last call of every key.
-    let t_end = now_ns();
     for k in 0..KEYS {
         let key = format!("k{k}");
-        let holders: BTreeSet<u32> = final_scan
-            .holders
-            .get(&key)
-            .map(|hs| hs.iter().map(|h| holder_index(h)).collect())
-            .unwrap_or_default();
+        let mut holders = BTreeSet::new();
+        for h in final_scan.holders.get(&key).into_iter().flatten() {
+            match holder_index(h) {
+                Some(i) => {
+                    holders.insert(i);
+                }
+                None => report.violations.push(format!("{key}: unknown holder {h:?} in the scan")),
+            }
+        }
         let bound = final_scan.bindings.get(&key).copied();
         by_key.entry(key).or_default().push(KeyOp {
             call: Call::Observe { bound, holders },
             ret: Ret::Observed,
-            invoke: t_end,
-            end: t_end,
+            invoke: scan_start,
+            end: scan_end,
         });
     }
     let mut max_configs = 0;
@@ -522,6 +755,12 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
         final_scan.tombstones
     );
     println!("linearizability: {} keys, widest search {max_configs} configurations", by_key.len());
+    println!(
+        "client sessions: {} (lease ends seen: {ends_seen}, never seen: {ends_open}, alive at the \
+         final scan: {})",
+        history.sessions.len(),
+        history.sessions.len() - ends_seen - ends_open
+    );
     println!("coalesced session calls answered (bursts, not in the histories): {coalesced}");
     println!("violations: {}", report.violations.len());
     for v in &report.violations {
@@ -553,6 +792,13 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
     };
     assert!(batched(OpKind::Acquire), "no batched acquire succeeded");
     assert!(batched(OpKind::Release), "no batched release succeeded");
+    // Session references were checked: acquired under a session, and leases seen ending.
+    let session_acquired = history.ops.iter().any(|o| {
+        sessions.contains_key(o.holder.as_str())
+            && matches!(o.ret, Some((_, Outcome::Acquired { .. })))
+    });
+    assert!(session_acquired, "no acquire under a client session succeeded");
+    assert!(ends_seen > 0, "no client session's lease was seen ending");
     if chaos_secs >= 40 {
         for kind in cycle {
             assert!(faults.contains_key(*kind), "fault {kind} was never injected");
@@ -560,6 +806,13 @@ pub async fn run_chaos<T: Target>(cluster: &mut T, chaos_secs: u64, cycle: &[&'s
         assert!(report.long_pauses > 0, "no member was paused longer than the request timeout");
     }
     assert_eq!(history.starts, CLIENTS + report.client_kills.len(), "every client run started");
+    RunSummary {
+        invoked: history.ops.len(),
+        returned: completed,
+        coalesced,
+        faults,
+        client_kills: report.client_kills.len(),
+    }
 }
 
 fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
