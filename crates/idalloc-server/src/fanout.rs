@@ -239,6 +239,13 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool) {
                         pending.push((revision, event));
                     }
                 }
+                // A re-listing arrives as one message however big the pool (so it cannot make
+                // the hub lag and cut every subscriber); its changes become one group.
+                Some(Ok(Stamped::Listing { revision, events })) => {
+                    if revision > start {
+                        pending.extend(events.iter().map(|e| (revision, e.clone())));
+                    }
+                }
                 Some(Ok(Stamped::Through { revision })) => {
                     let groups = group(std::mem::take(&mut pending), &pool);
                     let mut st = h.lock();
