@@ -195,6 +195,9 @@ pub async fn serve_connections<L>(
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(u32::try_from(limits.max_requests_per_client).unwrap_or(u32::MAX));
+    // Shared, not cloned into every connection's task: its HTTP/1 and HTTP/2 settings are a few
+    // hundred bytes, per connection (thousands of watch streams are thousands of connections).
+    let builder = Arc::new(builder);
     let reaper = {
         let registry = registry.clone();
         let idle = limits.idle_timeout;

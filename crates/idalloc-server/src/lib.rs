@@ -172,7 +172,7 @@ impl AppState {
                 return h.clone();
             }
         }
-        let h = fanout::Hub::start(pool.clone(), self.config.watch_history);
+        let h = fanout::Hub::start(pool.clone(), self.config.watch_history, self.stop_signal());
         hubs.insert(name.to_string(), h.clone());
         h
     }

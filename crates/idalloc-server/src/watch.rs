@@ -19,7 +19,6 @@
 //! A stream's resources go with its connection (hyper drops the body when the client goes away,
 //! also on an idle pool); a comment line every 15 s keeps proxies from closing an idle stream.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,12 +41,10 @@ pub const WATCH_SUBSCRIBERS: &str = "idalloc_watch_subscribers";
 /// Watch streams ended because their client fell behind the history, by `pool`.
 pub const WATCH_LAGGED: &str = "idalloc_watch_lagged_total";
 
-/// Groups a stream copies out of the ring at a time.
-const BATCH: usize = 64;
+/// Groups a stream takes out of the ring at a time (one frame).
+const BATCH: usize = 256;
 /// How long a new stream waits for the pool's feed to reach the cache's revision.
 const CATCH_UP: Duration = Duration::from_secs(5);
-/// Interval of the keep-alive comment.
-const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -200,44 +197,46 @@ async fn snapshot(hub: &Hub, pool: &idalloc::Pool) -> Result<(Bytes, u64, i64), 
     Err(ApiError::unavailable("the pool changes too fast to take a snapshot of it; retry"))
 }
 
-/// One open stream: a cursor into the hub's ring.
+/// One open stream: a cursor into the hub's ring. Kept small, as there may be thousands: no
+/// queue (each wake-up sends what it read as one frame), no timer and no shutdown signal of its
+/// own (the hub wakes it for the keep-alive and on shutdown).
 struct Subscriber {
     hub: Arc<Hub>,
     st: Arc<AppState>,
     cursor: u64,
     /// The revision of the last group sent (what the client's `Last-Event-ID` is).
     last_id: i64,
-    ready: VecDeque<Bytes>,
+    /// The initial bindings, sent first.
+    first: Option<Bytes>,
     tick: tokio::sync::watch::Receiver<u64>,
-    stop: tokio::sync::watch::Receiver<bool>,
-    keep_alive: tokio::time::Interval,
+    /// The hub's keep-alive count when this stream last sent something.
+    keep_alive: u64,
     done: bool,
 }
 
 impl Subscriber {
     fn new(st: Arc<AppState>, hub: Arc<Hub>, cursor: u64, last_id: i64, first: Bytes) -> Self {
         metrics::gauge!(WATCH_SUBSCRIBERS, "pool" => hub.pool.clone()).increment(1.0);
-        let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
-        keep_alive.reset();
+        let keep_alive = hub.lock().keep_alive;
         Subscriber {
             tick: hub.subscribe(),
-            stop: st.stop_signal(),
             hub,
             st,
             cursor,
             last_id,
-            ready: if first.is_empty() { VecDeque::new() } else { VecDeque::from([first]) },
+            first: (!first.is_empty()).then_some(first),
             keep_alive,
             done: false,
         }
     }
 
-    /// The next chunk of the stream; `None` ends it.
+    /// The next chunk of the stream: everything new since the last one, as one frame; `None`
+    /// ends it.
     async fn next(&mut self) -> Option<Bytes> {
+        if let Some(b) = self.first.take() {
+            return Some(b);
+        }
         loop {
-            if let Some(b) = self.ready.pop_front() {
-                return Some(b);
-            }
             if self.done || self.st.is_shutting_down() {
                 return None;
             }
@@ -246,22 +245,24 @@ impl Subscriber {
             let read = {
                 let st = self.hub.lock();
                 match st.ring.read(self.cursor, BATCH) {
-                    Ok(groups) => Ok((groups, st.ended.clone())),
+                    Ok(groups) => Ok((groups, st.ended.clone(), st.keep_alive)),
                     Err(_) => Err(()),
                 }
             };
             match read {
-                Ok((groups, _)) if !groups.is_empty() => {
+                Ok((groups, _, keep_alive)) if !groups.is_empty() => {
+                    self.keep_alive = keep_alive;
                     self.cursor += groups.len() as u64;
-                    for g in groups {
-                        self.last_id = g.revision;
-                        self.ready.push_back(g.chunk);
-                    }
-                    continue;
+                    self.last_id = groups.last().map_or(self.last_id, |g| g.revision);
+                    return Some(join(groups));
                 }
-                Ok((_, Some(why))) => {
+                Ok((_, Some(why), _)) => {
                     self.done = true;
                     return Some(error_event("gone", &why, None));
+                }
+                Ok((_, None, keep_alive)) if keep_alive != self.keep_alive => {
+                    self.keep_alive = keep_alive;
+                    return Some(Bytes::from_static(b": keep-alive\n\n"));
                 }
                 Ok(_) => {}
                 Err(()) => {
@@ -276,17 +277,23 @@ impl Subscriber {
                     return Some(error_event("lagged", &why, Some(r)));
                 }
             }
-            tokio::select! {
-                changed = self.tick.changed() => {
-                    if changed.is_err() {
-                        self.done = true;
-                    }
-                }
-                _ = self.stop.wait_for(|s| *s) => return None,
-                _ = self.keep_alive.tick() => return Some(Bytes::from_static(b": keep-alive\n\n")),
+            if self.tick.changed().await.is_err() {
+                self.done = true;
             }
         }
     }
+}
+
+/// Several groups' chunks as one frame (one write); one group's chunk as it is (no copy).
+fn join(groups: Vec<crate::fanout::Group>) -> Bytes {
+    if groups.len() == 1 {
+        return groups.into_iter().next().map(|g| g.chunk).unwrap_or_default();
+    }
+    let mut out = Vec::with_capacity(groups.iter().map(|g| g.chunk.len()).sum());
+    for g in &groups {
+        out.extend_from_slice(&g.chunk);
+    }
+    Bytes::from(out)
 }
 
 impl Drop for Subscriber {

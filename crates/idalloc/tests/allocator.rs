@@ -704,3 +704,61 @@ async fn stamped_events_carry_revisions_and_mark_each_revisions_end() {
     assert!(rev > upserts[0]);
     assert_eq!(after.len(), 3);
 }
+
+/// A re-listing reaches `Pool::stamped_events` as one message however many changes it has (issue
+/// 20): a watch cut off while 5,000 bindings were made, then compacted past, re-lists 5,000
+/// changes, more than the subscriber's buffer (`event_buffer`, 4,096 messages). The subscriber
+/// gets every one of them at the listing's revision and is not told it lagged. The old feed sent
+/// one message per change: the subscriber lost messages, and the service's fan-out hub, which
+/// starts over when it lags, cut every SSE subscriber with `lagged`.
+#[tokio::test(start_paused = true)]
+async fn a_big_relisting_is_one_stamped_message_and_does_not_lag_the_subscriber() {
+    const N: usize = 5_000;
+    let store = Arc::new(EmbeddedStore::memory());
+    let faulty =
+        Arc::new(FaultStore::new(store.clone(), 7, FaultConfig::default()).expect("fault store"));
+    let a = allocator(store.clone(), "a");
+    let b = allocator(faulty.clone(), "b");
+    let pa = a.ensure_pool(&PoolSpec::new("p", 1, 10_000)).await.expect("pool");
+    let pb = b.pool("p").await.expect("pool b");
+    pb.wait_synced().await.expect("sync");
+    let mut feed = pb.stamped_events();
+
+    faulty.partition(true);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let keys: Vec<String> = (0..N).map(|i| format!("k{i}")).collect();
+    for chunk in keys.chunks(100) {
+        let got = pa.acquire_many_durable(chunk, "h").await;
+        assert!(got.iter().all(|r| r.is_ok()), "{got:?}");
+    }
+    let rev = store.get(GetRequest::key("anything")).await.expect("rev").revision;
+    store.compact(rev).await.expect("compact");
+    faulty.partition(false);
+
+    let (mut listings, mut upserts, mut synced) = (0, 0, 0);
+    loop {
+        let next = tokio::time::timeout(Duration::from_secs(60), feed.recv()).await;
+        let next = next.expect("the re-listing in time").expect("the feed is open");
+        match next.unwrap_or_else(|missed| panic!("the subscriber lagged: {missed} messages lost"))
+        {
+            idalloc::Stamped::Listing { revision, events } => {
+                assert!(revision >= rev, "listed at {revision}, before the last write {rev}");
+                listings += 1;
+                for e in events.iter() {
+                    match e {
+                        Event::Upsert { .. } => upserts += 1,
+                        Event::Synced => synced += 1,
+                        other => panic!("only new bindings were made: {other:?}"),
+                    }
+                }
+            }
+            idalloc::Stamped::Event { revision, event } => {
+                panic!("the cut-off watch cannot report {event:?} at {revision}")
+            }
+            idalloc::Stamped::Through { revision } if revision >= rev => break,
+            idalloc::Stamped::Through { .. } => {}
+        }
+    }
+    assert_eq!((listings, upserts, synced), (1, N, 1), "one message: every change, one Synced");
+    assert_eq!(pb.snapshot().len(), N);
+}

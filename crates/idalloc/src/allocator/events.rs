@@ -13,9 +13,13 @@ use crate::store::Revision;
 /// watch the cache already has, instead of a store watch per client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stamped {
-    /// `Upsert` or `Delete` at `revision`; after a (re-)listing at `revision`, its differences and
-    /// then `Synced`.
+    /// `Upsert` or `Delete` at `revision`, from the store's watch.
     Event { revision: Revision, event: Event },
+    /// A (re-)listing at `revision`: its differences (`Upsert`, `Delete`), then `Synced`, as one
+    /// message. One message whatever the pool's size: a re-listing of a big pool (a watch that
+    /// fell behind a compaction) would otherwise be more messages than the subscriber's buffer
+    /// (`event_buffer`) and make every subscriber lag, which is what the listing repairs.
+    Listing { revision: Revision, events: std::sync::Arc<[Event]> },
     /// Every change at or before `revision` has been sent: the changes of one revision are
     /// complete (the end of one watch response or listing).
     Through { revision: Revision },

@@ -247,14 +247,19 @@ impl PoolState {
     /// [`PoolState::emit`] for a change of the store's history at `revision`: also sent to the
     /// stamped subscribers. Called with the cache lock held.
     pub(crate) fn emit_at(&self, revision: Revision, e: Event) {
-        self.emit_all_at(revision, vec![e]);
+        let _ = self.stamped.send(super::events::Stamped::Event { revision, event: e.clone() });
+        self.emit(e);
     }
 
-    /// [`PoolState::emit_all`] for changes of the store's history at `revision` (a listing's):
-    /// each also sent to the stamped subscribers. Called with the cache lock held.
+    /// [`PoolState::emit_all`] for a listing's changes at `revision`: also sent to the stamped
+    /// subscribers, as one [`Stamped::Listing`](super::events::Stamped::Listing) (as `emit_all`
+    /// sends one message), so that a re-listing of a big pool never makes them lag. Called with
+    /// the cache lock held.
     pub(crate) fn emit_all_at(&self, revision: Revision, events: Vec<Event>) {
-        for e in &events {
-            let _ = self.stamped.send(super::events::Stamped::Event { revision, event: e.clone() });
+        if !events.is_empty() {
+            let listing: Batch<Event> = events.iter().cloned().collect();
+            let _ =
+                self.stamped.send(super::events::Stamped::Listing { revision, events: listing });
         }
         self.emit_all(events);
     }
