@@ -95,6 +95,19 @@ fn pool_delete_and_re_create_break_nothing() {
     assert!(!r.truncated && r.quiescent > 0);
 }
 
+/// Issue 21 item 0: a lazy binder (no view; guessed candidates, learned collisions, the usage
+/// read and the view loaded on demand) beside a synced one, with a crash and a sweep.
+#[test]
+fn lazy_binders_beside_synced_ones_break_nothing() {
+    let scope = Scope { lazy: true, ..Scope::default() };
+    let r = explore(scope.clone());
+    line("clean protocol, lazy binder", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated && r.quiescent > 0);
+}
+
 /// Runs `sabotage` on `scope` and requires a violation naming one of `expect`, printing its trace.
 fn found(sabotage: Sabotage, scope: Scope, expect: &[&str]) {
     let scope = Scope { sabotage: Some(sabotage), ..scope };
@@ -119,6 +132,17 @@ fn small() -> Scope {
 #[test]
 fn sabotage_dropping_the_id_absent_compare_is_found() {
     found(Sabotage::SkipIdAbsentCompare, small(), &["G1"]);
+}
+
+/// A lazy binder's guesses are safe only through the ID-absent compare: restarted without a
+/// view, a lone process guesses the ID it bound before its crash.
+#[test]
+fn sabotage_dropping_the_id_absent_compare_is_found_with_a_lazy_binder() {
+    found(
+        Sabotage::SkipIdAbsentCompare,
+        Scope { procs: 1, crashes: 1, lazy: true, ..small() },
+        &["G1"],
+    );
 }
 
 #[test]
