@@ -372,9 +372,9 @@ impl Inner {
     }
 
     /// Waits until the pool's cache holds the whole pool, starting its follower first if the
-    /// pool was opened lazily (`AllocatorOptions::lazy_view`). A large pool takes many pages to list;
-    /// the wait gives up only when no page has arrived for a whole request budget (timeout ×
-    /// attempts), not after a fixed total.
+    /// pool was opened lazily (`AllocatorOptions::lazy_view`). A large pool takes many pages to
+    /// list; the wait gives up only when no page has arrived for a whole request budget
+    /// (timeout × attempts), not after a fixed total.
     pub(super) async fn wait_synced(&self, pool: &PoolState) -> Result<()> {
         self.follow(pool);
         let mut synced = pool.synced.subscribe();

@@ -228,8 +228,9 @@ impl Inner {
 
 impl Inner {
     /// Starts `pool`'s follower (list `id/`, then watch: DESIGN §6) and its spec watch unless
-    /// they run already or the pool retired. Every path that needs the whole view calls this before it waits for
-    /// the listing; with `AllocatorOptions::lazy_view` it is the only place the listing starts.
+    /// they run already or the pool retired. Every path that needs the whole view calls this
+    /// before it waits for the listing; with `AllocatorOptions::lazy_view` it is the only place
+    /// the listing starts.
     pub(crate) fn follow(&self, pool: &PoolState) {
         if pool.live().is_err() || pool.following.swap(true, Ordering::AcqRel) {
             return;
