@@ -134,8 +134,9 @@ fn sabotage_dropping_the_id_absent_compare_is_found() {
     found(Sabotage::SkipIdAbsentCompare, small(), &["G1"]);
 }
 
-/// A lazy binder's guesses are safe only through the ID-absent compare: restarted without a
-/// view, a lone process guesses the ID it bound before its crash.
+/// The ID-absent compare is what keeps a lazy binder's guesses safe: dropping it is found with a
+/// lone lazy process too (the same scope finds it with a synced one, so this checks that the
+/// lazy path is explored, not that only it breaks).
 #[test]
 fn sabotage_dropping_the_id_absent_compare_is_found_with_a_lazy_binder() {
     found(
