@@ -126,12 +126,25 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             )));
         }
     }
-    let alloc = open::allocator(&settings, store.clone())?;
+    let alloc = open::allocator(&settings, store.clone(), one_key(&cli.command))?;
     let result = dispatch(&cli, &settings, &layout, &alloc, store, opened.file_missing, out).await;
     // Closing revokes nothing (the CLI holds no lease) but stops background work at once, so the
     // store file is released before the process exits.
     let _ = alloc.close().await;
     result
+}
+
+/// Commands that touch one key or ID of a pool: they open it lazily, never listing it (issue 21
+/// item 0; docs/design-notes.md). `--from` batches and `--remote` reads keep the listed view,
+/// which they use.
+fn one_key(command: &Command) -> bool {
+    match command {
+        Command::Acquire(a) => a.from.is_none(),
+        Command::Release(a) => a.from.is_none(),
+        Command::Get(a) => !a.remote.any(),
+        Command::Lookup(a) => !a.remote.any(),
+        _ => false,
+    }
 }
 
 async fn dispatch(

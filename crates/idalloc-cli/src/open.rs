@@ -107,8 +107,10 @@ pub async fn open_store_bounded(
 }
 
 /// The allocator on `store`: no session lease is ever granted (the CLI only makes durable
-/// references), requests bounded as the module docs say.
-pub fn allocator(s: &Settings, store: Arc<dyn Store>) -> Result<Allocator, Failure> {
+/// references), requests bounded as the module docs say. `lazy`: pools are opened without
+/// listing them (`AllocatorOptions::lazy_view`), for commands that touch one key or ID: their
+/// cost must not grow with the pool (issue 21 item 0).
+pub fn allocator(s: &Settings, store: Arc<dyn Store>, lazy: bool) -> Result<Allocator, Failure> {
     let opts = AllocatorOptions {
         prefix: s.prefix.clone(),
         request_timeout: s.attempt_timeout(),
@@ -117,6 +119,7 @@ pub fn allocator(s: &Settings, store: Arc<dyn Store>) -> Result<Allocator, Failu
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_millis(500),
         },
+        lazy_view: lazy,
         ..AllocatorOptions::default()
     };
     Allocator::from_arc(store, opts).map_err(|e| match e {

@@ -183,7 +183,7 @@ pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(
 /// Opens the file, reads the pool's bindings, closes the file.
 async fn read_bindings(settings: &Settings, pool: &str) -> Result<BTreeMap<u64, String>, Failure> {
     let opened = open::open_store(settings, false).await?;
-    let alloc = open::allocator(settings, opened.store)?;
+    let alloc = open::allocator(settings, opened.store, false)?;
     let result = async {
         let pool = alloc.pool(pool).await?;
         Ok::<_, Failure>(pool.list().await?.into_iter().map(|b| (b.id, b.key)).collect())

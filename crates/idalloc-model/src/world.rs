@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use idalloc::bench_api::{
     assemble, fold_fences_txn, init_pool_txn, pack, split, stray_ref_release_outcome,
-    stray_ref_release_txn, sweep_txn, Action, BindLoop, BindPlan, Failure, Fences, Frame,
-    FullCheck, Hints, Input, LastRelease, MemoryCore, Orphan, RefTarget, ReleasePlan,
+    stray_ref_release_txn, sweep_txn, Action, BindLoop, BindPlan, Candidates, Failure, Fences,
+    Frame, FullCheck, Hints, Input, LastRelease, MemoryCore, Orphan, RefTarget, ReleasePlan,
 };
 use idalloc::layout::{IdRecord, Layout};
 use idalloc::records::PoolSnapshot;
@@ -60,6 +60,10 @@ pub struct Scope {
     /// A restarted process keeps its holder name (a configured holder) instead of taking a new
     /// one (the library's default).
     pub same_holder: bool,
+    /// Process 0 opens its pool lazily (`AllocatorOptions::lazy_view`, issue 21 item 0): no view
+    /// until a bind asks for one (`Action::LoadView`) or a batch needs it; its single-key binds
+    /// guess candidates (`Candidates::Probe`) among the IDs it has not learned taken.
+    pub lazy: bool,
     /// Break the protocol on purpose (the checker must find it).
     pub sabotage: Option<Sabotage>,
     /// Stop after this many distinct states (a guard for widened scopes; the CI scope stays far
@@ -82,6 +86,7 @@ impl Default for Scope {
             deletes: 0,
             batch: true,
             same_holder: false,
+            lazy: false,
             sabotage: None,
             max_states: 20_000_000,
         }
@@ -170,6 +175,8 @@ struct Proc {
     /// A failed request said the pool is gone: the handle is retired until reopened.
     retired: bool,
     seen: Revision,
+    /// Opened lazily and not loaded: `view_ids`/`view_keys` stay empty and never sync.
+    lazy: bool,
     view_ids: BTreeMap<u64, IdRecord>,
     view_keys: BTreeMap<String, u64>,
     learned: BTreeSet<u64>,
@@ -273,8 +280,9 @@ impl World {
         for (i, p) in self.procs.iter().enumerate() {
             let _ = write!(
                 s,
-                "|P{i} {} {} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?} {} ",
+                "|P{i} {} {} {} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?} {} ",
                 p.up,
+                p.lazy,
                 p.life,
                 p.abandon,
                 p.lease,
@@ -342,6 +350,24 @@ impl World {
         pr.abandon.clear();
         pr.doubt.clear();
         pr.op = None;
+        if ctx.scope.lazy && p == 0 {
+            // Opening reads the spec only (at the store's current revision).
+            let req = GetRequest::new(KeyRange::key(ctx.layout.pool_spec_key(POOL)));
+            let rev = self.store.get(&req).map(|r| r.revision).unwrap_or(0);
+            let pr = &mut self.procs[p];
+            pr.lazy = true;
+            pr.view_ids.clear();
+            pr.view_keys.clear();
+            pr.learned.clear();
+            pr.seen = pr.seen.max(rev);
+        } else {
+            self.sync(ctx, p);
+        }
+    }
+
+    /// A lazy process loads its view (`Inner::follow` + the first listing).
+    fn load_view(&mut self, ctx: &Ctx, p: usize) {
+        self.procs[p].lazy = false;
         self.sync(ctx, p);
     }
 
@@ -403,10 +429,12 @@ impl World {
                     out.push((format!("P{p} reopens the pool"), w));
                 }
             }
-            if pr.up {
+            if pr.up && !pr.lazy {
                 let mut w = self.clone();
                 w.sync(ctx, p);
                 out.push((format!("P{p} view syncs"), w));
+            }
+            if pr.up {
                 if self.budget.crashes > 0 {
                     let mut w = self.clone();
                     w.budget.crashes -= 1;
@@ -514,9 +542,14 @@ impl World {
 
     fn begin_acquire(&self, ctx: &Ctx, p: usize, keys: Vec<&'static str>) -> Vec<(Event, World)> {
         let mut w = self.clone();
+        let batch = keys.len() > 1;
+        if batch && w.procs[p].lazy {
+            // A batched bind waits for the whole view (`bind_many` → `wait_synced`).
+            w.load_view(ctx, p);
+        }
+        let lazy = w.procs[p].lazy;
         let pr = &mut w.procs[p];
         pr.ops_left -= 1;
-        let batch = keys.len() > 1;
         let loops = keys
             .iter()
             .map(|key| {
@@ -528,7 +561,8 @@ impl World {
                 let cached = pr.view_keys.get(*key).copied();
                 Lp {
                     key,
-                    machine: BindLoop::new(ctx.spec, key, cached, None, hints, check),
+                    machine: BindLoop::new(ctx.spec, key, cached, None, hints, check)
+                        .candidates(if lazy { Candidates::Probe } else { Candidates::View }),
                     log: Vec::new(),
                     st: LpSt::Feed(Input::Resume),
                 }
@@ -597,6 +631,10 @@ impl World {
             }
             Action::Send(plan) => loops[i].st = LpSt::Sending(plan),
             Action::Wait(_) => loops[i].st = LpSt::Feed(Input::Resume),
+            Action::LoadView => {
+                loops[i].st = LpSt::Feed(Input::Resume);
+                self.load_view(ctx, p);
+            }
             Action::Done { id, .. } => loops[i].st = LpSt::Done(id),
             Action::Fail(f) => loops[i].st = LpSt::Failed(f),
             Action::ReadUsage | Action::ReadKeyRecord => {

@@ -118,6 +118,19 @@ fn a_restart_under_the_same_holder_name_breaks_nothing() {
     assert!(!r.truncated && r.quiescent > 0);
 }
 
+/// Issue 21 item 0: a lazy binder (no view; guessed candidates, learned collisions, the usage
+/// read and the view loaded on demand) beside a synced one, with a crash and a sweep.
+#[test]
+fn lazy_binders_beside_synced_ones_break_nothing() {
+    let scope = Scope { lazy: true, ..Scope::default() };
+    let r = explore(scope.clone());
+    line("clean protocol, lazy binder", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated && r.quiescent > 0);
+}
+
 /// Runs `sabotage` on `scope` and requires a violation naming one of `expect`, printing its trace.
 fn found(sabotage: Sabotage, scope: Scope, expect: &[&str]) {
     let scope = Scope { sabotage: Some(sabotage), ..scope };
@@ -142,6 +155,18 @@ fn small() -> Scope {
 #[test]
 fn sabotage_dropping_the_id_absent_compare_is_found() {
     found(Sabotage::SkipIdAbsentCompare, small(), &["G1"]);
+}
+
+/// The ID-absent compare is what keeps a lazy binder's guesses safe: dropping it is found with a
+/// lone lazy process too (the same scope finds it with a synced one, so this checks that the
+/// lazy path is explored, not that only it breaks).
+#[test]
+fn sabotage_dropping_the_id_absent_compare_is_found_with_a_lazy_binder() {
+    found(
+        Sabotage::SkipIdAbsentCompare,
+        Scope { procs: 1, crashes: 1, lazy: true, ..small() },
+        &["G1"],
+    );
 }
 
 #[test]

@@ -159,7 +159,7 @@ pub mod bench_api {
     pub use crate::cache::PoolCache;
     pub use crate::idset::IdSet;
     pub use crate::protocol::bind_step::{
-        Action, BindLoop, Failure, FullCheck, Hints, Input, Step,
+        Action, BindLoop, Candidates, Failure, FullCheck, Hints, Input, Step, PROBE_COLLISIONS,
     };
     pub use crate::protocol::{
         fold_fences_txn, fold_outcome, init_pool_outcome, init_pool_txn, stray_ref_release_outcome,

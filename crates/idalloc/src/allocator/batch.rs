@@ -152,8 +152,10 @@ impl Inner {
                             plans.push((i, plan));
                             break;
                         }
-                        // Decide again in the next round (the round waits for the watch once).
-                        Action::Wait(_) => break,
+                        // Decide again in the next round (the round waits for the watch once). A
+                        // batch loop never probes (the view is loaded above), so `LoadView` has
+                        // nothing left to load.
+                        Action::Wait(_) | Action::LoadView => break,
                         Action::Done { id, new } => {
                             s.result = Some(Ok(Acquired { id, new }));
                             break;
@@ -716,7 +718,10 @@ impl Pool {
         let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
         self.many(&names, |distinct, at| async move {
             let _guards = self.lock_keys(&distinct).await;
-            let synced = self.inner.wait_synced(&self.state).await.is_ok();
+            // A lazily opened pool reads each key's record instead of loading the whole view
+            // (issue 21 item 0).
+            let synced = !self.inner.view_unloaded(&self.state)
+                && self.inner.wait_synced(&self.state).await.is_ok();
             let mut out: Vec<Option<Result<Released>>> = vec![None; distinct.len()];
             let mut items: Vec<(usize, (&str, u64))> = Vec::new();
             for (d, key) in distinct.iter().enumerate() {

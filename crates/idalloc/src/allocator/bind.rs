@@ -15,7 +15,7 @@ use super::registry::{protocol_error, Inner};
 use super::types::Acquired;
 use crate::error::{Error, Result};
 use crate::pool::Strategy;
-use crate::protocol::bind_step::{Action, BindLoop, Failure, FullCheck, Input};
+use crate::protocol::bind_step::{Action, BindLoop, Candidates, Failure, FullCheck, Input};
 pub(super) use crate::protocol::bind_step::{Hints, MAX_BIND_ATTEMPTS};
 use crate::protocol::{self, BindOutcome, BindPlan, RefTarget};
 use crate::store::{GetRequest, Revision, StoreError};
@@ -94,11 +94,21 @@ impl Inner {
         preferred: Option<u64>,
     ) -> Result<Acquired> {
         pool.live()?;
-        self.wait_synced(pool).await?;
+        // Without the pool's view (a lazily opened pool: issue 21 item 0), candidates are guesses
+        // the txn checks, for `random` pools. `lowest` needs the bottom of the pool, which no
+        // bounded read gives (IDs are decimal, listed in string order), so it loads the view.
+        let candidates =
+            if self.view_unloaded(pool) && pool.spec.strategy_kind() == Strategy::Random {
+                Candidates::Probe
+            } else {
+                self.wait_synced(pool).await?;
+                Candidates::View
+            };
         let name = pool.spec.name();
         let cached = pool.lock_cache().get(key);
         let mut bl =
-            BindLoop::new(&pool.spec, key, cached, preferred, Hints::Strict, FullCheck::Usage);
+            BindLoop::new(&pool.spec, key, cached, preferred, Hints::Strict, FullCheck::Usage)
+                .candidates(candidates);
         // The driver's half of the loop: execute each step, feed back what happened. Every branch
         // of the decisions is `BindLoop`'s (and unit-tested there); this only does the I/O.
         let mut input = Input::Resume;
@@ -114,6 +124,10 @@ impl Inner {
                     Input::Usage { key_rec, used, revision }
                 }
                 Action::ReadKeyRecord => Input::KeyRecord(self.read_key_record(pool, key).await?),
+                Action::LoadView => {
+                    self.wait_synced(pool).await?;
+                    Input::Resume
+                }
                 Action::Wait(revision) => {
                     self.wait_applied(pool, revision).await;
                     Input::Resume
@@ -357,10 +371,12 @@ impl Inner {
         }
     }
 
-    /// Waits until the pool's cache holds the whole pool. A large pool takes many pages to list;
-    /// the wait gives up only when no page has arrived for a whole request budget (timeout ×
-    /// attempts), not after a fixed total.
+    /// Waits until the pool's cache holds the whole pool, starting its follower first if the
+    /// pool was opened lazily (`AllocatorOptions::lazy_view`). A large pool takes many pages to
+    /// list; the wait gives up only when no page has arrived for a whole request budget
+    /// (timeout × attempts), not after a fixed total.
     pub(super) async fn wait_synced(&self, pool: &PoolState) -> Result<()> {
+        self.follow(pool);
         let mut synced = pool.synced.subscribe();
         let mut progress = pool.list_progress.subscribe();
         let bound = self.opts.request_timeout * self.opts.retry.max_attempts;

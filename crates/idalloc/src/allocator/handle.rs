@@ -249,11 +249,16 @@ impl Pool {
         self.state.live()?;
         let _key = self.state.lock_key(key).await;
         async {
-            let id =
-                match self.inner.wait_synced(&self.state).await.ok().and_then(|_| self.get(key)) {
-                    Some(id) => Some(id),
-                    None => self.get_consistent(key).await?,
-                };
+            // A lazily opened pool is not loaded for one key: its record is read (issue 21 item 0).
+            let from_view = if self.inner.view_unloaded(&self.state) {
+                None
+            } else {
+                self.inner.wait_synced(&self.state).await.ok().and_then(|_| self.get(key))
+            };
+            let id = match from_view {
+                Some(id) => Some(id),
+                None => self.get_consistent(key).await?,
+            };
             match id {
                 Some(id) => self.inner.release_ref(&self.state, key, id, holder, true).await,
                 None => {
@@ -266,7 +271,9 @@ impl Pool {
     }
 
     /// The ID bound to `key`, from the cache (no round trip; this process's own keys are seen at
-    /// once, other nodes' as soon as the watch delivers them).
+    /// once, other nodes' as soon as the watch delivers them). A pool opened lazily
+    /// (`AllocatorOptions::lazy_view`) and not loaded yet knows only this process's own keys:
+    /// use [`Pool::get_consistent`], or [`Pool::wait_synced`] first.
     pub fn get(&self, key: &str) -> Option<u64> {
         if let Some(h) = lock(&self.state.held).get(key) {
             return Some(h.id);
@@ -350,6 +357,8 @@ impl Pool {
     /// order, none twice and none missing. So a subscriber that arrives late, or on another
     /// thread, still sees a complete picture.
     pub fn events(&self) -> Events {
+        // A lazily opened pool starts following now: events describe the whole pool.
+        self.inner.follow(&self.state);
         let cache = self.state.lock_cache();
         let replay = remote::replay(&cache, self.state.listed.load(Ordering::Acquire));
         let rx = self.state.subscribe();
@@ -361,6 +370,8 @@ impl Pool {
     /// from the cache's current revision on, without a replay: for a service that keeps its own
     /// history of the pool (idalloc serve's watch). Pair it with [`Pool::snapshot_at`].
     pub fn stamped_events(&self) -> StampedEvents {
+        // A lazily opened pool starts following now: events describe the whole pool.
+        self.inner.follow(&self.state);
         let cache = self.state.lock_cache();
         let rx = self.state.stamped.subscribe();
         let revision = cache.revision();
@@ -387,6 +398,8 @@ impl Pool {
     /// (tagged `local`) means events of any cluster were missed: re-read
     /// [`Pool::snapshot_all`].
     pub fn cluster_events(&self) -> ClusterEvents {
+        // A lazily opened pool starts following now: events describe the whole pool.
+        self.inner.follow(&self.state);
         let remotes = read(&self.state.remotes);
         let cache = self.state.lock_cache();
         let views: Vec<_> = remotes.values().map(|v| (v.clone(), v.lock())).collect();

@@ -58,6 +58,11 @@ pub(crate) struct PoolState {
     /// A listing has been applied to the cache (set under the cache lock): replays end with
     /// `Synced`.
     pub(crate) listed: AtomicBool,
+    /// The pool's follower (listing, then watch: `sync.rs`) was started. Set at open unless the
+    /// allocator opens pools lazily (`AllocatorOptions::lazy_view`), then by the first thing that
+    /// needs the whole view (`Inner::follow`). While unset, the cache holds no other process's
+    /// bindings and nothing will ever fill it.
+    pub(crate) following: AtomicBool,
     pub(super) synced: tokio::sync::watch::Sender<bool>,
     /// The store revision the cache has applied (watch events and listings).
     pub(super) applied: tokio::sync::watch::Sender<Revision>,

@@ -3,7 +3,7 @@
 //! (DESIGN §11: nothing is written into a deleted or re-created pool).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rand::rngs::StdRng;
@@ -195,6 +195,7 @@ impl Inner {
             mesh,
             remotes: std::sync::RwLock::default(),
             listed: AtomicBool::new(false),
+            following: AtomicBool::new(false),
             synced,
             applied,
             list_progress,
@@ -208,21 +209,9 @@ impl Inner {
         pools.insert(state.spec.name().to_string(), state.clone());
         drop(pools);
         crate::metrics::pool_opened(state.spec.name());
-        let task = tokio::spawn(super::sync::run(
-            Arc::downgrade(&self.req),
-            self.layout.clone(),
-            self.repairs.clone(),
-            state.clone(),
-        ));
-        lock(&self.tasks).push(task.abort_handle());
-        lock(&state.tasks).push(task.abort_handle());
-        let task = tokio::spawn(super::spec_watch::run(
-            Arc::downgrade(&self.req),
-            self.layout.clone(),
-            state.clone(),
-        ));
-        lock(&self.tasks).push(task.abort_handle());
-        lock(&state.tasks).push(task.abort_handle());
+        if !self.opts.lazy_view {
+            self.follow(&state);
+        }
         if let Some(interval) = self.opts.sweep_interval {
             let task = tokio::spawn(super::sweeper::run(
                 Arc::downgrade(&self.req),
@@ -234,6 +223,52 @@ impl Inner {
             lock(&state.tasks).push(task.abort_handle());
         }
         state
+    }
+}
+
+impl Inner {
+    /// Starts `pool`'s follower (list `id/`, then watch: DESIGN §6) and its spec watch unless
+    /// they run already or the pool retired. Every path that needs the whole view calls this
+    /// before it waits for the listing; with `AllocatorOptions::lazy_view` it is the only place
+    /// the listing starts.
+    pub(crate) fn follow(&self, pool: &PoolState) {
+        if pool.live().is_err() || pool.following.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // The task owns its pool: the registry's `Arc` (a retired state is no longer there, and
+        // then nothing needs following).
+        let Some(state) =
+            lock(&self.pools).get(pool.spec.name()).filter(|p| std::ptr::eq(&***p, pool)).cloned()
+        else {
+            return;
+        };
+        // What a lazy pool learned by guessing (IDs found taken) may be stale by the time the
+        // listing arrives, and the listing only sets the IDs it holds: start from an empty view
+        // so that the listing alone decides. A bind guessing meanwhile at worst picks a candidate
+        // another bind of this process holds, and the txn's compares settle that.
+        *state.lock_cache() = PoolCache::new(state.spec.clone());
+        let task = tokio::spawn(super::sync::run(
+            Arc::downgrade(&self.req),
+            self.layout.clone(),
+            self.repairs.clone(),
+            state.clone(),
+        ));
+        lock(&self.tasks).push(task.abort_handle());
+        lock(&state.tasks).push(task.abort_handle());
+        // The spec watch retires the state the moment the pool is deleted, for the view's
+        // subscribers; a pool without a view has none, and its writes compare the spec anyway.
+        let task = tokio::spawn(super::spec_watch::run(
+            Arc::downgrade(&self.req),
+            self.layout.clone(),
+            state.clone(),
+        ));
+        lock(&self.tasks).push(task.abort_handle());
+        lock(&state.tasks).push(task.abort_handle());
+    }
+
+    /// True while `pool` has no follower: its cache knows only what this process wrote.
+    pub(crate) fn view_unloaded(&self, pool: &PoolState) -> bool {
+        !pool.following.load(Ordering::Acquire)
     }
 }
 

@@ -52,6 +52,16 @@ pub struct AllocatorOptions {
     /// issue 19 item 8). Each fold makes the binds in flight at that moment fail once and be
     /// decided again, so folding rarely is cheaper; 0 folds on every sweep that finds one.
     pub fold_fences_above: usize,
+    /// Open pools without loading their view (issue 21 item 0): a pool opened by this allocator
+    /// is not listed and watched until something needs its whole view (`wait_synced`, `resync`,
+    /// an event subscription, a batched bind, or a single-key bind that keeps missing, which
+    /// means a nearly full pool). Until then a single-key bind guesses candidates among the IDs
+    /// it has not seen taken and lets the txn's compares (G1–G3, unchanged) decide, and the
+    /// cache-only reads (`get`, `key_of`, `snapshot`) know only this process's own keys. For a
+    /// process that touches a few keys and exits (the CLI, a job): one key costs a bounded
+    /// number of round trips whatever the pool's size. A long-lived process keeps the default
+    /// (false): its watched view makes every bind one round trip and every read free.
+    pub lazy_view: bool,
 }
 
 impl Default for AllocatorOptions {
@@ -67,6 +77,7 @@ impl Default for AllocatorOptions {
             event_buffer: 4096,
             sweep_interval: None,
             fold_fences_above: DEFAULT_FOLD_FENCES_ABOVE,
+            lazy_view: false,
         }
     }
 }

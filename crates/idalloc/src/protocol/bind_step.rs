@@ -27,6 +27,27 @@ use crate::store::Revision;
 /// round trip and only repeats because another writer changed the records in between.
 pub const MAX_BIND_ATTEMPTS: usize = 64;
 
+/// Candidates a probing loop ([`Candidates::Probe`]) may lose before it stops guessing: so many
+/// taken candidates in one bind mean a nearly full pool (at fill `f`, a uniform guess is taken
+/// with probability `f`, so 8 losses are a 1-in-256 event at half fill), where the full view pays
+/// for itself. The loop then confirms the pool's usage with one count and loads the view
+/// ([`Action::LoadView`]) unless the store is full.
+pub const PROBE_COLLISIONS: u32 = 8;
+
+/// Where the loop's fresh candidates come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Candidates {
+    /// The full view of the pool (listed, then watched): a pick is free unless the view lags.
+    View,
+    /// A partial view (issue 21 item 0): the process has not listed the pool, so a pick is an
+    /// ID the process has not seen taken, and only the txn's compares (unchanged: G1–G3) say
+    /// whether it is free. There is no watch to wait for after a collision; after
+    /// [`PROBE_COLLISIONS`] losses, or when even the partial view has nothing left, the loop
+    /// reads the pool's usage and either fails `Exhausted` (the store is full) or asks for the
+    /// full view and goes on with it.
+    Probe,
+}
+
 /// How far the loop trusts the cache about a key's preferred ID.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hints {
@@ -92,6 +113,9 @@ pub enum Action {
     ReadUsage,
     /// Read the key record ([`FullCheck::KeyRecord`]) → [`Input::KeyRecord`].
     ReadKeyRecord,
+    /// Load the full view of the pool (list it and follow it, as a [`Candidates::View`] loop
+    /// assumes) and wait for its first listing → [`Input::Resume`]. Only a probing loop asks.
+    LoadView,
     /// Wait (bounded) until the local view has applied this revision (0: no wait) → [`Input::Resume`].
     /// After a collision: others are binding too, and the watch teaches all their IDs at once
     /// where a read-back teaches one.
@@ -143,6 +167,9 @@ pub struct BindLoop<'a> {
     preferred: Option<u64>,
     hints: Hints,
     full_check: FullCheck,
+    /// Fresh candidates come from a partial view ([`Candidates::Probe`]) until the loop asks for
+    /// the full view.
+    probing: bool,
     /// The key record as last read from the store or, before any read, as the cache believes.
     key_rec: Option<u64>,
     /// A txn or read of this loop read the key record back (the `KeyRecord` full check's memory).
@@ -175,6 +202,7 @@ impl<'a> BindLoop<'a> {
             preferred,
             hints,
             full_check,
+            probing: false,
             key_rec: cached_key_rec,
             key_rec_read: false,
             observed: HashMap::new(),
@@ -184,6 +212,13 @@ impl<'a> BindLoop<'a> {
             attempts: 0,
             phase: Phase::Idle,
         }
+    }
+
+    /// The same loop taking its fresh candidates from `candidates` (a new loop takes them from
+    /// the full view).
+    pub fn candidates(mut self, candidates: Candidates) -> Self {
+        self.probing = candidates == Candidates::Probe;
+        self
     }
 
     /// The key this loop binds.
@@ -222,6 +257,13 @@ impl<'a> BindLoop<'a> {
                     self.wait(None, 0)
                 } else if used >= self.spec.capacity() {
                     self.fail(None, Failure::Exhausted)
+                } else if self.probing {
+                    // Free IDs exist, but guessing keeps missing them: load the view (which is
+                    // newer than this read when it is done) and pick from it.
+                    self.probing = false;
+                    self.store_has_free = true;
+                    self.phase = Phase::Idle;
+                    act_step(Action::LoadView)
                 } else {
                     // Let the watch catch up with the store, then pick again.
                     self.store_has_free = true;
@@ -298,6 +340,11 @@ impl<'a> BindLoop<'a> {
 
     /// The local view has no free ID: a full pool is final only once the store confirms it.
     fn view_full(&mut self) -> Step {
+        if self.probing {
+            // Even the partial view is out of candidates (a tiny pool): only the store can say
+            // whether it is full.
+            return self.read(Action::ReadUsage);
+        }
         match self.full_check {
             FullCheck::Usage if self.store_has_free => self.fail(None, Failure::ViewBehind),
             FullCheck::Usage if self.full_confirmed => self.fail(None, Failure::Exhausted),
@@ -335,6 +382,13 @@ impl<'a> BindLoop<'a> {
                     Some(x) if !id_is_allocatable(self.spec, x) => {
                         self.fail(learn, Failure::ForeignKeyRecord { id: x })
                     }
+                    None if self.probing && self.lost >= PROBE_COLLISIONS => {
+                        // Many guesses taken: a nearly full pool (see `PROBE_COLLISIONS`).
+                        self.phase = Phase::Reading;
+                        Step { learn, action: Action::ReadUsage }
+                    }
+                    // A probing loop has no watch to wait for: decide again at once.
+                    _ if self.probing => self.wait(learn, 0),
                     _ => self.wait(learn, obs.records_revision),
                 }
             }
@@ -360,6 +414,11 @@ impl<'a> BindLoop<'a> {
         self.phase = Phase::Over;
         Step { learn, action: Action::Fail(failure) }
     }
+}
+
+/// A step with nothing to learn.
+fn act_step(action: Action) -> Step {
+    Step { learn: None, action }
 }
 
 /// The move-off pin of a plan: the ID a key moves off and the mod revision of its record as read
@@ -611,6 +670,92 @@ mod tests {
         assert_eq!(step, Step { learn: Some((9, true)), action: Action::Wait(5) });
         // Not a claimed candidate: no loss.
         assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+    }
+
+    fn probing<'a>(spec: &'a PoolSpec) -> BindLoop<'a> {
+        strict(spec, None, None).candidates(Candidates::Probe)
+    }
+
+    #[test]
+    fn probing_loop_decides_again_at_once_after_a_collision() {
+        // Issue 21 item 0: without a watch there is nothing to wait for; the taken candidate is
+        // learned (so the partial view never offers it again) and the next guess goes out.
+        let spec = spec();
+        let mut l = probing(&spec);
+        sent_create(&mut l, 12);
+        let step = l.next(observed(None, 12, Some(bound("other")), 40), empty);
+        assert_eq!(step, Step { learn: Some((12, true)), action: Action::Wait(0) });
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 1 }));
+        // A key another node bound is joined as with the full view (DESIGN §5: 1 more RT).
+        assert_eq!(l.next(Input::Picked(Some(13)), empty), act(create(13)));
+        assert_eq!(
+            l.next(observed(Some(30), 13, None, 41), empty),
+            Step { learn: Some((13, false)), action: Action::Wait(0) }
+        );
+        assert_eq!(l.next(Input::Resume, empty), act(join(30)));
+    }
+
+    /// Runs a probing loop through `PROBE_COLLISIONS` taken candidates; returns the last step.
+    fn lose_every_guess(l: &mut BindLoop<'_>) -> Step {
+        let mut last = act(Action::Wait(0));
+        for c in 0..u64::from(PROBE_COLLISIONS) {
+            assert_eq!(last, Step { learn: last.learn, action: Action::Wait(0) });
+            assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: c as u32 }));
+            assert_eq!(l.next(Input::Picked(Some(c + 1)), empty), act(create(c + 1)));
+            last = l.next(observed(None, c + 1, Some(bound("other")), 40), empty);
+        }
+        last
+    }
+
+    #[test]
+    fn probing_loop_that_keeps_losing_confirms_usage_then_loads_the_view() {
+        // Issue 21 item 0: a nearly full pool is where the full view pays; G6 `Exhausted` only
+        // when the store's count says full.
+        let spec = spec();
+        let mut l = probing(&spec);
+        let last = lose_every_guess(&mut l);
+        assert_eq!(
+            last,
+            Step { learn: Some((u64::from(PROBE_COLLISIONS), true)), action: Action::ReadUsage }
+        );
+        let free = Input::Usage { key_rec: None, used: spec.capacity() - 1, revision: 77 };
+        assert_eq!(l.next(free, empty), act(Action::LoadView));
+        // From now on the loop picks from the full view, as a `View` loop does.
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: PROBE_COLLISIONS }));
+        assert_eq!(l.next(Input::Picked(Some(70)), empty), act(create(70)));
+        let step = l.next(observed(None, 70, Some(bound("other")), 90), empty);
+        assert_eq!(step, Step { learn: Some((70, true)), action: Action::Wait(90) });
+
+        let mut l = probing(&spec);
+        lose_every_guess(&mut l);
+        let full = Input::Usage { key_rec: None, used: spec.capacity(), revision: 77 };
+        assert_eq!(l.next(full, empty), act(Action::Fail(Failure::Exhausted)));
+    }
+
+    #[test]
+    fn probing_loop_without_a_candidate_asks_the_store_not_its_partial_view() {
+        // G6: a partial view that has nothing left (every ID of a tiny pool learned taken) proves
+        // nothing; the store's count decides, and a key bound meanwhile is joined.
+        let spec = spec();
+        let mut l = probing(&spec);
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        let full = Input::Usage { key_rec: None, used: spec.capacity(), revision: 7 };
+        assert_eq!(l.next(full, empty), act(Action::Fail(Failure::Exhausted)));
+
+        let mut l = probing(&spec);
+        l.next(Input::Resume, empty);
+        l.next(Input::Picked(None), empty);
+        let bound_elsewhere =
+            Input::Usage { key_rec: Some(30), used: spec.capacity(), revision: 8 };
+        assert_eq!(l.next(bound_elsewhere, empty), act(Action::Wait(0)));
+        assert_eq!(l.next(Input::Resume, empty), act(join(30)));
+
+        let mut l = probing(&spec);
+        l.next(Input::Resume, empty);
+        l.next(Input::Picked(None), empty);
+        let free = Input::Usage { key_rec: None, used: 3, revision: 8 };
+        assert_eq!(l.next(free, empty), act(Action::LoadView));
     }
 
     #[test]

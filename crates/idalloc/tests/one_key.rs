@@ -1,0 +1,176 @@
+//! Issue 21 item 0: one key costs O(1), not O(pool). A process that opens its pools lazily
+//! (`AllocatorOptions::lazy_view`, what the CLI's one-key commands do) acquires, releases and
+//! reads one key without listing the pool: the same requests in a pool of 200 bindings as in one
+//! of 2,000. And lazy binders, which guess candidates instead of picking from a view, keep G1
+//! against each other and against a process with the full view. Runs on the memory store and a
+//! real etcd (started by the testkit when `IDALLOC_TEST_ETCD` is unset).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::backends::{allocator_on, env, on_backends, Backend};
+use common::*;
+use idalloc::layout::Layout;
+use idalloc::store::Store;
+use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
+use idalloc_testkit::counting::{CountingStore, RoundTrips};
+
+on_backends!(
+    [Memory, Etcd],
+    [one_key_costs_the_same_in_a_small_and_a_large_pool, lazy_binders_racing_agree]
+);
+
+/// An allocator that opens its pools lazily, with a fixed seed (reproducible guesses).
+fn lazy(store: Arc<dyn Store>, l: &Layout, holder: &str, seed: u64) -> Allocator {
+    let opts = AllocatorOptions {
+        prefix: l.prefix().to_string(),
+        holder: Some(holder.to_string()),
+        seed: Some(seed),
+        lazy_view: true,
+        ..AllocatorOptions::default()
+    };
+    Allocator::from_arc(store, opts).expect("allocator")
+}
+
+/// What one-key operations on a lazily opened pool cost and saw.
+struct OneKey {
+    /// Requests of each operation, in order.
+    requests: Vec<RoundTrips>,
+    /// `get` of another holder's key from the cache, before and after `wait_synced`.
+    cached_before: Option<u64>,
+    cached_after: Option<u64>,
+}
+
+/// Runs each one-key operation on a lazily opened pool `pool`, counting its requests.
+async fn one_key_requests(store: Arc<dyn Store>, l: &Layout, pool: &str) -> OneKey {
+    let counted = Arc::new(CountingStore::new(store));
+    let a = lazy(counted.clone(), l, "cli", 7);
+    let mut seen = Vec::new();
+    let mut step = |c: &CountingStore<Arc<dyn Store>>| {
+        seen.push(c.counts());
+        c.reset();
+    };
+    counted.reset();
+    let p = a.pool(pool).await.expect("pool");
+    step(&counted);
+    let got = p.acquire_durable("new-key", "cli").await.expect("acquire a new key");
+    assert!(got.new);
+    step(&counted);
+    // A key another holder bound (the fill's): the create finds it, the join takes it.
+    let old = p.acquire_durable("fill-7", "cli").await.expect("acquire a bound key");
+    assert!(!old.new);
+    step(&counted);
+    assert_eq!(p.get_consistent("fill-7").await.expect("get"), Some(old.id));
+    step(&counted);
+    assert_eq!(p.key_of_consistent(old.id).await.expect("lookup").as_deref(), Some("fill-7"));
+    step(&counted);
+    let r = p.release_durable("fill-7", "cli").await.expect("release");
+    assert!(r.held && !r.reclaimed, "the fill still holds it: {r:?}");
+    step(&counted);
+    let r = p.release_durable("new-key", "cli").await.expect("release");
+    assert!(r.held && r.reclaimed, "{r:?}");
+    step(&counted);
+    let cached_before = p.get("fill-8");
+    p.wait_synced().await.expect("the view loads on demand");
+    let cached_after = p.get("fill-8");
+    a.close().await.expect("close");
+    OneKey { requests: seen, cached_before, cached_after }
+}
+
+async fn one_key_costs_the_same_in_a_small_and_a_large_pool(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
+    let (store, l) = (env.store.clone(), &env.layout);
+    let filler = allocator_on(store.clone(), l, "filler", Duration::from_secs(10));
+    // A 2^32 range: a guess hits one of 2,000 bindings with probability 5e-7.
+    for (pool, n) in [("small", 200), ("large", 2_000)] {
+        filler.init_pool(&PoolSpec::new(pool, 1, 1 << 32)).await.expect("init");
+        let p = filler.pool(pool).await.expect("pool");
+        let keys: Vec<String> = (0..n).map(|i| format!("fill-{i}")).collect();
+        for chunk in keys.chunks(500) {
+            for r in p.acquire_many_durable(chunk, "filler").await {
+                r.expect("fill");
+            }
+        }
+    }
+    let small = one_key_requests(store.clone(), l, "small").await;
+    let large = one_key_requests(store.clone(), l, "large").await;
+    assert_eq!(small.requests, large.requests, "one key's requests must not grow with the pool");
+    let rt = |txn, get| RoundTrips { txn, get, ..RoundTrips::default() };
+    // The budget of DESIGN §5 for a process without a view: open reads the spec; a new key is
+    // one txn; a key bound elsewhere one more; reads one each; a release reads the key record
+    // and sends one txn.
+    assert_eq!(
+        small.requests,
+        vec![rt(0, 1), rt(1, 0), rt(2, 0), rt(0, 1), rt(0, 1), rt(1, 1), rt(1, 1)],
+        "open, acquire new, acquire bound, get, lookup, release, release+reclaim"
+    );
+    // Nothing listed the pool: the cache knew no other process's binding, until something
+    // needed the whole view, which then loaded on demand.
+    for o in [&small, &large] {
+        assert_eq!(o.cached_before, None);
+        assert!(o.cached_after.is_some());
+    }
+    check_g1_in(&*store, l, "large").await;
+}
+
+async fn lazy_binders_racing_agree(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
+    let (store, l) = (env.store.clone(), &env.layout);
+    // 40 IDs for 30 keys: lazy guesses collide often, some loops lose enough to load the view.
+    let spec = PoolSpec::new("p", 1, 40);
+    let synced = allocator_on(store.clone(), l, "synced", Duration::from_secs(10));
+    synced.init_pool(&spec).await.expect("init");
+    let keys: Vec<String> = (0..30).map(|i| format!("k{i}")).collect();
+    let mut tasks = Vec::new();
+    for b in 0..6u64 {
+        let a = lazy(store.clone(), l, &format!("lazy-{b}"), b);
+        let mut mine = keys.clone();
+        mine.rotate_left((b as usize) * 5);
+        tasks.push(tokio::spawn(async move {
+            let p = a.pool("p").await.expect("pool");
+            let mut got = Vec::new();
+            for k in mine {
+                let id = p.acquire_durable(&k, &format!("lazy-{b}")).await.expect("acquire").id;
+                got.push((k, id));
+            }
+            got
+        }));
+    }
+    let ps = synced.pool("p").await.expect("pool");
+    let mut mine = keys.clone();
+    mine.reverse();
+    let mut all: Vec<(String, u64)> = Vec::new();
+    for k in mine {
+        all.push((k.clone(), ps.acquire_durable(&k, "synced").await.expect("acquire").id));
+    }
+    for t in tasks {
+        all.extend(t.await.expect("task"));
+    }
+    // The same ID for the same key in every process, and no ID for two keys (G1).
+    let mut by_key: HashMap<String, u64> = HashMap::new();
+    for (k, id) in &all {
+        assert_eq!(*by_key.entry(k.clone()).or_insert(*id), *id, "key {k} got two IDs");
+    }
+    let ids: HashSet<u64> = by_key.values().copied().collect();
+    assert_eq!((by_key.len(), ids.len()), (30, 30), "{by_key:?}");
+    check_g1_in(&*store, l, "p").await;
+
+    // G6 from a partial view: a tiny pool is `Exhausted` only while the store is full, even
+    // after the lazy process learned every ID taken.
+    synced.init_pool(&PoolSpec::new("tiny", 1, 3)).await.expect("init");
+    let a = lazy(store.clone(), l, "lazy-tiny", 1);
+    let b = lazy(store.clone(), l, "lazy-other", 2);
+    let pa = a.pool("tiny").await.expect("pool");
+    let pb = b.pool("tiny").await.expect("pool");
+    for k in ["t0", "t1", "t2"] {
+        pb.acquire_durable(k, "other").await.expect("fill");
+    }
+    assert!(matches!(pa.acquire_durable("t3", "a").await, Err(Error::Exhausted { .. })));
+    assert!(pb.release_durable("t1", "other").await.expect("release").reclaimed);
+    let t3 = pa.acquire_durable("t3", "a").await.expect("a freed ID is found");
+    assert!(t3.new && (1..=3).contains(&t3.id));
+    check_g1_in(&*store, l, "tiny").await;
+}
