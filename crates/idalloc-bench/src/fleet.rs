@@ -13,8 +13,9 @@
 //!   watchers);
 //! - **restart storm**: every agent goes at once (a crash: its handles are dropped, no close, so
 //!   its leased references stay until its lease runs out; or with `close`, a clean close that
-//!   deletes them) and a new instance with the same holder restores its keys with their previous
-//!   IDs as hints (`acquire_many_with_hints`); time until all are restored, IDs changed and
+//!   deletes them, after which a sweep reclaims the unreferenced bindings) and a new instance with
+//!   the same holder restores its keys with their previous IDs as hints
+//!   (`acquire_many_with_hints`); time until all are restored, IDs changed and
 //!   failed calls (both must be 0);
 //! - **churn**: every agent acquires and releases one new key per second, each agent at its own
 //!   phase within the second.
@@ -252,6 +253,10 @@ pub struct Phase {
     pub load_avg: String,
     /// This process's resident memory at the phase's end, bytes.
     pub rss: u64,
+    /// Storm with `close`: bindings a sweep reclaimed between the close and the restart (the
+    /// agents' keys, unreferenced once their leases went), so that only the hints bring their
+    /// IDs back.
+    pub swept: usize,
     /// The first few errors, for the report.
     pub errors: Vec<String>,
 }
@@ -355,6 +360,13 @@ impl Probe {
         ProbeStats::of(lat, failed)
     }
 
+    /// One sweep of the pool through the probe's allocator: bindings reclaimed.
+    async fn sweep(&self) -> Result<usize, String> {
+        let pool = self.alloc.pool(POOL).await.map_err(|e| err("sweep: open pool", e))?;
+        let report = pool.sweep().await.map_err(|e| err("sweep", e))?;
+        Ok(report.reclaimed.len())
+    }
+
     async fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.task.await;
@@ -418,6 +430,7 @@ impl Tally {
             probe: probe.take(),
             load_avg: load_average(),
             rss: resident_bytes().unwrap_or(0),
+            swept: 0,
             errors: self.errors,
         }
     }
@@ -524,10 +537,15 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
     } else {
         drop(agents);
     }
+    // After a clean close the agents' bindings have no reference left: a sweep (any process may
+    // run one) reclaims them, and only the restarted agents' hints give them their IDs back.
+    let swept = if o.close { probe.sweep().await? } else { 0 };
     let checkpoint = Arc::new(checkpoint);
     let (agents, tally) =
         start_all(o, &endpoint, |i| checkpoint.get(&i).cloned().unwrap_or_default()).await;
-    phases.push(tally.finish("restart storm", &before, &etcd, &probe).await);
+    let mut storm = tally.finish("restart storm", &before, &etcd, &probe).await;
+    storm.swept = swept;
+    phases.push(storm);
 
     // Churn.
     log(&format!("churn for {:?}", o.churn));
