@@ -12,6 +12,7 @@ pub mod cilium;
 pub mod contender;
 pub mod contiv;
 pub mod fanout;
+pub mod fleet;
 pub mod heap;
 pub mod micro;
 pub mod plot;

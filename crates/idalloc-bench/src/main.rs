@@ -11,6 +11,9 @@
 //! `idalloc serve`), printed, and written to `--out` if given. `--serve-only` runs it too, after
 //! the HTTP-against-library table, into the same page.
 //!
+//! `--fleet [--agents N,..] [--bindings B,..] ...`: issue 21's fleet of N agents on one pool
+//! (cold start, restart storm, churn), see `idalloc_bench::fleet`.
+//!
 //! `--batching-only`: issue 14's batching, coalescing, file-store and restoration figures, written
 //! to `--out` (default `docs/benchmarks-batching.md`) with their chart next to it (`.svg`); needs
 //! the release `idalloc` binary like `--serve-only`.
@@ -46,6 +49,8 @@ async fn main() -> Result<(), String> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => quick = true,
+            // Issue 21's fleet of N agents on one pool (idalloc_bench::fleet), with its own flags.
+            "--fleet" => return idalloc_bench::fleet::main(args.collect()).await,
             // Micro-benchmarks alone, at full size, printed (for profiling a missed target); with
             // --out, the cache lookups and their targets (issue 14) also written there.
             "--micro-only" => micro_only = true,

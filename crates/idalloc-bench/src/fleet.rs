@@ -1,0 +1,868 @@
+//! Issue 21 item 4: a fleet of N agents on one pool on one etcd, each an independent instance of
+//! the library as a node agent would run it: its own etcd connection (its own `etcd-client`
+//! channel), its own [`Allocator`] (own session lease, holder `agent-<i>`), its own watched pool
+//! cache. All agents run as tasks of this one process (one tokio runtime): what that does to the
+//! figures is that the agents' CPU is this process's CPU, measured apart from etcd's, and that the
+//! agents' caches add up in one address space (the resident memory per agent is reported, and is
+//! what bounds N here, not etcd).
+//!
+//! Phases, on a fresh etcd with a pool of `bindings` bindings written straight into the store:
+//! - **cold start**: every agent opens the pool at once; time until the last one is synced;
+//! - **hold**: every agent acquires its `keys` keys (leased), then the time until every agent's
+//!   cache has seen every other agent's keys (the watch fan-out of N·keys new bindings to N
+//!   watchers);
+//! - **restart storm**: every agent goes at once (a crash: its handles are dropped, no close, so
+//!   its leased references stay until its lease runs out; or with `close`, a clean close that
+//!   deletes them, after which a sweep reclaims the unreferenced bindings) and a new instance with
+//!   the same holder restores its keys with their previous IDs as hints
+//!   (`acquire_many_with_hints`); time until all are restored, IDs changed and
+//!   failed calls (both must be 0);
+//! - **churn**: every agent acquires and releases one new key per second, each agent at its own
+//!   phase within the second.
+//!
+//! A probe (one more allocator on its own connection) acquires and releases a fresh key every
+//! [`PROBE_EVERY`] through every phase; its p99 during the storm is one of the issue's targets.
+//! Each phase reports etcd's request counters (deltas of its `/metrics`), etcd's CPU and this
+//! process's CPU from `/proc/<pid>/stat`, and the load average, since the machine is shared.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+use idalloc::{Allocator, AllocatorOptions, Pool, PoolSpec};
+use idalloc_testkit::etcd::EtcdServer;
+use rand::Rng;
+use tokio::task::JoinSet;
+
+use crate::contender::{err, POOL, RANGE};
+use crate::stats::{cpu_secs, load_average, resident_bytes};
+
+/// How often the probe acquires a fresh key.
+pub const PROBE_EVERY: Duration = Duration::from_millis(50);
+
+/// One fleet run's shape.
+#[derive(Clone, Debug)]
+pub struct FleetOptions {
+    /// Agents (independent library instances).
+    pub agents: usize,
+    /// Bindings in the pool before the agents start.
+    pub bindings: usize,
+    /// Keys each agent holds and restores in the storm.
+    pub keys: usize,
+    /// How long the churn phase runs.
+    pub churn: Duration,
+    /// Storm by clean close instead of by crash.
+    pub close: bool,
+    /// Each agent waits a uniform random time in `[0, jitter)` before it (re)starts, as a
+    /// roll-out or a restart policy with jitter would spread them.
+    pub jitter: Duration,
+    /// The agents' session lease TTL (the storm restarts well within it).
+    pub session_ttl: Duration,
+}
+
+impl FleetOptions {
+    /// The documented shape for `agents` on a pool of `bindings`.
+    pub fn new(agents: usize, bindings: usize) -> FleetOptions {
+        FleetOptions {
+            agents,
+            bindings,
+            keys: 100,
+            churn: Duration::from_secs(10),
+            close: false,
+            jitter: Duration::ZERO,
+            session_ttl: Duration::from_secs(60),
+        }
+    }
+}
+
+/// etcd's counters at one moment (from its `/metrics`) with its CPU and ours.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counters {
+    /// `grpc_server_handled_total`, all methods: requests etcd completed (a watch or keep-alive
+    /// stream counts once, when it ends).
+    pub grpc: f64,
+    /// `etcd_debugging_mvcc_range_total`, `_txn_total`, `_put_total`, `_delete_total`.
+    pub range: f64,
+    pub txn: f64,
+    pub put: f64,
+    pub delete: f64,
+    /// `etcd_network_client_grpc_sent_bytes_total`: bytes etcd sent to clients (listings and
+    /// watch events are most of it).
+    pub sent_bytes: f64,
+    /// `etcd_debugging_mvcc_watcher_total` (a gauge).
+    pub watchers: f64,
+    /// CPU seconds of etcd and of this process.
+    pub etcd_cpu: f64,
+    pub self_cpu: f64,
+    pub at: Option<Instant>,
+}
+
+impl Counters {
+    /// Reads etcd's `/metrics` from `endpoint` (`http://127.0.0.1:PORT`) and both CPU counters.
+    pub async fn read(endpoint: &str, etcd_pid: Option<u32>) -> Result<Counters, String> {
+        let host = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
+        let text = tokio::task::spawn_blocking(move || metrics_text(&host))
+            .await
+            .map_err(|e| err("metrics task", e))??;
+        let mut c = parse_metrics(&text);
+        c.etcd_cpu = etcd_pid.and_then(|p| cpu_secs(&p.to_string(), false)).unwrap_or(f64::NAN);
+        c.self_cpu = cpu_secs("self", false).unwrap_or(f64::NAN);
+        c.at = Some(Instant::now());
+        Ok(c)
+    }
+
+    /// What was spent from `self` to `later`.
+    pub fn to(&self, later: &Counters) -> Load {
+        let secs = match (self.at, later.at) {
+            (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
+            _ => f64::NAN,
+        };
+        Load {
+            secs,
+            grpc: later.grpc - self.grpc,
+            range: later.range - self.range,
+            txn: later.txn - self.txn,
+            put: later.put - self.put,
+            delete: later.delete - self.delete,
+            sent_bytes: later.sent_bytes - self.sent_bytes,
+            watchers: later.watchers,
+            etcd_cpu: later.etcd_cpu - self.etcd_cpu,
+            agents_cpu: later.self_cpu - self.self_cpu,
+        }
+    }
+}
+
+/// One plain HTTP/1.0 GET of `/metrics` (etcd serves it on its client URL).
+fn metrics_text(host: &str) -> Result<String, String> {
+    let mut s = std::net::TcpStream::connect(host).map_err(|e| err("metrics connect", e))?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).map_err(|e| err("metrics timeout", e))?;
+    s.write_all(format!("GET /metrics HTTP/1.0\r\nHost: {host}\r\n\r\n").as_bytes())
+        .map_err(|e| err("metrics request", e))?;
+    let mut body = String::new();
+    s.read_to_string(&mut body).map_err(|e| err("metrics read", e))?;
+    Ok(body)
+}
+
+/// Sums the counters this benchmark reads out of Prometheus text (labels ignored: every series
+/// of a name is added up).
+pub fn parse_metrics(text: &str) -> Counters {
+    let mut c = Counters::default();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let name = line.split(['{', ' ']).next().unwrap_or("");
+        let Some(v) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else {
+            continue;
+        };
+        let slot = match name {
+            "grpc_server_handled_total" => &mut c.grpc,
+            "etcd_debugging_mvcc_range_total" => &mut c.range,
+            "etcd_debugging_mvcc_txn_total" => &mut c.txn,
+            "etcd_debugging_mvcc_put_total" => &mut c.put,
+            "etcd_debugging_mvcc_delete_total" => &mut c.delete,
+            "etcd_network_client_grpc_sent_bytes_total" => &mut c.sent_bytes,
+            "etcd_debugging_mvcc_watcher_total" => &mut c.watchers,
+            _ => continue,
+        };
+        *slot += v;
+    }
+    c
+}
+
+/// What etcd and the agents spent over one phase.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Load {
+    pub secs: f64,
+    pub grpc: f64,
+    pub range: f64,
+    pub txn: f64,
+    pub put: f64,
+    pub delete: f64,
+    pub sent_bytes: f64,
+    pub watchers: f64,
+    pub etcd_cpu: f64,
+    pub agents_cpu: f64,
+}
+
+impl Load {
+    /// Completed gRPC requests per second.
+    pub fn grpc_per_sec(&self) -> f64 {
+        self.grpc / self.secs
+    }
+    /// MVCC operations (range + txn + put + delete) per second.
+    pub fn mvcc_per_sec(&self) -> f64 {
+        (self.range + self.txn + self.put + self.delete) / self.secs
+    }
+    /// etcd's CPU as a share of one core.
+    pub fn etcd_cores(&self) -> f64 {
+        self.etcd_cpu / self.secs
+    }
+    /// This process's (the agents' and the probe's) CPU as a share of one core.
+    pub fn agents_cores(&self) -> f64 {
+        self.agents_cpu / self.secs
+    }
+}
+
+/// Latencies of the probe's acquires.
+#[derive(Clone, Debug, Default)]
+pub struct ProbeStats {
+    pub ok: usize,
+    pub failed: usize,
+    pub p50: Duration,
+    pub p99: Duration,
+    pub max: Duration,
+}
+
+impl ProbeStats {
+    fn of(mut lat: Vec<Duration>, failed: usize) -> ProbeStats {
+        lat.sort_unstable();
+        let at = |p: f64| {
+            let i = ((lat.len() as f64 - 1.0) * p).round() as usize;
+            lat.get(i.min(lat.len().saturating_sub(1))).copied().unwrap_or_default()
+        };
+        ProbeStats {
+            ok: lat.len(),
+            failed,
+            p50: at(0.5),
+            p99: at(0.99),
+            max: lat.last().copied().unwrap_or_default(),
+        }
+    }
+}
+
+/// One phase's figures.
+#[derive(Clone, Debug, Default)]
+pub struct Phase {
+    pub name: &'static str,
+    /// Time until the last agent finished the phase's work (for churn: the phase's length).
+    pub secs: f64,
+    /// Median agent's time.
+    pub median_secs: f64,
+    /// Successful calls (agents synced, keys restored, churn acquire+release pairs).
+    pub ok: u64,
+    /// Failed calls (any error of connect, open, sync, acquire or release).
+    pub failed: u64,
+    /// Keys restored with an ID other than their previous one.
+    pub changed: u64,
+    /// p99 of one agent call (churn: acquire; storm: the whole restart of one agent).
+    pub call_p99: Duration,
+    pub load: Load,
+    pub probe: ProbeStats,
+    /// Load average at the phase's end.
+    pub load_avg: String,
+    /// This process's resident memory at the phase's end, bytes.
+    pub rss: u64,
+    /// Storm with `close`: bindings a sweep reclaimed between the close and the restart (the
+    /// agents' keys, unreferenced once their leases went), so that only the hints bring their
+    /// IDs back.
+    pub swept: usize,
+    /// The first few errors, for the report.
+    pub errors: Vec<String>,
+}
+
+/// A whole fleet run.
+#[derive(Clone, Debug)]
+pub struct FleetRun {
+    pub opts: FleetOptions,
+    pub prefill_secs: f64,
+    pub phases: Vec<Phase>,
+}
+
+impl FleetRun {
+    pub fn phase(&self, name: &str) -> Option<&Phase> {
+        self.phases.iter().find(|p| p.name == name)
+    }
+}
+
+/// An agent: its allocator (own connection, session, holder) and its pool handle.
+struct Agent {
+    alloc: Allocator,
+    pool: Pool,
+}
+
+fn holder(i: usize) -> String {
+    format!("agent-{i}")
+}
+
+fn agent_key(i: usize, k: usize) -> String {
+    format!("agent-{i}/key-{k}")
+}
+
+/// Connects a new etcd client (its own channel), builds an allocator as holder `holder`, opens
+/// the pool and waits until its cache is synced.
+async fn open_agent(endpoint: &str, holder: String, ttl: Duration) -> Result<Agent, String> {
+    let store = EtcdStore::connect(EtcdOptions::new([endpoint.to_string()]))
+        .await
+        .map_err(|e| err("agent connect", e))?;
+    let opts =
+        AllocatorOptions { holder: Some(holder), session_ttl: ttl, ..AllocatorOptions::default() };
+    let alloc = Allocator::new(store, opts).map_err(|e| err("agent allocator", e))?;
+    let pool = alloc.pool(POOL).await.map_err(|e| err("agent open pool", e))?;
+    pool.wait_synced().await.map_err(|e| err("agent sync", e))?;
+    Ok(Agent { alloc, pool })
+}
+
+/// A uniform random wait in `[0, max)`.
+fn jitter(max: Duration) -> Duration {
+    if max.is_zero() {
+        return Duration::ZERO;
+    }
+    Duration::from_nanos(rand::rng().random_range(0..max.as_nanos().min(u64::MAX as u128) as u64))
+}
+
+/// The probe: acquires and releases a fresh key every [`PROBE_EVERY`] until stopped, keeping the
+/// acquire latencies of the current window (taken and reset by [`Probe::take`]).
+struct Probe {
+    lat: Arc<std::sync::Mutex<(Vec<Duration>, usize)>>,
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<()>,
+    alloc: Allocator,
+}
+
+impl Probe {
+    async fn start(endpoint: &str) -> Result<Probe, String> {
+        let agent = open_agent(endpoint, "probe".into(), Duration::from_secs(60)).await?;
+        let lat = Arc::new(std::sync::Mutex::new((Vec::new(), 0usize)));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (l, s, pool) = (lat.clone(), stop.clone(), agent.pool.clone());
+        let task = tokio::spawn(async move {
+            let mut tick = tokio::time::interval(PROBE_EVERY);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n = 0u64;
+            while !s.load(Ordering::Relaxed) {
+                tick.tick().await;
+                n += 1;
+                let key = format!("probe/{n}");
+                let t = Instant::now();
+                let r = pool.acquire(&key).await;
+                let d = t.elapsed();
+                let released = match &r {
+                    Ok(_) => pool.release(&key).await.is_ok(),
+                    Err(_) => false,
+                };
+                let mut g = l.lock().unwrap_or_else(|p| p.into_inner());
+                if r.is_ok() {
+                    g.0.push(d);
+                }
+                if !released {
+                    g.1 += 1;
+                }
+            }
+        });
+        Ok(Probe { lat, stop, task, alloc: agent.alloc })
+    }
+
+    /// The window's latencies since the last call.
+    fn take(&self) -> ProbeStats {
+        let mut g = self.lat.lock().unwrap_or_else(|p| p.into_inner());
+        let (lat, failed) = std::mem::take(&mut *g);
+        ProbeStats::of(lat, failed)
+    }
+
+    /// One sweep of the pool through the probe's allocator: bindings reclaimed.
+    async fn sweep(&self) -> Result<usize, String> {
+        let pool = self.alloc.pool(POOL).await.map_err(|e| err("sweep: open pool", e))?;
+        let report = pool.sweep().await.map_err(|e| err("sweep", e))?;
+        Ok(report.reclaimed.len())
+    }
+
+    async fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        let _ = self.task.await;
+        let _ = self.alloc.close().await;
+    }
+}
+
+fn log(msg: &str) {
+    eprintln!("[fleet] {msg}");
+}
+
+/// Per-agent results of one phase, folded into a [`Phase`].
+struct Tally {
+    times: Vec<Duration>,
+    ok: u64,
+    failed: u64,
+    changed: u64,
+    errors: Vec<String>,
+}
+
+impl Tally {
+    fn new() -> Tally {
+        Tally { times: Vec::new(), ok: 0, failed: 0, changed: 0, errors: Vec::new() }
+    }
+
+    fn fail(&mut self, e: String) {
+        self.failed += 1;
+        if self.errors.len() < 5 {
+            self.errors.push(e);
+        }
+    }
+
+    async fn finish(
+        mut self,
+        name: &'static str,
+        before: &Counters,
+        etcd: &EtcdServer,
+        probe: &Probe,
+    ) -> Phase {
+        self.times.sort_unstable();
+        let q = |p: f64| {
+            let i = ((self.times.len() as f64 - 1.0) * p).round() as usize;
+            self.times.get(i.min(self.times.len().saturating_sub(1))).copied().unwrap_or_default()
+        };
+        let load = match Counters::read(&etcd.endpoint(), etcd.pid()).await {
+            Ok(after) => before.to(&after),
+            Err(e) => {
+                self.errors.push(e);
+                Load::default()
+            }
+        };
+        Phase {
+            name,
+            secs: self.times.last().copied().unwrap_or_default().as_secs_f64(),
+            median_secs: q(0.5).as_secs_f64(),
+            ok: self.ok,
+            failed: self.failed,
+            changed: self.changed,
+            call_p99: q(0.99),
+            load,
+            probe: probe.take(),
+            load_avg: load_average(),
+            rss: resident_bytes().unwrap_or(0),
+            swept: 0,
+            errors: self.errors,
+        }
+    }
+}
+
+/// Runs one fleet of `o.agents` agents on a pool of `o.bindings` bindings, on a private etcd
+/// (its data under `$TMPDIR`, which the documented command points at `target/tmp-bench/`).
+pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
+    let etcd = EtcdServer::start().await?;
+    let endpoint = etcd.endpoint();
+    let setup = Allocator::new(etcd.store().await?, AllocatorOptions::default())
+        .map_err(|e| err("fleet setup", e))?;
+    setup
+        .init_pool(&PoolSpec::new(POOL, RANGE.0, RANGE.1))
+        .await
+        .map_err(|e| err("fleet init_pool", e))?;
+    log(&format!("prefilling {} bindings", o.bindings));
+    let t = Instant::now();
+    crate::scenarios::prefill_idalloc(&etcd.store().await?, "idalloc", o.bindings).await?;
+    let prefill_secs = t.elapsed().as_secs_f64();
+    let _ = setup.close().await;
+    let probe = Probe::start(&endpoint).await?;
+    probe.take();
+    let mut phases = Vec::new();
+
+    // Cold start.
+    log(&format!("cold start of {} agents on {} bindings", o.agents, o.bindings));
+    let before = Counters::read(&endpoint, etcd.pid()).await?;
+    let (agents, tally) = start_all(o, &endpoint, |_| Vec::new()).await;
+    phases.push(tally.finish("cold start", &before, &etcd, &probe).await);
+
+    // Hold: each agent acquires its keys; then until every agent has seen every agent's keys.
+    log(&format!("hold: {} keys per agent", o.keys));
+    let before = Counters::read(&endpoint, etcd.pid()).await?;
+    let t0 = Instant::now();
+    let mut set = JoinSet::new();
+    for (i, a) in agents.iter().enumerate() {
+        let (pool, n) = (a.pool.clone(), o.keys);
+        set.spawn(async move {
+            let keys: Vec<String> = (0..n).map(|k| agent_key(i, k)).collect();
+            let got = pool.acquire_many(&keys).await;
+            let mut held = Vec::with_capacity(n);
+            let mut errors = Vec::new();
+            for (k, r) in keys.into_iter().zip(got) {
+                match r {
+                    Ok(a) => held.push((k, a.id)),
+                    Err(e) => errors.push(format!("hold {k}: {e}")),
+                }
+            }
+            (i, held, errors, t0.elapsed())
+        });
+    }
+    let mut tally = Tally::new();
+    let mut checkpoint: HashMap<usize, Vec<(String, u64)>> = HashMap::new();
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok((i, held, errors, d)) => {
+                tally.ok += held.len() as u64;
+                for e in errors {
+                    tally.fail(e);
+                }
+                tally.times.push(d);
+                checkpoint.insert(i, held);
+            }
+            Err(e) => tally.fail(err("hold task", e)),
+        }
+    }
+    let acquired = t0.elapsed();
+    // Fan-out: every agent's cache has every agent's first and last key.
+    let probes: Vec<(String, u64)> =
+        checkpoint.values().flat_map(|h| h.first().into_iter().chain(h.last()).cloned()).collect();
+    loop {
+        let behind = agents
+            .iter()
+            .filter(|a| probes.iter().any(|(k, id)| a.pool.get(k) != Some(*id)))
+            .count();
+        if behind == 0 {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(600) {
+            tally.fail(format!("hold: {behind} agents had not seen every key after 600 s"));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tally.times.push(t0.elapsed());
+    log(&format!(
+        "hold: acquired in {:.2} s, seen everywhere in {:.2} s",
+        acquired.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    ));
+    phases.push(tally.finish("hold (acquire + fan-out)", &before, &etcd, &probe).await);
+
+    // Restart storm.
+    log(&format!("restart storm ({})", if o.close { "close" } else { "crash" }));
+    let before = Counters::read(&endpoint, etcd.pid()).await?;
+    if o.close {
+        let mut set = JoinSet::new();
+        for a in agents {
+            drop(a.pool);
+            set.spawn(a.alloc.close());
+        }
+        while set.join_next().await.is_some() {}
+    } else {
+        drop(agents);
+    }
+    // After a clean close the agents' bindings have no reference left: a sweep (any process may
+    // run one) reclaims them, and only the restarted agents' hints give them their IDs back.
+    let swept = if o.close { probe.sweep().await? } else { 0 };
+    let checkpoint = Arc::new(checkpoint);
+    let (agents, tally) =
+        start_all(o, &endpoint, |i| checkpoint.get(&i).cloned().unwrap_or_default()).await;
+    let mut storm = tally.finish("restart storm", &before, &etcd, &probe).await;
+    storm.swept = swept;
+    phases.push(storm);
+
+    // Churn.
+    log(&format!("churn for {:?}", o.churn));
+    let before = Counters::read(&endpoint, etcd.pid()).await?;
+    let mut set = JoinSet::new();
+    let end = Instant::now() + o.churn;
+    for (i, a) in agents.iter().enumerate() {
+        let pool = a.pool.clone();
+        set.spawn(async move {
+            let mut lat = Vec::new();
+            let mut errors = Vec::new();
+            tokio::time::sleep(jitter(Duration::from_secs(1))).await;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut n = 0;
+            loop {
+                tick.tick().await;
+                if Instant::now() >= end {
+                    break;
+                }
+                n += 1;
+                let key = format!("agent-{i}/churn-{n}");
+                let t = Instant::now();
+                match pool.acquire(&key).await {
+                    Ok(_) => {
+                        lat.push(t.elapsed());
+                        if let Err(e) = pool.release(&key).await {
+                            errors.push(format!("churn release {key}: {e}"));
+                        }
+                    }
+                    Err(e) => errors.push(format!("churn acquire {key}: {e}")),
+                }
+            }
+            (lat, errors)
+        });
+    }
+    let mut tally = Tally::new();
+    let t0 = Instant::now();
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok((lat, errors)) => {
+                tally.ok += lat.len() as u64;
+                tally.times.extend(lat);
+                for e in errors {
+                    tally.fail(e);
+                }
+            }
+            Err(e) => tally.fail(err("churn task", e)),
+        }
+    }
+    let churn_secs = t0.elapsed().as_secs_f64();
+    let mut churn = tally.finish("churn", &before, &etcd, &probe).await;
+    // For churn the times folded were acquire latencies (`median_secs` and `call_p99` are theirs);
+    // the phase's time is its length.
+    churn.secs = churn_secs;
+    phases.push(churn);
+
+    probe.stop().await;
+    let mut set = JoinSet::new();
+    for a in agents {
+        drop(a.pool);
+        set.spawn(a.alloc.close());
+    }
+    while set.join_next().await.is_some() {}
+    Ok(FleetRun { opts: o.clone(), prefill_secs, phases })
+}
+
+/// Starts every agent at once (each after its jitter), each restoring `restore(i)` with those IDs
+/// as hints once synced. Times count from the moment all were launched.
+async fn start_all(
+    o: &FleetOptions,
+    endpoint: &str,
+    restore: impl Fn(usize) -> Vec<(String, u64)>,
+) -> (Vec<Agent>, Tally) {
+    let t0 = Instant::now();
+    let mut set = JoinSet::new();
+    for i in 0..o.agents {
+        let (endpoint, ttl, wait, keys) =
+            (endpoint.to_string(), o.session_ttl, jitter(o.jitter), restore(i));
+        set.spawn(async move {
+            tokio::time::sleep(wait).await;
+            let agent = open_agent(&endpoint, holder(i), ttl).await?;
+            let hints: Vec<(&str, Option<u64>)> =
+                keys.iter().map(|(k, id)| (k.as_str(), Some(*id))).collect();
+            let got = agent.pool.acquire_many_with_hints(&hints).await;
+            let (mut changed, mut errors) = (0u64, Vec::new());
+            for ((k, old), r) in keys.iter().zip(got) {
+                match r {
+                    Ok(a) if a.id != *old => changed += 1,
+                    Ok(_) => {}
+                    Err(e) => errors.push(format!("restore {k}: {e}")),
+                }
+            }
+            Ok::<_, String>((agent, keys.len() as u64, changed, errors, t0.elapsed()))
+        });
+    }
+    let mut agents = Vec::with_capacity(o.agents);
+    let mut tally = Tally::new();
+    while let Some(r) = set.join_next().await {
+        match r {
+            Ok(Ok((agent, n, changed, errors, d))) => {
+                agents.push(agent);
+                tally.ok += n.max(1) - errors.len().min(n.max(1) as usize) as u64;
+                tally.changed += changed;
+                for e in errors {
+                    tally.fail(e);
+                }
+                tally.times.push(d);
+            }
+            Ok(Err(e)) => tally.fail(e),
+            Err(e) => tally.fail(err("agent task", e)),
+        }
+    }
+    (agents, tally)
+}
+
+/// The usage line of `--fleet`.
+pub const USAGE: &str = "idalloc-bench --fleet [--agents N,N,...] [--bindings B,B,...] [--keys K] \
+     [--churn-secs S] [--jitter-ms MS] [--close] [--out FILE.md]";
+
+fn list(v: Option<String>, what: &str) -> Result<Vec<usize>, String> {
+    let v = v.ok_or_else(|| format!("{what} needs a value\nusage: {USAGE}"))?;
+    v.split(',')
+        .map(|x| {
+            x.trim().replace('_', "").parse::<usize>().ok().filter(|n| *n > 0).ok_or_else(|| {
+                format!("{what}: {x:?} is not a positive whole number\nusage: {USAGE}")
+            })
+        })
+        .collect()
+}
+
+/// `idalloc-bench --fleet ...`: runs every (agents, bindings) pair of the arguments, prints each
+/// run's table as it finishes, and with `--out` writes the whole section there and its chart
+/// next to it (`.svg`).
+pub async fn main(args: Vec<String>) -> Result<(), String> {
+    let mut agents = vec![100, 300, 1000];
+    let mut bindings = vec![10_000, 100_000];
+    let mut shape = FleetOptions::new(0, 0);
+    let mut out: Option<std::path::PathBuf> = None;
+    let mut it = args.into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--agents" => agents = list(it.next(), "--agents")?,
+            "--bindings" => bindings = list(it.next(), "--bindings")?,
+            "--keys" => shape.keys = list(it.next(), "--keys")?[0],
+            "--churn-secs" => {
+                shape.churn = Duration::from_secs(list(it.next(), "--churn-secs")?[0] as u64)
+            }
+            "--jitter-ms" => {
+                let v = it.next().ok_or_else(|| format!("--jitter-ms needs a value\n{USAGE}"))?;
+                let ms: u64 = v.parse().map_err(|_| {
+                    format!("--jitter-ms: {v:?} is not a whole number of milliseconds\n{USAGE}")
+                })?;
+                shape.jitter = Duration::from_millis(ms);
+            }
+            "--close" => shape.close = true,
+            "--out" => {
+                out = Some(it.next().ok_or_else(|| format!("--out needs a file\n{USAGE}"))?.into())
+            }
+            other => return Err(format!("unknown --fleet argument {other:?}\nusage: {USAGE}")),
+        }
+    }
+    if !idalloc_testkit::etcd::etcd_on_path() {
+        return Err("etcd is not on PATH: the fleet benchmark starts its own etcd".into());
+    }
+    let started = crate::stats::utc_now();
+    let load0 = load_average();
+    let mut runs = Vec::new();
+    let mut failures = Vec::new();
+    for &b in &bindings {
+        for &n in &agents {
+            let o = FleetOptions { agents: n, bindings: b, ..shape.clone() };
+            match run(&o).await {
+                Ok(r) => {
+                    println!("{}", table(std::slice::from_ref(&r)));
+                    runs.push(r);
+                }
+                Err(e) => {
+                    eprintln!("[fleet] {n} agents on {b} bindings: {e}");
+                    failures.push(format!("{n} agents on {b} bindings: {e}"));
+                }
+            }
+        }
+    }
+    if let Some(out) = out {
+        let svg = out.with_extension("svg");
+        let name = svg.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let text = format!(
+            "Generated by `idalloc-bench --fleet` on {started} ({} logical cores, {}; {}; load \
+             average {load0} at the start, {} at the end). Storm by {}, agent start jitter \
+             {} ms, {} keys per agent, churn for {} s.\n\n{}\n![fleet times]({name})\n{}",
+            crate::stats::cores(),
+            crate::stats::cpu_model(),
+            crate::stats::etcd_version(),
+            load_average(),
+            if shape.close { "clean close" } else { "crash (no close)" },
+            shape.jitter.as_millis(),
+            shape.keys,
+            shape.churn.as_secs(),
+            table(&runs),
+            failures.iter().map(|f| format!("\n- not run: {f}")).collect::<String>()
+        );
+        std::fs::write(&out, text).map_err(|e| format!("writing {}: {e}", out.display()))?;
+        std::fs::write(&svg, chart(&runs))
+            .map_err(|e| format!("writing {}: {e}", svg.display()))?;
+        println!("wrote {} and {}", out.display(), svg.display());
+    }
+    if failures.is_empty() {
+        Ok(())
+    } else {
+        Err(failures.join("; "))
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.0}", d.as_secs_f64() * 1000.0)
+}
+
+/// One row per phase of every run.
+pub fn table(runs: &[FleetRun]) -> String {
+    let mut s = String::from(
+        "| agents | bindings | phase | all done s | median s | ok | failed | IDs changed | \
+         call p99 ms | etcd gRPC req/s | etcd MVCC ops/s | etcd sent MB | etcd CPU s (cores) | \
+         agents CPU s (cores) | probe p99 ms (n, failed) | RSS MB | load avg |\n\
+         |---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
+    );
+    for r in runs {
+        for p in &r.phases {
+            let l = &p.load;
+            s.push_str(&format!(
+                "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | \
+                 {:.1} ({:.2}) | {:.1} ({:.2}) | {} ({}, {}) | {:.0} | {} |\n",
+                r.opts.agents,
+                r.opts.bindings,
+                p.name,
+                p.secs,
+                p.median_secs,
+                p.ok,
+                p.failed,
+                p.changed,
+                ms(p.call_p99),
+                l.grpc_per_sec(),
+                l.mvcc_per_sec(),
+                l.sent_bytes / 1e6,
+                l.etcd_cpu,
+                l.etcd_cores(),
+                l.agents_cpu,
+                l.agents_cores(),
+                ms(p.probe.p99),
+                p.probe.ok,
+                p.probe.failed,
+                p.rss as f64 / 1e6,
+                p.load_avg
+            ));
+        }
+        for p in &r.phases {
+            for e in &p.errors {
+                s.push_str(&format!("\n{} agents, {}: {e}\n", r.opts.agents, p.name));
+            }
+        }
+    }
+    s
+}
+
+/// Cold-start and storm times of every run against the 30 s targets.
+pub fn chart(runs: &[FleetRun]) -> String {
+    let mut bars = Vec::new();
+    for r in runs {
+        for (name, colour, target) in [
+            ("cold start", "#4a7ebb", r.opts.agents == 1000 && r.opts.bindings == 10_000),
+            ("restart storm", "#d9822b", r.opts.agents * r.opts.keys >= 100_000),
+        ] {
+            if let Some(p) = r.phase(name) {
+                bars.push(crate::plot::Bar {
+                    label: format!(
+                        "{name}: {} agents, {} bindings",
+                        r.opts.agents, r.opts.bindings
+                    ),
+                    value: p.secs,
+                    colour,
+                    targets: if target { vec![("30 s".into(), 30.0)] } else { Vec::new() },
+                });
+            }
+        }
+    }
+    crate::plot::bars_svg("Fleet: time until all agents are synced / restored", "seconds", &bars)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_summed_over_labels_and_comments_skipped() {
+        let text = "# HELP grpc_server_handled_total x\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\"} 12\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Txn\"} 3e+00\n\
+            etcd_debugging_mvcc_range_total 7\n\
+            etcd_debugging_mvcc_txn_total 2\n\
+            etcd_debugging_mvcc_range_total_other 100\n\
+            etcd_debugging_mvcc_watcher_total 5\n";
+        let c = parse_metrics(text);
+        assert_eq!(c.grpc, 15.0);
+        assert_eq!(c.range, 7.0);
+        assert_eq!(c.txn, 2.0);
+        assert_eq!(c.watchers, 5.0);
+        assert_eq!(c.put, 0.0);
+    }
+
+    #[test]
+    fn probe_percentiles() {
+        let lat: Vec<Duration> = (1..=100).rev().map(Duration::from_millis).collect();
+        let p = ProbeStats::of(lat, 2);
+        assert_eq!((p.ok, p.failed), (100, 2));
+        assert_eq!(p.p50, Duration::from_millis(51));
+        assert_eq!(p.p99, Duration::from_millis(99));
+        assert_eq!(p.max, Duration::from_millis(100));
+        assert_eq!(ProbeStats::of(Vec::new(), 0).p99, Duration::ZERO);
+    }
+}
