@@ -22,6 +22,8 @@ pub mod embedded;
 pub mod etcd;
 mod window;
 
+pub use window::prefix_end;
+
 /// etcd's default limit on the number of operations in one txn (`--max-txn-ops`), counted over the
 /// compares and each branch separately, as etcd does. Every store rejects more with
 /// [`StoreError::InvalidRequest`].
@@ -109,20 +111,6 @@ impl fmt::Debug for KeyRange {
             )
         }
     }
-}
-
-/// The smallest key greater than every key that starts with `prefix` (etcd's `GetPrefixRangeEnd`).
-/// An empty prefix, or one made only of `0xff` bytes, has no such key: the result is `[0]`, etcd's
-/// "to the end of the keyspace".
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// One key's record, as etcd returns it.

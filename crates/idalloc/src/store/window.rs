@@ -14,6 +14,22 @@
 //! Works for any key bytes (no assumption about the layout): windows are prefix ranges, and
 //! `count` says how big the last one was. A store that reports no count (0) only ever widens the
 //! window back to the whole range, which is the old behaviour.
+//!
+//! [`prefix_end`], the arithmetic windows are made of, lives here too (re-exported by `store`).
+
+/// The smallest key greater than every key that starts with `prefix` (etcd's `GetPrefixRangeEnd`).
+/// An empty prefix, or one made only of `0xff` bytes, has no such key: the result is `[0]`, etcd's
+/// "to the end of the keyspace".
+pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
+    }
+    vec![0]
+}
 
 /// Keys in a window beyond this many pages' worth make the next window narrower.
 const TOO_MANY_PAGES: i64 = 4;
@@ -43,7 +59,7 @@ impl Windows {
         if d <= self.floor {
             return self.end.clone();
         }
-        let pe = super::prefix_end(&start[..d]);
+        let pe = prefix_end(&start[..d]);
         if pe == [0] || (self.end != [0] && pe >= self.end) {
             self.end.clone()
         } else {
