@@ -37,8 +37,8 @@ const BINDINGS: usize = 5_000;
 /// Records per page: small, so the pool is many pages.
 const PAGE: i64 = 100;
 /// At most this many records counted per record returned. The quadratic listing counts
-/// `records / (2 × PAGE)`, 75 times here; windows keep it under 8 here and under 13 at any size
-/// (a simulation of pools up to 200k bindings; docs/scale.md).
+/// `records / (2 × PAGE)`, 75 times here; windows keep it near 7 here. It still creeps up with
+/// the pool (10 to 16 at 500k bindings in a simulation of the windows; docs/scale.md says where).
 const MAX_COUNTED_PER_RECORD: u64 = 12;
 
 fn allocator(store: Arc<dyn Store>, l: &Layout) -> Allocator {
