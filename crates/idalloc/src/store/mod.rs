@@ -621,11 +621,10 @@ async fn list_pages<S: Store + ?Sized>(
 }
 
 /// A listing of one range as of one revision, read page by page: what [`list_all`] collects,
-/// for callers that handle each page and drop it (`list` and `check` on a million bindings keep
-/// one page in memory, not the pool).
+/// for callers that can handle each page and drop it, keeping one page in memory, not the range.
 ///
-/// Each read is limited to a *window* of the range ([`window`]) so that it costs what the page
-/// holds, not what is left of the range: the whole listing is linear in the records.
+/// Each read is limited to a *window* of the range (`store/window.rs`) so that it costs what the
+/// page holds, not what is left of the range: the whole listing is linear in the records.
 pub struct Pages<'a, S: Store + ?Sized> {
     store: &'a S,
     range: KeyRange,
