@@ -1,44 +1,92 @@
 //! `acquire POOL --from FILE|-` and `release POOL --from FILE|-`: many keys in one process,
 //! packed many per store request by the library's batched calls (issue 14), several in flight.
 //!
-//! The whole input is read and checked first, so a bad line (exit 2, naming its number) leaves the
-//! store untouched rather than half-done. Batches of keys then run `concurrency` at a time; `buffered`
-//! yields results in input order, so output line N belongs to input line N and is written as soon
-//! as it and all before it are done. A key's error (a bad record, the store gone) stops the
+//! The input is read twice, one line at a time, never whole (issue 21, item 2): a first pass
+//! checks every line, so a bad line (exit 2, naming its number) leaves the store untouched rather
+//! than half-done, and counts the keys for the progress line; the second pass reads the keys
+//! again as the batches need them. Standard input (or a pipe given by name) cannot be read twice,
+//! so it is first copied to an unnamed temporary file. Batches of keys run `concurrency` at a
+//! time; `buffered` yields results in input order, so output line N belongs to input line N and
+//! is written as soon as it and all before it are done. Memory is bounded by the batches in
+//! flight, whatever the input's length. A key's error (a bad record, the store gone) stops the
 //! command from starting more batches; the batches in flight finish and every key done is still
 //! written, so the output is exactly what the command did (the failed keys have no line).
 
-use std::io::{Read, Write};
+use std::fs::File;
+use std::io::{BufReader, Seek, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use futures::stream::{self, StreamExt};
 use idalloc::Pool;
+use idalloc_cli::keys::{KeyLines, LineError};
 use serde_json::json;
 
 use crate::commands::Out;
 use crate::fail::Failure;
 use crate::progress::Progress;
 
-/// The keys of a `--from` input ([`idalloc_cli::keys::parse_keys`]); a bad line is a usage error
-/// (exit 2) naming its number.
-pub fn parse_keys(input: &[u8]) -> Result<Vec<String>, Failure> {
-    idalloc_cli::keys::parse_keys(input).map_err(Failure::usage)
+/// A checked `--from` input, ready to be read again from its start.
+pub struct Input {
+    file: File,
+    /// Keys in it (every line is one).
+    keys: usize,
 }
 
-fn read_input(from: &Path) -> Result<Vec<u8>, Failure> {
-    let mut buf = Vec::new();
-    if from == Path::new("-") {
-        std::io::stdin()
-            .lock()
-            .read_to_end(&mut buf)
-            .map_err(|e| Failure::runtime(format!("reading keys from stdin: {e}")))?;
-    } else {
-        buf = std::fs::read(from).map_err(|e| {
-            Failure::usage(format!("--from {}: cannot read the file: {e}", from.display()))
-        })?;
+impl Input {
+    /// Opens `from` (`-`: standard input), copies it to a temporary file if it cannot be read
+    /// twice, and checks every line. A bad line is a usage error (exit 2) naming its number.
+    pub fn open(from: &Path) -> Result<Input, Failure> {
+        let mut file = if from == Path::new("-") {
+            spool(&mut std::io::stdin().lock(), "stdin")?
+        } else {
+            let named = |e: std::io::Error| {
+                Failure::usage(format!("--from {}: cannot read the file: {e}", from.display()))
+            };
+            let mut f = File::open(from).map_err(named)?;
+            let meta = f.metadata().map_err(named)?;
+            if meta.is_file() {
+                f
+            } else if meta.is_dir() {
+                return Err(named(std::io::Error::other("it is a directory")));
+            } else {
+                // A pipe or device: read once, into a file that can be read again.
+                spool(&mut f, &from.display().to_string())?
+            }
+        };
+        let mut keys = 0;
+        for line in KeyLines::new(BufReader::new(&file)) {
+            match line {
+                Ok(_) => keys += 1,
+                Err(LineError::Bad(m)) => return Err(Failure::usage(m)),
+                Err(LineError::Io(e)) => return Err(read_failure(from, e)),
+            }
+        }
+        file.rewind().map_err(|e| read_failure(from, e))?;
+        Ok(Input { file, keys })
     }
-    Ok(buf)
+
+    /// The keys again, from the start. An error here means the file changed or failed since
+    /// [`Input::open`] checked it.
+    fn keys(self) -> impl Iterator<Item = Result<String, LineError>> {
+        KeyLines::new(BufReader::new(self.file))
+    }
+}
+
+fn read_failure(from: &Path, e: std::io::Error) -> Failure {
+    Failure::runtime(format!("--from {}: reading the keys: {e}", from.display()))
+}
+
+/// Copies `input` to an unnamed temporary file (removed when closed) and returns it rewound.
+fn spool(input: &mut impl std::io::Read, what: &str) -> Result<File, Failure> {
+    let fail = |e: std::io::Error| {
+        Failure::runtime(format!("reading keys from {what} into a temporary file: {e}"))
+    };
+    let mut f = tempfile::tempfile().map_err(fail)?;
+    std::io::copy(input, &mut f).map_err(fail)?;
+    f.rewind().map_err(fail)?;
+    Ok(f)
 }
 
 /// Keys per library call: one batched request of up to 100 keys when uncontended (issue 14), so
@@ -52,10 +100,10 @@ pub async fn acquire_from(
     concurrency: usize,
     out: Out,
 ) -> Result<(), Failure> {
-    let keys = parse_keys(&read_input(from)?)?;
+    let input = Input::open(from)?;
     let name = pool.spec().name().to_string();
     run_batched(
-        keys,
+        input,
         "acquired",
         concurrency,
         |chunk| {
@@ -85,9 +133,9 @@ pub async fn release_from(
     concurrency: usize,
     out: Out,
 ) -> Result<(), Failure> {
-    let keys = parse_keys(&read_input(from)?)?;
+    let input = Input::open(from)?;
     run_batched(
-        keys,
+        input,
         "released",
         concurrency,
         |chunk| {
@@ -136,7 +184,7 @@ pub async fn release_from(
 /// Failed keys get no line; the error names the first one (input line and key), how many keys
 /// were done, failed and never tried.
 async fn run_batched<T, F, Fut>(
-    keys: Vec<String>,
+    input: Input,
     verb: &'static str,
     concurrency: usize,
     call: F,
@@ -146,20 +194,44 @@ where
     F: Fn(Vec<String>) -> Fut,
     Fut: std::future::Future<Output = Vec<idalloc::Result<T>>>,
 {
-    let total = keys.len();
+    let total = input.keys;
     let mut progress = Progress::stderr(verb, total);
     // Set on the first error: `buffered` asks for the next chunk only when it has room, so no
     // chunk starts after this, and the ones in flight finish.
     let stop = AtomicBool::new(false);
-    let chunks: Vec<(usize, Vec<String>)> = keys
-        .chunks(KEYS_PER_CALL)
-        .enumerate()
-        .map(|(i, c)| (i * KEYS_PER_CALL, c.to_vec()))
-        .collect();
-    let launches = chunks.into_iter().map_while(|(first, chunk)| {
+    // Why the input could not be read again (it changed or failed after the check).
+    let reread: Mutex<Option<String>> = Mutex::new(None);
+    let mut keys = input.keys();
+    let mut next_first = 0usize;
+    let launches = std::iter::from_fn(|| {
         if stop.load(Ordering::Relaxed) {
             return None;
         }
+        let mut chunk = Vec::with_capacity(KEYS_PER_CALL);
+        while chunk.len() < KEYS_PER_CALL {
+            match keys.next() {
+                Some(Ok(k)) => chunk.push(k),
+                Some(Err(e)) => {
+                    let why = match e {
+                        LineError::Bad(m) => {
+                            format!("{m} (the input changed after it was checked)")
+                        }
+                        LineError::Io(e) => format!("reading the keys again: {e}"),
+                    };
+                    if let Ok(mut r) = reread.lock() {
+                        *r = Some(why);
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                    break;
+                }
+                None => break,
+            }
+        }
+        if chunk.is_empty() {
+            return None;
+        }
+        let first = next_first;
+        next_first += chunk.len();
         let fut = call(chunk.clone());
         Some(async move { (first, chunk, fut.await) })
     });
@@ -196,14 +268,22 @@ where
             }
         }
     }
+    drop(results);
     progress.finish();
     let write_err = |e: std::io::Error| Failure::runtime(format!("writing to stdout: {e}"));
     if let Some(e) = write_failed {
         return Err(write_err(e));
     }
     w.flush().map_err(write_err)?;
+    let reread = reread.lock().ok().and_then(|mut r| r.take());
     match tally.first.take() {
-        None => Ok(()),
+        None => match reread {
+            None => Ok(()),
+            Some(why) => Err(Failure::runtime(format!(
+                "{verb} {} of {total} keys (each printed above), then stopped: --from: {why}",
+                tally.done
+            ))),
+        },
         Some((line_no, key, f)) => Err(tally.failure(verb, total, line_no, &key, f)),
     }
 }
@@ -251,21 +331,6 @@ impl Tally {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_per_line() {
-        assert_eq!(parse_keys(b"a\nb c\r\nd").unwrap(), vec!["a", "b c", "d"]);
-        assert_eq!(parse_keys(b"a\n").unwrap(), vec!["a"]);
-        assert!(parse_keys(b"").unwrap().is_empty());
-        let e = parse_keys(b"a\n\nb\n").unwrap_err();
-        assert_eq!(e.code, crate::fail::USAGE);
-        assert!(e.message.starts_with("--from line 2: empty"), "{}", e.message);
-        let e = parse_keys(b"a\nb\n\xff\n").unwrap_err();
-        assert!(e.message.starts_with("--from line 3: invalid key"), "{}", e.message);
-        let long = format!("ok\n{}\n", "k".repeat(4097));
-        let e = parse_keys(long.as_bytes()).unwrap_err();
-        assert!(e.message.contains("line 2") && e.message.contains("4097 bytes"), "{}", e.message);
-    }
 
     #[test]
     fn a_stopped_batch_says_what_it_did() {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use idalloc::store::{Store, StoreResult};
 
-use crate::hooked::{Hook, HookedStore, Kind, Request};
+use crate::hooked::{Answer, Hook, HookedStore, Kind, Request, Response};
 
 /// Round trips per request kind, as counted by a [`CountingStore`].
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,6 +54,22 @@ pub struct Counter {
     lease_revoke: AtomicU64,
     watch: AtomicU64,
     compact: AtomicU64,
+    records_returned: AtomicU64,
+    records_counted: AtomicU64,
+    largest_count: AtomicU64,
+}
+
+/// What the [`Store::get`] calls of a [`CountingStore`] cost the store: a limited range read is
+/// not O(limit), since etcd (and the embedded store) count every key of the range to answer
+/// `count`. A listing whose reads counted far more records than they returned is quadratic.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Reads {
+    /// Records returned by all reads.
+    pub returned: u64,
+    /// Sum of the reads' `count` (the records each read had to walk).
+    pub counted: u64,
+    /// The largest `count` of one read.
+    pub largest_count: u64,
 }
 
 impl Counter {
@@ -75,6 +91,16 @@ impl<S: Store> Hook<S> for Counter {
     async fn before(&self, _inner: &Arc<S>, req: Request) -> StoreResult<Request> {
         self.slot(req.kind()).fetch_add(1, Ordering::Relaxed);
         Ok(req)
+    }
+
+    async fn after(&self, _inner: &Arc<S>, _kind: Kind, result: Answer) -> Answer {
+        if let Ok(Response::Get(r)) = &result {
+            let count = u64::try_from(r.count).unwrap_or(0);
+            self.records_returned.fetch_add(r.kvs.len() as u64, Ordering::Relaxed);
+            self.records_counted.fetch_add(count, Ordering::Relaxed);
+            self.largest_count.fetch_max(count, Ordering::Relaxed);
+        }
+        result
     }
 }
 
@@ -103,10 +129,23 @@ impl<S: Store> CountingStore<S> {
         }
     }
 
+    /// What the reads so far cost (see [`Reads`]).
+    pub fn reads(&self) -> Reads {
+        let c = self.hook();
+        Reads {
+            returned: c.records_returned.load(Ordering::Relaxed),
+            counted: c.records_counted.load(Ordering::Relaxed),
+            largest_count: c.largest_count.load(Ordering::Relaxed),
+        }
+    }
+
     /// Sets every count back to zero (e.g. after a test's setup).
     pub fn reset(&self) {
         let c = self.hook();
         for a in [
+            &c.records_returned,
+            &c.records_counted,
+            &c.largest_count,
             &c.txn,
             &c.get,
             &c.lease_grant,

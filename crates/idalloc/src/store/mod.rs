@@ -20,6 +20,9 @@ use futures::stream::BoxStream;
 
 pub mod embedded;
 pub mod etcd;
+mod window;
+
+pub use window::prefix_end;
 
 /// etcd's default limit on the number of operations in one txn (`--max-txn-ops`), counted over the
 /// compares and each branch separately, as etcd does. Every store rejects more with
@@ -108,20 +111,6 @@ impl fmt::Debug for KeyRange {
             )
         }
     }
-}
-
-/// The smallest key greater than every key that starts with `prefix` (etcd's `GetPrefixRangeEnd`).
-/// An empty prefix, or one made only of `0xff` bytes, has no such key: the result is `[0]`, etcd's
-/// "to the end of the keyspace".
-pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
-    let mut end = prefix.to_vec();
-    while let Some(last) = end.pop() {
-        if last < 0xff {
-            end.push(last + 1);
-            return end;
-        }
-    }
-    vec![0]
 }
 
 /// One key's record, as etcd returns it.
@@ -621,48 +610,106 @@ async fn list_pages<S: Store + ?Sized>(
     revision: Revision,
     mut on_page: impl FnMut(usize),
 ) -> StoreResult<(Vec<KeyValue>, Revision)> {
-    let page = page.max(1);
+    let mut pages = Pages::at(store, range, page, revision);
     let mut out = Vec::new();
-    let mut limit = page;
-    let mut largest = 0usize;
-    let mut start = range.key.clone();
-    let mut pinned = revision;
-    loop {
-        let req = if out.is_empty() && pinned == 0 {
-            GetRequest::new(range.clone()).with_limit(limit)
-        } else {
-            GetRequest::new(KeyRange { key: start.clone(), range_end: range_end_of(range) })
-                .with_limit(limit)
-                .at_revision(pinned)
-        };
-        let resp = match store.get(req).await {
-            Ok(r) => r,
-            Err(StoreError::ResponseTooLarge(m)) => match shrink_page_limit(limit, &m) {
-                Some(smaller) => {
-                    limit = smaller;
-                    continue;
-                }
-                None => return Err(StoreError::ResponseTooLarge(m)),
-            },
-            Err(e) => return Err(e),
-        };
-        if pinned == 0 {
-            pinned = resp.revision;
-        }
-        let more = resp.more;
-        largest = resp.kvs.iter().map(record_bytes).fold(largest, usize::max);
-        if let Some(last) = resp.kvs.last() {
-            // Next page starts right after the last key seen, at the same revision.
-            start = last.key.clone();
-            start.push(0);
-        }
-        let got = !resp.kvs.is_empty();
-        out.extend(resp.kvs);
+    while let Some(kvs) = pages.next_page().await? {
+        out.extend(kvs);
         on_page(out.len());
-        if !(more && got) {
-            return Ok((out, pinned));
+    }
+    let rev = pages.revision();
+    Ok((out, rev))
+}
+
+/// A listing of one range as of one revision, read page by page: what [`list_all`] collects,
+/// for callers that can handle each page and drop it, keeping one page in memory, not the range.
+///
+/// Each read is limited to a *window* of the range (`store/window.rs`) so that it costs what the
+/// page holds, not what is left of the range: the whole listing is linear in the records.
+pub struct Pages<'a, S: Store + ?Sized> {
+    store: &'a S,
+    range: KeyRange,
+    page: i64,
+    /// The revision every page is read at; 0 until the first read fixes it.
+    revision: Revision,
+    /// Where the next read starts; `None` once the range is exhausted.
+    start: Option<Vec<u8>>,
+    windows: window::Windows,
+    limit: i64,
+    largest: usize,
+}
+
+impl<'a, S: Store + ?Sized> Pages<'a, S> {
+    /// Pages of at most `page` records (and about [`LIST_PAGE_BYTES`]) of `range`, as of
+    /// `revision` (0: the revision of the first read).
+    pub fn at(store: &'a S, range: &KeyRange, page: i64, revision: Revision) -> Self {
+        let page = page.max(1);
+        let end = range_end_of(range);
+        Pages {
+            store,
+            range: range.clone(),
+            page,
+            revision,
+            start: Some(range.key.clone()),
+            windows: window::Windows::new(&range.key, &end),
+            limit: page,
+            largest: 0,
         }
-        limit = next_page_limit(page, largest);
+    }
+
+    /// The revision the pages are read at (0 before the first read).
+    pub fn revision(&self) -> Revision {
+        self.revision
+    }
+
+    /// The next non-empty page, in key order; `None` when the range is exhausted.
+    pub async fn next_page(&mut self) -> StoreResult<Option<Vec<KeyValue>>> {
+        while let Some(start) = self.start.clone() {
+            let window_end =
+                if self.range.is_single() { Vec::new() } else { self.windows.window_end(&start) };
+            let mut req = GetRequest::new(KeyRange { key: start, range_end: window_end.clone() })
+                .with_limit(self.limit);
+            if self.revision != 0 {
+                req = req.at_revision(self.revision);
+            }
+            let resp = match self.store.get(req).await {
+                Ok(r) => r,
+                Err(StoreError::ResponseTooLarge(m)) => match shrink_page_limit(self.limit, &m) {
+                    Some(smaller) => {
+                        self.limit = smaller;
+                        continue;
+                    }
+                    None => return Err(StoreError::ResponseTooLarge(m)),
+                },
+                Err(e) => return Err(e),
+            };
+            if self.revision == 0 {
+                self.revision = resp.revision;
+            }
+            self.largest = resp.kvs.iter().map(record_bytes).fold(self.largest, usize::max);
+            let ends = resp.kvs.first().zip(resp.kvs.last());
+            self.windows.learn(
+                ends.map(|(a, b)| (a.key.as_slice(), b.key.as_slice())),
+                resp.kvs.len(),
+                resp.count,
+                self.limit,
+            );
+            self.start = match resp.kvs.last() {
+                // The window holds more: the next read starts right after the last key seen.
+                Some(last) if resp.more => {
+                    let mut next = last.key.clone();
+                    next.push(0);
+                    Some(next)
+                }
+                // The window is done: the next starts where it ended, unless that was the end.
+                _ if self.range.is_single() || self.windows.is_last(&window_end) => None,
+                _ => Some(window_end),
+            };
+            self.limit = next_page_limit(self.page, self.largest);
+            if !resp.kvs.is_empty() {
+                return Ok(Some(resp.kvs));
+            }
+        }
+        Ok(None)
     }
 }
 

@@ -1,0 +1,125 @@
+//! Issue 21, item 2: `acquire --from` and `release --from` stream their input and output, so
+//! their peak memory is bounded by the batches in flight, not by the input.
+//!
+//! The real binary, with an input ten times longer than another: the peak resident memory
+//! (`VmHWM` in `/proc/<pid>/status`, read while the command writes its output) must stay within
+//! 1.5 times. Keys of 1,000 bytes make the input itself weigh 2 MB and 20 MB, so a command that
+//! held it (as the old ones did, twice: the bytes and the keys) would peak far higher. The pool
+//! stays at 100 bindings (the inputs cycle over the same keys, or release keys nobody holds), so
+//! what the pool costs does not grow with the input. A ratio, not a time.
+//!
+//! `acquire` runs on etcd (`IDALLOC_TEST_ETCD`, or a private one): acquiring a held key again
+//! still writes a revision, and the embedded store keeps every revision's records in the
+//! process until compaction, so on the file store the store itself would grow with the input.
+//! `release` of keys nobody holds writes nothing and runs on the file store.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+/// Lines of the shorter input; the longer has ten times as many.
+const SHORT: usize = 2_000;
+/// Bytes per key.
+const KEY_BYTES: usize = 1_000;
+
+fn idalloc(store: &str) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_idalloc"));
+    c.args(["--store", store, "--timeout", "60s"]).env("CI", "true");
+    c
+}
+
+fn key(i: usize) -> String {
+    format!("{i:06}{}", "k".repeat(KEY_BYTES - 6))
+}
+
+/// Writes `lines` keys: `key(i % distinct)`.
+fn input(path: &Path, lines: usize, distinct: usize, offset: usize) {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).expect("create input"));
+    for i in 0..lines {
+        writeln!(f, "{}", key(offset + i % distinct)).expect("write input");
+    }
+    f.flush().expect("flush input");
+}
+
+/// Peak resident memory of `/proc/<pid>/status`, in KiB, if the process still has one.
+fn vm_hwm(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Runs `cmd`, reading its output line by line; returns the number of lines and the largest
+/// peak resident memory seen (sampled every 500 lines: the peak is a high-water mark, so any
+/// sample after it shows it).
+fn run_measured(mut cmd: Command) -> (usize, u64) {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run idalloc");
+    let pid = child.id();
+    let out = BufReader::new(child.stdout.take().expect("stdout"));
+    let (mut lines, mut peak) = (0usize, 0u64);
+    for line in out.lines() {
+        line.expect("utf-8 output");
+        lines += 1;
+        if lines % 500 == 0 {
+            peak = peak.max(vm_hwm(pid).unwrap_or(0));
+        }
+    }
+    let output = child.wait_with_output().expect("wait");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(peak > 0, "no memory sample was taken");
+    (lines, peak)
+}
+
+/// Runs `verb POOL --holder h --from` on the short and the long input; asserts one output line
+/// per key and the long run's peak within 1.5 times the short one's.
+fn compare(store: &str, prefix: &str, verb: &str, short: &Path, long: &Path) {
+    let run = |path: &Path| {
+        let mut c = idalloc(store);
+        c.args(["--prefix", prefix, verb, "p", "--holder", "h", "--from"]).arg(path);
+        run_measured(c)
+    };
+    let (n_short, short_peak) = run(short);
+    let (n_long, long_peak) = run(long);
+    assert_eq!((n_short, n_long), (SHORT, 10 * SHORT), "{verb}: one output line per key");
+    eprintln!(
+        "{verb} --from: {short_peak} KiB peak for {n_short} keys, {long_peak} KiB for {n_long}"
+    );
+    assert!(
+        (long_peak as f64) <= 1.5 * short_peak as f64,
+        "{verb} --from: {long_peak} KiB peak for {n_long} keys, {short_peak} KiB for {n_short}"
+    );
+}
+
+fn create_pool(store: &str, prefix: &str) {
+    let created = idalloc(store)
+        .args(["--prefix", prefix, "pool", "create", "p", "--range", "1-100000"])
+        .output()
+        .expect("pool create");
+    assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+}
+
+#[test]
+fn release_from_memory_does_not_grow_with_the_input() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = format!("file:{}", dir.path().join("s.redb").display());
+    create_pool(&store, "idalloc");
+    let (short, long) = (dir.path().join("short"), dir.path().join("long"));
+    // Keys nobody holds, each one once.
+    input(&short, SHORT, SHORT, 0);
+    input(&long, 10 * SHORT, 10 * SHORT, 0);
+    compare(&store, "idalloc", "release", &short, &long);
+}
+
+#[test]
+fn acquire_from_memory_does_not_grow_with_the_input() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let Some(etcd) = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint()) else { return };
+    let store = etcd.endpoint();
+    let prefix = format!("streaming-{}", std::process::id());
+    create_pool(&store, &prefix);
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (short, long) = (dir.path().join("short"), dir.path().join("long"));
+    // The same 100 keys over and over: the first pass binds them, the rest find them held.
+    input(&short, SHORT, 100, 0);
+    input(&long, 10 * SHORT, 100, 0);
+    compare(&store, &prefix, "acquire", &short, &long);
+}
