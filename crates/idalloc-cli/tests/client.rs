@@ -30,6 +30,8 @@ fn client(endpoints: &[&Serve]) -> Client {
     let opts = ClientOptions {
         backoff_base: Duration::from_millis(50),
         backoff_max: Duration::from_millis(500),
+        // The client's own session: renewed every second.
+        session_ttl: Duration::from_secs(3),
         ..ClientOptions::default()
     };
     Client::new(urls, opts).expect("client")
@@ -107,6 +109,21 @@ async fn sessions_keep_alive_and_the_pool_api_works_over_http() {
     assert!(
         matches!(c.pool("absent").await, Err(Error::PoolNotFound { pool }) if pool == "absent")
     );
+
+    // The client's own session ended behind its back (an admin here; a TTL missed while every
+    // replica was unreachable is the same): the client replaces it and references its held keys
+    // again, as the library does after losing its lease.
+    pool.acquire("kept").await.expect("own acquire");
+    let old = holders(&pool, "kept").await.expect("bound").concat();
+    let http = reqwest::Client::new();
+    let end = http.delete(s.http(&format!("/v1/sessions/{old}"))).send().await.expect("admin end");
+    assert_eq!(end.status().as_u16(), 200);
+    eventually("the held key to be referenced by a new own session", || async {
+        holders(&pool, "kept").await.is_some_and(|h| h.len() == 1 && h[0] != old)
+    })
+    .await;
+    let id = pool.get_consistent("kept").await.expect("read").expect("bound");
+    assert_eq!(pool.held(), vec![("kept".to_string(), id, 1)]);
 
     // Ending the session drops its references at once; the session then refuses.
     assert!(sess.end().await.expect("end"));

@@ -160,7 +160,8 @@ impl Client {
                     Arc::downgrade(&feed),
                 );
                 tokio::spawn(task);
-                let s = Arc::new(PoolShared { feed, held: Mutex::new(HashMap::new()) });
+                let held = Mutex::new(HashMap::new());
+                let s = Arc::new(PoolShared { spec: spec.clone(), feed, held });
                 pools.insert(spec.name().to_string(), Arc::downgrade(&s));
                 s
             }
@@ -206,7 +207,7 @@ impl Client {
 
 impl Shared {
     /// The client's own session, opened (or replaced, once lost) on demand.
-    pub(crate) async fn own_session(&self) -> idalloc::Result<(Session, u64)> {
+    pub(crate) async fn own_session(self: &Arc<Self>) -> idalloc::Result<(Session, u64)> {
         let mut own = self.own.lock().await;
         if let Some((s, g)) = own.as_ref() {
             if !s.is_lost() {
@@ -216,7 +217,52 @@ impl Shared {
         let generation = own.as_ref().map_or(1, |(_, g)| g + 1);
         let s = Session::open(self.t.clone(), self.t.opts.session_ttl).await?;
         *own = Some((s.clone(), generation));
+        tokio::spawn(guard(Arc::downgrade(self), s.lost_signal()));
         Ok((s, generation))
+    }
+}
+
+/// Waits for the client's own session to be lost, then replaces it (or takes the replacement an
+/// acquire made meanwhile) and references every key held on an older session again on the new
+/// one (the library does the same when its session lease is lost). Ends without doing anything
+/// when the session is dropped (the client is gone) or was ended by [`Client::close`].
+///
+/// Boxed, as a `Send` future of a named type: it awaits [`Shared::own_session`], which spawns it.
+fn guard(
+    shared: Weak<Shared>,
+    lost: tokio::sync::watch::Receiver<bool>,
+) -> futures::future::BoxFuture<'static, ()> {
+    Box::pin(guard_body(shared, lost))
+}
+
+async fn guard_body(shared: Weak<Shared>, mut lost: tokio::sync::watch::Receiver<bool>) {
+    if lost.wait_for(|l| *l).await.is_err() {
+        return;
+    }
+    let mut attempt = 0u32;
+    let (session, now) = loop {
+        let Some(sh) = shared.upgrade() else { return };
+        if sh.own.lock().await.is_none() {
+            return; // closed by Client::close
+        }
+        match sh.own_session().await {
+            Ok(got) => break got,
+            Err(e) => {
+                tracing::warn!(error = %e, "replacing the client's lost session failed; trying again");
+                attempt = attempt.saturating_add(1);
+                let first_backoff = u32::try_from(sh.t.endpoints.len()).unwrap_or(u32::MAX);
+                sh.t.pause(attempt.max(first_backoff), None).await;
+            }
+        }
+    };
+    let Some(sh) = shared.upgrade() else { return };
+    let pools: Vec<Arc<PoolShared>> = {
+        let pools = sh.pools.lock().unwrap_or_else(|p| p.into_inner());
+        pools.values().filter_map(Weak::upgrade).collect()
+    };
+    for p in pools {
+        let pool = Pool::new(sh.clone(), p.spec.clone(), p);
+        pool.rereference(&session, now).await;
     }
 }
 

@@ -19,6 +19,7 @@ use crate::watch::Feed;
 /// What every handle on one pool of one client shares: the watch-fed view and the counts of the
 /// keys the client's own session holds.
 pub(crate) struct PoolShared {
+    pub spec: PoolSpec,
     pub feed: Arc<Feed>,
     /// Key → (references counted here, ID) of the client's own session ([`Pool::acquire`]).
     pub held: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Held>>>>,
@@ -144,6 +145,37 @@ impl Pool {
             }
         }
         Ok(Released { held: true, reclaimed: r.reclaimed })
+    }
+
+    /// References again, on the client's own session of generation `generation`, every key held
+    /// on an older one (after that one was lost: DESIGN §7, as the library re-references its held
+    /// keys on a new lease). A key whose ID changed meanwhile (the old binding was reclaimed and
+    /// the key rebound) is reported as [`Event::Conflict`]. Failures are left to the key's next
+    /// [`Pool::acquire`], which re-references a key of an older generation too.
+    pub(crate) async fn rereference(&self, session: &crate::Session, generation: u64) {
+        let slots: Vec<(String, Arc<tokio::sync::Mutex<Held>>)> = {
+            let held = self.shared.held.lock().unwrap_or_else(|p| p.into_inner());
+            held.iter().map(|(k, s)| (k.clone(), s.clone())).collect()
+        };
+        for (key, slot) in slots {
+            let mut h = slot.lock().await;
+            if h.count == 0 || h.session >= generation {
+                continue;
+            }
+            match session.acquire(self, &key).await {
+                Ok(a) => {
+                    if a.id != h.id {
+                        let e = Event::Conflict { key: key.clone(), old_id: h.id, new_id: a.id };
+                        let _ = self.shared.feed.events.send(e);
+                    }
+                    h.id = a.id;
+                    h.session = generation;
+                }
+                Err(e) => {
+                    tracing::warn!(key, error = %e, "re-referencing a held key failed; its next acquire retries")
+                }
+            }
+        }
     }
 
     /// Keys this client's own session holds, with their IDs and counts.

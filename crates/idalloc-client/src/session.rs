@@ -35,6 +35,8 @@ pub(crate) struct Inner {
     holder: String,
     ttl: Duration,
     lost: AtomicBool,
+    /// Told once the session is lost (the client's own session is then replaced, `client.rs`).
+    lost_tx: tokio::sync::watch::Sender<bool>,
     renewer: std::sync::Mutex<Option<tokio::task::AbortHandle>>,
 }
 
@@ -85,6 +87,7 @@ impl Session {
             holder: info.holder,
             ttl: Duration::from_secs(info.ttl.max(1)),
             lost: AtomicBool::new(false),
+            lost_tx: tokio::sync::watch::channel(false).0,
             renewer: std::sync::Mutex::new(None),
         });
         let task = tokio::spawn(renew(Arc::downgrade(&inner)));
@@ -123,7 +126,13 @@ impl Session {
     fn mark_lost(&self) {
         if !self.inner.lost.swap(true, Ordering::AcqRel) {
             warn!(holder = %self.inner.holder, "client session lost");
+            self.inner.lost_tx.send_replace(true);
         }
+    }
+
+    /// Becomes true when the session is found lost; closed when the session is dropped.
+    pub(crate) fn lost_signal(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.inner.lost_tx.subscribe()
     }
 
     /// The ID of `key` in `pool`, with this session's reference on it. Idempotent within the
@@ -200,6 +209,7 @@ async fn keep_alive(inner: &Inner) -> idalloc::Result<bool> {
         Answer::Refused { body: Some(b), .. } if b.kind == "session_not_found" => {
             if !inner.lost.swap(true, Ordering::AcqRel) {
                 warn!(holder = %inner.holder, "client session lost: the service no longer knows it");
+                inner.lost_tx.send_replace(true);
             }
             Ok(false)
         }
