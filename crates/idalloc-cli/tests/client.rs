@@ -43,6 +43,14 @@ async fn holders(pool: &Pool, key: &str) -> Option<Vec<String>> {
     list.into_iter().find(|b| b.key == key).map(|b| b.holders)
 }
 
+/// The holders of the sessions an instance serves (`GET /v1/sessions`, admin without tokens).
+async fn instance_sessions(s: &Serve) -> Vec<String> {
+    let r = reqwest::get(s.http("/v1/sessions")).await.expect("list sessions");
+    let v: serde_json::Value = r.json().await.expect("json");
+    let list = v["sessions"].as_array().cloned().unwrap_or_default();
+    list.iter().filter_map(|s| s["holder"].as_str().map(str::to_string)).collect()
+}
+
 /// Polls `f` until it holds; fails the test after a minute (a bound for a broken client, never
 /// a measure of speed).
 async fn eventually<F, Fut>(what: &str, mut f: F)
@@ -156,6 +164,10 @@ async fn a_session_fails_over_between_two_replicas_keeping_its_references() {
     eventually("the view to hold the keys", || async { pool.get("k9") == Some(before[9].id) })
         .await;
 
+    // The session lives on A; B has never seen it.
+    assert!(instance_sessions(&a).await.contains(&sess.holder().to_string()));
+    assert!(!instance_sessions(&b).await.contains(&sess.holder().to_string()));
+
     a.kill9();
 
     // Several TTLs pass: only renewals through B can keep the lease.
@@ -166,6 +178,7 @@ async fn a_session_fails_over_between_two_replicas_keeping_its_references() {
         let again = sess.acquire(&pool, k).await.expect("acquire on B");
         assert_eq!((again.id, again.new), (got.id, false), "{k} kept its ID");
     }
+    assert!(instance_sessions(&b).await.contains(&sess.holder().to_string()), "B adopted it");
     assert_eq!(pool.acquire("own").await.expect("own again").id, own.id);
     assert_eq!(
         holders(&pool, "own").await.map(|h| h.len()),
