@@ -6,6 +6,7 @@
 //! P/data/p/id/<ID>          -> key, or 0xFF + key for a tombstone       (IdRecord)
 //! P/data/p/key/<enc(k)>     -> ID (decimal)
 //! P/data/p/ref/<enc(k)>/<enc(h)> -> ID (decimal)
+//! P/sessions/<lease:016x>   -> a shared client session's record, on its lease (opaque here)
 //! ```
 //!
 //! Everything here is pure: building record names, parsing them back, encoding record values. The
