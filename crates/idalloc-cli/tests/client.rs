@@ -300,3 +300,71 @@ async fn the_cache_equals_the_store_after_churn() {
     assert_eq!(cached, listed);
     drop(keep);
 }
+
+fn write_secret(path: &std::path::Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).expect("write");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+}
+
+/// With tokens, a session stays its opener's on every replica: the record another replica adopts
+/// it by names the client, so another client presenting the id there is refused as on the
+/// replica that opened it, and the opener's own client fails over with its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_tokens_a_session_is_its_openers_on_every_replica() {
+    let Some(etcd) = idalloc_testkit::etcd::test_etcd_endpoint().await else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = |name: &str| format!("tok-{name}-{}-0123456789abcdef", std::process::id());
+    let (alice, bob, ops) = (token("alice"), token("bob"), token("ops"));
+    write_secret(&dir.path().join("alice.token"), &alice);
+    write_secret(&dir.path().join("bob.token"), &bob);
+    write_secret(&dir.path().join("ops.token"), &ops);
+    let tokens = dir.path().join("tokens");
+    write_secret(
+        &tokens,
+        "alice allocate file:alice.token\nbob allocate file:bob.token\nops admin file:ops.token\n",
+    );
+    let tokens = tokens.to_str().expect("utf-8").to_string();
+    let (store, prefix) = (etcd.endpoint(), unique_prefix());
+    let global = ["--store", store.as_str(), "--prefix", prefix.as_str(), "--timeout", "3s"];
+    let serve = || Serve::start(bin(), &global, &["--auth-tokens", &tokens]);
+    let (mut a, b) = (serve(), serve());
+    let opts = |t: &str| ClientOptions { token: Some(t.to_string()), ..ClientOptions::default() };
+    let admin = Client::new([a.http(""), b.http("")], opts(&ops)).expect("admin client");
+    admin.init_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
+    let c = Client::new([a.http(""), b.http("")], opts(&alice)).expect("alice's client");
+    let pool = c.pool("p").await.expect("pool");
+    let sess = c.session(Duration::from_secs(2)).await.expect("session on A");
+    let k = sess.acquire(&pool, "k").await.expect("acquire on A");
+
+    // Bob holds alice's id: refused on B, which has to go to the store for it.
+    let http = reqwest::Client::new();
+    let id = http
+        .post(a.http("/v1/sessions"))
+        .bearer_auth(&alice)
+        .json(&serde_json::json!({"ttl": 30}))
+        .send()
+        .await
+        .expect("open a second session")
+        .json::<serde_json::Value>()
+        .await
+        .expect("json")["session"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let as_bob = http
+        .post(b.http("/v1/pools/p/acquire"))
+        .bearer_auth(&bob)
+        .json(&serde_json::json!({"key": "x", "session": id}))
+        .send()
+        .await
+        .expect("bob on B");
+    assert_eq!(as_bob.status().as_u16(), 404, "another client's session on another replica");
+
+    // Alice's client loses A and goes on with B, with her token.
+    a.kill9();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(!sess.is_lost(), "alice's session was lost after A died");
+    let again = sess.acquire(&pool, "k").await.expect("acquire on B");
+    assert_eq!((again.id, again.new), (k.id, false));
+}
