@@ -187,7 +187,8 @@ fn every_endpoint(s: &Serve) {
     let sess = post(s, "/v1/sessions", json!({"ttl": 30})).ok();
     let sid = sess["session"].as_str().unwrap().to_string();
     let holder = sess["holder"].as_str().unwrap().to_string();
-    assert_eq!(sid.len(), 64);
+    // The lease (16 hex digits) and the secret (64): usable on every replica (issue 21 item 3).
+    assert_eq!(sid.len(), 80);
     assert!(!holder.contains(&sid) && !sid.contains(&holder));
     let a = post(s, "/v1/pools/vni/acquire", json!({"key": "s1", "session": sid})).ok();
     let s1 = a["id"].as_u64().unwrap();
@@ -357,7 +358,7 @@ fn kill_9_of_serve_lets_its_sessions_references_expire() {
         keys.iter().all(|k| holders(&b, "p", k).is_none())
     });
     assert_eq!(holders(&b, "p", "durable"), Some(vec!["ops".to_string()]));
-    // The session lived in A: B does not know it.
+    // Nobody renewed it, so its lease and the record B would adopt it by are gone.
     post(&b, "/v1/pools/p/acquire", json!({"key": "x", "session": sid}))
         .err(404, "session_not_found");
 }

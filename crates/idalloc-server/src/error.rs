@@ -72,8 +72,8 @@ impl ApiError {
         Self::new(
             StatusCode::NOT_FOUND,
             "session_not_found",
-            "no such session: it was never opened here, has ended, or its lease expired (its \
-             references are gone); open a new session",
+            "no such session: no replica knows the id, the session ended, or its lease expired \
+             (its references are gone); open a new session",
         )
     }
 

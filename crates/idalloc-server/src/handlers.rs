@@ -130,14 +130,14 @@ fn caller(c: &Caller) -> Option<&Client> {
 /// The owner a request names, checked: a session must be the caller's; a durable holder is
 /// validated and, with tokens, namespaced by the caller's name (`client/holder`), so that one
 /// client cannot act on another's references.
-fn owner(
+async fn owner(
     st: &AppState,
     client: Option<&Client>,
     session: Option<String>,
     holder: Option<String>,
 ) -> ApiResult<Owner> {
     match (session, holder) {
-        (Some(s), None) => Ok(Owner::Session(st.sessions.get(&s, client)?)),
+        (Some(s), None) => Ok(Owner::Session(st.sessions.resolve(&st.alloc, &s, client).await?)),
         (None, Some(given)) => {
             idalloc::pool::validate_holder(&given)?;
             let h = match client {
@@ -196,7 +196,7 @@ async fn keys_request(
     for k in &keys {
         idalloc::pool::validate_key(k)?;
     }
-    let owner = owner(st, caller(client), body.session, body.holder)?;
+    let owner = owner(st, caller(client), body.session, body.holder).await?;
     let pool = st.pool(name).await?;
     Ok(KeysRequest { keys, single, owner, pool })
 }
@@ -417,14 +417,17 @@ pub async fn open_session(
     // The `sessions=` quota: a slot reserved before the lease is granted.
     let _slot = st.sessions.reserve(caller(&client))?;
     let sent = Instant::now();
-    let s = st.alloc.client_session(std::time::Duration::from_secs(body.ttl)).await?;
-    let info = SessionInfo {
-        session: String::new(),
-        holder: s.holder().to_string(),
-        ttl: s.ttl().as_secs(),
-    };
-    let id = st.sessions.insert(s, sent, caller(&client).map(|c| c.name.clone()));
-    Ok((StatusCode::CREATED, Json(SessionInfo { session: id, ..info })).into_response())
+    let owner = caller(&client).map(|c| c.name.clone());
+    // The record any replica verifies the id against (issue 21 item 3): a digest, never the secret.
+    let (secret, record) = crate::sessions::new_secret(owner.as_deref(), body.ttl);
+    let ttl = std::time::Duration::from_secs(body.ttl);
+    let prefix = crate::sessions::SHARED_HOLDER_PREFIX;
+    let s = st.alloc.shared_client_session(ttl, prefix, &record).await?;
+    let id = crate::sessions::session_id(s.lease(), &secret);
+    let info =
+        SessionInfo { session: id.clone(), holder: s.holder().to_string(), ttl: s.ttl().as_secs() };
+    st.sessions.insert(id, s, sent, owner);
+    Ok((StatusCode::CREATED, Json(info)).into_response())
 }
 
 pub async fn keepalive(
@@ -432,7 +435,7 @@ pub async fn keepalive(
     client: Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let s = st.sessions.get(&id, caller(&client))?;
+    let s = st.sessions.resolve(&st.alloc, &id, caller(&client)).await?;
     let sent = Instant::now();
     if s.keep_alive().await? {
         st.sessions.renewed(&id, sent);
@@ -451,10 +454,10 @@ pub async fn end_session(
     Path(id): Path<String>,
 ) -> ApiResult {
     let admin = caller(&client).is_none_or(|c| c.scope == crate::auth::Scope::Admin);
-    let (id, s) = match st.sessions.get(&id, caller(&client)) {
+    let (id, s) = match st.sessions.resolve(&st.alloc, &id, caller(&client)).await {
         Ok(s) => (id, s),
         Err(e) if !admin => return Err(e),
-        Err(_) => st.sessions.get_any(&id)?,
+        Err(_) => st.sessions.get_any(&st.alloc, &id).await?,
     };
     s.end().await?;
     st.sessions.remove(&id);

@@ -1,17 +1,23 @@
-//! The registry of client sessions this service handed out.
+//! The registry of client sessions this service handed out or adopted.
 //!
-//! A session id is a capability: whoever presents it acts as the session's holder. It is 256
-//! random bits from the OS-seeded CSPRNG, hex-encoded, never logged and never a metric label; the
-//! holder name (derived from the lease, visible in the store) is a different string, so listing a
-//! pool does not reveal it.
+//! A session id is a capability: whoever presents it acts as the session's holder. Its secret part
+//! is 256 random bits from the OS-seeded CSPRNG, hex-encoded; the id is never logged and never a
+//! metric label. The holder name (derived from the lease, visible in the store) shares only the
+//! lease with it, so listing a pool does not reveal the capability.
 //!
 //! With bearer tokens, a session belongs to the client that opened it: to any other client it does
 //! not exist (`session_not_found`, the answer for an unknown id, so its existence is not revealed).
 //!
-//! Sessions live in this process's memory: a session is served by the instance that opened it.
-//! After that instance stops, the client's renewals fail with `session_not_found`; its references
-//! stay until the lease's TTL, so a client that opens a new session elsewhere and re-acquires its
-//! keys within the TTL gets the same IDs back.
+//! **A session is usable on every replica** (issue 21 item 3). Its id is `<lease><secret>`: the
+//! store lease's id (16 hex digits) and 256 random bits (64 hex digits). Opening one puts a record
+//! on the lease (`P/sessions/<lease>`, [`idalloc::layout::Layout::session_key`]) holding the
+//! SHA-256 of the secret, the owning client's name (never a token) and the TTL; it vanishes with
+//! the lease. An instance that does not know an id reads that record, compares the digest in
+//! constant time, checks the owner, renews the lease once (so its view of the TTL is exact) and
+//! adopts the session ([`idalloc::Allocator::adopt_client_session`]). The holder name derives from
+//! the lease alone (`session:lease-<hex>`), so the adopted session's references are the same
+//! references: a client whose instance died goes on with another, keeping its IDs. The store's
+//! record holds no secret: reading etcd does not give the capability.
 //!
 //! **Sessions own their holder names** (issue 20 item 4). A session's holder name is visible to
 //! anyone who can list the pool; if a durable acquire or release could use it, anyone could release
@@ -38,6 +44,76 @@ use crate::error::ApiError;
 /// holder `<allocator holder>-c<lease>`, and the service's allocator holder starts with it).
 /// Durable holder names starting with it are refused: the namespace belongs to sessions.
 pub const SESSION_HOLDER_PREFIX: &str = "session:";
+
+/// The holder name of a session is this followed by its lease in hex: derived from the lease
+/// alone, so every replica that adopts the session names its references alike.
+pub const SHARED_HOLDER_PREFIX: &str = "session:lease-";
+
+/// Hex digits of the lease part of a session id.
+const LEASE_HEX: usize = 16;
+/// Hex digits of the secret part of a session id (256 bits).
+const SECRET_HEX: usize = 64;
+
+/// What a session's store record holds (`P/sessions/<lease>`): enough for any replica to verify a
+/// client's claim, nothing that grants it.
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SessionRecord {
+    /// Format version (1).
+    pub v: u32,
+    /// SHA-256 of the secret part of the session id, hex.
+    pub digest: String,
+    /// The client that opened it (with tokens), so that it stays that client's everywhere.
+    pub owner: Option<String>,
+    /// The lease TTL in seconds.
+    pub ttl: u64,
+}
+
+/// The holder name of the shared session on `lease`.
+pub fn shared_holder(lease: idalloc::store::LeaseId) -> String {
+    idalloc::client_session::shared_holder(SHARED_HOLDER_PREFIX, lease)
+}
+
+/// A fresh session secret and the record to store for it. The id is `<lease><secret>`
+/// ([`session_id`]) once the lease is granted.
+pub fn new_secret(owner: Option<&str>, ttl: u64) -> (String, Vec<u8>) {
+    let secret = new_id();
+    let record =
+        SessionRecord { v: 1, digest: digest(&secret), owner: owner.map(str::to_string), ttl };
+    // Serializing a struct of strings and numbers cannot fail.
+    let bytes = serde_json::to_vec(&record).unwrap_or_default();
+    (secret, bytes)
+}
+
+/// The id handed to the client: the lease (16 hex digits) then the secret (64 hex digits).
+pub fn session_id(lease: idalloc::store::LeaseId, secret: &str) -> String {
+    format!("{lease:016x}{secret}")
+}
+
+/// The lease and secret of a well-formed session id (80 lowercase hex digits), else `None`.
+fn parse_id(id: &str) -> Option<(idalloc::store::LeaseId, &str)> {
+    let lower_hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
+    if id.len() != LEASE_HEX + SECRET_HEX || !id.bytes().all(lower_hex) {
+        return None;
+    }
+    let lease = u64::from_str_radix(&id[..LEASE_HEX], 16).ok()?;
+    // Lease ids are i64 in etcd; the hex is the two's complement bit pattern.
+    Some((lease as i64, &id[LEASE_HEX..]))
+}
+
+/// SHA-256 of `secret`, hex.
+fn digest(secret: &str) -> String {
+    let d = ring::digest::digest(&ring::digest::SHA256, secret.as_bytes());
+    d.as_ref().iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Whether `record` (as stored) vouches for `secret` presented by `client`: the digest matches
+/// (compared in constant time) and the owner is the same.
+fn vouches(record: &SessionRecord, secret: &str, client: Option<&str>) -> bool {
+    use subtle::ConstantTimeEq;
+    let same = digest(secret).as_bytes().ct_eq(record.digest.as_bytes());
+    bool::from(same) && record.v == 1 && record.owner.as_deref() == client
+}
 
 /// The allocator holder name the service runs with: `session:<host>-<8 hex>`, so that every
 /// client session it opens is named in the reserved namespace.
@@ -130,13 +206,62 @@ impl Sessions {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Registers `s` (its lease just granted at `granted`, opened by client `owner`) under a new
-    /// id and returns the id.
-    pub fn insert(&self, s: ClientSession, granted: Instant, owner: Option<Arc<str>>) -> String {
-        let id = new_id();
-        let entry = Entry { session: Arc::new(s), renewed: granted, owner, opened: granted };
-        self.lock().insert(id.clone(), entry);
-        id
+    /// Registers `s` (its lease granted or last renewed at `granted`, opened by client `owner`)
+    /// under `id`.
+    pub fn insert(
+        &self,
+        id: String,
+        s: ClientSession,
+        granted: Instant,
+        owner: Option<Arc<str>>,
+    ) -> Arc<ClientSession> {
+        let session = Arc::new(s);
+        let entry = Entry { session: session.clone(), renewed: granted, owner, opened: granted };
+        self.lock().insert(id, entry);
+        session
+    }
+
+    /// The live session `id` of `client`, known here ([`Sessions::get`]) or opened on another
+    /// replica (or known here once, then renewed elsewhere): then its store record is read and
+    /// checked, its lease renewed once and the session adopted. `session_not_found` if the id is
+    /// malformed, the record is gone (the lease ended or expired) or does not vouch for the id
+    /// and client. One read and one renewal for the first request of an adopted session, none
+    /// after.
+    pub async fn resolve(
+        &self,
+        alloc: &idalloc::Allocator,
+        id: &str,
+        client: Option<&Client>,
+    ) -> Result<Arc<ClientSession>, ApiError> {
+        if let Ok(s) = self.get(id, client) {
+            return Ok(s);
+        }
+        let Some((lease, secret)) = parse_id(id) else {
+            return Err(ApiError::session_not_found());
+        };
+        let Some(raw) = alloc.client_session_record(lease).await? else {
+            return Err(ApiError::session_not_found());
+        };
+        let record: SessionRecord = match serde_json::from_slice(&raw) {
+            Ok(r) => r,
+            Err(e) => {
+                // Never the id: it is a capability. The lease names the record.
+                tracing::warn!(lease = format!("{lease:016x}"), error = %e, "unreadable session record");
+                return Err(ApiError::session_not_found());
+            }
+        };
+        let owner = client.map(|c| &*c.name);
+        if !vouches(&record, secret, owner) {
+            return Err(ApiError::session_not_found());
+        }
+        let ttl = std::time::Duration::from_secs(record.ttl);
+        let s = alloc.adopt_client_session(lease, ttl, SHARED_HOLDER_PREFIX)?;
+        let sent = Instant::now();
+        if !s.keep_alive().await? {
+            return Err(ApiError::session_not_found());
+        }
+        let owner = client.map(|c| c.name.clone());
+        Ok(self.insert(id.to_string(), s, sent, owner))
     }
 
     /// The live session `id` of `client`; `session_not_found` if unknown, another client's, lost
@@ -157,16 +282,43 @@ impl Sessions {
     }
 
     /// The live session whose id or holder name is `id_or_holder`, whoever opened it (for an
-    /// administrator), with its id.
-    pub fn get_any(&self, id_or_holder: &str) -> Result<(String, Arc<ClientSession>), ApiError> {
-        let map = self.lock();
-        let found = map.iter().find(|(id, e)| {
-            !e.over() && (id.as_str() == id_or_holder || e.session.holder() == id_or_holder)
-        });
-        match found {
-            Some((id, e)) => Ok((id.clone(), e.session.clone())),
-            None => Err(ApiError::session_not_found()),
+    /// administrator), with its id. A holder name of a session this instance does not know
+    /// (`session:lease-<hex>`, opened on another replica) is found through its store record; the
+    /// handle returned then has an empty id (nothing registered here).
+    pub async fn get_any(
+        &self,
+        alloc: &idalloc::Allocator,
+        id_or_holder: &str,
+    ) -> Result<(String, Arc<ClientSession>), ApiError> {
+        {
+            let map = self.lock();
+            let found = map.iter().find(|(id, e)| {
+                !e.over() && (id.as_str() == id_or_holder || e.session.holder() == id_or_holder)
+            });
+            if let Some((id, e)) = found {
+                return Ok((id.clone(), e.session.clone()));
+            }
         }
+        let lease = id_or_holder
+            .strip_prefix(SHARED_HOLDER_PREFIX)
+            .filter(|h| {
+                !h.is_empty() && h.len() <= LEASE_HEX && h.bytes().all(|c| c.is_ascii_hexdigit())
+            })
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+            .map(|l| l as i64);
+        let Some(lease) = lease else { return Err(ApiError::session_not_found()) };
+        // Only the canonical spelling names the session (the holder is `{lease:x}`).
+        if crate::sessions::shared_holder(lease) != id_or_holder {
+            return Err(ApiError::session_not_found());
+        }
+        let Some(raw) = alloc.client_session_record(lease).await? else {
+            return Err(ApiError::session_not_found());
+        };
+        let record: SessionRecord =
+            serde_json::from_slice(&raw).map_err(|_| ApiError::session_not_found())?;
+        let ttl = std::time::Duration::from_secs(record.ttl);
+        let s = alloc.adopt_client_session(lease, ttl, SHARED_HOLDER_PREFIX)?;
+        Ok((String::new(), Arc::new(s)))
     }
 
     /// Every live session, by holder name.
@@ -275,6 +427,26 @@ mod tests {
             s.check_durable_holder(&format!("{h}-c1"), &format!("{h}-c1")).expect_err("reserved");
         assert_eq!((e.status.as_u16(), e.kind), (409, "holder_reserved"));
         assert!(e.message.contains(&h), "{}", e.message);
+    }
+
+    #[test]
+    fn session_ids_carry_the_lease_and_records_vouch_only_for_their_secret_and_owner() {
+        let (secret, raw) = new_secret(Some("agent-a"), 15);
+        let id = session_id(0x694d_8a3b_1f2c_0a01, &secret);
+        assert_eq!(id.len(), 80);
+        assert_eq!(parse_id(&id), Some((0x694d_8a3b_1f2c_0a01, secret.as_str())));
+        // Leases with the top bit set survive the round trip through hex.
+        assert_eq!(parse_id(&session_id(-2, &secret)).map(|p| p.0), Some(-2));
+        for bad in [&id[1..], &id.to_uppercase(), &format!("{id}0"), "", &id.replace('a', "g")] {
+            assert_eq!(parse_id(bad), None, "{bad}");
+        }
+        let record: SessionRecord = serde_json::from_slice(&raw).expect("record");
+        assert!(!String::from_utf8_lossy(&raw).contains(&secret), "the secret is never stored");
+        assert_eq!((record.owner.as_deref(), record.ttl), (Some("agent-a"), 15));
+        assert!(vouches(&record, &secret, Some("agent-a")));
+        assert!(!vouches(&record, &secret, Some("agent-b")), "another client");
+        assert!(!vouches(&record, &secret, None), "no client");
+        assert!(!vouches(&record, &new_id(), Some("agent-a")), "another secret");
     }
 
     #[test]

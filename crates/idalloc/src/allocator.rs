@@ -151,6 +151,44 @@ impl Allocator {
         client_session::open(&self.inner, ttl).await
     }
 
+    /// A client session that any process on this store can adopt (issue 21 item 3: several
+    /// `serve` replicas sharing one etcd, and a client failing over between them). Like
+    /// [`Allocator::client_session`], plus: its holder name derives from the lease alone
+    /// ([`client_session::shared_holder`]`(holder_prefix, lease)`), not from this allocator, and
+    /// `record` is put at `P/sessions/<lease>` on the lease, so it vanishes with the session. The
+    /// opener keeps there what another process needs to verify a client's claim to the session
+    /// (never a secret in clear). Two round trips.
+    pub async fn shared_client_session(
+        &self,
+        ttl: Duration,
+        holder_prefix: &str,
+        record: &[u8],
+    ) -> Result<crate::ClientSession> {
+        client_session::open_shared(&self.inner, ttl, holder_prefix, record).await
+    }
+
+    /// The record of the shared client session on `lease` ([`Allocator::shared_client_session`]),
+    /// or `None` if there is none: the lease is gone (the session ended or expired) or was never
+    /// a shared session's. One round trip.
+    pub async fn client_session_record(&self, lease: LeaseId) -> Result<Option<Vec<u8>>> {
+        client_session::shared_record(&self.inner, lease).await
+    }
+
+    /// A handle on the shared client session on `lease`, opened by this or another process with
+    /// [`Allocator::shared_client_session`] and the same `holder_prefix`: the references it makes
+    /// and releases are the session's own (same holder, same lease), and
+    /// [`crate::ClientSession::keep_alive`] renews the session's lease. No request: verify the
+    /// caller's claim first ([`Allocator::client_session_record`]); the store judges the lease on
+    /// every use.
+    pub fn adopt_client_session(
+        &self,
+        lease: LeaseId,
+        ttl: Duration,
+        holder_prefix: &str,
+    ) -> Result<crate::ClientSession> {
+        client_session::adopt(&self.inner, lease, ttl, holder_prefix)
+    }
+
     /// This process's holder name (its leased references are `ref/<key>/<holder>`).
     pub fn holder(&self) -> &str {
         &self.inner.holder

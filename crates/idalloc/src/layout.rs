@@ -6,6 +6,7 @@
 //! P/data/p/id/<ID>          -> key, or 0xFF + key for a tombstone       (IdRecord)
 //! P/data/p/key/<enc(k)>     -> ID (decimal)
 //! P/data/p/ref/<enc(k)>/<enc(h)> -> ID (decimal)
+//! P/sessions/<lease:016x>   -> a shared client session's record, on its lease (opaque here)
 //! ```
 //!
 //! Everything here is pure: building record names, parsing them back, encoding record values. The
@@ -140,19 +141,34 @@ impl Layout {
             .collect()
     }
 
-    /// The ranges under `P/` that no record of this deployment lies in (everything but `P/pools/`
-    /// and `P/data/`): a record there belongs to a deployment nested inside this one, or to
-    /// another tool.
+    /// `P/sessions/<lease as 16 hex digits>`: the record of a shared client session (issue 21
+    /// item 3), put on the session's own lease so that it vanishes with it. What it holds is the
+    /// business of whoever opened the session (`idalloc serve` keeps a digest of the session's
+    /// secret and its owner there, so that any replica can verify and adopt the session).
+    pub fn session_key(&self, lease: crate::store::LeaseId) -> Vec<u8> {
+        format!("{}/sessions/{:016x}", self.prefix, lease).into_bytes()
+    }
+
+    /// `P/sessions/`: every shared client session record.
+    pub fn sessions_prefix(&self) -> Vec<u8> {
+        format!("{}/sessions/", self.prefix).into_bytes()
+    }
+
+    /// The ranges under `P/` that no record of this deployment lies in (everything but `P/pools/`,
+    /// `P/data/` and `P/sessions/`): a record there belongs to a deployment nested inside this
+    /// one, or to another tool.
     pub fn foreign_ranges(&self) -> Vec<crate::store::KeyRange> {
         use crate::store::{prefix_end, KeyRange};
         let root = format!("{}/", self.prefix).into_bytes();
         let data = format!("{}/data/", self.prefix).into_bytes();
         let pools = self.pools_prefix();
-        // `data/` sorts before `pools/`.
+        let sessions = self.sessions_prefix();
+        // `data/` sorts before `pools/`, which sorts before `sessions/`.
         vec![
             KeyRange::range(root.clone(), data.clone()),
             KeyRange::range(prefix_end(&data), pools.clone()),
-            KeyRange::range(prefix_end(&pools), prefix_end(&root)),
+            KeyRange::range(prefix_end(&pools), sessions.clone()),
+            KeyRange::range(prefix_end(&sessions), prefix_end(&root)),
         ]
     }
 
@@ -473,15 +489,25 @@ mod tests {
         assert_eq!(l.ancestor_prefixes(), ["pa", "pa/data"]);
         assert_eq!(Layout::new("/registry/ids").unwrap().ancestor_prefixes(), ["/registry"]);
         assert!(Layout::default().ancestor_prefixes().is_empty());
-        // Foreign ranges cover every name under P/ except P's own pools/ and data/.
+        // Foreign ranges cover every name under P/ except P's own pools/, data/ and sessions/.
+        assert_eq!(Layout::new("pa").unwrap().session_key(7), b"pa/sessions/0000000000000007");
         let a = Layout::new("pa").unwrap();
         let foreign = a.foreign_ranges();
         let in_foreign = |k: &[u8]| foreign.iter().any(|r| r.contains(k));
-        for own in [a.pool_spec_key("vni"), a.id_key("vni", 1), a.ref_key("x", "k", "h")] {
+        for own in
+            [a.pool_spec_key("vni"), a.id_key("vni", 1), a.ref_key("x", "k", "h"), a.session_key(7)]
+        {
             assert!(!in_foreign(&own), "{:?}", String::from_utf8_lossy(&own));
         }
-        for other in [&b"pa/b/pools/x"[..], b"pa/a", b"pa/datax/1", b"pa/pools0", b"pa/zzz", b"pa/"]
-        {
+        for other in [
+            &b"pa/b/pools/x"[..],
+            b"pa/a",
+            b"pa/datax/1",
+            b"pa/pools0",
+            b"pa/sessions0",
+            b"pa/zzz",
+            b"pa/",
+        ] {
             assert!(in_foreign(other), "{:?}", String::from_utf8_lossy(other));
         }
         assert!(!in_foreign(b"pb/pools/x") && !in_foreign(b"pa0"));

@@ -76,3 +76,36 @@ async fn session_ttls_out_of_range_are_refused() {
         }
     }
 }
+
+/// A shared session (issue 21 item 3): another allocator on the same store adopts it by its lease
+/// and acts as the same holder: its acquire joins the session's reference (idempotent), its
+/// release removes it, its renewal renews the same lease; the record vanishes with the lease.
+#[tokio::test]
+async fn a_shared_session_is_adopted_by_another_allocator_as_the_same_holder() {
+    let store = std::sync::Arc::new(EmbeddedStore::memory());
+    let opts = AllocatorOptions::default;
+    let a = Allocator::from_arc(store.clone(), opts()).expect("allocator a");
+    let b = Allocator::from_arc(store, opts()).expect("allocator b");
+    let pa = a.ensure_pool(&PoolSpec::new("p", 1, 100)).await.unwrap();
+    let pb = b.pool("p").await.unwrap();
+    let s = a.shared_client_session(Duration::from_secs(30), "session:t-", b"rec").await.unwrap();
+    assert_eq!(s.holder(), format!("session:t-{:x}", s.lease()));
+    let first = s.acquire(&pa, "k").await.unwrap();
+    assert_eq!(b.client_session_record(s.lease()).await.unwrap().as_deref(), Some(&b"rec"[..]));
+    assert_eq!(b.client_session_record(s.lease() + 1).await.unwrap(), None);
+
+    let t = b.adopt_client_session(s.lease(), s.ttl(), "session:t-").unwrap();
+    assert_eq!((t.holder(), t.lease(), t.ttl()), (s.holder(), s.lease(), s.ttl()));
+    let again = t.acquire(&pb, "k").await.unwrap();
+    assert_eq!((again.id, again.new), (first.id, false));
+    assert_eq!(holders(&pa.list().await.unwrap(), "k"), Some(vec![s.holder().to_string()]));
+    assert!(t.keep_alive().await.unwrap());
+    let r = t.release(&pb, "k").await.unwrap();
+    assert!(r.held && r.reclaimed, "{r:?}");
+
+    t.acquire(&pb, "j").await.unwrap();
+    assert!(s.end().await.unwrap());
+    assert_eq!(b.client_session_record(s.lease()).await.unwrap(), None);
+    assert!(!t.keep_alive().await.unwrap(), "the adopted handle sees the lease gone");
+    assert_eq!(holders(&pb.list().await.unwrap(), "j"), Some(vec![]));
+}

@@ -22,7 +22,8 @@ use tracing::{info, warn};
 use crate::allocator::{Inner, Pool};
 use crate::error::{Error, Input, Result};
 use crate::metrics::{self, SessionKind};
-use crate::store::LeaseId;
+use crate::pool::validate_holder;
+use crate::store::{GetRequest, LeaseId, TxnOp, TxnRequest};
 use crate::{Acquired, Released};
 
 /// Longest client session TTL: a day. Longer leases would let a dead client pin IDs for days.
@@ -48,6 +49,72 @@ impl std::fmt::Debug for ClientSession {
 }
 
 pub(crate) async fn open(inner: &Arc<Inner>, ttl: Duration) -> Result<ClientSession> {
+    let secs = whole_seconds(ttl)?;
+    let lease = inner.lease_call(|s| async move { s.lease_grant(secs).await }).await?;
+    let holder = format!("{}-c{:x}", inner.holder(), lease.id);
+    info!(holder, ttl = secs, "client session opened");
+    Ok(session(inner, lease.id, secs, holder))
+}
+
+/// The holder name of a shared client session: `<prefix><lease in hex>`, derived from the lease
+/// alone, so that every process that adopts the lease ([`Allocator::adopt_client_session`]) names
+/// the session's references alike and they stay the same references after a failover.
+///
+/// [`Allocator::adopt_client_session`]: crate::Allocator::adopt_client_session
+pub fn shared_holder(prefix: &str, lease: LeaseId) -> String {
+    format!("{prefix}{lease:x}")
+}
+
+/// Opens a shared session: grants the lease, then puts `record` at `P/sessions/<lease>` on it
+/// (so the record lives exactly as long as the lease). Two round trips. If the put fails the
+/// lease is revoked (best effort: it expires after `ttl` anyway, with nothing on it).
+pub(crate) async fn open_shared(
+    inner: &Arc<Inner>,
+    ttl: Duration,
+    holder_prefix: &str,
+    record: &[u8],
+) -> Result<ClientSession> {
+    let secs = whole_seconds(ttl)?;
+    validate_holder(&shared_holder(holder_prefix, 0))?;
+    let lease = inner.lease_call(|s| async move { s.lease_grant(secs).await }).await?;
+    let key = inner.layout.session_key(lease.id);
+    let put = TxnRequest::new().and_then([TxnOp::put_on_lease(key, record.to_vec(), lease.id)]);
+    if let Err(e) = inner.req.txn(put).await {
+        let id = lease.id;
+        let _ = inner.lease_call(|s| async move { s.lease_revoke(id).await }).await;
+        return Err(e.into());
+    }
+    Ok(session(inner, lease.id, secs, shared_holder(holder_prefix, lease.id)))
+}
+
+/// The record a shared session put on its lease, or `None` once the lease is gone (or if the lease
+/// was never a shared session's). One round trip.
+pub(crate) async fn shared_record(inner: &Arc<Inner>, lease: LeaseId) -> Result<Option<Vec<u8>>> {
+    let key = inner.layout.session_key(lease);
+    let got = inner.req.call(|| inner.req.store.get(GetRequest::key(key.clone()))).await?;
+    // Only a record on this very lease counts: a record put by hand without it is not a session.
+    Ok(got.kvs.into_iter().find(|kv| kv.key == key && kv.lease == lease).map(|kv| kv.value))
+}
+
+/// A handle on the shared session of `lease`, opened by any process on this store. No request:
+/// the caller has verified the session ([`shared_record`]); the store judges the lease on every
+/// use (an acquire or renewal on a lease that is gone marks the session lost).
+pub(crate) fn adopt(
+    inner: &Arc<Inner>,
+    lease: LeaseId,
+    ttl: Duration,
+    holder_prefix: &str,
+) -> Result<ClientSession> {
+    let secs = whole_seconds(ttl)?;
+    let holder = shared_holder(holder_prefix, lease);
+    validate_holder(&holder)?;
+    info!(holder, ttl = secs, "client session adopted");
+    Ok(session(inner, lease, secs, holder))
+}
+
+/// `ttl` in whole seconds, rounded up (a lease never lives shorter than asked), checked against
+/// the allowed range.
+fn whole_seconds(ttl: Duration) -> Result<i64> {
     if ttl < Duration::from_secs(1) || ttl > MAX_CLIENT_TTL {
         return Err(Error::invalid(
             Input::Options,
@@ -56,19 +123,18 @@ pub(crate) async fn open(inner: &Arc<Inner>, ttl: Duration) -> Result<ClientSess
             format!("between 1 s and {} s", MAX_CLIENT_TTL.as_secs()),
         ));
     }
-    // Whole seconds, rounded up: a lease never lives shorter than asked.
-    let secs = (ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)) as i64;
-    let lease = inner.lease_call(|s| async move { s.lease_grant(secs).await }).await?;
-    let holder = format!("{}-c{:x}", inner.holder(), lease.id);
-    info!(holder, ttl = secs, "client session opened");
+    Ok((ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0)) as i64)
+}
+
+fn session(inner: &Arc<Inner>, lease: LeaseId, secs: i64, holder: String) -> ClientSession {
     metrics::client_sessions(1.0);
-    Ok(ClientSession {
+    ClientSession {
         inner: inner.clone(),
-        lease: lease.id,
+        lease,
         ttl: Duration::from_secs(secs as u64),
         holder,
         lost: AtomicBool::new(false),
-    })
+    }
 }
 
 impl ClientSession {
