@@ -493,14 +493,18 @@ impl FileStore {
         flush: &Flush,
         meta: Meta,
         now: Instant,
-    ) -> Result<(), String> {
+    ) -> Result<(), StoreError> {
         if delta.is_empty() && meta == self.written {
             return Ok(());
         }
-        guarded(&self.path, || self.write(delta, flush, meta, now))
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?;
+        // A panic inside redb (under `guarded`) or a page redb finds corrupted means the file is
+        // damaged: `Corrupt`, naming it. Anything else (a full disk) is `Unavailable`.
+        guarded(&self.path, || self.write(delta, flush, meta, now))?.map_err(|e| match e {
+            redb::Error::Corrupted(reason) => {
+                corrupt(&self.path, format!("the file is damaged: {reason}"))
+            }
+            e => StoreError::Unavailable(e.to_string()),
+        })??;
         self.written = meta;
         self.commits += 1;
         Ok(())

@@ -141,7 +141,9 @@ struct Core {
     file: Option<FileStore>,
     watchers: Vec<Watcher>,
     /// Set when a file write failed: the store refuses all further work.
-    broken: Option<String>,
+    /// Set when a file write or read failed: the store refuses all further work with this error
+    /// (`Corrupt` if the file is damaged, else `Unavailable`).
+    broken: Option<StoreError>,
 }
 
 struct Watcher {
@@ -198,7 +200,7 @@ impl Core {
     fn check_usable(&self) -> StoreResult<()> {
         match &self.broken {
             None => Ok(()),
-            Some(reason) => Err(StoreError::Unavailable(reason.clone())),
+            Some(e) => Err(e.clone()),
         }
     }
 
@@ -253,8 +255,7 @@ impl Core {
         if let Some(e) = self.file.as_ref().and_then(FileStore::take_read_error) {
             // What the step computed may rest on rows it could not read: nothing of it is
             // written or answered.
-            self.stop(format!("could not be read ({e})"));
-            return Err(e);
+            return Err(self.stop(e, "could not be read"));
         }
         let delta = self.mvcc.take_delta();
         if delta.is_empty() {
@@ -268,31 +269,40 @@ impl Core {
             let res = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 file.persist(&delta, &flush, meta, now)
             }))
-            .unwrap_or_else(|_| Err("the file layer panicked".to_string()));
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("the file layer panicked".into())));
             if let Err(e) = res {
-                return Err(StoreError::Unavailable(
-                    self.stop(format!("could not be written ({e})")),
-                ));
+                return Err(self.stop(e, "could not be written"));
             }
         }
         self.publish(&delta.event_batches());
         Ok(())
     }
 
-    /// Stops the store after a file failure (`what` happened to the file): every watcher and
-    /// every later call gets the returned reason.
-    fn stop(&mut self, what: String) -> String {
-        let path = self.file.as_ref().map(|f| f.path().display().to_string()).unwrap_or_default();
-        let reason = format!(
-            "embedded store file {path} {what}; the store stopped, reopen the file to continue \
-             from its last durable state"
-        );
-        tracing::error!("{reason}");
+    /// Stops the store after a file failure `e` (the file `what`): every watcher and every later
+    /// call gets the returned error. A damaged file stays `Corrupt` naming the file (a person
+    /// must look); anything else is `Unavailable`, saying how to continue.
+    fn stop(&mut self, e: StoreError, what: &str) -> StoreError {
+        let err = match e {
+            e @ StoreError::Corrupt { .. } => e,
+            e => {
+                let e = match e {
+                    StoreError::Unavailable(m) => m,
+                    e => e.to_string(),
+                };
+                let path =
+                    self.file.as_ref().map(|f| f.path().display().to_string()).unwrap_or_default();
+                StoreError::Unavailable(format!(
+                    "embedded store file {path} {what} ({e}); the store stopped, reopen the file \
+                     to continue from its last durable state"
+                ))
+            }
+        };
+        tracing::error!("the store stopped: {err}");
         for w in self.watchers.drain(..) {
-            let _ = w.tx.send(Err(StoreError::Unavailable(reason.clone())));
+            let _ = w.tx.send(Err(err.clone()));
         }
-        self.broken = Some(reason.clone());
-        reason
+        self.broken = Some(err.clone());
+        err
     }
 
     fn publish(&mut self, batches: &[(Revision, Vec<WatchEvent>)]) {
