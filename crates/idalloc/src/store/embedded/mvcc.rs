@@ -283,6 +283,21 @@ impl<'a, A: Iterator<Item = History<'a>>, B: Iterator<Item = History<'a>>> Itera
     }
 }
 
+/// The history of `key` in the overlay `keys`, read from `backing` first if it is not there (a
+/// free function so that callers can borrow the state machine's other fields meanwhile).
+fn history_in<'a>(
+    keys: &'a mut BTreeMap<Vec<u8>, Vec<Entry>>,
+    backing: &Option<Arc<dyn Backing>>,
+    key: &[u8],
+) -> &'a mut Vec<Entry> {
+    match keys.entry(key.to_vec()) {
+        std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::btree_map::Entry::Vacant(v) => {
+            v.insert(backing.as_ref().map(|b| b.history(key)).unwrap_or_default())
+        }
+    }
+}
+
 /// The entry live at revision `at` of one history, as `(mod revision, record)`.
 fn live_in(entries: Cow<'_, [Entry]>, at: Revision) -> Option<(Revision, Cow<'_, Record>)> {
     let n = entries.partition_point(|e| e.main <= at).checked_sub(1)?;
@@ -460,13 +475,7 @@ impl Mvcc {
 
     /// The history of `key` in the overlay, read from the backing first if it is not there.
     fn history_mut(&mut self, key: &[u8]) -> &mut Vec<Entry> {
-        let backing = &self.backing;
-        match self.keys.entry(key.to_vec()) {
-            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-            std::collections::btree_map::Entry::Vacant(v) => {
-                v.insert(backing.as_ref().map(|b| b.history(key)).unwrap_or_default())
-            }
-        }
+        history_in(&mut self.keys, &self.backing, key)
     }
 
     /// A read of `req` where the latest revision is `cur_rev` (etcd's `rangeKeys` + `Range`).
@@ -871,23 +880,25 @@ impl Mvcc {
         }
         let backed = self.backing.is_some();
         for key in touched {
-            if !backed && !self.keys.contains_key(&key) {
-                continue;
-            }
-            let entries = self.history_mut(&key);
+            let entries = if backed {
+                history_in(&mut self.keys, &self.backing, &key)
+            } else {
+                match self.keys.get_mut(&key) {
+                    Some(entries) => entries,
+                    None => continue,
+                }
+            };
             let n = entries.partition_point(|e| e.main <= rev);
             let drop = match entries.get(n.wrapping_sub(1)) {
                 Some(e) if e.rec.is_some() => n - 1,
                 Some(_) => n,
                 None => 0,
             };
-            let removed: Vec<(Revision, u32)> =
-                entries.drain(..drop).map(|e| (e.main, e.sub)).collect();
+            self.delta.removed.extend(entries.drain(..drop).map(|e| (e.main, e.sub)));
             // Backed, an emptied history stays as the mark that tells the owner to remove it.
             if entries.is_empty() && !backed {
                 self.keys.remove(&key);
             }
-            self.delta.removed.extend(removed);
         }
         // Keep the log at `rev` itself: a watch may start exactly at the compaction point.
         self.log = self.log.split_off(&rev);
