@@ -95,3 +95,34 @@ fn damaged_store_files_exit_4_naming_the_file_without_a_panic() {
     }
     assert!(failures.is_empty(), "damaged files mishandled:\n{}", failures.join("\n"));
 }
+
+/// Issue 21 item 0: commands read only the pages they need and skip redb's whole-file integrity
+/// check on a file that was closed cleanly; `check` runs it. The pattern (found with the loop
+/// above, format 2) damages a page `status` never reads: `status` succeeds, `check` exits 4
+/// naming the file and the integrity check.
+#[test]
+fn check_runs_the_integrity_check_that_other_commands_skip() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.redb");
+    let ok = |o: std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    ok(idalloc(&base, &["pool", "create", "ids", "--range", "1-1000", "--strategy", "lowest"]));
+    for i in 1..=20 {
+        ok(idalloc(&base, &["acquire", "ids", &format!("key{i}"), "--holder", "h"]));
+    }
+    ok(idalloc(&base, &["release", "ids", "key3", "--holder", "h"]));
+    let mut data = std::fs::read(&base).unwrap();
+    let (at, bytes) = (21620usize, "d6d690f56ef35d78");
+    data[at..at + 8].copy_from_slice(&hex(bytes));
+    let path = dir.path().join("damaged.redb");
+    std::fs::write(&path, &data).unwrap();
+    let status = idalloc(&path, &["status"]);
+    assert!(status.status.success(), "{}", String::from_utf8_lossy(&status.stderr));
+    std::fs::write(&path, &data).unwrap();
+    let check = idalloc(&path, &["check"]);
+    let err = String::from_utf8_lossy(&check.stderr).to_string();
+    assert_eq!(check.status.code(), Some(4), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains(&path.display().to_string()) && err.contains("integrity check"), "{err}");
+}
