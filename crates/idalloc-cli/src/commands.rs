@@ -84,6 +84,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         prefix: cli.prefix.clone(),
         timeout: cli.timeout,
         lock_timeout: cli.lock_timeout.unwrap_or(cli.timeout * 6),
+        check_file: matches!(cli.command, Command::Check(_)),
     };
     let out = Out { json: cli.json };
     // Validate the prefix before touching any store, so a typo never creates a file.

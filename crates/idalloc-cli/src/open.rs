@@ -33,6 +33,9 @@ pub struct Settings {
     pub prefix: String,
     pub timeout: Duration,
     pub lock_timeout: Duration,
+    /// Run redb's whole-file integrity check when opening a file store (`check` asks for it;
+    /// other commands check only a file that was not closed cleanly: issue 21 item 0).
+    pub check_file: bool,
 }
 
 impl Settings {
@@ -71,8 +74,11 @@ pub async fn open_store_bounded(
             if !writes && !Path::new(path).exists() {
                 return Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: true });
             }
-            let opts =
-                EmbeddedOptions { lock_timeout: s.lock_timeout, ..EmbeddedOptions::default() };
+            let opts = EmbeddedOptions {
+                lock_timeout: s.lock_timeout,
+                check_integrity: s.check_file,
+                ..EmbeddedOptions::default()
+            };
             match EmbeddedStore::open(path, opts).await {
                 Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
                 Err(StoreError::Locked { path, waited }) => Err(Failure::runtime(format!(

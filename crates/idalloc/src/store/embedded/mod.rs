@@ -30,7 +30,11 @@
 //!   and watches older than that get `Compacted`, as on an etcd with auto-compaction.
 //! - **A failed file write stops the store.** The in-memory state is then ahead of the file, so
 //!   every later call fails with `Unavailable` naming the cause; reopening the file restores the
-//!   last durable state. Never a silent divergence.
+//!   last durable state. Never a silent divergence. So does a failed read of the file (the
+//!   file store reads keys on demand): the call that met it gets `Corrupt` naming the file.
+//! - **The file is the state.** A file store holds in memory only its scalars, its leases and
+//!   what the operations in flight changed (`mvcc.rs`'s overlay, written back at each commit):
+//!   open and one-key operations cost O(1) in the size of the store (issue 21 item 0).
 //! - **Leases across restarts.** Deadlines are stored as wall-clock time, so a lease whose
 //!   deadline passed while the file was closed is expired (its keys deleted) at open; the others
 //!   resume with the time they had left. (etcd instead renews every lease at a restart.)
@@ -80,6 +84,10 @@ pub struct EmbeddedOptions {
     /// [`StoreError::ReadOnly`]. A file this process may not write (its mode, a read-only
     /// filesystem) is opened read-only without asking. Default false.
     pub read_only: bool,
+    /// Run redb's integrity check of every page (O(file)) when opening the file, even if it was
+    /// closed cleanly (`idalloc check` asks for it). A file that was not closed cleanly is
+    /// always checked. Default false.
+    pub check_integrity: bool,
 }
 
 impl Default for EmbeddedOptions {
@@ -89,6 +97,7 @@ impl Default for EmbeddedOptions {
             lock_timeout: Duration::from_secs(10),
             min_lease_ttl: 2,
             read_only: false,
+            check_integrity: false,
         }
     }
 }
@@ -132,7 +141,9 @@ struct Core {
     file: Option<FileStore>,
     watchers: Vec<Watcher>,
     /// Set when a file write failed: the store refuses all further work.
-    broken: Option<String>,
+    /// Set when a file write or read failed: the store refuses all further work with this error
+    /// (`Corrupt` if the file is damaged, else `Unavailable`).
+    broken: Option<StoreError>,
 }
 
 struct Watcher {
@@ -189,7 +200,7 @@ impl Core {
     fn check_usable(&self) -> StoreResult<()> {
         match &self.broken {
             None => Ok(()),
-            Some(reason) => Err(StoreError::Unavailable(reason.clone())),
+            Some(e) => Err(e.clone()),
         }
     }
 
@@ -237,10 +248,15 @@ impl Core {
         }
     }
 
-    /// Persists what the last step changed, then tells the watchers. On a write failure the
-    /// store stops (see the module docs).
+    /// Persists what the last step changed, then tells the watchers. On a write failure, or a
+    /// read of the file that failed during the step, the store stops (see the module docs).
     fn commit(&mut self, keep: i64, now: Instant) -> StoreResult<()> {
         self.mvcc.auto_compact(keep);
+        if let Some(e) = self.file.as_ref().and_then(FileStore::take_read_error) {
+            // What the step computed may rest on rows it could not read: nothing of it is
+            // written or answered.
+            return Err(self.stop(e, "could not be read"));
+        }
         let delta = self.mvcc.take_delta();
         if delta.is_empty() {
             return Ok(());
@@ -249,25 +265,44 @@ impl Core {
         // were refused before they changed anything.
         if let Some(file) = self.file.as_mut().filter(|f| f.read_only().is_none()) {
             let meta = self.mvcc.meta();
-            let res =
-                std::panic::catch_unwind(AssertUnwindSafe(|| file.persist(&delta, meta, now)))
-                    .unwrap_or_else(|_| Err("the file layer panicked".to_string()));
+            let flush = self.mvcc.take_flush();
+            let res = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                file.persist(&delta, &flush, meta, now)
+            }))
+            .unwrap_or_else(|_| Err(StoreError::Unavailable("the file layer panicked".into())));
             if let Err(e) = res {
-                let reason = format!(
-                    "embedded store file {} could not be written ({e}); the store stopped, \
-                     reopen the file to continue from its last durable state",
-                    file.path().display()
-                );
-                tracing::error!("{reason}");
-                for w in self.watchers.drain(..) {
-                    let _ = w.tx.send(Err(StoreError::Unavailable(reason.clone())));
-                }
-                self.broken = Some(reason.clone());
-                return Err(StoreError::Unavailable(reason));
+                return Err(self.stop(e, "could not be written"));
             }
         }
         self.publish(&delta.event_batches());
         Ok(())
+    }
+
+    /// Stops the store after a file failure `e` (the file `what`): every watcher and every later
+    /// call gets the returned error. A damaged file stays `Corrupt` naming the file (a person
+    /// must look); anything else is `Unavailable`, saying how to continue.
+    fn stop(&mut self, e: StoreError, what: &str) -> StoreError {
+        let err = match e {
+            e @ StoreError::Corrupt { .. } => e,
+            e => {
+                let e = match e {
+                    StoreError::Unavailable(m) => m,
+                    e => e.to_string(),
+                };
+                let path =
+                    self.file.as_ref().map(|f| f.path().display().to_string()).unwrap_or_default();
+                StoreError::Unavailable(format!(
+                    "embedded store file {path} {what} ({e}); the store stopped, reopen the file \
+                     to continue from its last durable state"
+                ))
+            }
+        };
+        tracing::error!("the store stopped: {err}");
+        for w in self.watchers.drain(..) {
+            let _ = w.tx.send(Err(err.clone()));
+        }
+        self.broken = Some(err.clone());
+        err
     }
 
     fn publish(&mut self, batches: &[(Revision, Vec<WatchEvent>)]) {
@@ -327,22 +362,30 @@ impl EmbeddedStore {
         Self::build(Shared::new(Mvcc::new(), None), options, None)
     }
 
-    /// Opens the store file at `path`, creating it if missing, and restores keys, revision,
-    /// compaction point, history and leases (leases whose deadline passed while the file was
-    /// closed are expired now, their keys deleted). Every write is durable before it returns.
+    /// Opens the store file at `path`, creating it if missing: revision, compaction point and
+    /// leases are read now (leases whose deadline passed while the file was closed are expired
+    /// now, their keys deleted); keys and history are read from the file when an operation needs
+    /// them, so opening costs the same for any size of store. Every write is durable before it
+    /// returns.
     ///
     /// One process owns a file at a time: if it is in use, this retries with backoff for up to
     /// `options.lock_timeout`, then fails with [`StoreError::Locked`]. A file that is not a
-    /// store, is damaged, or was written by a newer format fails with [`StoreError::Corrupt`];
-    /// an I/O failure (missing directory, permissions) with [`StoreError::Unavailable`].
+    /// store, was written by a newer format, or is damaged where the open reads (or anywhere,
+    /// if it was not closed cleanly or [`EmbeddedOptions::check_integrity`] is set) fails with
+    /// [`StoreError::Corrupt`]; damage met by a later read fails that call with
+    /// [`StoreError::Corrupt`] and stops the store. An I/O failure (missing directory,
+    /// permissions) is [`StoreError::Unavailable`].
     pub async fn open(path: impl AsRef<Path>, options: EmbeddedOptions) -> StoreResult<Self> {
         let path = path.as_ref().to_path_buf();
         let started = Instant::now();
         let mut backoff = Duration::from_millis(10);
         let (file, loaded) = loop {
             let p = path.clone();
-            let read_only = options.read_only;
-            match tokio::task::spawn_blocking(move || FileStore::open_blocking(&p, read_only)).await
+            let (read_only, check) = (options.read_only, options.check_integrity);
+            match tokio::task::spawn_blocking(move || {
+                FileStore::open_blocking(&p, read_only, check)
+            })
+            .await
             {
                 Ok(Ok(opened)) => break opened,
                 Ok(Err(OpenError::Store(e))) => return Err(e),
@@ -367,10 +410,17 @@ impl EmbeddedStore {
         };
         let now = Instant::now();
         let now_ms = file::unix_ms_now();
-        let mut mvcc = Mvcc::restore(loaded.meta);
-        for (key, entry) in loaded.entries {
-            mvcc.load_entry(key, entry);
-        }
+        let mut mvcc = match loaded.legacy_entries {
+            None => Mvcc::backed(loaded.meta, file.reader()),
+            Some(entries) => {
+                // A format-1 file opened read-only: held in memory, as format 1 was.
+                let mut mvcc = Mvcc::restore(loaded.meta);
+                for (key, entry) in entries {
+                    mvcc.load_entry(key, entry);
+                }
+                mvcc
+            }
+        };
         for (id, ttl, deadline_ms) in loaded.leases {
             mvcc.load_lease(id, ttl, file::deadline_from_unix_ms(deadline_ms, now_ms, now));
         }

@@ -1,22 +1,33 @@
-//! The embedded store's state machine: a revisioned key-value map with etcd 3.4 semantics, kept
-//! entirely in memory and free of I/O and clocks.
+//! The embedded store's state machine: a revisioned key-value map with etcd 3.4 semantics, free
+//! of I/O and clocks.
 //!
 //! Everything time-related takes `now` as an argument (a [`tokio::time::Instant`], so paused-time
 //! tests drive it), and every mutation is recorded in a [`Delta`] that the caller takes with
 //! [`Mvcc::take_delta`] to persist and to publish to watchers. That split lets the file layer stay a
 //! dumb mirror and lets unit tests drive the semantics without files or runtimes.
 //!
+//! Where the state lives: the maps below (`keys`, `log`, `lease_keys`) are an overlay on a
+//! [`Backing`]. The memory store has none, so the maps are the whole state, exactly as before the
+//! file store read on demand. The file store's backing is its redb file (issue 21 item 0): the
+//! maps then hold only what changed since the last commit (a key is read from the file on first
+//! touch, changed in memory, and written back by [`Mvcc::take_flush`]), so opening a file and a
+//! one-key operation cost O(1) in the size of the store, not O(file). The semantics stay in this
+//! one module either way: every read merges the overlay over the backing, key by key.
+//!
 //! Where etcd has a quirk that a client can observe, this module copies it and says so; the
 //! references are to etcd 3.4's `etcdserver/apply.go`, `etcdserver/api/v3rpc/key.go` and
 //! `mvcc/kvstore_txn.go`.
 //!
-//! One file (about 850 lines of code, the rest its tests) because etcd's MVCC semantics are one
+//! One file (about 1000 lines of code, the rest its tests) because etcd's MVCC semantics are one
 //! invariant set: revisions, versions, compaction, leases and txn validation all update the same
 //! maps together, as in etcd's `mvcc/kvstore_txn.go`; split, each part would need the others'
 //! internals.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::iter::Peekable;
 use std::ops::Bound;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -84,12 +95,51 @@ fn kv_of(key: &[u8], mod_revision: Revision, rec: &Record, keys_only: bool) -> K
     }
 }
 
-/// A granted lease. `keys` is derived state (rebuilt from the records on load).
+/// A granted lease. Its keys are in [`Mvcc`]'s `lease_keys` (and the backing), not here: a lease
+/// may hold many keys, which a file store must not keep in memory.
 #[derive(Clone, Debug)]
 pub(crate) struct LeaseState {
     pub ttl: i64,
     pub deadline: Instant,
-    pub keys: BTreeSet<Vec<u8>>,
+}
+
+/// The state of a backed [`Mvcc`] that is not in memory (the file store's redb file). Reads
+/// only: the state machine changes its overlay, and the owner of the backing writes the overlay
+/// back ([`Mvcc::take_flush`]) and makes the backing show it.
+///
+/// Reads cannot fail here: a backing that meets an error (a damaged page, an I/O error) answers
+/// as if the data were absent and keeps the error for its owner, which fails the operation and
+/// stops the store before anything built on the missing data is written or answered (see
+/// `Core::commit`). That keeps the error paths out of the semantics.
+pub(crate) trait Backing: Send + Sync + std::fmt::Debug {
+    /// The whole history of `key`, in `(main, sub)` order; empty if it has none.
+    fn history(&self, key: &[u8]) -> Vec<Entry>;
+    /// Keys `>= start` (and `< end` if given) that have history, in key order, with it.
+    fn histories(
+        &self,
+        start: &[u8],
+        end: Option<&[u8]>,
+    ) -> Box<dyn Iterator<Item = (Vec<u8>, Vec<Entry>)> + '_>;
+    /// The changes at revisions `from..=to`, in `(main, sub)` order, naming their key.
+    fn log(
+        &self,
+        from: Revision,
+        to: Revision,
+    ) -> Box<dyn Iterator<Item = (Revision, u32, Vec<u8>)> + '_>;
+    /// The keys attached to lease `id`, in key order.
+    fn lease_keys(&self, id: LeaseId) -> Vec<Vec<u8>>;
+}
+
+/// What a backed [`Mvcc`] changed since the last flush, for its owner to write back.
+#[derive(Debug, Default)]
+pub(crate) struct Flush {
+    /// Each touched key's whole new history; empty: the key has none left (remove it).
+    pub keys: BTreeMap<Vec<u8>, Vec<Entry>>,
+    /// New changes by revision (the index of watch replay and compaction).
+    pub log: BTreeMap<Revision, Vec<(u32, Vec<u8>)>>,
+    /// Lease attachments: `true` attached, `false` detached. Leases revoked since are absent
+    /// (the owner drops every attachment of a lease in `Delta::leases_removed`).
+    pub lease_keys: BTreeMap<(LeaseId, Vec<u8>), bool>,
 }
 
 /// Everything one operation changed, in order: what the file layer must write and what watchers
@@ -143,7 +193,8 @@ struct Path {
 }
 
 /// The state machine. See the module docs. `Clone` so that the model checker (`bench` feature,
-/// `idalloc-model`) can branch a store state into its successors.
+/// `idalloc-model`) can branch a store state into its successors (a memory state: a clone of a
+/// backed one shares the backing).
 #[derive(Clone, Debug)]
 pub(crate) struct Mvcc {
     rev: Revision,
@@ -151,15 +202,21 @@ pub(crate) struct Mvcc {
     next_lease: LeaseId,
     /// Every key with any history left, with its changes in `(main, sub)` order. After
     /// compaction at `R`, a key keeps its newest change `<= R` (unless that is a delete) and all
-    /// later ones, so reads at any revision `>= R` are exact.
+    /// later ones, so reads at any revision `>= R` are exact. Backed: only the keys touched since
+    /// the last flush, each with its whole history (an empty one: the key has none left).
     keys: BTreeMap<Vec<u8>, Vec<Entry>>,
     /// Which keys changed at each revision `>=` the compaction point, in sub-revision order: the
-    /// index that makes watch replay cost proportional to the changes replayed.
+    /// index that makes watch replay cost proportional to the changes replayed. Backed: only
+    /// the revisions written since the last flush (all later than the backing's).
     log: BTreeMap<Revision, Vec<(u32, Vec<u8>)>>,
     leases: BTreeMap<LeaseId, LeaseState>,
+    /// Keys attached to each lease, by `(lease, key)`. Unbacked: only attachments (`true`).
+    /// Backed: changes since the last flush, `false` marking a detachment.
+    lease_keys: BTreeMap<(LeaseId, Vec<u8>), bool>,
     /// Leases by deadline, for expiry.
     expiry: BTreeSet<(Instant, LeaseId)>,
     delta: Delta,
+    backing: Option<Arc<dyn Backing>>,
 }
 
 impl Default for Mvcc {
@@ -186,8 +243,81 @@ impl WriteCtx {
     }
 }
 
+/// A key with its history, borrowed from the overlay or read from the backing.
+type History<'a> = (Cow<'a, [u8]>, Cow<'a, [Entry]>);
+
+/// The overlay's keys merged over the backing's, in key order: where both have a key the
+/// overlay's history wins; a key whose history is empty (removed since the last flush) is
+/// skipped.
+struct Merge<'a, A: Iterator<Item = History<'a>>, B: Iterator<Item = History<'a>>> {
+    overlay: Peekable<A>,
+    backing: Peekable<B>,
+}
+
+impl<'a, A: Iterator<Item = History<'a>>, B: Iterator<Item = History<'a>>> Iterator
+    for Merge<'a, A, B>
+{
+    type Item = History<'a>;
+
+    fn next(&mut self) -> Option<History<'a>> {
+        use std::cmp::Ordering;
+        loop {
+            let order = match (self.overlay.peek(), self.backing.peek()) {
+                (None, None) => return None,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some((a, _)), Some((b, _))) => a.as_ref().cmp(b.as_ref()),
+            };
+            let item = match order {
+                Ordering::Less => self.overlay.next(),
+                Ordering::Greater => self.backing.next(),
+                Ordering::Equal => {
+                    self.backing.next();
+                    self.overlay.next()
+                }
+            }?;
+            if !item.1.is_empty() {
+                return Some(item);
+            }
+        }
+    }
+}
+
+/// The history of `key` in the overlay `keys`, read from `backing` first if it is not there (a
+/// free function so that callers can borrow the state machine's other fields meanwhile).
+fn history_in<'a>(
+    keys: &'a mut BTreeMap<Vec<u8>, Vec<Entry>>,
+    backing: &Option<Arc<dyn Backing>>,
+    key: &[u8],
+) -> &'a mut Vec<Entry> {
+    match keys.entry(key.to_vec()) {
+        std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+        std::collections::btree_map::Entry::Vacant(v) => {
+            v.insert(backing.as_ref().map(|b| b.history(key)).unwrap_or_default())
+        }
+    }
+}
+
+/// The entry live at revision `at` of one history, as `(mod revision, record)`.
+fn live_in(entries: Cow<'_, [Entry]>, at: Revision) -> Option<(Revision, Cow<'_, Record>)> {
+    let n = entries.partition_point(|e| e.main <= at).checked_sub(1)?;
+    match entries {
+        Cow::Borrowed(es) => {
+            let e = es.get(n)?;
+            e.rec.as_ref().map(|r| (e.main, Cow::Borrowed(r)))
+        }
+        Cow::Owned(mut es) => {
+            if n >= es.len() {
+                return None;
+            }
+            let e = es.swap_remove(n);
+            e.rec.map(|r| (e.main, Cow::Owned(r)))
+        }
+    }
+}
+
 impl Mvcc {
-    /// An empty store at revision 1.
+    /// An empty store at revision 1, all in memory.
     pub fn new() -> Self {
         Mvcc::restore(Meta {
             revision: INITIAL_REVISION,
@@ -196,8 +326,8 @@ impl Mvcc {
         })
     }
 
-    /// An empty state machine with the given scalars, to be filled with [`Mvcc::load_entry`] and
-    /// [`Mvcc::load_lease`] and finished with [`Mvcc::finish_load`].
+    /// An empty in-memory state machine with the given scalars, to be filled with
+    /// [`Mvcc::load_entry`] and [`Mvcc::load_lease`] and finished with [`Mvcc::finish_load`].
     pub fn restore(meta: Meta) -> Self {
         Mvcc {
             rev: meta.revision,
@@ -206,12 +336,20 @@ impl Mvcc {
             keys: BTreeMap::new(),
             log: BTreeMap::new(),
             leases: BTreeMap::new(),
+            lease_keys: BTreeMap::new(),
             expiry: BTreeSet::new(),
             delta: Delta::default(),
+            backing: None,
         }
     }
 
-    /// Adds one stored change. Changes must come in `(main, sub)` order.
+    /// A state machine whose keys, history and lease attachments are in `backing`, with the
+    /// given scalars; its leases are added with [`Mvcc::load_lease`].
+    pub fn backed(meta: Meta, backing: Arc<dyn Backing>) -> Self {
+        Mvcc { backing: Some(backing), ..Mvcc::restore(meta) }
+    }
+
+    /// Adds one stored change (unbacked only). Changes must come in `(main, sub)` order.
     pub fn load_entry(&mut self, key: Vec<u8>, entry: Entry) {
         if entry.main >= self.compact_rev {
             self.log.entry(entry.main).or_default().push((entry.sub, key.clone()));
@@ -221,22 +359,21 @@ impl Mvcc {
 
     /// Adds one stored lease.
     pub fn load_lease(&mut self, id: LeaseId, ttl: i64, deadline: Instant) {
-        self.leases.insert(id, LeaseState { ttl, deadline, keys: BTreeSet::new() });
+        self.leases.insert(id, LeaseState { ttl, deadline });
         self.expiry.insert((deadline, id));
     }
 
-    /// Attaches live keys to their leases once everything is loaded. Returns the keys whose lease
-    /// is missing (they stay, unattached; etcd only warns in that case too).
+    /// Attaches live keys to their leases once everything is loaded (unbacked only). Returns the
+    /// keys whose lease is missing (they stay, unattached; etcd only warns in that case too).
     pub fn finish_load(&mut self) -> Vec<Vec<u8>> {
         let mut orphans = Vec::new();
         for (key, entries) in &self.keys {
             if let Some(Entry { rec: Some(rec), .. }) = entries.last() {
                 if rec.lease != 0 {
-                    match self.leases.get_mut(&rec.lease) {
-                        Some(lease) => {
-                            lease.keys.insert(key.clone());
-                        }
-                        None => orphans.push(key.clone()),
+                    if self.leases.contains_key(&rec.lease) {
+                        self.lease_keys.insert((rec.lease, key.clone()), true);
+                    } else {
+                        orphans.push(key.clone());
                     }
                 }
             }
@@ -261,6 +398,16 @@ impl Mvcc {
         std::mem::take(&mut self.delta)
     }
 
+    /// Hands over the overlay of a backed state machine, to be written to the backing: from now
+    /// on reads see the backing for everything (the caller writes the flush there first).
+    pub fn take_flush(&mut self) -> Flush {
+        Flush {
+            keys: std::mem::take(&mut self.keys),
+            log: std::mem::take(&mut self.log),
+            lease_keys: std::mem::take(&mut self.lease_keys),
+        }
+    }
+
     // ----- reads -----
 
     /// Live keys of `range` as of revision `at`, in key order, with their mod revision.
@@ -268,36 +415,67 @@ impl Mvcc {
         &'a self,
         range: &'a KeyRange,
         at: Revision,
-    ) -> impl Iterator<Item = (&'a Vec<u8>, Revision, &'a Record)> + 'a {
+    ) -> impl Iterator<Item = (Cow<'a, [u8]>, Revision, Cow<'a, Record>)> + 'a {
         self.histories(range).filter_map(move |(key, entries)| {
-            let n = entries.partition_point(|e| e.main <= at);
-            let entry = entries.get(n.checked_sub(1)?)?;
-            entry.rec.as_ref().map(|rec| (key, entry.main, rec))
+            let (mod_rev, rec) = live_in(entries, at)?;
+            Some((key, mod_rev, rec))
         })
     }
 
     /// Keys of `range` that have any history, in key order.
-    fn histories<'a>(
-        &'a self,
-        range: &'a KeyRange,
-    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Vec<Entry>)> + 'a> {
+    fn histories<'a>(&'a self, range: &'a KeyRange) -> Box<dyn Iterator<Item = History<'a>> + 'a> {
         if range.is_single() {
-            return Box::new(self.keys.get_key_value(&range.key).into_iter());
+            let h = self.history_of(&range.key);
+            if h.is_empty() {
+                return Box::new(std::iter::empty());
+            }
+            return Box::new(std::iter::once((Cow::Borrowed(range.key.as_slice()), h)));
         }
         let start = Bound::Included(range.key.clone());
-        if range.range_end == [0] {
-            return Box::new(self.keys.range((start, Bound::Unbounded)));
-        }
-        if range.range_end <= range.key {
+        let end = if range.range_end == [0] {
+            None
+        } else if range.range_end <= range.key {
             // An inverted or empty range matches nothing (and BTreeMap::range would panic).
             return Box::new(std::iter::empty());
+        } else {
+            Some(range.range_end.as_slice())
+        };
+        let upper = end.map_or(Bound::Unbounded, |e| Bound::Excluded(e.to_vec()));
+        let overlay = self
+            .keys
+            .range((start, upper))
+            .map(|(k, es)| (Cow::Borrowed(k.as_slice()), Cow::Borrowed(es.as_slice())));
+        match &self.backing {
+            None => Box::new(overlay),
+            Some(b) => Box::new(Merge {
+                overlay: overlay.peekable(),
+                backing: b
+                    .histories(&range.key, end)
+                    .map(|(k, es)| (Cow::Owned(k), Cow::Owned(es)))
+                    .peekable(),
+            }),
         }
-        Box::new(self.keys.range((start, Bound::Excluded(range.range_end.clone()))))
     }
 
-    /// The newest record of `key`, if it is live.
-    fn current(&self, key: &[u8]) -> Option<&Record> {
-        self.keys.get(key)?.last()?.rec.as_ref()
+    /// The whole history of `key` (empty if none).
+    fn history_of(&self, key: &[u8]) -> Cow<'_, [Entry]> {
+        match (self.keys.get(key), &self.backing) {
+            (Some(es), _) => Cow::Borrowed(es.as_slice()),
+            (None, Some(b)) => Cow::Owned(b.history(key)),
+            (None, None) => Cow::Borrowed(&[]),
+        }
+    }
+
+    /// `(create revision, version, lease)` of the newest record of `key`, if it is live.
+    fn current(&self, key: &[u8]) -> Option<(Revision, i64, LeaseId)> {
+        let h = self.history_of(key);
+        let rec = h.last()?.rec.as_ref()?;
+        Some((rec.create_revision, rec.version, rec.lease))
+    }
+
+    /// The history of `key` in the overlay, read from the backing first if it is not there.
+    fn history_mut(&mut self, key: &[u8]) -> &mut Vec<Entry> {
+        history_in(&mut self.keys, &self.backing, key)
     }
 
     /// A read of `req` where the latest revision is `cur_rev` (etcd's `rangeKeys` + `Range`).
@@ -323,7 +501,7 @@ impl Mvcc {
                 resp.more = true;
                 continue;
             }
-            resp.kvs.push(kv_of(key, mod_rev, rec, req.keys_only));
+            resp.kvs.push(kv_of(&key, mod_rev, &rec, req.keys_only));
         }
         Ok(resp)
     }
@@ -336,20 +514,31 @@ impl Mvcc {
 
     /// The events of `range` at revisions `>= start`, one batch per revision.
     pub fn history(&self, range: &KeyRange, start: Revision) -> Vec<(Revision, Vec<WatchEvent>)> {
-        let mut out = Vec::new();
+        let mut out: Vec<(Revision, Vec<WatchEvent>)> = Vec::new();
+        let mut add = |main: Revision, sub: u32, key: &[u8]| {
+            if !range.contains(key) {
+                return;
+            }
+            let entries = self.history_of(key);
+            let Ok(i) = entries.binary_search_by(|e| (e.main, e.sub).cmp(&(main, sub))) else {
+                return;
+            };
+            let event = entries[i].event(key);
+            match out.last_mut() {
+                Some((rev, events)) if *rev == main => events.push(event),
+                _ => out.push((main, vec![event])),
+            }
+        };
+        if let Some(b) = &self.backing {
+            // The backing's log holds the revisions before the overlay's first.
+            let to = self.log.keys().next().map_or(self.rev, |r| r - 1);
+            for (main, sub, key) in b.log(start.max(self.compact_rev), to) {
+                add(main, sub, &key);
+            }
+        }
         for (&main, changes) in self.log.range(start..) {
-            let events: Vec<WatchEvent> = changes
-                .iter()
-                .filter(|(_, key)| range.contains(key))
-                .filter_map(|(sub, key)| {
-                    let entries = self.keys.get(key)?;
-                    let i =
-                        entries.binary_search_by(|e| (e.main, e.sub).cmp(&(main, *sub))).ok()?;
-                    Some(entries[i].event(key))
-                })
-                .collect();
-            if !events.is_empty() {
-                out.push((main, events));
+            for (sub, key) in changes {
+                add(main, *sub, key);
             }
         }
         out
@@ -407,7 +596,7 @@ impl Mvcc {
         let mut any = false;
         for (_, mod_rev, rec) in self.live_at(&c.range, self.rev) {
             any = true;
-            if !compare_record(c, Some((mod_rev, rec))) {
+            if !compare_record(c, Some((mod_rev, &rec))) {
                 return false;
             }
         }
@@ -500,29 +689,51 @@ impl Mvcc {
         let entry = Entry { main: w.new_rev, sub: w.sub, rec };
         w.sub += 1;
         self.log.entry(entry.main).or_default().push((entry.sub, key.to_vec()));
-        self.keys.entry(key.to_vec()).or_default().push(entry.clone());
+        self.history_mut(key).push(entry.clone());
         self.delta.entries.push((key.to_vec(), entry));
     }
 
+    fn attach(&mut self, key: &[u8], lease: LeaseId) {
+        if lease != 0 && self.leases.contains_key(&lease) {
+            self.lease_keys.insert((lease, key.to_vec()), true);
+        }
+    }
+
     fn detach(&mut self, key: &[u8], lease: LeaseId) {
-        if lease != 0 {
-            if let Some(l) = self.leases.get_mut(&lease) {
-                l.keys.remove(key);
+        if lease != 0 && self.leases.contains_key(&lease) {
+            if self.backing.is_some() {
+                self.lease_keys.insert((lease, key.to_vec()), false);
+            } else {
+                self.lease_keys.remove(&(lease, key.to_vec()));
+            }
+        }
+    }
+
+    /// The keys attached to lease `id`, in key order.
+    fn keys_of(&self, id: LeaseId) -> Vec<Vec<u8>> {
+        let overlay = self
+            .lease_keys
+            .range((id, Vec::new())..)
+            .take_while(|((l, _), _)| *l == id)
+            .map(|((_, k), attached)| (k.clone(), *attached));
+        match &self.backing {
+            None => overlay.map(|(k, _)| k).collect(),
+            Some(b) => {
+                let mut all: BTreeMap<Vec<u8>, bool> =
+                    b.lease_keys(id).into_iter().map(|k| (k, true)).collect();
+                all.extend(overlay);
+                all.into_iter().filter_map(|(k, attached)| attached.then_some(k)).collect()
             }
         }
     }
 
     fn put(&mut self, key: &[u8], value: &[u8], lease: LeaseId, w: &mut WriteCtx) {
         let (create_revision, version, old_lease) = match self.current(key) {
-            Some(old) => (old.create_revision, old.version + 1, old.lease),
+            Some((create, version, lease)) => (create, version + 1, lease),
             None => (w.new_rev, 1, 0),
         };
         self.detach(key, old_lease);
-        if lease != 0 {
-            if let Some(l) = self.leases.get_mut(&lease) {
-                l.keys.insert(key.to_vec());
-            }
-        }
+        self.attach(key, lease);
         let rec = Record { value: value.to_vec(), create_revision, version, lease };
         self.record_change(key, Some(rec), w);
     }
@@ -530,7 +741,7 @@ impl Mvcc {
     fn delete(&mut self, range: &KeyRange, w: &mut WriteCtx) -> i64 {
         let doomed: Vec<(Vec<u8>, LeaseId)> = self
             .live_at(range, w.read_rev())
-            .map(|(key, _, rec)| (key.clone(), rec.lease))
+            .map(|(key, _, rec)| (key.into_owned(), rec.lease))
             .collect();
         for (key, lease) in &doomed {
             self.detach(key, *lease);
@@ -553,7 +764,7 @@ impl Mvcc {
         let id = self.next_lease;
         self.next_lease += 1;
         let deadline = deadline_after(now, ttl);
-        self.leases.insert(id, LeaseState { ttl, deadline, keys: BTreeSet::new() });
+        self.leases.insert(id, LeaseState { ttl, deadline });
         self.expiry.insert((deadline, id));
         self.delta.leases_put.push((id, ttl, deadline));
         Ok(Lease { id, ttl })
@@ -572,13 +783,27 @@ impl Mvcc {
     /// Revokes a lease, deleting its keys (sorted, as etcd's lessor does) in one revision. False
     /// if the lease does not exist.
     pub fn lease_revoke(&mut self, id: LeaseId) -> bool {
+        if !self.leases.contains_key(&id) {
+            return false;
+        }
+        let keys = self.keys_of(id);
         let Some(lease) = self.leases.remove(&id) else {
             return false;
         };
         self.expiry.remove(&(lease.deadline, id));
         self.delta.leases_removed.push(id);
+        // Its attachments go from the overlay; backed, the owner drops the lease's rows.
+        let attached: Vec<(LeaseId, Vec<u8>)> = self
+            .lease_keys
+            .range((id, Vec::new())..)
+            .take_while(|((l, _), _)| *l == id)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for k in attached {
+            self.lease_keys.remove(&k);
+        }
         let mut w = WriteCtx { new_rev: self.rev + 1, sub: 0 };
-        for key in &lease.keys {
+        for key in &keys {
             if self.current(key).is_some() {
                 self.record_change(key, None, &mut w);
             }
@@ -641,16 +866,27 @@ impl Mvcc {
 
     /// Drops history before `rev`: per key, every change `<= rev` except the newest one, and that
     /// one too if it is a delete (etcd's `keyIndex.compact`). Only keys that changed since the
-    /// previous compaction can have anything to drop, and the log names them.
+    /// previous compaction can have anything to drop, and the log names them. Backed, the log
+    /// rows before `rev` are dropped from the backing by its owner (they are below the new
+    /// compaction point it writes).
     fn compact_to(&mut self, rev: Revision) {
-        let touched: BTreeSet<Vec<u8>> = self
+        let mut touched: BTreeSet<Vec<u8>> = self
             .log
             .range(..=rev)
             .flat_map(|(_, changes)| changes.iter().map(|(_, k)| k.clone()))
             .collect();
+        if let Some(b) = &self.backing {
+            touched.extend(b.log(self.compact_rev, rev).map(|(_, _, k)| k));
+        }
+        let backed = self.backing.is_some();
         for key in touched {
-            let Some(entries) = self.keys.get_mut(&key) else {
-                continue;
+            let entries = if backed {
+                history_in(&mut self.keys, &self.backing, &key)
+            } else {
+                match self.keys.get_mut(&key) {
+                    Some(entries) => entries,
+                    None => continue,
+                }
             };
             let n = entries.partition_point(|e| e.main <= rev);
             let drop = match entries.get(n.wrapping_sub(1)) {
@@ -659,7 +895,8 @@ impl Mvcc {
                 None => 0,
             };
             self.delta.removed.extend(entries.drain(..drop).map(|e| (e.main, e.sub)));
-            if entries.is_empty() {
+            // Backed, an emptied history stays as the mark that tells the owner to remove it.
+            if entries.is_empty() && !backed {
                 self.keys.remove(&key);
             }
         }
@@ -668,7 +905,14 @@ impl Mvcc {
         self.compact_rev = rev;
     }
 
-    /// Number of changes held (for tests of the compaction policy).
+    /// Keys, log revisions and lease attachments held in memory (tests of what a file store
+    /// keeps between operations).
+    #[cfg(test)]
+    pub fn overlay_len(&self) -> usize {
+        self.keys.len() + self.log.len() + self.lease_keys.len()
+    }
+
+    /// Number of changes held (for tests of the compaction policy; unbacked).
     #[cfg(test)]
     pub fn history_len(&self) -> usize {
         self.keys.values().map(Vec::len).sum()

@@ -310,15 +310,26 @@ async fn newer_format_and_malformed_rows_are_corrupt() {
         Err(StoreError::Corrupt { reason, .. }) => assert!(reason.contains("newer"), "{reason}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
+    // A row is read when needed (issue 21 item 0): the open succeeds, the read that meets the
+    // row fails naming the file and the key, and the store stops.
     let path = dir.path().join("rows.redb");
     drop(EmbeddedStore::open(&path, opts()).await.unwrap());
-    file::put_raw_entry(&path, 2, &[9, 9]).unwrap();
-    match EmbeddedStore::open(&path, opts()).await {
-        Err(StoreError::Corrupt { reason, .. }) => {
-            assert!(reason.contains("entry (2, 0)"), "{reason}")
+    file::put_raw_history(&path, b"bad", &[9, 9]).unwrap();
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    assert!(value(&s, "other").await.is_none(), "rows not read are not checked");
+    match s.get(GetRequest::key("bad")).await {
+        Err(StoreError::Corrupt { path: p, reason }) => {
+            assert_eq!(p, path.display().to_string());
+            assert!(reason.contains("\"bad\""), "{reason}")
         }
         other => panic!("expected Corrupt, got {other:?}"),
     }
+    // The store stopped: later calls fail the same way (a person must look at the file).
+    let later = s.txn(put("x", "1")).await;
+    assert!(
+        matches!(&later, Err(StoreError::Corrupt { path: p, .. }) if *p == path.display().to_string()),
+        "{later:?}"
+    );
 }
 
 /// Issue 19 item 3: random 8-byte writes into a store file made redb panic while opening it in
@@ -354,7 +365,8 @@ async fn randomly_damaged_files_are_corrupt_or_fine_never_a_panic() {
         let at = rng.random_range(0..data.len() - 8);
         rng.fill(&mut data[at..at + 8]);
         std::fs::write(&path, &data).unwrap();
-        let opened = std::panic::catch_unwind(|| file::FileStore::open_blocking(&path, false));
+        let opened =
+            std::panic::catch_unwind(|| file::FileStore::open_blocking(&path, false, false));
         match opened {
             Err(_) => panics.push(seed),
             Ok(Ok(_)) => {}
@@ -653,4 +665,155 @@ async fn read_only_open_of_a_missing_file_fails_without_creating_it() {
         matches!(EmbeddedStore::open(&path, ro).await, Err(StoreError::Unavailable(m)) if m.contains("none.redb"))
     );
     assert!(!path.exists());
+}
+
+// ----- the file as the state (issue 21 item 0) -----
+
+/// A file store reads keys on demand: between operations it holds no key, history or lease
+/// attachment in memory, and an open reads none (before issue 21 the open loaded every row, so
+/// this held 2,000 keys and their log after the reopen).
+#[tokio::test]
+async fn file_store_holds_no_keys_in_memory_between_operations() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    {
+        let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+        let lease = s.lease_grant(3600).await.unwrap();
+        for chunk in 0..20 {
+            let ops = (0..100)
+                .map(|i| TxnOp::put_on_lease(format!("k/{:05}", chunk * 100 + i), "v", lease.id));
+            s.txn(TxnRequest::new().and_then(ops)).await.unwrap();
+        }
+        assert_eq!(s.inner.lock().mvcc.overlay_len(), 0, "written back at each commit");
+    }
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    assert_eq!(s.inner.lock().mvcc.overlay_len(), 0, "the open read no key");
+    assert_eq!(value(&s, "k/01234").await.as_deref(), Some(&b"v"[..]));
+    s.txn(put("k/00007", "w")).await.unwrap();
+    let r = s.get(GetRequest::prefix("k/").count_only()).await.unwrap();
+    assert_eq!(r.count, 2000);
+    assert_eq!(s.inner.lock().mvcc.overlay_len(), 0);
+    // The memory store is its overlay: everything stays.
+    let m = EmbeddedStore::memory();
+    m.txn(put("a", "1")).await.unwrap();
+    assert!(m.inner.lock().mvcc.overlay_len() > 0);
+}
+
+/// Lease revocation finds the lease's keys in the file (not in memory), also after a reopen and
+/// after keys moved to another lease or were deleted.
+#[tokio::test]
+async fn revoking_a_lease_after_reopen_deletes_exactly_its_keys() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let (l1, l2);
+    {
+        let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+        l1 = s.lease_grant(3600).await.unwrap().id;
+        l2 = s.lease_grant(3600).await.unwrap().id;
+        let ops = ["a", "b", "c", "d"].map(|k| TxnOp::put_on_lease(k, "1", l1));
+        s.txn(TxnRequest::new().and_then(ops)).await.unwrap();
+        s.txn(TxnRequest::new().and_then([TxnOp::put_on_lease("b", "2", l2)])).await.unwrap();
+        s.txn(TxnRequest::new().and_then([TxnOp::put("c", "plain")])).await.unwrap();
+        s.txn(TxnRequest::new().and_then([TxnOp::delete("d")])).await.unwrap();
+    }
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    let before = s.get(GetRequest::key("x")).await.unwrap().revision;
+    assert!(s.lease_revoke(l1).await.unwrap());
+    assert_eq!(value(&s, "a").await, None);
+    assert_eq!(value(&s, "b").await.as_deref(), Some(&b"2"[..]), "moved to l2");
+    assert_eq!(value(&s, "c").await.as_deref(), Some(&b"plain"[..]), "detached by a plain put");
+    assert_eq!(s.get(GetRequest::key("x")).await.unwrap().revision, before + 1, "one revision");
+    drop(s);
+    let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+    assert!(s.lease_revoke(l2).await.unwrap());
+    assert_eq!(value(&s, "b").await, None);
+    assert_eq!(value(&s, "c").await.as_deref(), Some(&b"plain"[..]));
+}
+
+/// A file written by format 1 (one `entries` table, loaded whole at open) opens: migrated on a
+/// writable open, read into memory on a read-only one, with the same keys, history and leases.
+#[tokio::test]
+async fn format_1_file_opens_migrated_with_keys_history_and_leases() {
+    use super::mvcc::{Meta, Record, NEVER_COMPACTED as NEVER};
+    let dir = tempfile::tempdir().unwrap();
+    let rec = |value: &str, create, version, lease| Record {
+        value: value.as_bytes().to_vec(),
+        create_revision: create,
+        version,
+        lease,
+    };
+    let entries = [
+        ("a", 2, 0, Some(rec("1", 2, 1, 0))),
+        ("a", 3, 0, Some(rec("2", 2, 2, 0))),
+        ("b", 4, 0, Some(rec("on lease", 4, 1, 1))),
+        ("c", 5, 0, Some(rec("x", 5, 1, 0))),
+        ("c", 6, 0, None),
+        ("orphan", 6, 1, Some(rec("o", 6, 1, 9))),
+    ];
+    let meta = Meta { revision: 6, compact_revision: NEVER, next_lease: 2 };
+    let far = file::unix_ms_now() + 3_600_000;
+    let old = dir.path().join("v1.redb");
+    file::write_v1_file(&old, meta, &entries, &[(1, 3600, far)]).unwrap();
+    let copy = dir.path().join("v1-read-only.redb");
+    std::fs::copy(&old, &copy).unwrap();
+
+    let check = |s: EmbeddedStore| async move {
+        let a = s.get(GetRequest::key("a")).await.unwrap();
+        assert_eq!(a.revision, 6);
+        let kv = &a.kvs[0];
+        assert_eq!(
+            (kv.value.as_slice(), kv.create_revision, kv.mod_revision, kv.version),
+            (&b"2"[..], 2, 3, 2)
+        );
+        let at2 = s.get(GetRequest::key("a").at_revision(2)).await.unwrap();
+        assert_eq!(at2.kvs[0].value, b"1");
+        assert_eq!(value(&s, "c").await, None);
+        assert_eq!(s.get(GetRequest::key("orphan")).await.unwrap().kvs[0].lease, 9);
+        let mut w = s.watch(KeyRange::from_key("a"), 3).await.unwrap();
+        let revs: Vec<i64> =
+            events(next_msg(&mut w).await).iter().map(|e| e.kv().mod_revision).collect();
+        assert_eq!(revs, vec![3, 4, 5, 6, 6]);
+        s
+    };
+    let s = check(EmbeddedStore::open(&old, opts()).await.unwrap()).await;
+    assert!(s.lease_revoke(1).await.unwrap());
+    assert_eq!(value(&s, "b").await, None, "the lease's key went with it");
+    assert!(value(&s, "orphan").await.is_some(), "a key on a missing lease stays");
+    drop(s);
+    let tables = file::table_names(&old).unwrap();
+    assert!(tables.contains(&"kv".to_string()), "{tables:?}");
+    assert!(!tables.contains(&"entries".to_string()), "{tables:?}");
+    let s = EmbeddedStore::open(&old, opts()).await.unwrap();
+    assert_eq!(value(&s, "a").await.as_deref(), Some(&b"2"[..]), "reopens as format 2");
+
+    let ro = EmbeddedOptions { read_only: true, ..opts() };
+    let s = check(EmbeddedStore::open(&copy, ro).await.unwrap()).await;
+    assert!(matches!(s.txn(put("z", "1")).await, Err(StoreError::ReadOnly { .. })));
+    drop(s);
+    assert!(file::table_names(&copy).unwrap().contains(&"entries".to_string()), "untouched");
+}
+
+/// redb's O(file) integrity check runs at open only when the file was not closed cleanly or
+/// when asked (before issue 21 every writable open ran it).
+#[tokio::test]
+async fn integrity_check_runs_only_after_an_unclean_close_or_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.redb");
+    let unclean = dir.path().join("unclean.redb");
+    {
+        let s = EmbeddedStore::open(&path, opts()).await.unwrap();
+        s.txn(put("a", "1")).await.unwrap();
+        // A copy taken while the file is open is a file whose writer never closed it.
+        std::fs::copy(&path, &unclean).unwrap();
+    }
+    let open =
+        |p: &std::path::Path, check: bool| match file::FileStore::open_blocking(p, false, check) {
+            Ok((f, _)) => f,
+            Err(_) => panic!("{} should open", p.display()),
+        };
+    assert!(!open(&path, false).checked(), "closed cleanly: not checked");
+    assert!(open(&path, true).checked(), "asked: checked");
+    assert!(open(&unclean, false).checked(), "not closed cleanly: checked");
+    let s = EmbeddedStore::open(&unclean, opts()).await.unwrap();
+    assert_eq!(value(&s, "a").await.as_deref(), Some(&b"1"[..]));
 }
