@@ -419,6 +419,11 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let addr: SocketAddr = listener.local_addr()?;
     info!(%addr, "idalloc serve listening (plain HTTP)");
+    // No Nagle delay: a watch stream's small paced writes would otherwise wait for the client's
+    // delayed ACK of the previous one (tens of milliseconds).
+    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     serve_on(state, listener, shutdown).await
 }
 

@@ -234,6 +234,8 @@ async fn accept_loop(
                 continue;
             }
         };
+        // No Nagle delay (as for plain HTTP: `serve`).
+        let _ = stream.set_nodelay(true);
         let acceptor = TlsAcceptor::from(tls.current());
         let tx = tx.clone();
         tokio::spawn(async move {
