@@ -253,7 +253,10 @@ impl PoolState {
     /// [`PoolState::emit_all`] for changes of the store's history at `revision` (a listing's):
     /// each also sent to the stamped subscribers. Called with the cache lock held.
     pub(crate) fn emit_all_at(&self, revision: Revision, events: Vec<Event>) {
-        for e in &events {
+        // Subscribers subscribe under the cache lock, which the caller holds: a count of 0 stays
+        // 0 until the events are out, and a listing of 1M bindings costs no 1M clones for nobody.
+        let stamped = if self.stamped.receiver_count() > 0 { &events[..] } else { &[] };
+        for e in stamped {
             let _ = self.stamped.send(super::events::Stamped::Event { revision, event: e.clone() });
         }
         self.emit_all(events);
@@ -278,15 +281,23 @@ impl PoolState {
         if events.is_empty() {
             return;
         }
-        let tagged: Batch<ClusterEvent> = events
-            .iter()
-            .map(|e| ClusterEvent { cluster: Cluster::Local, event: e.clone() })
-            .collect();
+        // Only for subscribers there are (they subscribe under the cache lock the caller holds):
+        // a first listing of 1M bindings with nobody listening copies nothing.
+        let tagged: Option<Batch<ClusterEvent>> = (self.mesh.receiver_count() > 0).then(|| {
+            events
+                .iter()
+                .map(|e| ClusterEvent { cluster: Cluster::Local, event: e.clone() })
+                .collect()
+        });
         // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
         if let Some(tx) = &*lock(&self.events) {
-            let _ = tx.send(Batch::from(events));
+            if tx.receiver_count() > 0 {
+                let _ = tx.send(Batch::from(events));
+            }
         }
-        let _ = self.mesh.send(tagged);
+        if let Some(tagged) = tagged {
+            let _ = self.mesh.send(tagged);
+        }
     }
 
     /// Publishes how far the cache has caught up with the store.
