@@ -90,7 +90,7 @@ fn record(arena: &str, slot: u32) -> (u64, &str, usize) {
 fn append(arena: &mut String, id: u64, key: &str) -> u32 {
     let start = arena.len();
     let slot = u32::try_from(start / UNIT).unwrap_or_else(|_| {
-        panic!("a pool cache holds at most {} GiB of keys", (1u64 << 32) * UNIT as u64 >> 30)
+        panic!("a pool cache holds at most {} GiB of keys", ((1u64 << 32) * UNIT as u64) >> 30)
     });
     push_varint(arena, id);
     push_varint(arena, key.len() as u64);
