@@ -97,7 +97,7 @@ async fn bounded<T>(
 
 /// Keys in a prefix range above which [`list_range`] reads it in sub-ranges, in pages of the
 /// listing's page size: a sub-range should hold about this many pages.
-const PAGES_PER_SUBRANGE: i64 = 50;
+const PAGES_PER_SUBRANGE: i64 = 10;
 
 /// Lists `range` at one revision. A small range (or one that is not a prefix) is read page after
 /// page. A big prefix range is read in sub-ranges split at the next one to four decimal digits
@@ -406,8 +406,8 @@ mod tests {
         assert_eq!(want.len(), 3000);
         let store = HookedStore::with_hook(inner, Gets::default());
         let pages = AtomicUsize::new(0);
-        // Pages of 10: 3000 keys are 300 pages, over 50: split at one digit (`p/id/1`..`p/id/9`,
-        // about 333 keys each).
+        // Pages of 10: 3000 keys are 300 pages, over 10 a sub-range: split at two digits
+        // (`p/id/10`..`p/id/99`, about 33 keys each).
         let (got, rev) = list_range(&store, &range, 10, || {
             pages.fetch_add(1, Ordering::SeqCst);
         })
