@@ -18,6 +18,7 @@ pub mod micro;
 pub mod plot;
 pub mod remote;
 pub mod report;
+pub mod scale;
 pub mod scenarios;
 pub mod serve;
 pub mod stats;

@@ -18,6 +18,11 @@
 //! to `--out` (default `docs/benchmarks-batching.md`) with their chart next to it (`.svg`); needs
 //! the release `idalloc` binary like `--serve-only`.
 //!
+//! `--scale 10000,1000000[,10000000] [--scale-cache 1000000] [--scale-pages 1000,10000]
+//! [--scale-dir target/tmp-bench] [--out FILE.md]`: issue 21's pools of 1M and 10M bindings on
+//! etcd and the cache's memory per binding (`src/scale.rs`); `--scale-cache` alone runs only the
+//! cache part.
+//!
 //! Runs every scenario (see the crate docs) and writes the Markdown report to `--out` and the plot
 //! next to it (same name, `.svg`). Needs `etcd` on `PATH`. The CLI scenario uses `--cli`, else
 //! `$IDALLOC_CLI`, else `target/release/idalloc` if it exists.
@@ -30,8 +35,17 @@ use idalloc_bench::{run, Config};
 #[global_allocator]
 static HEAP: idalloc_bench::heap::Counting = idalloc_bench::heap::Counting;
 
+/// A comma-separated list of numbers (`10000,1000000`).
+fn list<T: std::str::FromStr>(arg: Option<String>, flag: &str) -> Result<Vec<T>, String> {
+    let arg =
+        arg.ok_or_else(|| usage(&format!("{flag} needs a comma-separated list of numbers")))?;
+    arg.split(',')
+        .map(|x| x.trim().parse().map_err(|_| usage(&format!("{flag}: {x:?} is not a number"))))
+        .collect()
+}
+
 fn usage(msg: &str) -> String {
-    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only | --fanout-only | --batching-only | --coalescing-only [RUNS]] [--out FILE.md] [--cli PATH-TO-idalloc]")
+    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only | --fanout-only | --batching-only | --coalescing-only [RUNS] | --scale SIZES [--scale-cache SIZES] [--scale-pages SIZES] [--scale-dir DIR]] [--out FILE.md] [--cli PATH-TO-idalloc]")
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -43,6 +57,10 @@ async fn main() -> Result<(), String> {
     let mut fanout_only = false;
     let mut batching_only = false;
     let mut micro_only = false;
+    let mut scale: Option<Vec<u64>> = None;
+    let mut scale_cache: Vec<u64> = Vec::new();
+    let mut scale_pages: Vec<i64> = vec![1000];
+    let mut scale_dir = PathBuf::from("target/tmp-bench");
     let mut out: Option<PathBuf> = None;
     let mut cli: Option<PathBuf> = std::env::var_os("IDALLOC_CLI").map(PathBuf::from);
     let mut args = std::env::args().skip(1);
@@ -157,12 +175,54 @@ async fn main() -> Result<(), String> {
                 };
                 return coalescing(runs).await;
             }
+            // Issue 21 (src/scale.rs): bindings on etcd per run, and cache sizes for the memory part.
+            "--scale" => scale = Some(list(args.next(), "--scale")?),
+            "--scale-cache" => {
+                scale_cache = list(args.next(), "--scale-cache")?;
+                scale.get_or_insert_with(Vec::new);
+            }
+            "--scale-pages" => scale_pages = list(args.next(), "--scale-pages")?,
+            "--scale-dir" => {
+                scale_dir = args.next().ok_or_else(|| usage("--scale-dir needs a path"))?.into()
+            }
+            // The scale run's fresh processes (memory measured without the parent's allocations).
+            "--scale-child-cache" => {
+                let n = list::<u64>(args.next(), "--scale-child-cache")?;
+                let dense = args.next().as_deref() == Some("dense");
+                return idalloc_bench::scale::cache_memory_child(
+                    n.first().copied().unwrap_or(0),
+                    dense,
+                )
+                .await;
+            }
+            "--scale-child-sync" => {
+                let url = args.next().ok_or_else(|| usage("--scale-child-sync needs a URL"))?;
+                let page = list::<i64>(args.next(), "--scale-child-sync")?;
+                return idalloc_bench::scale::sync_child(
+                    &url,
+                    page.first().copied().unwrap_or(1000),
+                )
+                .await;
+            }
             "--out" => {
                 out = Some(args.next().ok_or_else(|| usage("--out needs a file name"))?.into())
             }
             "--cli" => cli = Some(args.next().ok_or_else(|| usage("--cli needs a path"))?.into()),
             other => return Err(usage(&format!("unknown argument {other:?}"))),
         }
+    }
+    if let Some(sizes) = scale {
+        let cmd: Vec<String> = std::env::args().skip(1).collect();
+        let cmd = format!("cargo run --release -p idalloc-bench -- {}", cmd.join(" "));
+        return idalloc_bench::scale::run(
+            &sizes,
+            &scale_cache,
+            &scale_dir,
+            &scale_pages,
+            out.as_deref(),
+            &cmd,
+        )
+        .await;
     }
     if micro_only {
         let cfg = Config::full();

@@ -1,27 +1,29 @@
 //! A compact two-way index of bindings (ID ↔ key) for the cache.
 //!
 //! Every node caches every binding of the pools it uses, so the bytes per binding are what a large
-//! deployment pays on every node (DESIGN §6; target ≤ 150 bytes beyond the key itself), and the
-//! lookups are what every caller of `get`/`key_of` pays (issue 14: `get` within 2× of `key_of`).
+//! deployment pays on every node (issue 21: ≤ 100 resident bytes per binding at 1M bindings with
+//! 40-byte keys, key bytes included), and the lookups are what every caller of `get`/`key_of` pays.
 //!
-//! Two open-addressing tables (linear probing, power-of-two sizes, at most 7/8 full, deletion by
-//! backward shift so there are no tombstones and no entry ever sits behind a stale one):
+//! Layout: one arena of records and two hash tables of arena positions.
 //!
-//! - `keys`: the bindings themselves, `(id, key)` (24 bytes a slot), placed by the key's hash, with
-//!   a parallel array of one-byte hash tags. `get` loads the tag and the slot of the key's home
-//!   position (independent loads, issued together), then the key bytes to confirm: two dependent
-//!   cache misses. A probe passes over other keys by their tag without reading their bytes.
-//! - `ids`: for each binding, its slot in `keys` with 24 bits of the ID's hash as a tag (8 bytes a
-//!   slot), placed by the ID's hash. `key_of` loads that slot, then the `keys` slot it names (whose
-//!   fat pointer is the answer; the key bytes are not read): two dependent misses, as with a
-//!   SwissTable's control byte and bucket.
+//! - `arena`: every binding as one record, `id` and key length as ASCII varints (6 bits a byte, so
+//!   the arena stays a valid `String` and `key_of` can hand out `&str` slices of it without
+//!   re-checking UTF-8 and without `unsafe`), then the key's bytes, padded to an even length. A
+//!   40-byte key with a 24-bit ID takes 46 bytes, where a `Box<str>` took 48 bytes of allocator
+//!   chunk plus its 16-byte fat pointer.
+//! - `by_key` and `by_id`: `hashbrown::HashTable<u32>` of record positions (in 2-byte units), hashed
+//!   by key and by ID: 5 bytes a bucket (4 + hashbrown's control byte), 10.5 bytes a binding per
+//!   table right after a doubling. The previous layout (open addressing of `(id, Box<str>)` slots
+//!   with a tag array and an ID table) took 33 bytes a slot, 69 a binding at 1M, before the key.
 //!
-//! 25 + 8 = 33 bytes a slot, where the previous layout (a hashbrown map `id → Arc<str>` and a
-//! hashbrown table of IDs hashed by key) had 25 + 9, and needed five dependent loads for a `get`
-//! (control byte, ID, the ID map's control byte and bucket, key bytes). Both tables have the same
-//! size and grow together, at the same 7/8 as hashbrown, so the slot count per binding is the same
-//! as before at every size. Keys are `Box<str>`: the cache never shares them (events carry their
-//! own `String`), and an `Arc`'s 16-byte header per key was memory for nothing.
+//! Removing a binding leaves its record dead in the arena; once dead bytes pass a quarter of the
+//! arena, live records are copied to a new arena and both tables rebuilt (O(live), at most once
+//! per live/3 removals: amortized O(1), so listings and `replace_all` stay linear). Positions are
+//! 32-bit in 2-byte units: an arena holds at most 8 GiB of records, more than an etcd database
+//! (8 GiB quota, every key stored there twice) can hold.
+//!
+//! The price is one more dependent load per lookup than before: `get` reads a control byte, a
+//! position, then the record; `key_of` the same. Measured in docs/scale.md ("Cache memory").
 //!
 //! If the store binds one key to two IDs (only after data loss, DESIGN §7), `get` answers the
 //! newest binding; the older one moves to a side map (`shadowed`), empty in normal operation.
@@ -29,26 +31,87 @@
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 
+use hashbrown::HashTable;
+
 /// foldhash (hashbrown's default, per-process random seed): hashing the key is a large part of a
 /// cached `get`, and SipHash was several times slower (docs/benchmarks-findings.md).
 type Hasher = foldhash::fast::RandomState;
 
-/// `ids` slot: the `keys` position + 1 in the low bits (0: empty), an ID-hash tag above.
-const POS_BITS: u32 = 40;
-const POS_MASK: u64 = (1 << POS_BITS) - 1;
-const TAG_MASK: u64 = !POS_MASK;
+/// Records start at multiples of this many bytes; table entries count in these units.
+const UNIT: usize = 2;
+
+/// Dead bytes below this never trigger a compaction (small caches do not churn their arena).
+const COMPACT_MIN: usize = 4096;
+
+/// Appends `v` as an ASCII varint: 6 bits a byte, low bits first, `0x40` on every byte but the
+/// last. Every byte is below `0x80`, so the arena stays valid UTF-8.
+fn push_varint(s: &mut String, mut v: u64) {
+    loop {
+        let low = (v & 0x3F) as u8;
+        v >>= 6;
+        if v == 0 {
+            s.push(char::from(low));
+            return;
+        }
+        s.push(char::from(low | 0x40));
+    }
+}
+
+/// Reads a varint written by [`push_varint`] at `*pos`, advancing `*pos` past it.
+fn read_varint(b: &[u8], pos: &mut usize) -> u64 {
+    let (mut v, mut shift) = (0u64, 0u32);
+    loop {
+        let byte = b[*pos];
+        *pos += 1;
+        v |= u64::from(byte & 0x3F) << shift;
+        if byte & 0x40 == 0 {
+            return v;
+        }
+        shift += 6;
+    }
+}
+
+/// The record at table entry `slot`: its ID, its key, and its length in the arena (padding
+/// included).
+fn record(arena: &str, slot: u32) -> (u64, &str, usize) {
+    let start = slot as usize * UNIT;
+    let b = arena.as_bytes();
+    let mut pos = start;
+    let id = read_varint(b, &mut pos);
+    let len = read_varint(b, &mut pos) as usize;
+    // Both ends are char boundaries: the header before the key and the next header (or padding,
+    // or the arena's end) after it are ASCII.
+    let key = &arena[pos..pos + len];
+    let end = (pos + len).next_multiple_of(UNIT);
+    (id, key, end - start)
+}
+
+/// Appends a record for `(id, key)` to `arena`; returns its table entry.
+fn append(arena: &mut String, id: u64, key: &str) -> u32 {
+    let start = arena.len();
+    let slot = u32::try_from(start / UNIT).unwrap_or_else(|_| {
+        panic!("a pool cache holds at most {} GiB of keys", ((1u64 << 32) * UNIT as u64) >> 30)
+    });
+    push_varint(arena, id);
+    push_varint(arena, key.len() as u64);
+    arena.push_str(key);
+    while arena.len() % UNIT != 0 {
+        arena.push('\0');
+    }
+    slot
+}
 
 /// Bindings `id ↔ key`. `get` answers the newest binding of a key if the store (transiently, after
 /// data loss) binds one key to two IDs.
 pub struct Bindings<S = Hasher> {
-    /// Bindings by key hash; `None` is an empty slot. Same length as `tags` and `ids`.
-    keys: Vec<Option<(u64, Box<str>)>>,
-    /// One byte of each `keys` slot's key hash, never 0; 0 marks an empty slot.
-    tags: Vec<u8>,
-    /// `keys` positions by ID hash (see [`POS_BITS`]).
-    ids: Vec<u64>,
-    /// Number of bindings in `keys` (= used slots in `ids`).
-    len: usize,
+    /// Records of the bindings (live and dead), see the module docs.
+    arena: String,
+    /// Live records by key hash.
+    by_key: HashTable<u32>,
+    /// The same records by ID hash.
+    by_id: HashTable<u32>,
+    /// Bytes of `arena` that no table points to any more.
+    dead: usize,
     /// Older bindings of a key that a newer ID took over (data loss only): `id → key`.
     shadowed: HashMap<u64, Box<str>, Hasher>,
     hasher: S,
@@ -57,10 +120,10 @@ pub struct Bindings<S = Hasher> {
 impl<S: Default> Default for Bindings<S> {
     fn default() -> Self {
         Bindings {
-            keys: Vec::new(),
-            tags: Vec::new(),
-            ids: Vec::new(),
-            len: 0,
+            arena: String::new(),
+            by_key: HashTable::new(),
+            by_id: HashTable::new(),
+            dead: 0,
             shadowed: HashMap::default(),
             hasher: S::default(),
         }
@@ -69,85 +132,26 @@ impl<S: Default> Default for Bindings<S> {
 
 impl<S> std::fmt::Debug for Bindings<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Bindings").field("len", &self.len).finish()
+        f.debug_struct("Bindings").field("len", &self.by_key.len()).finish()
     }
-}
-
-/// The tag byte of a key hash (the top byte, 0 mapped to 1: 0 means empty).
-fn key_tag(h: u64) -> u8 {
-    ((h >> 56) as u8).max(1)
 }
 
 impl<S: BuildHasher> Bindings<S> {
-    fn mask(&self) -> usize {
-        self.keys.len().wrapping_sub(1)
-    }
-
-    fn hash_key(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
-    }
-
-    fn hash_id(&self, id: u64) -> u64 {
-        self.hasher.hash_one(id)
-    }
-
-    /// Position in `keys` of `key`'s binding.
-    fn find_key(&self, key: &str) -> Option<usize> {
-        if self.len == 0 {
-            return None;
-        }
-        let h = self.hash_key(key);
-        let (tag, mask) = (key_tag(h), self.mask());
-        let mut p = h as usize & mask;
-        loop {
-            match self.tags[p] {
-                0 => return None,
-                t if t == tag => {
-                    if let Some((_, k)) = &self.keys[p] {
-                        if **k == *key {
-                            return Some(p);
-                        }
-                    }
-                }
-                _ => {}
-            }
-            p = (p + 1) & mask;
-        }
-    }
-
-    /// Position in `ids` of `id`'s slot, and the `keys` position it names.
-    fn find_id(&self, id: u64) -> Option<(usize, usize)> {
-        if self.len == 0 {
-            return None;
-        }
-        let h = self.hash_id(id);
-        let (tag, mask) = (h & TAG_MASK, self.mask());
-        let mut q = h as usize & mask;
-        loop {
-            let s = self.ids[q];
-            if s == 0 {
-                return None;
-            }
-            if s & TAG_MASK == tag {
-                let p = (s & POS_MASK) as usize - 1;
-                if matches!(&self.keys[p], Some((i, _)) if *i == id) {
-                    return Some((q, p));
-                }
-            }
-            q = (q + 1) & mask;
-        }
-    }
-
     /// The ID bound to `key`.
     pub fn get(&self, key: &str) -> Option<u64> {
-        let p = self.find_key(key)?;
-        self.keys[p].as_ref().map(|(id, _)| *id)
+        if self.by_key.is_empty() {
+            return None;
+        }
+        let arena = &self.arena;
+        let slot = self.by_key.find(self.hasher.hash_one(key), |&s| record(arena, s).1 == key)?;
+        Some(record(arena, *slot).0)
     }
 
     /// The key bound to `id`.
     pub fn key_of(&self, id: u64) -> Option<&str> {
-        match self.find_id(id) {
-            Some((_, p)) => self.keys[p].as_ref().map(|(_, k)| &**k),
+        let arena = &self.arena;
+        match self.by_id.find(self.hasher.hash_one(id), |&s| record(arena, s).0 == id) {
+            Some(&s) => Some(record(arena, s).1),
             None if self.shadowed.is_empty() => None,
             None => self.shadowed.get(&id).map(|k| &**k),
         }
@@ -159,165 +163,99 @@ impl<S: BuildHasher> Bindings<S> {
 
     /// Number of keys with a binding.
     pub fn len(&self) -> usize {
-        self.len
+        self.by_key.len()
     }
 
     #[cfg(any(test, feature = "bench"))]
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.by_key.is_empty()
     }
 
     /// Every binding, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, &str)> {
-        self.keys
+        let arena = &self.arena;
+        self.by_id
             .iter()
-            .flatten()
-            .map(|(id, k)| (*id, &**k))
+            .map(move |&s| {
+                let (id, key, _) = record(arena, s);
+                (id, key)
+            })
             .chain(self.shadowed.iter().map(|(id, k)| (*id, &**k)))
     }
 
-    /// Records in `ids` that `id`'s binding is at `keys` position `p`.
-    fn put_id(&mut self, id: u64, p: usize) {
-        let h = self.hash_id(id);
-        let mask = self.mask();
-        let mut q = h as usize & mask;
-        while self.ids[q] != 0 {
-            q = (q + 1) & mask;
-        }
-        self.ids[q] = (h & TAG_MASK) | (p as u64 + 1);
-    }
-
-    /// Position in `ids` of the slot recording that `id`'s binding is at `keys` position `p`
-    /// (found by position: it also works while `keys[p]` already holds another binding).
-    fn id_slot_at(&self, id: u64, p: usize) -> Option<usize> {
-        let h = self.hash_id(id);
-        let (want, mask) = ((h & TAG_MASK) | (p as u64 + 1), self.mask());
-        let mut q = h as usize & mask;
-        loop {
-            match self.ids[q] {
-                0 => return None,
-                s if s == want => return Some(q),
-                _ => q = (q + 1) & mask,
-            }
-        }
-    }
-
-    /// Points `id`'s slot in `ids` from `keys` position `from` to `to`.
-    fn move_id(&mut self, id: u64, from: usize, to: usize) {
-        debug_assert!(self.id_slot_at(id, from).is_some(), "every binding has its slot in `ids`");
-        if let Some(q) = self.id_slot_at(id, from) {
-            self.ids[q] = (self.ids[q] & TAG_MASK) | (to as u64 + 1);
-        }
-    }
-
-    /// Empties `ids` slot `q` and shifts the rest of its probe run back (no tombstones).
-    fn clear_id_slot(&mut self, mut q: usize) {
-        let mask = self.mask();
-        self.ids[q] = 0;
-        let mut j = (q + 1) & mask;
-        loop {
-            let s = self.ids[j];
-            if s == 0 {
-                return;
-            }
-            let p = (s & POS_MASK) as usize - 1;
-            let home = self.keys[p].as_ref().map_or(j, |(id, _)| self.hash_id(*id) as usize & mask);
-            // The entry at `j` may move to the hole at `q` if its home is not in (q, j].
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(q) & mask) {
-                self.ids[q] = s;
-                self.ids[j] = 0;
-                q = j;
-            }
-            j = (j + 1) & mask;
-        }
-    }
-
-    /// Empties `keys` slot `p` (its `ids` slot already gone) and shifts the rest of its probe run
-    /// back, repointing the moved bindings' `ids` slots.
-    fn clear_key_slot(&mut self, mut p: usize) {
-        let mask = self.mask();
-        self.keys[p] = None;
-        self.tags[p] = 0;
-        let mut j = (p + 1) & mask;
-        while self.tags[j] != 0 {
-            let home = self.keys[j].as_ref().map_or(j, |(_, k)| self.hash_key(k) as usize & mask);
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(p) & mask) {
-                self.keys[p] = self.keys[j].take();
-                self.tags[p] = std::mem::take(&mut self.tags[j]);
-                if let Some((id, _)) = &self.keys[p] {
-                    let id = *id;
-                    self.move_id(id, j, p);
-                }
-                p = j;
-            }
-            j = (j + 1) & mask;
-        }
-    }
-
-    /// Doubles both tables (at least 8 slots) and places every binding again.
-    fn grow(&mut self) {
-        let cap = (self.keys.len() * 2).max(8);
-        assert!((cap as u64) < POS_MASK, "more bindings than a cache can index");
-        let old = std::mem::replace(&mut self.keys, (0..cap).map(|_| None).collect());
-        self.tags = vec![0; cap];
-        self.ids = vec![0; cap];
-        let mask = cap - 1;
-        for (id, key) in old.into_iter().flatten() {
-            let h = self.hash_key(&key);
-            let mut p = h as usize & mask;
-            while self.tags[p] != 0 {
-                p = (p + 1) & mask;
-            }
-            self.tags[p] = key_tag(h);
-            self.keys[p] = Some((id, key));
-        }
-        for p in 0..cap {
-            if let Some((id, _)) = &self.keys[p] {
-                let id = *id;
-                self.put_id(id, p);
-            }
-        }
+    /// Makes room for `additional` more bindings without rehashing (a listing knows its size).
+    pub fn reserve(&mut self, additional: usize) {
+        let Bindings { arena, by_key, by_id, hasher, .. } = self;
+        by_key.reserve(additional, |&s| hasher.hash_one(record(arena, s).1));
+        by_id.reserve(additional, |&s| hasher.hash_one(record(arena, s).0));
     }
 
     /// Binds `id` to `key`. `id` must not be bound (remove it first); `key`'s index moves to this
     /// binding if it had another one.
-    pub fn insert(&mut self, id: u64, key: Box<str>) {
+    pub fn insert(&mut self, id: u64, key: &str) {
         debug_assert!(!self.contains_id(id), "insert of a bound ID");
-        if let Some(p) = self.find_key(&key) {
+        let Bindings { arena, by_key, by_id, dead, shadowed, hasher } = self;
+        let hk = hasher.hash_one(key);
+        if let Ok(entry) = by_key.find_entry(hk, |&s| record(arena, s).1 == key) {
             // The key's older binding keeps its ID → key direction only.
-            let Some((old_id, old_key)) = self.keys[p].replace((id, key)) else { return };
-            if let Some(q) = self.id_slot_at(old_id, p) {
-                self.clear_id_slot(q);
+            let (old, _) = entry.remove();
+            let (old_id, _, len) = record(arena, old);
+            if let Ok(e) = by_id.find_entry(hasher.hash_one(old_id), |&s| s == old) {
+                e.remove();
             }
-            self.put_id(id, p);
-            self.shadowed.insert(old_id, old_key);
-            return;
+            *dead += len;
+            shadowed.insert(old_id, key.into());
         }
-        if (self.len + 1) * 8 > self.keys.len() * 7 {
-            self.grow();
-        }
-        let h = self.hash_key(&key);
-        let mask = self.mask();
-        let mut p = h as usize & mask;
-        while self.tags[p] != 0 {
-            p = (p + 1) & mask;
-        }
-        self.tags[p] = key_tag(h);
-        self.keys[p] = Some((id, key));
-        self.put_id(id, p);
-        self.len += 1;
+        let slot = append(arena, id, key);
+        by_key.insert_unique(hk, slot, |&s| hasher.hash_one(record(arena, s).1));
+        by_id.insert_unique(hasher.hash_one(id), slot, |&s| hasher.hash_one(record(arena, s).0));
+        self.maybe_compact();
     }
 
     /// Unbinds `id`; returns its key.
     pub fn remove(&mut self, id: u64) -> Option<Box<str>> {
-        let Some((q, p)) = self.find_id(id) else {
-            return self.shadowed.remove(&id);
+        let Bindings { arena, by_key, by_id, dead, shadowed, hasher } = self;
+        let Ok(entry) = by_id.find_entry(hasher.hash_one(id), |&s| record(arena, s).0 == id) else {
+            return shadowed.remove(&id);
         };
-        self.clear_id_slot(q);
-        let key = self.keys[p].take().map(|(_, k)| k);
-        self.clear_key_slot(p);
-        self.len -= 1;
-        key
+        let (slot, _) = entry.remove();
+        let (_, key, len) = record(arena, slot);
+        if let Ok(e) = by_key.find_entry(hasher.hash_one(key), |&s| s == slot) {
+            e.remove();
+        }
+        let key: Box<str> = key.into();
+        *dead += len;
+        self.maybe_compact();
+        Some(key)
+    }
+
+    /// Copies the live records to a new arena and rebuilds both tables once dead bytes pass a
+    /// quarter of the arena (see the module docs for why that keeps every operation amortized
+    /// O(1)).
+    fn maybe_compact(&mut self) {
+        if self.by_id.is_empty() {
+            self.arena = String::new();
+            self.dead = 0;
+            return;
+        }
+        if self.dead < COMPACT_MIN || self.dead * 4 <= self.arena.len() {
+            return;
+        }
+        let mut slots: Vec<u32> = self.by_id.iter().copied().collect();
+        // In arena order: the copy keeps the records' order, so the compaction is reproducible.
+        slots.sort_unstable();
+        let mut arena = String::with_capacity(self.arena.len() - self.dead);
+        let mut by_key = HashTable::with_capacity(slots.len());
+        let mut by_id = HashTable::with_capacity(slots.len());
+        let hasher = &self.hasher;
+        for s in slots {
+            let (id, key, _) = record(&self.arena, s);
+            let n = append(&mut arena, id, key);
+            by_key
+                .insert_unique(hasher.hash_one(key), n, |&s| hasher.hash_one(record(&arena, s).1));
+            by_id.insert_unique(hasher.hash_one(id), n, |&s| hasher.hash_one(record(&arena, s).0));
+        }
+        (self.arena, self.by_key, self.by_id, self.dead) = (arena, by_key, by_id, 0);
     }
 }
 
@@ -367,7 +305,7 @@ mod tests {
             let id = rng.random_range(0..300u64);
             if rng.random_bool(0.55) && !by_id.contains_key(&id) {
                 let key = format!("k{}", rng.random_range(0..400u32));
-                b.insert(id, key.as_str().into());
+                b.insert(id, &key);
                 by_id.insert(id, key.clone());
                 by_key.insert(key, id);
             } else {
@@ -412,8 +350,8 @@ mod tests {
     #[test]
     fn a_key_bound_twice_answers_the_newest_and_survives_either_removal() {
         let mut b: Bindings = Bindings::default();
-        b.insert(1, "k".into());
-        b.insert(2, "k".into());
+        b.insert(1, "k");
+        b.insert(2, "k");
         assert_eq!(b.get("k"), Some(2));
         assert_eq!(b.key_of(1), Some("k"), "the older binding keeps its ID → key direction");
         assert_eq!(b.remove(1).as_deref(), Some("k"));
@@ -427,7 +365,7 @@ mod tests {
     fn lookups_survive_growth_and_removal_of_most_bindings() {
         let mut b: Bindings = Bindings::default();
         for id in 0..10_000u64 {
-            b.insert(id, format!("key-{id}").into());
+            b.insert(id, &format!("key-{id}"));
         }
         assert_eq!(b.len(), 10_000);
         for id in (0..10_000u64).filter(|id| id % 10 != 0) {
@@ -442,10 +380,130 @@ mod tests {
         }
     }
 
-    /// The bytes per binding (DESIGN §6) rest on a `keys` slot being an ID and a key's fat pointer,
-    /// with no word for the `Option` (the pointer's niche holds it).
     #[test]
-    fn slots_stay_compact() {
-        assert_eq!(std::mem::size_of::<Option<(u64, Box<str>)>>(), 24);
+    fn varints_round_trip_and_stay_ascii() {
+        for v in [0, 1, 63, 64, 4095, 4096, 1 << 24, u64::MAX / 3, u64::MAX] {
+            let mut s = String::new();
+            push_varint(&mut s, v);
+            assert!(s.bytes().all(|b| b < 0x80), "{v} wrote a non-ASCII byte");
+            let mut pos = 0;
+            assert_eq!(read_varint(s.as_bytes(), &mut pos), v);
+            assert_eq!(pos, s.len());
+        }
+    }
+
+    /// A 40-byte key with a 24-bit ID is 46 bytes of arena: the bytes per binding of the module
+    /// docs rest on it.
+    #[test]
+    fn a_record_is_its_key_and_a_few_bytes() {
+        let mut arena = String::new();
+        let key = "k".repeat(40);
+        let slot = append(&mut arena, (1 << 24) - 1, &key);
+        assert_eq!(arena.len(), 46);
+        assert_eq!(record(&arena, slot), ((1 << 24) - 1, key.as_str(), 46));
+    }
+
+    #[test]
+    fn churn_compacts_the_arena_and_keeps_every_binding() {
+        let mut b: Bindings = Bindings::default();
+        for id in 0..1_000u64 {
+            b.insert(id, &format!("key-{id:04}-{}", "x".repeat(30)));
+        }
+        let full = b.arena.len();
+        // Replace every binding many times over: without compaction the arena would grow 20×.
+        for round in 1..20u64 {
+            for id in 0..1_000u64 {
+                let _ = b.remove(id);
+                b.insert(id, &format!("key-{id:04}-{}", "y".repeat(30 - (round as usize % 3))));
+            }
+        }
+        assert!(b.arena.len() <= full * 3 / 2, "arena {} after churn, {full} full", b.arena.len());
+        for id in 0..1_000u64 {
+            let key = b.key_of(id).map(str::to_string);
+            assert_eq!(key.as_deref().and_then(|k| b.get(k)), Some(id), "binding {id}");
+        }
+        for id in 0..1_000u64 {
+            assert!(b.remove(id).is_some());
+        }
+        assert!(b.is_empty());
+        assert_eq!(b.arena.len(), 0, "an empty index keeps no arena");
+    }
+
+    mod model {
+        use std::collections::BTreeMap;
+
+        use proptest::prelude::*;
+
+        use super::super::Bindings;
+        use super::Clumpy;
+
+        #[derive(Clone, Debug)]
+        enum Op {
+            /// Binds an ID (if unbound) to one of a few keys, some long.
+            Insert(u64, u8, usize),
+            Remove(u64),
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                3 => (0..64u64, 0..48u8, 0..3usize).prop_map(|(i, k, l)| Op::Insert(i, k, l)),
+                2 => (0..64u64).prop_map(Op::Remove),
+            ]
+        }
+
+        fn key(k: u8, l: usize) -> String {
+            // Lengths around the 6-bit varint boundary (63/64) and a multi-byte character.
+            format!("{k}-{}é", "z".repeat([0, 60, 200][l]))
+        }
+
+        /// The index against two `BTreeMap`s (ID → key, and key → newest ID), after every step.
+        fn check<S: std::hash::BuildHasher + Default>(ops: &[Op]) -> Result<(), TestCaseError> {
+            let mut b: Bindings<S> = Bindings::default();
+            let mut by_id: BTreeMap<u64, String> = BTreeMap::new();
+            let mut by_key: BTreeMap<String, u64> = BTreeMap::new();
+            for op in ops {
+                match *op {
+                    Op::Insert(id, k, l) if !by_id.contains_key(&id) => {
+                        let k = key(k, l);
+                        b.insert(id, &k);
+                        by_id.insert(id, k.clone());
+                        by_key.insert(k, id);
+                    }
+                    Op::Insert(..) => {}
+                    Op::Remove(id) => {
+                        let want = by_id.remove(&id);
+                        prop_assert_eq!(b.remove(id).map(String::from), want.clone());
+                        if let Some(k) = want {
+                            if by_key.get(&k) == Some(&id) {
+                                by_key.remove(&k);
+                            }
+                        }
+                    }
+                }
+                prop_assert_eq!(b.len(), by_key.len());
+                for id in 0..64 {
+                    prop_assert_eq!(b.key_of(id), by_id.get(&id).map(String::as_str));
+                }
+                for (k, id) in &by_key {
+                    prop_assert_eq!(b.get(k), Some(*id));
+                }
+                let all: BTreeMap<u64, String> =
+                    b.iter().map(|(i, k)| (i, k.to_string())).collect();
+                prop_assert_eq!(&all, &by_id);
+            }
+            Ok(())
+        }
+
+        proptest! {
+            #[test]
+            fn matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..400)) {
+                check::<foldhash::fast::RandomState>(&ops)?;
+            }
+
+            #[test]
+            fn matches_a_btreemap_model_when_every_hash_collides(ops in proptest::collection::vec(op(), 1..200)) {
+                check::<Clumpy>(&ops)?;
+            }
+        }
     }
 }

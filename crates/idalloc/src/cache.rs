@@ -248,6 +248,8 @@ impl PoolCache {
             events.extend(self.set(id, Slot::Absent));
         }
         let mut ids: Vec<(u64, &[u8])> = listed.into_iter().collect();
+        // A first listing of a big pool fills the index at once: size it once, not by doublings.
+        self.bound.reserve(ids.len().saturating_sub(self.bound.len()));
         ids.sort_unstable_by_key(|(id, _)| *id);
         for (id, value) in ids {
             events.extend(self.set(id, slot_of(value)));
@@ -296,22 +298,18 @@ impl PoolCache {
             }
         }
         let was = old.as_ref().filter(|e| !e.tombstone).map(|e| &*e.key);
-        let now = new.as_ref().filter(|(_, tombstone)| !tombstone).map(|(k, _)| k.as_str());
-        let event = match (was, now) {
-            (Some(w), Some(n)) if w == n => None,
-            (_, Some(n)) => Some(Event::Upsert { id, key: n.to_string() }),
-            (Some(w), None) => Some(Event::Delete { id, key: w.to_string() }),
-            (None, None) => None,
-        };
-        if let Some((key, tombstone)) = new {
-            let key = key.into_boxed_str();
-            if tombstone {
-                self.tombstones.insert(id, key);
-            } else {
-                self.bound.insert(id, key);
+        match new {
+            Some((key, true)) => {
+                self.tombstones.insert(id, key.into_boxed_str());
+                was.map(|w| Event::Delete { id, key: w.to_string() })
             }
+            Some((key, false)) => {
+                self.bound.insert(id, &key);
+                // The listing's or event's own `String` becomes the event's: no copy per binding.
+                (was != Some(key.as_str())).then_some(Event::Upsert { id, key })
+            }
+            None => was.map(|w| Event::Delete { id, key: w.to_string() }),
         }
-        event
     }
 
     /// Learns from a txn response that `id` is in use (or free) before the watch says so; only the

@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use crate::store::{
-    list_all_with_progress, GetRequest, KeyRange, KeyValue, Revision, Store, StoreError,
-    StoreResult, WatchEvent, WatchMessage,
+    list_all_at, list_all_with_progress, prefix_end, GetRequest, KeyRange, KeyValue, Revision,
+    Store, StoreError, StoreResult, WatchEvent, WatchMessage,
 };
 
 /// Back-off between reconnect attempts (doubles up to the maximum).
@@ -95,6 +95,66 @@ async fn bounded<T>(
     }
 }
 
+/// Keys in a prefix range above which [`list_range`] reads it in sub-ranges, in pages of the
+/// listing's page size: a sub-range should hold about this many pages.
+const PAGES_PER_SUBRANGE: i64 = 10;
+
+/// Lists `range` at one revision. A small range (or one that is not a prefix) is read page after
+/// page. A big prefix range is read in sub-ranges split at the next one to four decimal digits
+/// after the prefix (the follower's ranges are `id/` prefixes, whose records are named by decimal
+/// IDs), all at the revision of a first probing page: etcd 3.4 walks its index over the whole
+/// rest of the requested range for every page, whatever its limit, so paging 1M records walked
+/// O(n) a page, O(n²/page) a listing (measured: 4 s a page at 1M on a loaded machine, docs/scale.md).
+/// A sub-range's end bounds that walk. Every key falls in exactly one sub-range; IDs spread at
+/// random fill them evenly, dense low IDs less so (still bounded by the digit split).
+async fn list_range<S: Store + ?Sized>(
+    store: &S,
+    range: &KeyRange,
+    page: i64,
+    on_page: impl Fn(),
+) -> StoreResult<(Vec<KeyValue>, Revision)> {
+    let page = page.max(1);
+    let prefix_range = !range.key.is_empty() && range.range_end == prefix_end(&range.key);
+    if !prefix_range {
+        return list_all_with_progress(store, range, page, |_| on_page()).await;
+    }
+    let probe = store.get(GetRequest::new(range.clone()).with_limit(page)).await?;
+    on_page();
+    if !probe.more {
+        return Ok((probe.kvs, probe.revision));
+    }
+    let subranges = |digits: u32| if digits == 0 { 1 } else { 9 * 10i64.pow(digits - 1) };
+    let mut digits = 0u32;
+    while digits < 4 && probe.count / subranges(digits) > PAGES_PER_SUBRANGE * page {
+        digits += 1;
+    }
+    if digits == 0 {
+        let (kvs, _) = list_all_at(store, range, page, probe.revision).await?;
+        on_page();
+        return Ok((kvs, probe.revision));
+    }
+    // Boundaries `prefix` + every decimal of `digits` digits without a leading zero, in key order
+    // (the same as numeric order for a fixed length).
+    let lo = 10u64.pow(digits - 1);
+    let mut bounds: Vec<Vec<u8>> = (lo..lo * 10)
+        .map(|n| {
+            let mut b = range.key.clone();
+            b.extend_from_slice(n.to_string().as_bytes());
+            b
+        })
+        .collect();
+    bounds.insert(0, range.key.clone());
+    bounds.push(range.range_end.clone());
+    let mut out = Vec::with_capacity(usize::try_from(probe.count).unwrap_or(0));
+    for w in bounds.windows(2) {
+        let sub = KeyRange { key: w[0].clone(), range_end: w[1].clone() };
+        let (kvs, _) = list_all_at(store, &sub, page, probe.revision).await?;
+        out.extend(kvs);
+        on_page();
+    }
+    Ok((out, probe.revision))
+}
+
 /// Runs until the sink is gone.
 pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: S) {
     let store = cfg.store.clone();
@@ -105,7 +165,7 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
         if need_list || forced {
             let listed = bounded(
                 cfg.request_timeout,
-                list_all_with_progress(&*store, &cfg.range, cfg.page, |_| sink.list_page()),
+                list_range(&*store, &cfg.range, cfg.page, || sink.list_page()),
             )
             .await;
             match listed {
@@ -304,5 +364,74 @@ mod tests {
         let keys: Vec<Vec<u8>> = view.keys.lock().expect("lock").keys().cloned().collect();
         assert_eq!(keys, vec![b"p/a".to_vec()], "the deleted key must be gone from the view");
         assert_eq!(view.listings.load(Ordering::SeqCst), 2, "the compacted watch re-lists");
+    }
+
+    /// Records the range and limit of every `get`.
+    #[derive(Default)]
+    struct Gets(Mutex<Vec<(KeyRange, i64, Revision)>>);
+
+    #[async_trait::async_trait]
+    impl Hook<EmbeddedStore> for Gets {
+        async fn before(&self, _: &Arc<EmbeddedStore>, req: Request) -> StoreResult<Request> {
+            if let Request::Get(g) = &req {
+                self.0.lock().expect("lock").push((g.range.clone(), g.limit, g.revision));
+            }
+            Ok(req)
+        }
+    }
+
+    /// A big prefix range is read in sub-ranges whose ends bound every page (etcd 3.4 walks the
+    /// whole rest of the requested range for each page), all at one revision, and gives exactly
+    /// the plain listing; a small one is one plain page.
+    #[tokio::test]
+    async fn a_big_prefix_listing_reads_bounded_subranges_at_one_revision() {
+        let inner = EmbeddedStore::memory();
+        let mut ops = Vec::new();
+        for id in 1..=3000u64 {
+            ops.push(TxnOp::put(format!("p/id/{id}"), format!("k{id}")));
+            if ops.len() == 100 {
+                inner
+                    .txn(TxnRequest::new().and_then(std::mem::take(&mut ops)))
+                    .await
+                    .expect("fill");
+            }
+        }
+        // Records just outside the prefix on both sides must not be listed.
+        inner
+            .txn(TxnRequest::new().and_then([TxnOp::put("p/id.", "x"), TxnOp::put("p/ic", "x")]))
+            .await
+            .expect("fill");
+        let range = KeyRange::prefix("p/id/");
+        let (want, _) = list_all_with_progress(&inner, &range, 1000, |_| {}).await.expect("plain");
+        assert_eq!(want.len(), 3000);
+        let store = HookedStore::with_hook(inner, Gets::default());
+        let pages = AtomicUsize::new(0);
+        // Pages of 10: 3000 keys are 300 pages, over 10 a sub-range: split at two digits
+        // (`p/id/10`..`p/id/99`, about 33 keys each).
+        let (got, rev) = list_range(&store, &range, 10, || {
+            pages.fetch_add(1, Ordering::SeqCst);
+        })
+        .await
+        .expect("split listing");
+        let keys = |v: &[KeyValue]| v.iter().map(|kv| kv.key.clone()).collect::<Vec<_>>();
+        assert_eq!(keys(&got), keys(&want), "same records, in key order");
+        let gets = store.hook().0.lock().expect("lock").clone();
+        let (probe, rest) = gets.split_first().expect("a probe");
+        assert_eq!(probe.0, range, "the probe reads the whole range");
+        assert!(rest.len() >= 300, "{} gets after the probe", rest.len());
+        for (r, limit, at) in rest {
+            assert_eq!(*at, rev, "every sub-range at the probe's revision");
+            assert!(*limit <= 10, "pages of the listing's size");
+            assert!(
+                r.range_end != range.range_end || r.key >= b"p/id/9".to_vec(),
+                "{r:?} is not bounded"
+            );
+        }
+        assert!(pages.load(Ordering::SeqCst) >= 10, "progress after every sub-range");
+
+        // A small range is read whole, page after page (`p/id/299` and `p/id/2990`..`2999`).
+        let (few, _) =
+            list_range(&store, &KeyRange::prefix("p/id/299"), 10, || {}).await.expect("small");
+        assert_eq!(few.len(), 11);
     }
 }

@@ -25,16 +25,21 @@ use rand::Rng;
 
 use crate::pool::Strategy;
 
-const NIL: usize = usize::MAX;
+/// A node index (`u32`: 4 bytes a link, and a pool never holds 2^32 runs in memory).
+type Ix = u32;
 
-/// One maximal run `[start, end]` of used IDs, and its treap links.
+const NIL: Ix = Ix::MAX;
+
+/// One maximal run `[start, end]` of used IDs, and its treap links: 32 bytes. A pool whose
+/// bindings are spread at random holds one node per binding, so this size is part of the cache's
+/// bytes per binding (issue 21). The treap priority is not stored: it is a hash of the node's
+/// index (see [`IdSet::prio`]).
 #[derive(Debug, Clone)]
 struct Node {
     start: u64,
     end: u64,
-    prio: u64,
-    left: usize,
-    right: usize,
+    left: Ix,
+    right: Ix,
     /// Used IDs in this node's subtree (sum of run lengths).
     sum: u64,
 }
@@ -50,10 +55,10 @@ pub struct IdSet {
     reserved: Vec<(u64, u64)>,
     /// Arena of tree nodes; `free_slots` lists the indices of deleted ones for reuse.
     nodes: Vec<Node>,
-    free_slots: Vec<usize>,
-    root: usize,
-    /// State of the splitmix64 generator of treap priorities.
-    prio_state: u64,
+    free_slots: Vec<Ix>,
+    root: Ix,
+    /// Seed of the treap priorities (see [`IdSet::prio`]).
+    prio_seed: u64,
 }
 
 impl IdSet {
@@ -87,7 +92,7 @@ impl IdSet {
             nodes: Vec::with_capacity(merged.len()),
             free_slots: Vec::new(),
             root: NIL,
-            prio_state: 0x001d_a110_c5ee,
+            prio_seed: 0x001d_a110_c5ee,
         };
         // Runs arrive in increasing order: appending each on the right keeps the tree valid.
         for &(lo, hi) in &merged {
@@ -123,30 +128,30 @@ impl IdSet {
             return false;
         }
         let (p, s) = self.neighbours(id);
-        if p != NIL && self.nodes[p].end >= id {
+        if p != NIL && self.nodes[p as usize].end >= id {
             return false;
         }
-        let joins_prev = p != NIL && self.nodes[p].end + 1 == id;
+        let joins_prev = p != NIL && self.nodes[p as usize].end + 1 == id;
         // `s` starts after `id`, so `id + 1` cannot overflow when `s` exists.
-        let joins_next = s != NIL && self.nodes[s].start == id + 1;
+        let joins_next = s != NIL && self.nodes[s as usize].start == id + 1;
         match (joins_prev, joins_next) {
             (true, true) => {
-                let (s_start, s_end) = (self.nodes[s].start, self.nodes[s].end);
+                let (s_start, s_end) = (self.nodes[s as usize].start, self.nodes[s as usize].end);
                 self.root = self.remove_run(self.root, s_start);
-                let p_start = self.nodes[p].start;
+                let p_start = self.nodes[p as usize].start;
                 self.path_add(p_start, s_end - s_start + 2);
-                self.nodes[p].end = s_end;
+                self.nodes[p as usize].end = s_end;
             }
             (true, false) => {
-                let p_start = self.nodes[p].start;
+                let p_start = self.nodes[p as usize].start;
                 self.path_add(p_start, 1);
-                self.nodes[p].end = id;
+                self.nodes[p as usize].end = id;
             }
             (false, true) => {
                 // Lowering the start keeps the order: no run lies between `id` and `s`.
-                let s_start = self.nodes[s].start;
+                let s_start = self.nodes[s as usize].start;
                 self.path_add(s_start, 1);
-                self.nodes[s].start = id;
+                self.nodes[s as usize].start = id;
             }
             (false, false) => {
                 let n = self.new_node(id, id);
@@ -163,22 +168,22 @@ impl IdSet {
             return false;
         }
         let (p, _) = self.neighbours(id);
-        if p == NIL || self.nodes[p].end < id {
+        if p == NIL || self.nodes[p as usize].end < id {
             return false;
         }
-        let (start, end) = (self.nodes[p].start, self.nodes[p].end);
+        let (start, end) = (self.nodes[p as usize].start, self.nodes[p as usize].end);
         if start == id && end == id {
             self.root = self.remove_run(self.root, start);
         } else if start == id {
             self.path_sub(start, 1);
-            self.nodes[p].start = id + 1;
+            self.nodes[p as usize].start = id + 1;
         } else if end == id {
             self.path_sub(start, 1);
-            self.nodes[p].end = id - 1;
+            self.nodes[p as usize].end = id - 1;
         } else {
             // Split [start, end] into [start, id-1] and [id+1, end].
             self.path_sub(start, end - id + 1);
-            self.nodes[p].end = id - 1;
+            self.nodes[p as usize].end = id - 1;
             let n = self.new_node(id + 1, end);
             self.insert_run(n);
         }
@@ -189,7 +194,7 @@ impl IdSet {
     #[cfg(test)]
     pub fn contains(&self, id: u64) -> bool {
         let (p, _) = self.neighbours(id);
-        p != NIL && self.nodes[p].end >= id
+        p != NIL && self.nodes[p as usize].end >= id
     }
 
     /// True if `id` is reserved by the pool spec.
@@ -225,11 +230,11 @@ impl IdSet {
         while t != NIL || !stack.is_empty() {
             while t != NIL {
                 stack.push(t);
-                t = self.nodes[t].left;
+                t = self.nodes[t as usize].left;
             }
             if let Some(n) = stack.pop() {
-                out.push((self.nodes[n].start, self.nodes[n].end));
-                t = self.nodes[n].right;
+                out.push((self.nodes[n as usize].start, self.nodes[n as usize].end));
+                t = self.nodes[n as usize].right;
             }
         }
         out
@@ -246,7 +251,7 @@ impl IdSet {
         let mut used_before = 0u64;
         let mut t = self.root;
         while t != NIL {
-            let n = &self.nodes[t];
+            let n = &self.nodes[t as usize];
             let used_left = used_before + self.sum(n.left);
             let free_before_start = (n.start - self.min) - used_left;
             if r < free_before_start {
@@ -284,61 +289,60 @@ impl IdSet {
 
     // ---- tree internals ----
 
-    fn sum(&self, t: usize) -> u64 {
+    fn sum(&self, t: Ix) -> u64 {
         if t == NIL {
             0
         } else {
-            self.nodes[t].sum
+            self.nodes[t as usize].sum
         }
     }
 
-    fn update(&mut self, t: usize) {
-        let n = &self.nodes[t];
+    fn update(&mut self, t: Ix) {
+        let n = &self.nodes[t as usize];
         let s = self.sum(n.left) + (n.end - n.start + 1) + self.sum(n.right);
-        self.nodes[t].sum = s;
+        self.nodes[t as usize].sum = s;
     }
 
-    fn next_prio(&mut self) -> u64 {
-        // splitmix64: cheap, well mixed, deterministic.
-        self.prio_state = self.prio_state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.prio_state;
+    /// Node `t`'s treap priority: splitmix64 of its index and the set's seed. Cheap, well mixed,
+    /// deterministic (a seeded simulation stays reproducible), and not stored: 8 bytes a node
+    /// fewer. A node keeps its index (so its priority) for its whole life; a reused index is a
+    /// new node inserted afresh, so the heap order holds.
+    fn prio(&self, t: Ix) -> u64 {
+        let mut z = self.prio_seed ^ u64::from(t).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
         z ^ (z >> 31)
     }
 
-    fn new_node(&mut self, start: u64, end: u64) -> usize {
-        let node = Node {
-            start,
-            end,
-            prio: self.next_prio(),
-            left: NIL,
-            right: NIL,
-            sum: end - start + 1,
-        };
+    fn new_node(&mut self, start: u64, end: u64) -> Ix {
+        let node = Node { start, end, left: NIL, right: NIL, sum: end - start + 1 };
         match self.free_slots.pop() {
             Some(i) => {
-                self.nodes[i] = node;
+                self.nodes[i as usize] = node;
                 i
             }
             None => {
+                let i = Ix::try_from(self.nodes.len())
+                    .ok()
+                    .filter(|&i| i != NIL)
+                    .unwrap_or_else(|| panic!("a free-ID set holds at most {NIL} runs"));
                 self.nodes.push(node);
-                self.nodes.len() - 1
+                i
             }
         }
     }
 
     /// The run with the largest start `<= id` and the run with the smallest start `> id`.
-    fn neighbours(&self, id: u64) -> (usize, usize) {
+    fn neighbours(&self, id: u64) -> (Ix, Ix) {
         let (mut p, mut s) = (NIL, NIL);
         let mut t = self.root;
         while t != NIL {
-            if self.nodes[t].start <= id {
+            if self.nodes[t as usize].start <= id {
                 p = t;
-                t = self.nodes[t].right;
+                t = self.nodes[t as usize].right;
             } else {
                 s = t;
-                t = self.nodes[t].left;
+                t = self.nodes[t as usize].left;
             }
         }
         (p, s)
@@ -359,12 +363,12 @@ impl IdSet {
     fn path_update(&mut self, start: u64, f: impl Fn(u64) -> u64) {
         let mut t = self.root;
         while t != NIL {
-            self.nodes[t].sum = f(self.nodes[t].sum);
-            let s = self.nodes[t].start;
+            self.nodes[t as usize].sum = f(self.nodes[t as usize].sum);
+            let s = self.nodes[t as usize].start;
             t = if start < s {
-                self.nodes[t].left
+                self.nodes[t as usize].left
             } else if start > s {
-                self.nodes[t].right
+                self.nodes[t as usize].right
             } else {
                 NIL
             };
@@ -372,68 +376,68 @@ impl IdSet {
     }
 
     /// Splits `t` into runs starting before `key` and runs starting at or after it.
-    fn split(&mut self, t: usize, key: u64) -> (usize, usize) {
+    fn split(&mut self, t: Ix, key: u64) -> (Ix, Ix) {
         if t == NIL {
             return (NIL, NIL);
         }
-        if self.nodes[t].start < key {
-            let (l, r) = self.split(self.nodes[t].right, key);
-            self.nodes[t].right = l;
+        if self.nodes[t as usize].start < key {
+            let (l, r) = self.split(self.nodes[t as usize].right, key);
+            self.nodes[t as usize].right = l;
             self.update(t);
             (t, r)
         } else {
-            let (l, r) = self.split(self.nodes[t].left, key);
-            self.nodes[t].left = r;
+            let (l, r) = self.split(self.nodes[t as usize].left, key);
+            self.nodes[t as usize].left = r;
             self.update(t);
             (l, t)
         }
     }
 
     /// Joins two trees where every run of `a` lies before every run of `b`.
-    fn merge(&mut self, a: usize, b: usize) -> usize {
+    fn merge(&mut self, a: Ix, b: Ix) -> Ix {
         if a == NIL {
             return b;
         }
         if b == NIL {
             return a;
         }
-        if self.nodes[a].prio > self.nodes[b].prio {
-            let r = self.merge(self.nodes[a].right, b);
-            self.nodes[a].right = r;
+        if self.prio(a) > self.prio(b) {
+            let r = self.merge(self.nodes[a as usize].right, b);
+            self.nodes[a as usize].right = r;
             self.update(a);
             a
         } else {
-            let l = self.merge(a, self.nodes[b].left);
-            self.nodes[b].left = l;
+            let l = self.merge(a, self.nodes[b as usize].left);
+            self.nodes[b as usize].left = l;
             self.update(b);
             b
         }
     }
 
     /// Inserts the detached node `n` (whose run overlaps and touches no other run).
-    fn insert_run(&mut self, n: usize) {
-        let (l, r) = self.split(self.root, self.nodes[n].start);
+    fn insert_run(&mut self, n: Ix) {
+        let (l, r) = self.split(self.root, self.nodes[n as usize].start);
         let l = self.merge(l, n);
         self.root = self.merge(l, r);
     }
 
     /// Removes the run starting at `start` from the subtree `t`; returns the new subtree root.
-    fn remove_run(&mut self, t: usize, start: u64) -> usize {
+    fn remove_run(&mut self, t: Ix, start: u64) -> Ix {
         if t == NIL {
             return NIL;
         }
-        let s = self.nodes[t].start;
+        let s = self.nodes[t as usize].start;
         if start == s {
-            let m = self.merge(self.nodes[t].left, self.nodes[t].right);
+            let m = self.merge(self.nodes[t as usize].left, self.nodes[t as usize].right);
             self.free_slots.push(t);
             return m;
         }
         if start < s {
-            let l = self.remove_run(self.nodes[t].left, start);
-            self.nodes[t].left = l;
+            let l = self.remove_run(self.nodes[t as usize].left, start);
+            self.nodes[t as usize].left = l;
         } else {
-            let r = self.remove_run(self.nodes[t].right, start);
-            self.nodes[t].right = r;
+            let r = self.remove_run(self.nodes[t as usize].right, start);
+            self.nodes[t as usize].right = r;
         }
         self.update(t);
         t
@@ -451,16 +455,17 @@ mod tests {
     impl IdSet {
         /// Checks every structural invariant; returns the tree height.
         fn check(&self) -> usize {
-            fn walk(s: &IdSet, t: usize, lo: u64, hi: u64, prio_bound: u64) -> (u64, usize) {
+            fn walk(s: &IdSet, t: Ix, lo: u64, hi: u64, prio_bound: u64) -> (u64, usize) {
                 if t == NIL {
                     return (0, 0);
                 }
-                let n = &s.nodes[t];
+                let n = &s.nodes[t as usize];
+                let prio = s.prio(t);
                 assert!(n.start >= lo && n.start <= hi, "BST order");
                 assert!(n.start <= n.end && n.start >= s.min && n.end <= s.max, "run in range");
-                assert!(n.prio <= prio_bound, "heap order");
-                let (ls, lh) = walk(s, n.left, lo, n.start.saturating_sub(1), n.prio);
-                let (rs, rh) = walk(s, n.right, n.start + 1, hi, n.prio);
+                assert!(prio <= prio_bound, "heap order");
+                let (ls, lh) = walk(s, n.left, lo, n.start.saturating_sub(1), prio);
+                let (rs, rh) = walk(s, n.right, n.start + 1, hi, prio);
                 let sum = ls + (n.end - n.start + 1) + rs;
                 assert_eq!(n.sum, sum, "subtree sum");
                 (sum, 1 + lh.max(rh))
@@ -783,5 +788,11 @@ mod tests {
         assert_eq!(set.run_count(), 50_000);
         assert!(set.check() < 60, "height");
         assert_eq!(set.nodes.len(), 50_000, "deleted nodes are reused");
+    }
+
+    /// One node per isolated binding: its size is part of the cache's bytes per binding.
+    #[test]
+    fn nodes_stay_compact() {
+        assert_eq!(std::mem::size_of::<Node>(), 32);
     }
 }

@@ -261,7 +261,9 @@ impl PoolState {
     /// sends one message), so that a re-listing of a big pool never makes them lag. Called with
     /// the cache lock held.
     pub(crate) fn emit_all_at(&self, revision: Revision, events: Vec<Event>) {
-        if !events.is_empty() {
+        // Subscribers subscribe under the cache lock, which the caller holds: a count of 0 stays
+        // 0 until the events are out, and a listing of 1M bindings costs no 1M clones for nobody.
+        if !events.is_empty() && self.stamped.receiver_count() > 0 {
             let listing: Batch<Event> = events.iter().cloned().collect();
             let _ =
                 self.stamped.send(super::events::Stamped::Listing { revision, events: listing });
@@ -288,15 +290,23 @@ impl PoolState {
         if events.is_empty() {
             return;
         }
-        let tagged: Batch<ClusterEvent> = events
-            .iter()
-            .map(|e| ClusterEvent { cluster: Cluster::Local, event: e.clone() })
-            .collect();
+        // Only for subscribers there are (they subscribe under the cache lock the caller holds):
+        // a first listing of 1M bindings with nobody listening copies nothing.
+        let tagged: Option<Batch<ClusterEvent>> = (self.mesh.receiver_count() > 0).then(|| {
+            events
+                .iter()
+                .map(|e| ClusterEvent { cluster: Cluster::Local, event: e.clone() })
+                .collect()
+        });
         // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
         if let Some(tx) = &*lock(&self.events) {
-            let _ = tx.send(Batch::from(events));
+            if tx.receiver_count() > 0 {
+                let _ = tx.send(Batch::from(events));
+            }
         }
-        let _ = self.mesh.send(tagged);
+        if let Some(tagged) = tagged {
+            let _ = self.mesh.send(tagged);
+        }
     }
 
     /// Publishes how far the cache has caught up with the store.
