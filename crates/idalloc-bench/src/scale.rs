@@ -275,8 +275,8 @@ fn vm_hwm() -> Option<u64> {
     Some(kb * 1024)
 }
 
-/// Child side of [`sync_new_process`]: opens the pool on `url`, waits for the sync, times
-/// [`PROBES`] acquires of new keys (released afterwards), prints the figures as JSON.
+/// Child side of `sync_new_process`: opens the pool on `url`, waits for the sync, times
+/// `PROBES` acquires of new keys (released afterwards), prints the figures as JSON.
 pub async fn sync_child(url: &str, page: i64) -> Result<(), String> {
     let store = idalloc_testkit::etcd::connect_test_store(url).await?;
     // `wait_synced` gives up after one request budget without listing progress; applying a
