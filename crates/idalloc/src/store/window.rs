@@ -43,14 +43,19 @@ pub(crate) struct Windows {
     depth: usize,
     /// The shallowest useful depth: at it the window is already the whole (remaining) range.
     floor: usize,
+    /// Empty windows read in a row.
+    empty_run: u32,
 }
+
+/// Empty windows in a row after which the next window is the whole rest of the range.
+const EMPTY_RUN: u32 = 8;
 
 impl Windows {
     /// Windows over `[start, end)`, starting as wide as the range (the first read also tells how
     /// big the range is).
     pub(crate) fn new(start: &[u8], end: &[u8]) -> Windows {
         let floor = common_prefix(start, end);
-        Windows { end: end.to_vec(), depth: floor, floor }
+        Windows { end: end.to_vec(), depth: floor, floor, empty_run: 0 }
     }
 
     /// The exclusive end of the window that a read starting at `start` uses.
@@ -83,14 +88,28 @@ impl Windows {
         limit: i64,
     ) {
         let limit = limit.max(1);
+        if returned == 0 && count == 0 {
+            self.empty_run += 1;
+        } else {
+            self.empty_run = 0;
+        }
         if count > TOO_MANY_PAGES * limit {
             // The records of one page share `lcp` bytes: a window named by them holds about a
             // page. Always at least one byte deeper, so a crowded window never repeats.
             let lcp = keys.map_or(0, |(a, b)| common_prefix(a, b));
             self.depth = lcp.max(self.depth + 1);
         } else if (returned as i64) >= count && count < limit / 4 {
-            // The window was exhausted with room to spare: the next may be wider.
-            self.depth = self.depth.saturating_sub(1).max(self.floor);
+            // The window was exhausted with room to spare: the next may be wider. One byte at a
+            // time, except after `EMPTY_RUN` empty windows in a row: keys with a long shared run
+            // (12 KB keys of escaped `/`s) would otherwise cost one empty read per byte of it
+            // (thousands, past the listing's timeout), so the next read is the whole rest of
+            // the range, whose first page names the depth to narrow to.
+            if self.empty_run >= EMPTY_RUN {
+                self.depth = self.floor;
+                self.empty_run = 0;
+            } else {
+                self.depth = self.depth.saturating_sub(1).max(self.floor);
+            }
         }
     }
 }
@@ -147,5 +166,19 @@ mod tests {
         assert_eq!(w.window_end(b"ab"), b"ac");
         // All 0xff bytes have no prefix end: the window is the rest of the range.
         assert_eq!(w.window_end(b"\xff\xff"), vec![0]);
+    }
+
+    #[test]
+    fn a_run_of_empty_windows_goes_back_to_the_whole_range() {
+        // Keys sharing a long run: a page narrowed the window to 1,000 bytes deep.
+        let long = |tail: &str| [&[b'/'; 1000][..], tail.as_bytes()].concat();
+        let mut w = Windows::new(b"", &[0]);
+        w.learn(Some((&long("000"), &long("009"))), 10, 1000, 10);
+        assert_eq!(w.depth, 1002);
+        for _ in 0..EMPTY_RUN {
+            w.learn(None, 0, 0, 10);
+        }
+        // Not 1,002 − 8 bytes deep (one byte per empty read): the whole range.
+        assert_eq!(w.window_end(&long("100")), vec![0]);
     }
 }
