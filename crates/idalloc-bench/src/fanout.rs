@@ -208,10 +208,16 @@ impl FanoutFigures {
 
 /// The resident set of process `pid` in bytes (`VmRSS` of `/proc/PID/status`).
 pub fn vm_rss(pid: u32) -> Option<u64> {
+    status_bytes(&pid.to_string(), "VmRSS:")
+}
+
+/// A `kB` field of `/proc/<pid>/status` (`pid` may be `self`), in bytes: the resident size
+/// (`VmRSS:`) or its peak (`VmHWM:`).
+pub fn status_bytes(pid: &str, field: &str) -> Option<u64> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
     let kb: u64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
+        .find_map(|l| l.strip_prefix(field))?
         .split_whitespace()
         .next()?
         .parse()
@@ -638,4 +644,17 @@ async fn rss_now(pid: u32) -> Result<u64, String> {
     }
     v.sort_unstable();
     Ok(v[2])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::status_bytes;
+
+    #[test]
+    fn status_fields_are_read_in_bytes_and_a_missing_one_is_none() {
+        let rss = status_bytes("self", "VmRSS:").expect("this process's VmRSS");
+        let peak = status_bytes("self", "VmHWM:").expect("this process's VmHWM");
+        assert!(rss > 0 && rss % 1024 == 0 && peak >= rss, "rss {rss}, peak {peak}");
+        assert_eq!(status_bytes("self", "NoSuchField:"), None);
+    }
 }

@@ -269,10 +269,7 @@ pub struct SyncFigures {
 }
 
 fn vm_hwm() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    crate::fanout::status_bytes("self", "VmHWM:")
 }
 
 /// Child side of `sync_new_process`: opens the pool on `url`, waits for the sync, times
