@@ -19,6 +19,8 @@ pub mod plot;
 pub mod remote;
 pub mod report;
 pub mod scale;
+pub mod scale_chart;
+pub mod scale_phases;
 pub mod scenarios;
 pub mod serve;
 pub mod stats;

@@ -21,7 +21,9 @@
 //! `--scale 10000,1000000[,10000000] [--scale-cache 1000000] [--scale-pages 1000,10000]
 //! [--scale-dir target/tmp-bench] [--out FILE.md]`: issue 21's pools of 1M and 10M bindings on
 //! etcd and the cache's memory per binding (`src/scale.rs`); `--scale-cache` alone runs only the
-//! cache part.
+//! cache part. `--scale-etcd "default;--snapshot-count=10000"` runs every size under each etcd
+//! setting (flags and environment variables), `--scale-phases` also splits a sync's time into
+//! listing and apply, `--scale-svg FILE` draws the first setting's figures.
 //!
 //! Runs every scenario (see the crate docs) and writes the Markdown report to `--out` and the plot
 //! next to it (same name, `.svg`). Needs `etcd` on `PATH`. The CLI scenario uses `--cli`, else
@@ -45,7 +47,7 @@ fn list<T: std::str::FromStr>(arg: Option<String>, flag: &str) -> Result<Vec<T>,
 }
 
 fn usage(msg: &str) -> String {
-    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only | --fanout-only | --batching-only | --coalescing-only [RUNS] | --scale SIZES [--scale-cache SIZES] [--scale-pages SIZES] [--scale-dir DIR]] [--out FILE.md] [--cli PATH-TO-idalloc]")
+    format!("{msg}\nusage: idalloc-bench [--quick | --micro-only | --embedded-only | --remote-only | --serve-only | --fanout-only | --batching-only | --coalescing-only [RUNS] | --scale SIZES [--scale-cache SIZES] [--scale-pages SIZES] [--scale-dir DIR] [--scale-etcd SETTINGS] [--scale-phases] [--scale-svg FILE]] [--out FILE.md] [--cli PATH-TO-idalloc]")
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -61,6 +63,9 @@ async fn main() -> Result<(), String> {
     let mut scale_cache: Vec<u64> = Vec::new();
     let mut scale_pages: Vec<i64> = vec![1000];
     let mut scale_dir = PathBuf::from("target/tmp-bench");
+    let mut scale_etcd = Vec::new();
+    let mut scale_phases = false;
+    let mut scale_svg: Option<PathBuf> = None;
     let mut out: Option<PathBuf> = None;
     let mut cli: Option<PathBuf> = std::env::var_os("IDALLOC_CLI").map(PathBuf::from);
     let mut args = std::env::args().skip(1);
@@ -185,6 +190,16 @@ async fn main() -> Result<(), String> {
             "--scale-dir" => {
                 scale_dir = args.next().ok_or_else(|| usage("--scale-dir needs a path"))?.into()
             }
+            "--scale-etcd" => {
+                let text = args.next().ok_or_else(|| usage("--scale-etcd needs settings"))?;
+                scale_etcd =
+                    idalloc_bench::scale::EtcdSetting::parse_list(&text).map_err(|e| usage(&e))?;
+            }
+            "--scale-phases" => scale_phases = true,
+            "--scale-svg" => {
+                scale_svg =
+                    Some(args.next().ok_or_else(|| usage("--scale-svg needs a file name"))?.into())
+            }
             // The scale run's fresh processes (memory measured without the parent's allocations).
             "--scale-child-cache" => {
                 let n = list::<u64>(args.next(), "--scale-child-cache")?;
@@ -198,9 +213,24 @@ async fn main() -> Result<(), String> {
             "--scale-child-sync" => {
                 let url = args.next().ok_or_else(|| usage("--scale-child-sync needs a URL"))?;
                 let page = list::<i64>(args.next(), "--scale-child-sync")?;
+                let pid =
+                    args.next().ok_or_else(|| usage("--scale-child-sync needs etcd's PID"))?;
                 return idalloc_bench::scale::sync_child(
                     &url,
                     page.first().copied().unwrap_or(1000),
+                    &pid,
+                )
+                .await;
+            }
+            "--scale-child-phases" => {
+                let url = args.next().ok_or_else(|| usage("--scale-child-phases needs a URL"))?;
+                let page = list::<i64>(args.next(), "--scale-child-phases")?;
+                let pid =
+                    args.next().ok_or_else(|| usage("--scale-child-phases needs etcd's PID"))?;
+                return idalloc_bench::scale_phases::phases_child(
+                    &url,
+                    page.first().copied().unwrap_or(1000),
+                    &pid,
                 )
                 .await;
             }
@@ -214,15 +244,17 @@ async fn main() -> Result<(), String> {
     if let Some(sizes) = scale {
         let cmd: Vec<String> = std::env::args().skip(1).collect();
         let cmd = format!("cargo run --release -p idalloc-bench -- {}", cmd.join(" "));
-        return idalloc_bench::scale::run(
-            &sizes,
-            &scale_cache,
-            &scale_dir,
-            &scale_pages,
-            out.as_deref(),
-            &cmd,
-        )
-        .await;
+        let run = idalloc_bench::scale::ScaleRun {
+            etcd_sizes: sizes,
+            cache_sizes: scale_cache,
+            dir: scale_dir,
+            pages: scale_pages,
+            settings: scale_etcd,
+            phases: scale_phases,
+            out,
+            svg: scale_svg,
+        };
+        return idalloc_bench::scale::run(&run, &cmd).await;
     }
     if micro_only {
         let cfg = Config::full();
