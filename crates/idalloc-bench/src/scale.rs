@@ -548,7 +548,7 @@ pub struct EtcdScale {
     pub fill_secs: f64,
     pub db_bytes: u64,
     /// After compaction + defrag; `None` when the defrag was skipped (it copies the whole
-    /// database, and the disk is shared: only below [`DEFRAG_MAX`]).
+    /// database, and the disk is shared: only below 1 GiB).
     pub db_bytes_defrag: Option<u64>,
     /// etcd's memory after the fill, after the compaction (+ defrag) and after the syncs.
     pub etcd_fill: EtcdMemory,

@@ -38,7 +38,7 @@ pub struct Phases {
 
 /// The sub-ranges the follower reads a prefix of `count` records in, at `page` records a page:
 /// `prefix` split at every decimal of `digits` digits (no leading zero), `digits` the fewest
-/// (at most 4) that leave about [`PAGES_PER_SUBRANGE`] pages a sub-range. One range if small.
+/// (at most 4) that leave about 10 pages a sub-range. One range if small.
 pub fn subranges(prefix: &[u8], end: &[u8], count: i64, page: i64) -> Vec<KeyRange> {
     let parts = |digits: u32| if digits == 0 { 1 } else { 9 * 10i64.pow(digits - 1) };
     let mut digits = 0u32;
