@@ -19,7 +19,10 @@
 //! everything up to the previous horizon (the usual case) sends that shared frame, a reference
 //! count and no copy; one further behind reads its own way from the ring, up to the horizon. So
 //! each subscriber writes at most once per wake-up, and the fan-out's cost follows subscribers ×
-//! wake-ups, not subscribers × changes.
+//! wake-ups, not subscribers × changes. Subscribers are woken in [`SHARDS`] shards, the hub
+//! yielding to the runtime between them ([`Hub::publish`]), so that the requests the service
+//! serves meanwhile wait behind one shard's streams, not behind all of them; a task of its own
+//! does that, so the feed is read and new streams catch up while a wake-up is under way.
 //!
 //! The window widens with the number of subscribers ([`window`]): each wake-up costs one socket
 //! write per subscriber (the kernel's TCP path is most of the fan-out's CPU), so the hub keeps its
@@ -34,6 +37,7 @@
 //! task is the only writer.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -285,11 +289,22 @@ pub struct HubState {
 pub struct Hub {
     pub pool: String,
     state: Mutex<HubState>,
-    /// The subscribers' wake-ups.
-    tick: watch::Sender<Tick>,
+    /// The subscribers' wake-ups, in [`SHARDS`] channels woken one after the other.
+    ticks: Vec<watch::Sender<Tick>>,
     /// Woken (apart from the subscribers) whenever the hub's revision moves, it starts over or
     /// ends: what a new stream waits on to catch up.
     pub moved: Notify,
+    /// Wake-ups asked of the publishing task (requests made while it publishes make one more).
+    wakes: Arc<Notify>,
+    /// Bumped every [`KEEP_ALIVE`], published with the next wake-up.
+    keep_alive: AtomicU64,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        // The publishing task waits for a request: this one finds the hub gone and ends it.
+        self.wakes.notify_one();
+    }
 }
 
 impl Hub {
@@ -299,10 +314,13 @@ impl Hub {
         let hub = Arc::new(Hub {
             pool: pool.spec().name().to_string(),
             state: Mutex::new(HubState { ring: Ring::new(cap, 0), revision: None, ended: None }),
-            tick: watch::channel(Tick::default()).0,
+            ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
             moved: Notify::new(),
+            wakes: Arc::new(Notify::new()),
+            keep_alive: AtomicU64::new(0),
         });
         tokio::spawn(run(Arc::downgrade(&hub), pool, stop));
+        tokio::spawn(publisher(Arc::downgrade(&hub), hub.wakes.clone()));
         hub
     }
 
@@ -310,40 +328,82 @@ impl Hub {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// A new stream's wake-ups: from the shard with the fewest streams.
     pub fn subscribe(&self) -> watch::Receiver<Tick> {
-        self.tick.subscribe()
+        let fewest = self.ticks.iter().min_by_key(|t| t.receiver_count());
+        match fewest {
+            Some(t) => t.subscribe(),
+            // Never: there are SHARDS (> 0) shards. A closed channel ends the stream at once.
+            None => watch::channel(Tick { ended: true, ..Tick::default() }).1,
+        }
     }
 
     /// Open streams (each holds one receiver of the wake-ups).
     pub fn subscribers(&self) -> usize {
-        self.tick.receiver_count()
+        self.ticks.iter().map(|t| t.receiver_count()).sum()
     }
 
     pub fn is_ended(&self) -> bool {
         self.lock().ended.is_some()
     }
 
+    /// Applies `f` to every shard's [`Tick`] and wakes its streams, one shard at a time, yielding
+    /// to the runtime after each shard that has streams: a wake-up of 1,000 streams is 32 runs of
+    /// about 32 tasks, with the service's other tasks (requests, the store's answers) run in
+    /// between, instead of one run of 1,000 that every request woken meanwhile waits behind.
+    async fn publish(&self, f: impl Fn(&mut Tick)) {
+        for t in &self.ticks {
+            t.send_modify(&f);
+            if t.receiver_count() > 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
     /// Wakes the subscribers: publishes the ring's end as the horizon, and the groups since the
     /// previous one as one frame.
-    fn wake(&self) {
-        let st = self.lock();
-        let horizon = st.ring.next_seq();
-        let batch = st.ring.frame(self.tick.borrow().horizon, horizon);
-        let ended = st.ended.is_some();
-        drop(st);
-        self.tick.send_modify(|t| {
+    async fn wake(&self) {
+        let Some(previous) = self.ticks.first().map(|t| t.borrow().horizon) else { return };
+        let (horizon, batch, ended) = {
+            let st = self.lock();
+            let horizon = st.ring.next_seq();
+            (horizon, st.ring.frame(previous, horizon), st.ended.is_some())
+        };
+        let keep_alive = self.keep_alive.load(Ordering::Relaxed);
+        self.publish(|t| {
             t.horizon = horizon;
-            t.batch = batch;
+            t.batch = batch.clone();
             t.ended = ended;
-        });
+            t.keep_alive = keep_alive;
+        })
+        .await;
+    }
+
+    /// Asks the publishing task for a wake-up.
+    fn request_wake(&self) {
+        self.wakes.notify_one();
     }
 
     fn end(&self, why: String) {
         self.lock().ended = Some(why);
         self.moved.notify_waiters();
-        self.wake();
+        self.request_wake();
     }
 }
+
+/// The task that wakes the subscribers, apart from the one that follows the feed: a wake-up of
+/// thousands of streams yields to the runtime between shards and so takes as long as their
+/// writes, and meanwhile the feed is still read into the ring and new streams still catch up.
+async fn publisher(hub: std::sync::Weak<Hub>, wakes: Arc<Notify>) {
+    loop {
+        wakes.notified().await;
+        let Some(h) = hub.upgrade() else { return };
+        h.wake().await;
+    }
+}
+
+/// Shards of the subscribers' wake-ups (see [`Hub::publish`]).
+const SHARDS: usize = 32;
 
 /// How often the hub checks that its pool still exists (a deleted pool's feed just goes quiet).
 const RETIRED_CHECK: Duration = Duration::from_secs(1);
@@ -362,52 +422,57 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool, mut stop: watch::Receiver<bo
         let start = feed.revision;
         {
             let Some(h) = hub.upgrade() else { return };
-            let mut st = h.lock();
-            // Everything before this subscription is unknown to the ring: it starts after
-            // `start` (a partial revision at `start` is dropped below).
-            st.ring.reset(start);
-            st.revision = feed.complete.then_some(start);
-            drop(st);
+            {
+                let mut st = h.lock();
+                // Everything before this subscription is unknown to the ring: it starts after
+                // `start` (a partial revision at `start` is dropped below).
+                st.ring.reset(start);
+                st.revision = feed.complete.then_some(start);
+            }
             h.moved.notify_waiters();
-            h.wake();
+            h.request_wake();
         }
         let mut pending: Vec<(i64, Event)> = Vec::new();
         loop {
             let due = pacer.due();
-            let msg = tokio::select! {
-                m = feed.recv() => m,
-                _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
-                    let Some(h) = hub.upgrade() else { return };
+            // What woke the hub, decided before anything is awaited (the select's own values,
+            // a borrow of `stop` among them, must not live across the awaits below).
+            let step = tokio::select! {
+                m = feed.recv() => Step::Feed(m),
+                _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Step::Due,
+                _ = keep_alive.tick() => Step::KeepAlive,
+                _ = stop.wait_for(|s| *s) => Step::Stop,
+                _ = check.tick() => Step::Check,
+            };
+            let Some(h) = hub.upgrade() else { return };
+            let msg = match step {
+                Step::Feed(m) => m,
+                Step::Due => {
                     pacer.woke(Instant::now());
-                    h.wake();
+                    h.request_wake();
                     continue;
                 }
-                _ = keep_alive.tick() => {
-                    let Some(h) = hub.upgrade() else { return };
-                    h.tick.send_modify(|t| t.keep_alive += 1);
+                Step::KeepAlive => {
+                    h.keep_alive.fetch_add(1, Ordering::Relaxed);
+                    h.request_wake();
                     continue;
                 }
-                _ = stop.wait_for(|s| *s) => {
+                Step::Stop => {
                     // Subscribers see the service shutting down when woken, and end.
-                    if let Some(h) = hub.upgrade() {
-                        h.moved.notify_waiters();
-                        h.tick.send_modify(|_| {});
-                    }
+                    h.moved.notify_waiters();
+                    h.request_wake();
                     return;
                 }
-                _ = check.tick() => {
-                    let Some(h) = hub.upgrade() else { return };
+                Step::Check => {
                     if pool.is_retired() {
-                        h.end(format!(
-                            "pool {:?} was deleted or re-created: watch it again",
-                            h.pool
-                        ));
+                        let why =
+                            format!("pool {:?} was deleted or re-created: watch it again", h.pool);
+                        h.end(why);
                         return;
                     }
                     continue;
                 }
             };
-            let Some(h) = hub.upgrade() else { return };
             match msg {
                 None => {
                     h.end("the service stopped following this pool".to_string());
@@ -430,20 +495,30 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool, mut stop: watch::Receiver<bo
                 }
                 Some(Ok(Stamped::Through { revision })) => {
                     let groups = group(std::mem::take(&mut pending), &pool);
-                    let mut st = h.lock();
-                    for g in groups {
-                        st.ring.push(g);
+                    {
+                        let mut st = h.lock();
+                        for g in groups {
+                            st.ring.push(g);
+                        }
+                        st.revision = Some(st.revision.unwrap_or(start).max(revision));
                     }
-                    st.revision = Some(st.revision.unwrap_or(start).max(revision));
-                    drop(st);
                     h.moved.notify_waiters();
                     if pacer.changed(Instant::now(), window(h.subscribers())) {
-                        h.wake();
+                        h.request_wake();
                     }
                 }
             }
         }
     }
+}
+
+/// What woke the hub's task.
+enum Step<M> {
+    Feed(Option<M>),
+    Due,
+    KeepAlive,
+    Stop,
+    Check,
 }
 
 /// Splits changes (in revision order) into one rendered group per revision.
@@ -562,6 +637,63 @@ mod tests {
             r.push(g(rev, 1));
         }
         assert!(r.frame(0, 4).is_none(), "the first group fell off the ring");
+    }
+
+    /// A hub with no pool behind it, for the wake-up order alone.
+    fn bare_hub() -> Arc<Hub> {
+        Arc::new(Hub {
+            pool: "p".into(),
+            state: Mutex::new(HubState { ring: Ring::new(10, 0), revision: None, ended: None }),
+            ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
+            moved: Notify::new(),
+            wakes: Arc::new(Notify::new()),
+            keep_alive: AtomicU64::new(0),
+        })
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_wake_up_lets_other_tasks_run_between_its_shards() {
+        // 4 streams a shard. The first stream to run wakes a "request" (as a socket turning
+        // readable mid-wake-up would): it must run before most streams have, not after all.
+        let hub = bare_hub();
+        let n = 4 * SHARDS;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let request = Arc::new(Notify::new());
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let mut rx = hub.subscribe();
+            let (log, request) = (log.clone(), request.clone());
+            tasks.push(tokio::spawn(async move {
+                if rx.changed().await.is_ok() {
+                    let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if l.is_empty() {
+                        request.notify_one();
+                    }
+                    l.push(i);
+                }
+            }));
+        }
+        assert_eq!(hub.subscribers(), n);
+        let req = {
+            let (log, request) = (log.clone(), request.clone());
+            tokio::spawn(async move {
+                request.notified().await;
+                let l = log.lock().unwrap_or_else(|p| p.into_inner());
+                l.len()
+            })
+        };
+        tokio::task::yield_now().await; // every task is waiting now
+        let h = hub.clone();
+        tokio::spawn(async move { h.publish(|t| t.keep_alive += 1).await }).await.expect("publish");
+        let streams_before_the_request = req.await.expect("request");
+        for t in tasks {
+            t.await.expect("stream");
+        }
+        assert_eq!(log.lock().unwrap_or_else(|p| p.into_inner()).len(), n, "every stream woke");
+        assert!(
+            streams_before_the_request <= 2 * (n / SHARDS),
+            "the request ran after {streams_before_the_request} of {n} streams"
+        );
     }
 
     #[test]
