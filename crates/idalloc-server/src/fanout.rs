@@ -20,7 +20,7 @@
 //! count and no copy; one further behind reads its own way from the ring, up to the horizon. So
 //! each subscriber writes at most once per wake-up, and the fan-out's cost follows subscribers ×
 //! wake-ups, not subscribers × changes. Subscribers are woken in [`SHARDS`] shards, the hub
-//! yielding to the runtime between them ([`Hub::publish`]), so that the requests the service
+//! yielding to the runtime between them (`Hub::publish`), so that the requests the service
 //! serves meanwhile wait behind one shard's streams, not behind all of them; a task of its own
 //! does that, so the feed is read and new streams catch up while a wake-up is under way.
 //!
@@ -402,8 +402,8 @@ async fn publisher(hub: std::sync::Weak<Hub>, wakes: Arc<Notify>) {
     }
 }
 
-/// Shards of the subscribers' wake-ups (see [`Hub::publish`]).
-const SHARDS: usize = 32;
+/// Shards of the subscribers' wake-ups (see `Hub::publish`).
+pub const SHARDS: usize = 32;
 
 /// How often the hub checks that its pool still exists (a deleted pool's feed just goes quiet).
 const RETIRED_CHECK: Duration = Duration::from_secs(1);
