@@ -7,8 +7,9 @@
 //! and notes when each answer arrived (the commit as the writer saw it). Subscribers are raw TCP
 //! connections from this process, each sending one `GET /v1/pools/bench/watch` and reading the
 //! stream with a minimal line parser (no HTTP client per subscriber, so 5,000 of them are cheap
-//! here): every subscriber counts its `data:` lines; a sample of them also notes when each event
-//! arrived, so the delivery latency is receipt minus the writer's commit time of the same change.
+//! here), on a runtime of their own (`readers_runtime`): every subscriber counts its `data:`
+//! lines; a sample of them also notes when each event arrived, so the delivery latency is
+//! receipt minus the writer's commit time of the same change.
 //!
 //! Subscribers are added level by level (1, 100, 1,000, 5,000) without closing earlier ones, so
 //! the service's resident memory only grows and the figure per subscriber is the growth over the
@@ -148,7 +149,7 @@ impl FanoutFigures {
         use std::fmt::Write as _;
         let mut s = String::new();
         let _ = writeln!(s, "\n## Watch fan-out (issue 20)\n");
-        let _ = writeln!(s, "Subscribers are raw TCP connections from the harness, each one `GET /v1/pools/{POOL}/watch` read with a minimal SSE line parser; they are added level by level without closing earlier ones. Meanwhile a writer ({WRITERS} keep-alive connections) acquires and releases fresh keys at a fixed rate of {RATE} changes/s (each acquire is an `upsert`, each release that reclaims a `delete`). Windows of {:.1} s. *Delivered*: `data:` lines received by all subscribers per second (ideal: changes/s × subscribers). *Latency*: receipt by a subscriber minus the moment the writer got the answer of the same change, over a sample of the subscribers (the first 20 and every 100th); an event that arrives before the writer's answer counts as 0. *Memory per subscriber*: growth of the `serve` process's VmRSS (`/proc/PID/status`) over the baseline ({:.1} MB: hub warm, its {HISTORY}-change ring full, no subscriber) divided by the subscribers. *etcd watchers*: etcd's own `etcd_debugging_mvcc_watcher_total` (all the service's watches; {} before any subscriber).\n",
+        let _ = writeln!(s, "Subscribers are raw TCP connections from the harness, each one `GET /v1/pools/{POOL}/watch` read with a minimal SSE line parser on a tokio runtime (one thread) of their own, apart from the writer and the acquire loops; they are added level by level without closing earlier ones. Meanwhile a writer ({WRITERS} keep-alive connections) acquires and releases fresh keys at a fixed rate of {RATE} changes/s (each acquire is an `upsert`, each release that reclaims a `delete`). Windows of {:.1} s. *Delivered*: `data:` lines received by all subscribers per second (ideal: changes/s × subscribers). *Latency*: receipt by a subscriber minus the moment the writer got the answer of the same change, over a sample of the subscribers (the first 20 and every 100th); an event that arrives before the writer's answer counts as 0. *Memory per subscriber*: growth of the `serve` process's VmRSS (`/proc/PID/status`) over the baseline ({:.1} MB: hub warm, its {HISTORY}-change ring full, no subscriber) divided by the subscribers. *etcd watchers*: etcd's own `etcd_debugging_mvcc_watcher_total` (all the service's watches; {} before any subscriber).\n",
             self.window,
             self.baseline_rss as f64 / 1e6,
             self.baseline_watchers.map_or("unknown".into(), |w| format!("{w:.0}")));
@@ -401,11 +402,28 @@ fn key_of(data: &[u8]) -> Option<String> {
 struct Subscribers {
     handles: Vec<JoinHandle<()>>,
     tallies: Vec<(bool, Arc<Tally>)>,
+    /// The runtime their readers run on (see [`readers_runtime`]).
+    rt: tokio::runtime::Handle,
+}
+
+/// The subscribers' readers get a runtime (one thread) of their own, apart from the writer and
+/// the acquire loops: on one runtime, a socket of an acquire loop turning readable waited in the
+/// run queue behind every subscriber woken before it (1,000 after each of the service's
+/// wake-ups), which slowed the acquires the comparison measures by the harness's own queue, not
+/// the service. Subscribers on other machines, as they would be, share no queue with those
+/// clients; here they still share the cores, and still read and count every event.
+fn readers_runtime() -> Result<tokio::runtime::Runtime, String> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name("subscribers")
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the subscribers' runtime: {e}"))
 }
 
 impl Subscribers {
-    fn new() -> Self {
-        Subscribers { handles: Vec::new(), tallies: Vec::new() }
+    fn new(rt: &tokio::runtime::Runtime) -> Self {
+        Subscribers { handles: Vec::new(), tallies: Vec::new(), rt: rt.handle().clone() }
     }
 
     /// Opens subscribers until there are `n`, and waits (at most `wait`) until all are ready.
@@ -415,7 +433,7 @@ impl Subscribers {
             let i = self.tallies.len();
             let sampled = i < 20 || i % 100 == 0;
             let t = Arc::new(Tally::default());
-            self.handles.push(tokio::spawn(subscribe(
+            self.handles.push(self.rt.spawn(subscribe(
                 addr.clone(),
                 t.clone(),
                 sampled,
@@ -494,6 +512,20 @@ async fn run_into(bin: &Path, window: Duration, f: &mut FanoutFigures) -> Result
             ));
         }
     }
+    let readers = readers_runtime()?;
+    let result = measure(bin, window, f, &readers).await;
+    // Not dropped here: dropping a runtime inside another one's task is refused.
+    readers.shutdown_background();
+    result
+}
+
+async fn measure(
+    bin: &Path,
+    window: Duration,
+    f: &mut FanoutFigures,
+    readers: &tokio::runtime::Runtime,
+) -> Result<(), String> {
+    let most = LEVELS.iter().copied().max().unwrap_or(0) as u64;
     let etcd = EtcdServer::start().await?;
     let cap = (most + 2000).to_string();
     let service = start_service(
@@ -516,7 +548,7 @@ async fn run_into(bin: &Path, window: Duration, f: &mut FanoutFigures) -> Result
     admin.call(Method::POST, "/v1/pools", spec).await?;
 
     // One stream starts the pool's hub (it stays while the pool is served); then it goes.
-    let mut subs = Subscribers::new();
+    let mut subs = Subscribers::new(readers);
     subs.grow(&addr, 1, Duration::from_secs(30)).await?;
     subs.close();
 
@@ -539,7 +571,7 @@ async fn run_into(bin: &Path, window: Duration, f: &mut FanoutFigures) -> Result
         f.baseline_watchers
     );
 
-    let mut subs = Subscribers::new();
+    let mut subs = Subscribers::new(readers);
     for n in LEVELS {
         subs.grow(&addr, n, Duration::from_secs(180)).await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -597,7 +629,7 @@ async fn run_into(bin: &Path, window: Duration, f: &mut FanoutFigures) -> Result
         without.0.throughput(),
         without.1.cell()
     );
-    let mut subs = Subscribers::new();
+    let mut subs = Subscribers::new(readers);
     subs.grow(&addr, ATTACHED, Duration::from_secs(180)).await?;
     let with = timed("fan-with").await;
     println!(

@@ -12,18 +12,32 @@
 //! first group after the client's revision, if the ring still holds everything after it; else
 //! the client must re-list (410 `gone`).
 //!
-//! Subscribers are woken in step, not per change: the hub ticks at most once per [`WAKE_EVERY`]
-//! (a change after a quiet spell ticks at once; changes during the window wait for its end and
-//! go out together), and a woken stream sends everything it has not sent yet as one frame. At
-//! 1,000 changes/s and 1,000 subscribers that is at most 100 writes per subscriber per second,
-//! not 1,000: the fan-out's cost follows subscribers × wake-ups, not subscribers × changes (what
-//! made acquires 3× slower with 1,000 subscribers attached). The hub also ticks for the
-//! keep-alive comment and on shutdown, so a subscriber needs no timer or signal of its own.
+//! Subscribers are woken in step, not per change: the hub wakes them at most once per window
+//! (a change after a quiet spell wakes them at once; changes during the window wait for its end
+//! and go out together), and at each wake-up it publishes a *horizon* (the ring's end) and the
+//! groups since the previous wake-up as one frame ([`Tick`]). A subscriber that had sent
+//! everything up to the previous horizon (the usual case) sends that shared frame, a reference
+//! count and no copy; one further behind reads its own way from the ring, up to the horizon. So
+//! each subscriber writes at most once per wake-up, and the fan-out's cost follows subscribers ×
+//! wake-ups, not subscribers × changes. Subscribers are woken in [`SHARDS`] shards, the hub
+//! yielding to the runtime between them (`Hub::publish`), so that the requests the service
+//! serves meanwhile wait behind one shard's streams, not behind all of them; a task of its own
+//! does that, so the feed is read and new streams catch up while a wake-up is under way.
 //!
-//! The ring is plain data ([`Ring`]), the pacing a pure rule ([`Pacer`]); the hub's task is the
-//! only writer.
+//! The window widens with the number of subscribers ([`window`]): each wake-up costs one socket
+//! write per subscriber (the kernel's TCP path is most of the fan-out's CPU), so the hub keeps its
+//! subscriber wake-ups near [`WAKE_BUDGET`] per second: 10 ms up to 200 subscribers, 50 ms at
+//! 1,000, at most 250 ms. The delay a change may wait is thus bounded, and paid only where the
+//! alternative is CPU taken from every request of the service. The hub also wakes subscribers for
+//! the keep-alive comment and on shutdown, so a subscriber needs no timer or signal of its own.
+//! New streams waiting for the feed to reach a revision are woken apart ([`Hub::moved`]), at
+//! once, not at the subscribers' pace.
+//!
+//! The ring is plain data ([`Ring`]), the pacing pure rules ([`Pacer`], [`window`]); the hub's
+//! task is the only writer.
 
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -32,7 +46,7 @@ use tokio::time::Instant;
 use axum::body::Bytes;
 use idalloc::{Event, Pool, Stamped};
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
 
 /// One revision's changes, rendered as SSE events; the last one carries the revision as its id,
 /// so a client's `Last-Event-ID` is always a revision whose changes it has all seen.
@@ -103,6 +117,18 @@ impl Ring {
         Ok(self.groups.iter().skip(from).take(max).cloned().collect())
     }
 
+    /// The groups `from..to` as one frame, with the revision of the last one; `None` if there are
+    /// none or the first is no longer in the ring.
+    pub fn frame(&self, from: u64, to: u64) -> Option<Batch> {
+        if from < self.front_seq || to <= from || to > self.next_seq() {
+            return None;
+        }
+        let (a, b) = ((from - self.front_seq) as usize, (to - self.front_seq) as usize);
+        let groups = self.groups.range(a..b);
+        let revision = self.groups.get(b - 1)?.revision;
+        Some(Batch { from, revision, chunk: join(groups) })
+    }
+
     /// The cursor of a client that has seen every change through `revision`: the first group
     /// after it. `None` if the ring no longer holds everything after `revision`.
     pub fn seq_after(&self, revision: i64) -> Option<u64> {
@@ -117,30 +143,43 @@ impl Ring {
 /// The shortest time between two wake-ups of the subscribers: what a change may wait so that
 /// the changes of the window go out in one write per subscriber.
 pub const WAKE_EVERY: Duration = Duration::from_millis(10);
+/// The longest: the bound on what pacing adds to a change's delivery, however many subscribers.
+pub const WAKE_EVERY_MAX: Duration = Duration::from_millis(250);
+/// Subscriber wake-ups per second a hub aims at, at most (each one is a socket write): 20,000
+/// costs about a twentieth of a core in the service (2-3 µs a write, mostly the kernel's TCP
+/// path; docs/benchmarks-serve.md), and as much again in the clients if they share the machine.
+pub const WAKE_BUDGET: u64 = 20_000;
 
-/// When to wake the subscribers after a change: at once if the last wake-up is at least `every`
+/// The window for `subscribers`: [`WAKE_EVERY`], widened so that wake-ups × subscribers stay
+/// within [`WAKE_BUDGET`] per second, at most [`WAKE_EVERY_MAX`].
+pub fn window(subscribers: usize) -> Duration {
+    let us = (subscribers as u64).saturating_mul(1_000_000) / WAKE_BUDGET;
+    Duration::from_micros(us).clamp(WAKE_EVERY, WAKE_EVERY_MAX)
+}
+
+/// When to wake the subscribers after a change: at once if the last wake-up is at least a window
 /// old, else at its end (changes meanwhile join that one wake-up). Pure: the hub's task feeds it
-/// the clock.
-#[derive(Debug)]
+/// the clock and the window.
+#[derive(Debug, Default)]
 pub struct Pacer {
-    every: Duration,
     last: Option<Instant>,
     due: Option<Instant>,
 }
 
 impl Pacer {
-    pub fn new(every: Duration) -> Pacer {
-        Pacer { every, last: None, due: None }
+    pub fn new() -> Pacer {
+        Pacer::default()
     }
 
-    /// A change happened at `now`: `true` to wake now; else a wake-up is due at [`Pacer::due`].
-    pub fn changed(&mut self, now: Instant) -> bool {
+    /// A change happened at `now`, with a window of `every`: `true` to wake now; else a wake-up
+    /// is due at [`Pacer::due`].
+    pub fn changed(&mut self, now: Instant, every: Duration) -> bool {
         if self.due.is_some() {
             return false;
         }
         match self.last {
-            Some(last) if now < last + self.every => {
-                self.due = Some(last + self.every);
+            Some(last) if now < last + every => {
+                self.due = Some(last + every);
                 false
             }
             _ => {
@@ -195,6 +234,46 @@ pub fn render(revision: i64, events: &[Event], bindings: impl Fn() -> usize) -> 
     Group { revision, events: n, chunk: Bytes::from(out) }
 }
 
+/// Groups' chunks as one frame (one write); one group's chunk as it is (no copy).
+pub fn join<'a>(groups: impl ExactSizeIterator<Item = &'a Group>) -> Bytes {
+    let mut groups = groups;
+    if groups.len() == 1 {
+        return groups.next().map(|g| g.chunk.clone()).unwrap_or_default();
+    }
+    let groups: Vec<&Group> = groups.collect();
+    let mut out = Vec::with_capacity(groups.iter().map(|g| g.chunk.len()).sum());
+    for g in groups {
+        out.extend_from_slice(&g.chunk);
+    }
+    Bytes::from(out)
+}
+
+/// The groups a wake-up adds, rendered once for every subscriber that had sent all before them.
+#[derive(Clone, Debug)]
+pub struct Batch {
+    /// The sequence number of its first group: the previous horizon.
+    pub from: u64,
+    /// The revision of its last group (the stream's `Last-Event-ID` after it).
+    pub revision: i64,
+    pub chunk: Bytes,
+}
+
+/// What a wake-up tells the subscribers; read without the hub's lock.
+#[derive(Clone, Debug, Default)]
+pub struct Tick {
+    /// Subscribers send the groups before this sequence number (the ring's end at the wake-up);
+    /// later ones wait for the next wake-up, so a subscriber writes once per wake-up.
+    pub horizon: u64,
+    /// The groups from the previous horizon to this one as one frame (`None` if there are none,
+    /// or the ring started over).
+    pub batch: Option<Batch>,
+    /// Bumped every [`KEEP_ALIVE`]: a subscriber that sees it move sends a comment, so that
+    /// proxies do not close a quiet stream.
+    pub keep_alive: u64,
+    /// The hub stopped for good: subscribers end, with [`HubState::ended`]'s message.
+    pub ended: bool,
+}
+
 /// What the hub publishes to its subscribers.
 #[derive(Debug)]
 pub struct HubState {
@@ -204,17 +283,28 @@ pub struct HubState {
     /// Set when the hub stopped for good (the pool was deleted or re-created, the allocator
     /// closed): subscribers end with this message.
     pub ended: Option<String>,
-    /// Bumped every [`KEEP_ALIVE`]: a subscriber that sees it move sends a comment, so that
-    /// proxies do not close a quiet stream.
-    pub keep_alive: u64,
 }
 
 /// The shared feed of one pool.
 pub struct Hub {
     pub pool: String,
     state: Mutex<HubState>,
-    /// Bumped whenever the state changes; subscribers wait on it.
-    tick: watch::Sender<u64>,
+    /// The subscribers' wake-ups, in [`SHARDS`] channels woken one after the other.
+    ticks: Vec<watch::Sender<Tick>>,
+    /// Woken (apart from the subscribers) whenever the hub's revision moves, it starts over or
+    /// ends: what a new stream waits on to catch up.
+    pub moved: Notify,
+    /// Wake-ups asked of the publishing task (requests made while it publishes make one more).
+    wakes: Arc<Notify>,
+    /// Bumped every [`KEEP_ALIVE`], published with the next wake-up.
+    keep_alive: AtomicU64,
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        // The publishing task waits for a request: this one finds the hub gone and ends it.
+        self.wakes.notify_one();
+    }
 }
 
 impl Hub {
@@ -223,15 +313,14 @@ impl Hub {
     pub fn start(pool: Pool, cap: usize, stop: watch::Receiver<bool>) -> Arc<Hub> {
         let hub = Arc::new(Hub {
             pool: pool.spec().name().to_string(),
-            state: Mutex::new(HubState {
-                ring: Ring::new(cap, 0),
-                revision: None,
-                ended: None,
-                keep_alive: 0,
-            }),
-            tick: watch::channel(0).0,
+            state: Mutex::new(HubState { ring: Ring::new(cap, 0), revision: None, ended: None }),
+            ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
+            moved: Notify::new(),
+            wakes: Arc::new(Notify::new()),
+            keep_alive: AtomicU64::new(0),
         });
         tokio::spawn(run(Arc::downgrade(&hub), pool, stop));
+        tokio::spawn(publisher(Arc::downgrade(&hub), hub.wakes.clone()));
         hub
     }
 
@@ -239,23 +328,82 @@ impl Hub {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn subscribe(&self) -> watch::Receiver<u64> {
-        self.tick.subscribe()
+    /// A new stream's wake-ups: from the shard with the fewest streams.
+    pub fn subscribe(&self) -> watch::Receiver<Tick> {
+        let fewest = self.ticks.iter().min_by_key(|t| t.receiver_count());
+        match fewest {
+            Some(t) => t.subscribe(),
+            // Never: there are SHARDS (> 0) shards. A closed channel ends the stream at once.
+            None => watch::channel(Tick { ended: true, ..Tick::default() }).1,
+        }
+    }
+
+    /// Open streams (each holds one receiver of the wake-ups).
+    pub fn subscribers(&self) -> usize {
+        self.ticks.iter().map(|t| t.receiver_count()).sum()
     }
 
     pub fn is_ended(&self) -> bool {
         self.lock().ended.is_some()
     }
 
-    fn changed(&self) {
-        self.tick.send_modify(|t| *t += 1);
+    /// Applies `f` to every shard's [`Tick`] and wakes its streams, one shard at a time, yielding
+    /// to the runtime after each shard that has streams: a wake-up of 1,000 streams is 32 runs of
+    /// about 32 tasks, with the service's other tasks (requests, the store's answers) run in
+    /// between, instead of one run of 1,000 that every request woken meanwhile waits behind.
+    async fn publish(&self, f: impl Fn(&mut Tick)) {
+        for t in &self.ticks {
+            t.send_modify(&f);
+            if t.receiver_count() > 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
+    /// Wakes the subscribers: publishes the ring's end as the horizon, and the groups since the
+    /// previous one as one frame.
+    async fn wake(&self) {
+        let Some(previous) = self.ticks.first().map(|t| t.borrow().horizon) else { return };
+        let (horizon, batch, ended) = {
+            let st = self.lock();
+            let horizon = st.ring.next_seq();
+            (horizon, st.ring.frame(previous, horizon), st.ended.is_some())
+        };
+        let keep_alive = self.keep_alive.load(Ordering::Relaxed);
+        self.publish(|t| {
+            t.horizon = horizon;
+            t.batch = batch.clone();
+            t.ended = ended;
+            t.keep_alive = keep_alive;
+        })
+        .await;
+    }
+
+    /// Asks the publishing task for a wake-up.
+    fn request_wake(&self) {
+        self.wakes.notify_one();
     }
 
     fn end(&self, why: String) {
         self.lock().ended = Some(why);
-        self.changed();
+        self.moved.notify_waiters();
+        self.request_wake();
     }
 }
+
+/// The task that wakes the subscribers, apart from the one that follows the feed: a wake-up of
+/// thousands of streams yields to the runtime between shards and so takes as long as their
+/// writes, and meanwhile the feed is still read into the ring and new streams still catch up.
+async fn publisher(hub: std::sync::Weak<Hub>, wakes: Arc<Notify>) {
+    loop {
+        wakes.notified().await;
+        let Some(h) = hub.upgrade() else { return };
+        h.wake().await;
+    }
+}
+
+/// Shards of the subscribers' wake-ups (see `Hub::publish`).
+pub const SHARDS: usize = 32;
 
 /// How often the hub checks that its pool still exists (a deleted pool's feed just goes quiet).
 const RETIRED_CHECK: Duration = Duration::from_secs(1);
@@ -268,57 +416,63 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool, mut stop: watch::Receiver<bo
     let mut check = tokio::time::interval(RETIRED_CHECK);
     let mut keep_alive = tokio::time::interval(KEEP_ALIVE);
     keep_alive.reset();
-    let mut pacer = Pacer::new(WAKE_EVERY);
+    let mut pacer = Pacer::new();
     'subscribe: loop {
         let mut feed = pool.stamped_events();
         let start = feed.revision;
         {
             let Some(h) = hub.upgrade() else { return };
-            let mut st = h.lock();
-            // Everything before this subscription is unknown to the ring: it starts after
-            // `start` (a partial revision at `start` is dropped below).
-            st.ring.reset(start);
-            st.revision = feed.complete.then_some(start);
-            drop(st);
-            h.changed();
+            {
+                let mut st = h.lock();
+                // Everything before this subscription is unknown to the ring: it starts after
+                // `start` (a partial revision at `start` is dropped below).
+                st.ring.reset(start);
+                st.revision = feed.complete.then_some(start);
+            }
+            h.moved.notify_waiters();
+            h.request_wake();
         }
         let mut pending: Vec<(i64, Event)> = Vec::new();
         loop {
             let due = pacer.due();
-            let msg = tokio::select! {
-                m = feed.recv() => m,
-                _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
-                    let Some(h) = hub.upgrade() else { return };
+            // What woke the hub, decided before anything is awaited (the select's own values,
+            // a borrow of `stop` among them, must not live across the awaits below).
+            let step = tokio::select! {
+                m = feed.recv() => Step::Feed(m),
+                _ = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Step::Due,
+                _ = keep_alive.tick() => Step::KeepAlive,
+                _ = stop.wait_for(|s| *s) => Step::Stop,
+                _ = check.tick() => Step::Check,
+            };
+            let Some(h) = hub.upgrade() else { return };
+            let msg = match step {
+                Step::Feed(m) => m,
+                Step::Due => {
                     pacer.woke(Instant::now());
-                    h.changed();
+                    h.request_wake();
                     continue;
                 }
-                _ = keep_alive.tick() => {
-                    let Some(h) = hub.upgrade() else { return };
-                    h.lock().keep_alive += 1;
-                    h.changed();
+                Step::KeepAlive => {
+                    h.keep_alive.fetch_add(1, Ordering::Relaxed);
+                    h.request_wake();
                     continue;
                 }
-                _ = stop.wait_for(|s| *s) => {
+                Step::Stop => {
                     // Subscribers see the service shutting down when woken, and end.
-                    if let Some(h) = hub.upgrade() {
-                        h.changed();
-                    }
+                    h.moved.notify_waiters();
+                    h.request_wake();
                     return;
                 }
-                _ = check.tick() => {
-                    let Some(h) = hub.upgrade() else { return };
+                Step::Check => {
                     if pool.is_retired() {
-                        h.end(format!(
-                            "pool {:?} was deleted or re-created: watch it again",
-                            h.pool
-                        ));
+                        let why =
+                            format!("pool {:?} was deleted or re-created: watch it again", h.pool);
+                        h.end(why);
                         return;
                     }
                     continue;
                 }
             };
-            let Some(h) = hub.upgrade() else { return };
             match msg {
                 None => {
                     h.end("the service stopped following this pool".to_string());
@@ -341,19 +495,30 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool, mut stop: watch::Receiver<bo
                 }
                 Some(Ok(Stamped::Through { revision })) => {
                     let groups = group(std::mem::take(&mut pending), &pool);
-                    let mut st = h.lock();
-                    for g in groups {
-                        st.ring.push(g);
+                    {
+                        let mut st = h.lock();
+                        for g in groups {
+                            st.ring.push(g);
+                        }
+                        st.revision = Some(st.revision.unwrap_or(start).max(revision));
                     }
-                    st.revision = Some(st.revision.unwrap_or(start).max(revision));
-                    drop(st);
-                    if pacer.changed(Instant::now()) {
-                        h.changed();
+                    h.moved.notify_waiters();
+                    if pacer.changed(Instant::now(), window(h.subscribers())) {
+                        h.request_wake();
                     }
                 }
             }
         }
     }
+}
+
+/// What woke the hub's task.
+enum Step<M> {
+    Feed(Option<M>),
+    Due,
+    KeepAlive,
+    Stop,
+    Check,
 }
 
 /// Splits changes (in revision order) into one rendered group per revision.
@@ -417,23 +582,118 @@ mod tests {
     fn the_pacer_wakes_at_once_after_a_quiet_spell_and_else_once_at_the_windows_end() {
         let t0 = Instant::now();
         let ms = |n| t0 + Duration::from_millis(n);
-        let mut p = Pacer::new(Duration::from_millis(10));
-        assert!(p.changed(ms(0)), "the first change wakes at once");
+        let w = Duration::from_millis(10);
+        let mut p = Pacer::new();
+        assert!(p.changed(ms(0), w), "the first change wakes at once");
         assert_eq!(p.due(), None);
         // Changes within the window wait for its end, all for the same one wake-up.
-        assert!(!p.changed(ms(3)));
+        assert!(!p.changed(ms(3), w));
         assert_eq!(p.due(), Some(ms(10)));
-        assert!(!p.changed(ms(7)));
+        assert!(!p.changed(ms(7), w));
         assert_eq!(p.due(), Some(ms(10)));
         p.woke(ms(10));
         assert_eq!(p.due(), None);
         // The next window runs from that wake-up.
-        assert!(!p.changed(ms(15)));
+        assert!(!p.changed(ms(15), w));
         assert_eq!(p.due(), Some(ms(20)));
         p.woke(ms(21));
-        assert!(p.changed(ms(40)), "quiet for longer than the window: at once");
-        assert!(!p.changed(ms(40)));
+        assert!(p.changed(ms(40), w), "quiet for longer than the window: at once");
+        assert!(!p.changed(ms(40), w));
         assert_eq!(p.due(), Some(ms(50)));
+        // A wider window (more subscribers) holds the next wake-up back longer.
+        p.woke(ms(50));
+        assert!(!p.changed(ms(70), Duration::from_millis(50)));
+        assert_eq!(p.due(), Some(ms(100)));
+    }
+
+    #[test]
+    fn the_window_keeps_subscriber_wake_ups_within_the_budget_between_its_bounds() {
+        assert_eq!(window(0), WAKE_EVERY);
+        assert_eq!(window(1), WAKE_EVERY);
+        assert_eq!(window(200), WAKE_EVERY, "200 × 100 wake-ups/s is the budget");
+        assert_eq!(window(1000), Duration::from_millis(50));
+        assert_eq!(window(2000), Duration::from_millis(100));
+        assert_eq!(window(5000), WAKE_EVERY_MAX);
+        assert_eq!(window(usize::MAX), WAKE_EVERY_MAX);
+        for n in [300, 1000, 4000] {
+            let per_sec = n as f64 / window(n).as_secs_f64();
+            assert!(per_sec <= WAKE_BUDGET as f64 + 1.0, "{n} subscribers: {per_sec} wake-ups/s");
+        }
+    }
+
+    #[test]
+    fn a_frame_joins_the_groups_between_two_horizons_once_and_none_if_gone() {
+        let mut r = Ring::new(5, 0);
+        r.push(g(1, 1));
+        r.push(g(2, 1));
+        r.push(g(3, 1));
+        let b = r.frame(1, 3).expect("groups 1 and 2");
+        assert_eq!((b.from, b.revision, &b.chunk[..]), (1, 3, &b"r2r3"[..]));
+        let one = r.frame(2, 3).expect("one group");
+        assert_eq!(one.chunk.as_ptr(), r.read(2, 1).expect("read")[0].chunk.as_ptr(), "no copy");
+        assert!(r.frame(3, 3).is_none(), "nothing new");
+        assert!(r.frame(1, 9).is_none(), "past the ring's end");
+        for rev in 4..10 {
+            r.push(g(rev, 1));
+        }
+        assert!(r.frame(0, 4).is_none(), "the first group fell off the ring");
+    }
+
+    /// A hub with no pool behind it, for the wake-up order alone.
+    fn bare_hub() -> Arc<Hub> {
+        Arc::new(Hub {
+            pool: "p".into(),
+            state: Mutex::new(HubState { ring: Ring::new(10, 0), revision: None, ended: None }),
+            ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
+            moved: Notify::new(),
+            wakes: Arc::new(Notify::new()),
+            keep_alive: AtomicU64::new(0),
+        })
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_wake_up_lets_other_tasks_run_between_its_shards() {
+        // 4 streams a shard. The first stream to run wakes a "request" (as a socket turning
+        // readable mid-wake-up would): it must run before most streams have, not after all.
+        let hub = bare_hub();
+        let n = 4 * SHARDS;
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let request = Arc::new(Notify::new());
+        let mut tasks = Vec::new();
+        for i in 0..n {
+            let mut rx = hub.subscribe();
+            let (log, request) = (log.clone(), request.clone());
+            tasks.push(tokio::spawn(async move {
+                if rx.changed().await.is_ok() {
+                    let mut l = log.lock().unwrap_or_else(|p| p.into_inner());
+                    if l.is_empty() {
+                        request.notify_one();
+                    }
+                    l.push(i);
+                }
+            }));
+        }
+        assert_eq!(hub.subscribers(), n);
+        let req = {
+            let (log, request) = (log.clone(), request.clone());
+            tokio::spawn(async move {
+                request.notified().await;
+                let l = log.lock().unwrap_or_else(|p| p.into_inner());
+                l.len()
+            })
+        };
+        tokio::task::yield_now().await; // every task is waiting now
+        let h = hub.clone();
+        tokio::spawn(async move { h.publish(|t| t.keep_alive += 1).await }).await.expect("publish");
+        let streams_before_the_request = req.await.expect("request");
+        for t in tasks {
+            t.await.expect("stream");
+        }
+        assert_eq!(log.lock().unwrap_or_else(|p| p.into_inner()).len(), n, "every stream woke");
+        assert!(
+            streams_before_the_request <= 2 * (n / SHARDS),
+            "the request ran after {streams_before_the_request} of {n} streams"
+        );
     }
 
     #[test]

@@ -33,7 +33,7 @@ use serde_json::json;
 use idalloc::store::GetRequest;
 
 use crate::error::{param, ApiError, ApiQuery};
-use crate::fanout::{sse, Hub};
+use crate::fanout::{join, sse, Hub, Tick};
 use crate::AppState;
 
 /// Open watch streams, by `pool`.
@@ -140,9 +140,12 @@ async fn newest_change(st: &AppState, pool: &str) -> Result<i64, ApiError> {
 /// Waits until the hub has every change through `revision` (any boundary if `None`); returns the
 /// hub's revision.
 async fn caught_up(hub: &Hub, revision: Option<i64>) -> Result<i64, ApiError> {
-    let mut tick = hub.subscribe();
     let wait = async {
         loop {
+            // Registered before the check, so a move between the check and the wait wakes it.
+            let moved = hub.moved.notified();
+            tokio::pin!(moved);
+            moved.as_mut().enable();
             {
                 let st = hub.lock();
                 if let Some(why) = &st.ended {
@@ -154,9 +157,7 @@ async fn caught_up(hub: &Hub, revision: Option<i64>) -> Result<i64, ApiError> {
                     }
                 }
             }
-            if tick.changed().await.is_err() {
-                return Err(ApiError::unavailable("the pool's feed stopped"));
-            }
+            moved.await;
         }
     };
     tokio::time::timeout(CATCH_UP, wait).await.unwrap_or_else(|_| {
@@ -169,13 +170,14 @@ async fn caught_up(hub: &Hub, revision: Option<i64>) -> Result<i64, ApiError> {
 /// The initial bindings (at a revision boundary R of the cache) and `synced`, and the cursor of
 /// the first change after R.
 async fn snapshot(hub: &Hub, pool: &idalloc::Pool) -> Result<(Bytes, u64, i64), ApiError> {
-    let mut tick = hub.subscribe();
     for _ in 0..100 {
-        tick.borrow_and_update();
+        let moved = hub.moved.notified();
+        tokio::pin!(moved);
+        moved.as_mut().enable();
         let Some((bindings, r)) = pool.snapshot_at() else {
             // A watch response is being applied: its end (a `Through`) is moments away, and the
-            // hub ticks when it has read it.
-            if tokio::time::timeout(CATCH_UP, tick.changed()).await.is_err() {
+            // hub says so when it has read it.
+            if tokio::time::timeout(CATCH_UP, moved).await.is_err() {
                 return Err(ApiError::unavailable(format!(
                     "the pool's change feed did not move within {CATCH_UP:?}; retry"
                 )));
@@ -208,7 +210,7 @@ struct Subscriber {
     last_id: i64,
     /// The initial bindings, sent first.
     first: Option<Bytes>,
-    tick: tokio::sync::watch::Receiver<u64>,
+    tick: tokio::sync::watch::Receiver<Tick>,
     /// The hub's keep-alive count when this stream last sent something.
     keep_alive: u64,
     done: bool,
@@ -217,9 +219,10 @@ struct Subscriber {
 impl Subscriber {
     fn new(st: Arc<AppState>, hub: Arc<Hub>, cursor: u64, last_id: i64, first: Bytes) -> Self {
         metrics::gauge!(WATCH_SUBSCRIBERS, "pool" => hub.pool.clone()).increment(1.0);
-        let keep_alive = hub.lock().keep_alive;
+        let tick = hub.subscribe();
+        let keep_alive = tick.borrow().keep_alive;
         Subscriber {
-            tick: hub.subscribe(),
+            tick,
             hub,
             st,
             cursor,
@@ -230,8 +233,8 @@ impl Subscriber {
         }
     }
 
-    /// The next chunk of the stream: everything new since the last one, as one frame; `None`
-    /// ends it.
+    /// The next chunk of the stream: everything up to the hub's last wake-up, as one frame;
+    /// `None` ends it.
     async fn next(&mut self) -> Option<Bytes> {
         if let Some(b) = self.first.take() {
             return Some(b);
@@ -240,60 +243,59 @@ impl Subscriber {
             if self.done || self.st.is_shutting_down() {
                 return None;
             }
-            // Marks the current tick seen before reading, so a change after the read wakes us.
-            self.tick.borrow_and_update();
-            let read = {
-                let st = self.hub.lock();
-                match st.ring.read(self.cursor, BATCH) {
-                    Ok(groups) => Ok((groups, st.ended.clone(), st.keep_alive)),
-                    Err(_) => Err(()),
-                }
+            // Marks the wake-up seen before reading, so a later one wakes us. Nothing is held
+            // across the hub's lock below.
+            let (horizon, batch, keep_alive, ended) = {
+                let t = self.tick.borrow_and_update();
+                let batch = t.batch.as_ref().filter(|b| b.from == self.cursor).cloned();
+                (t.horizon, batch, t.keep_alive, t.ended)
             };
-            match read {
-                Ok((groups, _, keep_alive)) if !groups.is_empty() => {
-                    self.keep_alive = keep_alive;
-                    self.cursor += groups.len() as u64;
-                    self.last_id = groups.last().map_or(self.last_id, |g| g.revision);
-                    return Some(join(groups));
+            if self.cursor < horizon {
+                self.keep_alive = keep_alive;
+                // Caught up at the previous wake-up: the frame every such stream shares.
+                if let Some(b) = batch {
+                    self.cursor = horizon;
+                    self.last_id = b.revision;
+                    return Some(b.chunk);
                 }
-                Ok((_, Some(why), _)) => {
-                    self.done = true;
-                    return Some(error_event("gone", &why, None));
+                // Further behind (a new stream, or a slow reader): its own read of the ring.
+                let want = usize::try_from(horizon - self.cursor).unwrap_or(BATCH).min(BATCH);
+                let read = self.hub.lock().ring.read(self.cursor, want);
+                match read {
+                    Ok(groups) if !groups.is_empty() => {
+                        self.cursor += groups.len() as u64;
+                        self.last_id = groups.last().map_or(self.last_id, |g| g.revision);
+                        return Some(join(groups.iter()));
+                    }
+                    Ok(_) => {}
+                    Err(_) => {
+                        self.done = true;
+                        metrics::counter!(WATCH_LAGGED, "pool" => self.hub.pool.clone())
+                            .increment(1);
+                        let r = self.last_id;
+                        let why = format!(
+                            "this stream fell behind the service's watch history and was ended; \
+                             resume with Last-Event-ID: {r} (or from_revision={})",
+                            r + 1
+                        );
+                        return Some(error_event("lagged", &why, Some(r)));
+                    }
                 }
-                Ok((_, None, keep_alive)) if keep_alive != self.keep_alive => {
-                    self.keep_alive = keep_alive;
-                    return Some(Bytes::from_static(b": keep-alive\n\n"));
-                }
-                Ok(_) => {}
-                Err(()) => {
-                    self.done = true;
-                    metrics::counter!(WATCH_LAGGED, "pool" => self.hub.pool.clone()).increment(1);
-                    let r = self.last_id;
-                    let why = format!(
-                        "this stream fell behind the service's watch history and was ended; \
-                         resume with Last-Event-ID: {r} (or from_revision={})",
-                        r + 1
-                    );
-                    return Some(error_event("lagged", &why, Some(r)));
-                }
+            }
+            if ended {
+                self.done = true;
+                let why = self.hub.lock().ended.clone().unwrap_or_default();
+                return Some(error_event("gone", &why, None));
+            }
+            if keep_alive != self.keep_alive {
+                self.keep_alive = keep_alive;
+                return Some(Bytes::from_static(b": keep-alive\n\n"));
             }
             if self.tick.changed().await.is_err() {
                 self.done = true;
             }
         }
     }
-}
-
-/// Several groups' chunks as one frame (one write); one group's chunk as it is (no copy).
-fn join(groups: Vec<crate::fanout::Group>) -> Bytes {
-    if groups.len() == 1 {
-        return groups.into_iter().next().map(|g| g.chunk).unwrap_or_default();
-    }
-    let mut out = Vec::with_capacity(groups.iter().map(|g| g.chunk.len()).sum());
-    for g in &groups {
-        out.extend_from_slice(&g.chunk);
-    }
-    Bytes::from(out)
 }
 
 impl Drop for Subscriber {
