@@ -134,7 +134,7 @@ impl Counters {
         c.serve_cpu = m.retired_cpu;
         for pid in &m.serve_pids {
             c.serve_cpu += cpu_secs(&pid.to_string(), false).unwrap_or(0.0);
-            let rss = crate::fanout::status_bytes(&pid.to_string(), "VmRSS").unwrap_or(0);
+            let rss = crate::fanout::status_bytes(&pid.to_string(), "VmRSS:").unwrap_or(0);
             c.serve_rss += rss as f64;
         }
         c.at = Some(Instant::now());
