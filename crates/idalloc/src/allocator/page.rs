@@ -39,7 +39,7 @@ pub struct BindingsPage {
 impl Pool {
     /// Up to `limit` bindings with an ID greater than `after` (all, from the lowest, with
     /// `None`), in ID order, with their holders read from the store. Waits until the cache is
-    /// synced. One txn per [`PER_TXN`] bindings; no listing.
+    /// synced. One txn per 64 bindings; no listing.
     pub async fn list_page(&self, after: Option<u64>, limit: usize) -> Result<BindingsPage> {
         self.wait_synced().await?;
         let (candidates, scanned, more) = self.page_from_cache(after, limit);
