@@ -61,6 +61,9 @@ pub struct FleetOptions {
     pub jitter: Duration,
     /// The agents' session lease TTL (the storm restarts well within it).
     pub session_ttl: Duration,
+    /// `None`: direct agents (each its own etcd client). `Some`: agents as `idalloc-client`
+    /// instances against `idalloc serve` replicas ([`crate::fleet_serve`]).
+    pub serve: Option<crate::fleet_serve::ServeMode>,
 }
 
 impl FleetOptions {
@@ -74,11 +77,13 @@ impl FleetOptions {
             close: false,
             jitter: Duration::ZERO,
             session_ttl: Duration::from_secs(60),
+            serve: None,
         }
     }
 }
 
-/// etcd's counters at one moment (from its `/metrics`) with its CPU and ours.
+/// One sample of etcd's counters (from its `/metrics`), with the CPU of etcd, of this process and
+/// of the `serve` replicas (through-serve mode), and the replicas' resident memory.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Counters {
     /// `grpc_server_handled_total`, all methods: requests etcd completed (a watch or keep-alive
@@ -97,41 +102,48 @@ pub struct Counters {
     /// CPU seconds of etcd and of this process.
     pub etcd_cpu: f64,
     pub self_cpu: f64,
+    /// CPU seconds of every `serve` replica still running, summed (0 in direct mode; a replica
+    /// killed in the phase drops out, so a phase with a kill under-counts by its CPU before).
+    pub serve_cpu: f64,
+    /// Resident bytes of the `serve` replicas, summed.
+    pub serve_rss: f64,
     pub at: Option<Instant>,
 }
 
+/// The processes a phase is measured on: etcd's client URL and PID, and the replicas' PIDs.
+#[derive(Clone, Debug, Default)]
+pub struct Meter {
+    pub endpoint: String,
+    pub etcd_pid: Option<u32>,
+    pub serve_pids: Vec<u32>,
+    /// CPU seconds of replicas killed during the run, up to their kill (added to every later
+    /// sample, so a phase's delta stays whole).
+    pub retired_cpu: f64,
+}
+
 impl Counters {
-    /// Reads etcd's `/metrics` from `endpoint` (`http://127.0.0.1:PORT`) and both CPU counters.
-    pub async fn read(endpoint: &str, etcd_pid: Option<u32>) -> Result<Counters, String> {
-        let host = endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
+    /// Reads etcd's `/metrics` and every CPU and memory counter of `m`'s processes.
+    pub async fn read(m: &Meter) -> Result<Counters, String> {
+        let host = m.endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
         let text = tokio::task::spawn_blocking(move || metrics_text(&host))
             .await
             .map_err(|e| err("metrics task", e))??;
         let mut c = parse_metrics(&text);
-        c.etcd_cpu = etcd_pid.and_then(|p| cpu_secs(&p.to_string(), false)).unwrap_or(f64::NAN);
+        c.etcd_cpu = m.etcd_pid.and_then(|p| cpu_secs(&p.to_string(), false)).unwrap_or(f64::NAN);
         c.self_cpu = cpu_secs("self", false).unwrap_or(f64::NAN);
+        c.serve_cpu = m.retired_cpu;
+        for pid in &m.serve_pids {
+            c.serve_cpu += cpu_secs(&pid.to_string(), false).unwrap_or(0.0);
+            let rss = crate::fanout::status_bytes(&pid.to_string(), "VmRSS:").unwrap_or(0);
+            c.serve_rss += rss as f64;
+        }
         c.at = Some(Instant::now());
         Ok(c)
     }
 
     /// What was spent from `self` to `later`.
     pub fn to(&self, later: &Counters) -> Load {
-        let secs = match (self.at, later.at) {
-            (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
-            _ => f64::NAN,
-        };
-        Load {
-            secs,
-            grpc: later.grpc - self.grpc,
-            range: later.range - self.range,
-            txn: later.txn - self.txn,
-            put: later.put - self.put,
-            delete: later.delete - self.delete,
-            sent_bytes: later.sent_bytes - self.sent_bytes,
-            watchers: later.watchers,
-            etcd_cpu: later.etcd_cpu - self.etcd_cpu,
-            agents_cpu: later.self_cpu - self.self_cpu,
-        }
+        Load { from: *self, to: *later }
     }
 }
 
@@ -170,37 +182,56 @@ pub fn parse_metrics(text: &str) -> Counters {
     c
 }
 
-/// What etcd and the agents spent over one phase.
+/// What etcd, the agents and the replicas spent over one phase: the two samples around it, each
+/// figure their difference (so nothing is restated field by field).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Load {
-    pub secs: f64,
-    pub grpc: f64,
-    pub range: f64,
-    pub txn: f64,
-    pub put: f64,
-    pub delete: f64,
-    pub sent_bytes: f64,
-    pub watchers: f64,
-    pub etcd_cpu: f64,
-    pub agents_cpu: f64,
+    pub from: Counters,
+    pub to: Counters,
 }
 
 impl Load {
+    /// The phase's length in seconds (NaN when a sample is missing).
+    pub fn secs(&self) -> f64 {
+        match (self.from.at, self.to.at) {
+            (Some(a), Some(b)) => b.duration_since(a).as_secs_f64(),
+            _ => f64::NAN,
+        }
+    }
+    fn delta(&self, f: impl Fn(&Counters) -> f64) -> f64 {
+        f(&self.to) - f(&self.from)
+    }
+    /// Completed gRPC requests.
+    pub fn grpc(&self) -> f64 {
+        self.delta(|c| c.grpc)
+    }
     /// Completed gRPC requests per second.
     pub fn grpc_per_sec(&self) -> f64 {
-        self.grpc / self.secs
+        self.grpc() / self.secs()
     }
     /// MVCC operations (range + txn + put + delete) per second.
     pub fn mvcc_per_sec(&self) -> f64 {
-        (self.range + self.txn + self.put + self.delete) / self.secs
+        self.delta(|c| c.range + c.txn + c.put + c.delete) / self.secs()
     }
-    /// etcd's CPU as a share of one core.
-    pub fn etcd_cores(&self) -> f64 {
-        self.etcd_cpu / self.secs
+    /// Bytes etcd sent to its clients.
+    pub fn sent_bytes(&self) -> f64 {
+        self.delta(|c| c.sent_bytes)
     }
-    /// This process's (the agents' and the probe's) CPU as a share of one core.
-    pub fn agents_cores(&self) -> f64 {
-        self.agents_cpu / self.secs
+    /// etcd's watchers at the phase's end (a gauge).
+    pub fn watchers(&self) -> f64 {
+        self.to.watchers
+    }
+    /// etcd's CPU seconds.
+    pub fn etcd_cpu(&self) -> f64 {
+        self.delta(|c| c.etcd_cpu)
+    }
+    /// This process's (the agents' and the probe's) CPU seconds.
+    pub fn agents_cpu(&self) -> f64 {
+        self.delta(|c| c.self_cpu)
+    }
+    /// The replicas' CPU seconds.
+    pub fn serve_cpu(&self) -> f64 {
+        self.delta(|c| c.serve_cpu)
     }
 }
 
@@ -285,7 +316,7 @@ fn holder(i: usize) -> String {
     format!("agent-{i}")
 }
 
-fn agent_key(i: usize, k: usize) -> String {
+pub(crate) fn agent_key(i: usize, k: usize) -> String {
     format!("agent-{i}/key-{k}")
 }
 
@@ -304,7 +335,7 @@ async fn open_agent(endpoint: &str, holder: String, ttl: Duration) -> Result<Age
 }
 
 /// A uniform random wait in `[0, max)`.
-fn jitter(max: Duration) -> Duration {
+pub(crate) fn jitter(max: Duration) -> Duration {
     if max.is_zero() {
         return Duration::ZERO;
     }
@@ -312,20 +343,45 @@ fn jitter(max: Duration) -> Duration {
 }
 
 /// The probe: acquires and releases a fresh key every [`PROBE_EVERY`] until stopped, keeping the
-/// acquire latencies of the current window (taken and reset by [`Probe::take`]).
-struct Probe {
+/// acquire latencies of the current window (taken and reset by [`Probe::take`]). Direct mode
+/// probes through its own allocator, through-serve mode through its own client and session.
+pub(crate) struct Probe {
     lat: Arc<std::sync::Mutex<(Vec<Duration>, usize)>>,
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<()>,
-    alloc: Allocator,
+    alloc: Option<Allocator>,
 }
+
+/// One probe step on key `key`: the acquire's latency if it succeeded, and whether the key was
+/// then released.
+pub(crate) type ProbeStep = futures::future::BoxFuture<'static, (Option<Duration>, bool)>;
 
 impl Probe {
     async fn start(endpoint: &str) -> Result<Probe, String> {
         let agent = open_agent(endpoint, "probe".into(), Duration::from_secs(60)).await?;
+        let pool = agent.pool.clone();
+        let mut probe = Probe::spawn(move |key| {
+            let pool = pool.clone();
+            Box::pin(async move {
+                let t = Instant::now();
+                match pool.acquire(&key).await {
+                    Ok(_) => {
+                        let d = t.elapsed();
+                        (Some(d), pool.release(&key).await.is_ok())
+                    }
+                    Err(_) => (None, false),
+                }
+            })
+        });
+        probe.alloc = Some(agent.alloc);
+        Ok(probe)
+    }
+
+    /// Runs `step` on `probe/1`, `probe/2`, ... every [`PROBE_EVERY`].
+    pub(crate) fn spawn(step: impl Fn(String) -> ProbeStep + Send + 'static) -> Probe {
         let lat = Arc::new(std::sync::Mutex::new((Vec::new(), 0usize)));
         let stop = Arc::new(AtomicBool::new(false));
-        let (l, s, pool) = (lat.clone(), stop.clone(), agent.pool.clone());
+        let (l, s) = (lat.clone(), stop.clone());
         let task = tokio::spawn(async move {
             let mut tick = tokio::time::interval(PROBE_EVERY);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -333,16 +389,9 @@ impl Probe {
             while !s.load(Ordering::Relaxed) {
                 tick.tick().await;
                 n += 1;
-                let key = format!("probe/{n}");
-                let t = Instant::now();
-                let r = pool.acquire(&key).await;
-                let d = t.elapsed();
-                let released = match &r {
-                    Ok(_) => pool.release(&key).await.is_ok(),
-                    Err(_) => false,
-                };
+                let (acquired, released) = step(format!("probe/{n}")).await;
                 let mut g = l.lock().unwrap_or_else(|p| p.into_inner());
-                if r.is_ok() {
+                if let Some(d) = acquired {
                     g.0.push(d);
                 }
                 if !released {
@@ -350,11 +399,11 @@ impl Probe {
                 }
             }
         });
-        Ok(Probe { lat, stop, task, alloc: agent.alloc })
+        Probe { lat, stop, task, alloc: None }
     }
 
     /// The window's latencies since the last call.
-    fn take(&self) -> ProbeStats {
+    pub(crate) fn take(&self) -> ProbeStats {
         let mut g = self.lat.lock().unwrap_or_else(|p| p.into_inner());
         let (lat, failed) = std::mem::take(&mut *g);
         ProbeStats::of(lat, failed)
@@ -362,48 +411,51 @@ impl Probe {
 
     /// One sweep of the pool through the probe's allocator: bindings reclaimed.
     async fn sweep(&self) -> Result<usize, String> {
-        let pool = self.alloc.pool(POOL).await.map_err(|e| err("sweep: open pool", e))?;
+        let alloc = self.alloc.as_ref().ok_or("sweep: the probe has no allocator")?;
+        let pool = alloc.pool(POOL).await.map_err(|e| err("sweep: open pool", e))?;
         let report = pool.sweep().await.map_err(|e| err("sweep", e))?;
         Ok(report.reclaimed.len())
     }
 
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = self.task.await;
-        let _ = self.alloc.close().await;
+        if let Some(a) = self.alloc {
+            let _ = a.close().await;
+        }
     }
 }
 
-fn log(msg: &str) {
+pub(crate) fn log(msg: &str) {
     eprintln!("[fleet] {msg}");
 }
 
 /// Per-agent results of one phase, folded into a [`Phase`].
-struct Tally {
-    times: Vec<Duration>,
-    ok: u64,
-    failed: u64,
-    changed: u64,
-    errors: Vec<String>,
+pub(crate) struct Tally {
+    pub(crate) times: Vec<Duration>,
+    pub(crate) ok: u64,
+    pub(crate) failed: u64,
+    pub(crate) changed: u64,
+    pub(crate) errors: Vec<String>,
 }
 
 impl Tally {
-    fn new() -> Tally {
+    pub(crate) fn new() -> Tally {
         Tally { times: Vec::new(), ok: 0, failed: 0, changed: 0, errors: Vec::new() }
     }
 
-    fn fail(&mut self, e: String) {
+    pub(crate) fn fail(&mut self, e: String) {
         self.failed += 1;
         if self.errors.len() < 5 {
             self.errors.push(e);
         }
     }
 
-    async fn finish(
+    pub(crate) async fn finish(
         mut self,
         name: &'static str,
         before: &Counters,
-        etcd: &EtcdServer,
+        meter: &Meter,
         probe: &Probe,
     ) -> Phase {
         self.times.sort_unstable();
@@ -411,7 +463,7 @@ impl Tally {
             let i = ((self.times.len() as f64 - 1.0) * p).round() as usize;
             self.times.get(i.min(self.times.len().saturating_sub(1))).copied().unwrap_or_default()
         };
-        let load = match Counters::read(&etcd.endpoint(), etcd.pid()).await {
+        let load = match Counters::read(meter).await {
             Ok(after) => before.to(&after),
             Err(e) => {
                 self.errors.push(e);
@@ -439,6 +491,9 @@ impl Tally {
 /// Runs one fleet of `o.agents` agents on a pool of `o.bindings` bindings, on a private etcd
 /// (its data under `$TMPDIR`, which the documented command points at `target/tmp-bench/`).
 pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
+    if let Some(mode) = &o.serve {
+        return crate::fleet_serve::run(o, mode).await;
+    }
     let etcd = EtcdServer::start().await?;
     let endpoint = etcd.endpoint();
     let setup = Allocator::new(etcd.store().await?, AllocatorOptions::default())
@@ -454,17 +509,18 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
     let _ = setup.close().await;
     let probe = Probe::start(&endpoint).await?;
     probe.take();
+    let meter = Meter { endpoint: endpoint.clone(), etcd_pid: etcd.pid(), ..Meter::default() };
     let mut phases = Vec::new();
 
     // Cold start.
     log(&format!("cold start of {} agents on {} bindings", o.agents, o.bindings));
-    let before = Counters::read(&endpoint, etcd.pid()).await?;
+    let before = Counters::read(&meter).await?;
     let (agents, tally) = start_all(o, &endpoint, |_| Vec::new()).await;
-    phases.push(tally.finish("cold start", &before, &etcd, &probe).await);
+    phases.push(tally.finish("cold start", &before, &meter, &probe).await);
 
     // Hold: each agent acquires its keys; then until every agent has seen every agent's keys.
     log(&format!("hold: {} keys per agent", o.keys));
-    let before = Counters::read(&endpoint, etcd.pid()).await?;
+    let before = Counters::read(&meter).await?;
     let t0 = Instant::now();
     let mut set = JoinSet::new();
     for (i, a) in agents.iter().enumerate() {
@@ -522,11 +578,11 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
         acquired.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     ));
-    phases.push(tally.finish("hold (acquire + fan-out)", &before, &etcd, &probe).await);
+    phases.push(tally.finish("hold (acquire + fan-out)", &before, &meter, &probe).await);
 
     // Restart storm.
     log(&format!("restart storm ({})", if o.close { "close" } else { "crash" }));
-    let before = Counters::read(&endpoint, etcd.pid()).await?;
+    let before = Counters::read(&meter).await?;
     if o.close {
         let mut set = JoinSet::new();
         for a in agents {
@@ -543,13 +599,13 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
     let checkpoint = Arc::new(checkpoint);
     let (agents, tally) =
         start_all(o, &endpoint, |i| checkpoint.get(&i).cloned().unwrap_or_default()).await;
-    let mut storm = tally.finish("restart storm", &before, &etcd, &probe).await;
+    let mut storm = tally.finish("restart storm", &before, &meter, &probe).await;
     storm.swept = swept;
     phases.push(storm);
 
     // Churn.
     log(&format!("churn for {:?}", o.churn));
-    let before = Counters::read(&endpoint, etcd.pid()).await?;
+    let before = Counters::read(&meter).await?;
     let mut set = JoinSet::new();
     let end = Instant::now() + o.churn;
     for (i, a) in agents.iter().enumerate() {
@@ -597,7 +653,7 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
         }
     }
     let churn_secs = t0.elapsed().as_secs_f64();
-    let mut churn = tally.finish("churn", &before, &etcd, &probe).await;
+    let mut churn = tally.finish("churn", &before, &meter, &probe).await;
     // For churn the times folded were acquire latencies (`median_secs` and `call_p99` are theirs);
     // the phase's time is its length.
     churn.secs = churn_secs;
@@ -664,7 +720,8 @@ async fn start_all(
 
 /// The usage line of `--fleet`.
 pub const USAGE: &str = "idalloc-bench --fleet [--agents N,N,...] [--bindings B,B,...] [--keys K] \
-     [--churn-secs S] [--jitter-ms MS] [--close] [--out FILE.md]";
+     [--churn-secs S] [--jitter-ms MS] [--close] [--through-serve [--replicas R,R,...] \
+     [--kill-replica] [--no-views] [--cli PATH]] [--out FILE.md]";
 
 fn list(v: Option<String>, what: &str) -> Result<Vec<usize>, String> {
     let v = v.ok_or_else(|| format!("{what} needs a value\nusage: {USAGE}"))?;
@@ -685,6 +742,11 @@ pub async fn main(args: Vec<String>) -> Result<(), String> {
     let mut bindings = vec![10_000, 100_000];
     let mut shape = FleetOptions::new(0, 0);
     let mut out: Option<std::path::PathBuf> = None;
+    let (mut through_serve, mut replicas, mut kill_replica, mut views) =
+        (false, vec![1, 2], false, true);
+    let mut cli: std::path::PathBuf = std::env::var_os("IDALLOC_CLI")
+        .map(Into::into)
+        .unwrap_or_else(|| "target/release/idalloc".into());
     let mut it = args.into_iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -702,6 +764,13 @@ pub async fn main(args: Vec<String>) -> Result<(), String> {
                 shape.jitter = Duration::from_millis(ms);
             }
             "--close" => shape.close = true,
+            "--through-serve" => through_serve = true,
+            "--replicas" => replicas = list(it.next(), "--replicas")?,
+            "--kill-replica" => kill_replica = true,
+            "--no-views" => views = false,
+            "--cli" => {
+                cli = it.next().ok_or_else(|| format!("--cli needs a path\n{USAGE}"))?.into()
+            }
             "--out" => {
                 out = Some(it.next().ok_or_else(|| format!("--out needs a file\n{USAGE}"))?.into())
             }
@@ -715,9 +784,31 @@ pub async fn main(args: Vec<String>) -> Result<(), String> {
     let load0 = load_average();
     let mut runs = Vec::new();
     let mut failures = Vec::new();
+    if through_serve && !cli.is_file() {
+        return Err(format!(
+            "--through-serve runs `{} serve`, which is not a file: build it (`cargo build \
+             --release -p idalloc-cli`), or name it with --cli or IDALLOC_CLI",
+            cli.display()
+        ));
+    }
+    let modes: Vec<Option<crate::fleet_serve::ServeMode>> = if through_serve {
+        replicas
+            .iter()
+            .map(|&r| {
+                Some(crate::fleet_serve::ServeMode {
+                    bin: cli.clone(),
+                    replicas: r,
+                    kill_replica: kill_replica && r >= 2,
+                    views,
+                })
+            })
+            .collect()
+    } else {
+        vec![None]
+    };
     for &b in &bindings {
-        for &n in &agents {
-            let o = FleetOptions { agents: n, bindings: b, ..shape.clone() };
+        for (&n, serve) in agents.iter().flat_map(|n| modes.iter().map(move |m| (n, m))) {
+            let o = FleetOptions { agents: n, bindings: b, serve: serve.clone(), ..shape.clone() };
             match run(&o).await {
                 Ok(r) => {
                     println!("{}", table(std::slice::from_ref(&r)));
@@ -764,22 +855,38 @@ fn ms(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1000.0)
 }
 
+/// A CPU figure as "seconds (cores)", or "–" where nothing was measured.
+fn cpu_cell(secs: f64, phase: f64) -> String {
+    if secs.is_finite() {
+        format!("{secs:.1} ({:.2})", secs / phase)
+    } else {
+        "–".into()
+    }
+}
+
 /// One row per phase of every run.
 pub fn table(runs: &[FleetRun]) -> String {
     let mut s = String::from(
-        "| agents | bindings | phase | all done s | median s | ok | failed | IDs changed | \
+        "| agents | bindings | replicas | phase | all done s | median s | ok | failed | IDs changed | \
          call p99 ms | etcd gRPC req/s | etcd MVCC ops/s | etcd sent MB | etcd CPU s (cores) | \
-         agents CPU s (cores) | probe p99 ms (n, failed) | RSS MB | load avg |\n\
-         |---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
+         agents CPU s (cores) | serve CPU s (cores) | serve RSS MB | probe p99 ms (n, failed) | \
+         RSS MB | load avg |\n\
+         |---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|\n",
     );
     for r in runs {
+        let replicas = r.opts.serve.as_ref().map_or("direct".to_string(), |s| {
+            format!("{}{}", s.replicas, if s.kill_replica { " (1 killed)" } else { "" })
+        });
         for p in &r.phases {
             let l = &p.load;
+            let direct = r.opts.serve.is_none();
+            let secs = l.secs();
             s.push_str(&format!(
-                "| {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | \
-                 {:.1} ({:.2}) | {:.1} ({:.2}) | {} ({}, {}) | {:.0} | {} |\n",
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | \
+                 {} | {} | {} | {} | {} ({}, {}) | {:.0} | {} |\n",
                 r.opts.agents,
                 r.opts.bindings,
+                replicas,
                 p.name,
                 p.secs,
                 p.median_secs,
@@ -789,11 +896,11 @@ pub fn table(runs: &[FleetRun]) -> String {
                 ms(p.call_p99),
                 l.grpc_per_sec(),
                 l.mvcc_per_sec(),
-                l.sent_bytes / 1e6,
-                l.etcd_cpu,
-                l.etcd_cores(),
-                l.agents_cpu,
-                l.agents_cores(),
+                l.sent_bytes() / 1e6,
+                cpu_cell(l.etcd_cpu(), secs),
+                cpu_cell(l.agents_cpu(), secs),
+                if direct { "–".into() } else { cpu_cell(l.serve_cpu(), secs) },
+                if direct { "–".into() } else { format!("{:.0}", l.to.serve_rss / 1e6) },
                 ms(p.probe.p99),
                 p.probe.ok,
                 p.probe.failed,
@@ -821,8 +928,14 @@ pub fn chart(runs: &[FleetRun]) -> String {
             if let Some(p) = r.phase(name) {
                 bars.push(crate::plot::Bar {
                     label: format!(
-                        "{name}: {} agents, {} bindings",
-                        r.opts.agents, r.opts.bindings
+                        "{name}: {} agents, {} bindings, {}",
+                        r.opts.agents,
+                        r.opts.bindings,
+                        r.opts.serve.as_ref().map_or("direct".to_string(), |s| format!(
+                            "{} serve replica{}",
+                            s.replicas,
+                            if s.replicas == 1 { "" } else { "s" }
+                        ))
                     ),
                     value: p.secs,
                     colour,

@@ -13,6 +13,7 @@ pub mod contender;
 pub mod contiv;
 pub mod fanout;
 pub mod fleet;
+pub mod fleet_serve;
 pub mod heap;
 pub mod micro;
 pub mod plot;

@@ -14,7 +14,7 @@ use crate::options::ClientOptions;
 use crate::pool::{Pool, PoolShared};
 use crate::session::Session;
 use crate::transport::{encode_segment, Answer, Transport};
-use crate::watch::{self, Feed};
+use crate::watch::Feed;
 
 /// A client of one `idalloc serve` deployment: one or more replicas sharing one store. Cheap to
 /// clone. Build many in one process with a shared [`ClientOptions::http`] to share one
@@ -154,14 +154,12 @@ impl Client {
             Some(s) => s,
             None => {
                 let feed = Arc::new(Feed::new(self.shared.t.opts.event_buffer));
-                let task = watch::follow(
-                    self.shared.t.clone(),
-                    spec.name().to_string(),
-                    Arc::downgrade(&feed),
-                );
-                tokio::spawn(task);
                 let held = Mutex::new(HashMap::new());
-                let s = Arc::new(PoolShared { spec: spec.clone(), feed, held });
+                let unstarted = Mutex::new(Some(self.shared.t.clone()));
+                let s = Arc::new(PoolShared { spec: spec.clone(), feed, held, unstarted });
+                if !self.shared.t.opts.lazy_view {
+                    s.follow();
+                }
                 pools.insert(spec.name().to_string(), Arc::downgrade(&s));
                 s
             }

@@ -24,6 +24,12 @@ pub struct ClientOptions {
     pub watch_idle_timeout: Duration,
     /// Messages kept for a slow [`crate::Events`] subscriber before it is told it lagged.
     pub event_buffer: usize,
+    /// Start a pool's watch (and fill its local view) only when the view is first asked for
+    /// ([`crate::Pool::get`], `key_of`, `snapshot`, `events`, `wait_synced`), not when the
+    /// handle is opened, as the library's `AllocatorOptions::lazy_view`. For an agent that
+    /// restarts into a storm: it re-references its keys first (writes need no view; the service
+    /// decides) and lists the pool afterwards, off the restoration's critical path.
+    pub lazy_view: bool,
     /// An HTTP client to share between many [`crate::Client`]s (one connection pool for many
     /// agents in one process); by default each client builds its own.
     pub http: Option<reqwest::Client>,
@@ -40,6 +46,7 @@ impl Default for ClientOptions {
             session_ttl: Duration::from_secs(15),
             watch_idle_timeout: Duration::from_secs(45),
             event_buffer: 1024,
+            lazy_view: false,
             http: None,
         }
     }

@@ -23,6 +23,20 @@ pub(crate) struct PoolShared {
     pub feed: Arc<Feed>,
     /// Key → (references counted here, ID) of the client's own session ([`Pool::acquire`]).
     pub held: Mutex<HashMap<String, Arc<tokio::sync::Mutex<Held>>>>,
+    /// The transport, until the pool's watch task is started ([`PoolShared::follow`]).
+    pub unstarted: Mutex<Option<Arc<crate::transport::Transport>>>,
+}
+
+impl PoolShared {
+    /// Starts the pool's watch task, once (at open, or at the view's first use with
+    /// `ClientOptions::lazy_view`).
+    pub(crate) fn follow(&self) {
+        let t = self.unstarted.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some(t) = t {
+            let feed = Arc::downgrade(&self.feed);
+            tokio::spawn(crate::watch::follow(t, self.spec.name().to_string(), feed));
+        }
+    }
 }
 
 /// One key held by the client's own session.
@@ -232,16 +246,19 @@ impl Pool {
     /// The ID of `key` from the local view (no request): `None` if unbound, or not seen yet
     /// (see [`Pool::wait_synced`]).
     pub fn get(&self, key: &str) -> Option<u64> {
+        self.shared.follow();
         self.shared.feed.view().get(key)
     }
 
     /// The key bound to `id`, from the local view.
     pub fn key_of(&self, id: u64) -> Option<String> {
+        self.shared.follow();
         self.shared.feed.view().key_of(id)
     }
 
     /// Every binding in the local view, sorted by ID.
     pub fn snapshot(&self) -> Vec<(u64, String)> {
+        self.shared.follow();
         self.shared.feed.view().snapshot()
     }
 
@@ -293,11 +310,13 @@ impl Pool {
     /// The pool's changes as they reach the local view. Subscribe before the first listing
     /// completes to see it as `Upsert`s then `Synced`.
     pub fn events(&self) -> Events {
+        self.shared.follow();
         Events { rx: self.shared.feed.events.subscribe() }
     }
 
     /// Waits until the local view holds the whole pool (its first listing is complete).
     pub async fn wait_synced(&self) -> idalloc::Result<()> {
+        self.shared.follow();
         let mut rx = self.shared.feed.synced.subscribe();
         rx.wait_for(|s| *s).await.map(|_| ()).map_err(|_| Error::Unavailable {
             reason: "the client's watch of the pool stopped".into(),

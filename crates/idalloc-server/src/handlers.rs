@@ -376,21 +376,15 @@ pub async fn list_bindings(
         .map(|a| param("after", a, "an ID: a whole number from 0 to 18446744073709551615"))
         .transpose()?;
     let pool = st.pool(&name).await?;
-    let all = pool.list().await?;
-    let page: Vec<BindingBody> = all
+    // One page from the cache's ordered used IDs and one txn per 64 bindings for the holders:
+    // O(limit) per page, not a listing of the whole pool per page (idalloc's `allocator/page.rs`).
+    let got = pool.list_page(after, limit).await?;
+    let page: Vec<BindingBody> = got
+        .bindings
         .into_iter()
-        .filter(|b| after.is_none_or(|a| b.id > a))
-        .take(limit + 1)
         .map(|b| BindingBody { id: b.id, key: b.key, holders: b.holders })
         .collect();
-    let (page, next_after) = if page.len() > limit {
-        let mut page = page;
-        page.truncate(limit);
-        let last = page.last().map(|b| b.id);
-        (page, last)
-    } else {
-        (page, None)
-    };
+    let next_after = got.next_after;
     Ok(Json(json!({ "pool": name, "bindings": page, "next_after": next_after })).into_response())
 }
 

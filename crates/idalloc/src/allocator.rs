@@ -16,6 +16,7 @@ mod coalesce;
 mod events;
 mod handle;
 mod lanes;
+mod page;
 pub(crate) mod pool_state;
 mod registry;
 mod release;
@@ -47,6 +48,7 @@ use crate::store::{Compare, GetRequest, KeyRange, LeaseId, OpResponse, Store, Tx
 pub use cluster_events::ClusterEvents;
 pub use events::{Events, Stamped, StampedEvents};
 pub use handle::Pool;
+pub use page::BindingsPage;
 pub use types::{Acquired, AllocatorOptions, Binding, Released, RetryPolicy};
 
 pub(crate) use bind::RefLease;

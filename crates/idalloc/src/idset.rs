@@ -44,6 +44,28 @@ struct Node {
     sum: u64,
 }
 
+/// [`IdSet::runs_from`]: an in-order walk of the treap from a lower bound. The stack holds the
+/// nodes still to visit whose left subtrees are done.
+pub struct RunsFrom<'a> {
+    set: &'a IdSet,
+    stack: Vec<Ix>,
+}
+
+impl Iterator for RunsFrom<'_> {
+    type Item = (u64, u64);
+
+    fn next(&mut self) -> Option<(u64, u64)> {
+        let t = self.stack.pop()?;
+        let n = &self.set.nodes[t as usize];
+        let mut c = n.right;
+        while c != NIL {
+            self.stack.push(c);
+            c = self.set.nodes[c as usize].left;
+        }
+        Some((n.start, n.end))
+    }
+}
+
 /// The used and free raw IDs of a pool's range. See the module docs for how and why.
 #[derive(Debug, Clone)]
 pub struct IdSet {
@@ -238,6 +260,24 @@ impl IdSet {
             }
         }
         out
+    }
+
+    /// The runs of used IDs that end at or after `from`, in increasing order, lazily: O(log runs)
+    /// to the first, then O(1) amortised each. A paged listing (`allocator/page.rs`) walks only
+    /// the runs of its page instead of the whole set.
+    pub fn runs_from(&self, from: u64) -> RunsFrom<'_> {
+        let mut stack = Vec::new();
+        let mut t = self.root;
+        while t != NIL {
+            let n = &self.nodes[t as usize];
+            if n.end >= from {
+                stack.push(t);
+                t = n.left;
+            } else {
+                t = n.right;
+            }
+        }
+        RunsFrom { set: self, stack }
     }
 
     /// The `r`-th free ID in increasing order (`r = 0` is the lowest), or `None` if fewer than
@@ -541,6 +581,11 @@ mod tests {
                 assert_eq!(set.nth_free(r as u64), Some(*f), "seed {seed} step {step} r {r}");
             }
             assert_eq!(set.nth_free(free.len() as u64), None);
+            // runs_from(x) is the tail of the whole walk that ends at or after x.
+            let runs = set.used_runs();
+            let from = rng.random_range(min.saturating_sub(2)..=max.saturating_add(2));
+            let tail: Vec<(u64, u64)> = runs.iter().copied().filter(|r| r.1 >= from).collect();
+            assert_eq!(set.runs_from(from).collect::<Vec<_>>(), tail, "seed {seed} from {from}");
             for i in min.saturating_sub(2)..=max.saturating_add(2) {
                 assert_eq!(set.contains(i), model.used.contains(&i) && i >= min && i <= max);
             }

@@ -141,8 +141,8 @@ pub use allocator::client_session;
 pub use allocator::client_session::ClientSession;
 pub use allocator::sweeper::SweepReport;
 pub use allocator::{
-    Acquired, Allocator, AllocatorOptions, Binding, ClusterEvents, Events, Pool, Released,
-    RetryPolicy, Stamped, StampedEvents,
+    Acquired, Allocator, AllocatorOptions, Binding, BindingsPage, ClusterEvents, Events, Pool,
+    Released, RetryPolicy, Stamped, StampedEvents,
 };
 pub use cache::{Event, Foreign};
 pub use error::{Error, Input, Result};
