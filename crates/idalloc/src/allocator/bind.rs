@@ -96,14 +96,17 @@ impl Inner {
         pool.live()?;
         // Without the pool's view (a lazily opened pool: issue 21 item 0), candidates are guesses
         // the txn checks, for `random` pools. `lowest` needs the bottom of the pool, which no
-        // bounded read gives (IDs are decimal, listed in string order), so it loads the view.
-        let candidates =
-            if self.view_unloaded(pool) && pool.spec.strategy_kind() == Strategy::Random {
-                Candidates::Probe
-            } else {
-                self.wait_synced(pool).await?;
-                Candidates::View
-            };
+        // bounded read gives (IDs are decimal, listed in string order): its loop reads the key
+        // record first and, for a new key only, the pool's used IDs (keys only), never the view.
+        let candidates = if !self.view_unloaded(pool) {
+            self.wait_synced(pool).await?;
+            Candidates::View
+        } else {
+            match pool.spec.strategy_kind() {
+                Strategy::Random => Candidates::Probe,
+                Strategy::Lowest => Candidates::UsedIds,
+            }
+        };
         let name = pool.spec.name();
         let cached = pool.lock_cache().get(key);
         let mut bl =
@@ -123,7 +126,13 @@ impl Inner {
                     let (key_rec, used, revision) = self.read_key_and_usage(pool, key).await?;
                     Input::Usage { key_rec, used, revision }
                 }
-                Action::ReadKeyRecord => Input::KeyRecord(self.read_key_record(pool, key).await?),
+                Action::ReadKeyRecord | Action::PeekKeyRecord => {
+                    Input::KeyRecord(self.read_key_record(pool, key).await?)
+                }
+                Action::LoadUsedIds => {
+                    self.load_used_ids(pool).await?;
+                    Input::Resume
+                }
                 Action::LoadView => {
                     self.wait_synced(pool).await?;
                     Input::Resume
@@ -306,6 +315,43 @@ impl Inner {
             .filter(|id| protocol::id_is_allocatable(&pool.spec, *id))
             .count();
         Ok((rec, used as u64, revision.max(resp.revision)))
+    }
+
+    /// Reads every ID record's name in `pool` (keys only, in windowed pages: `store::Pages`)
+    /// and marks each ID used in the cache's free set, one page at a time: what a lazily opened
+    /// `lowest` pool needs to find its lowest free ID (see [`Candidates::UsedIds`]). The cost is
+    /// one pass over the ID records' names; the memory is one page plus the free set, whose runs
+    /// of consecutive used IDs are one node each (a `lowest` pool is mostly one run), instead of
+    /// the whole view (every key, every record value, a watch).
+    ///
+    /// What the cache knew before stays: IDs this process claimed or learned taken are still
+    /// used, so a concurrent bind of this process does not pick them; anything stale is settled
+    /// by the txn's compares, as for a guess.
+    pub(super) async fn load_used_ids(&self, pool: &PoolState) -> Result<()> {
+        let name = pool.spec.name();
+        let range = crate::store::KeyRange::prefix(self.layout.id_prefix(name));
+        let store = &*self.req.store;
+        let mut pages = crate::store::Pages::at(store, &range, self.req.list_page, 0).keys_only();
+        loop {
+            // Each page is one request, bounded and retried like any other (a failed page is
+            // read again from where the listing stands).
+            let mut backoff = super::request::Backoff::new(&self.req.retry);
+            let page = loop {
+                match self.req.bounded(pages.next_page()).await {
+                    Err(e) if backoff.retry(&e).await => {}
+                    other => break other?,
+                }
+            };
+            let Some(page) = page else { break };
+            let mut cache = pool.lock_cache();
+            for kv in &page {
+                if let Some(id) = self.layout.parse_id_key(name, &kv.key) {
+                    cache.learn(id, true);
+                }
+            }
+        }
+        self.req.note_seen(pages.revision());
+        Ok(())
     }
 
     /// Waits (briefly, bounded) until the pool's cache has applied `revision`.
