@@ -31,11 +31,23 @@ on_backends!(
 
 /// An allocator that opens its pools lazily, with a fixed seed (reproducible guesses).
 fn lazy(store: Arc<dyn Store>, l: &Layout, holder: &str, seed: u64) -> Allocator {
+    lazy_paged(store, l, holder, seed, AllocatorOptions::default().list_page)
+}
+
+/// [`lazy`] with listing pages of `list_page` records.
+fn lazy_paged(
+    store: Arc<dyn Store>,
+    l: &Layout,
+    holder: &str,
+    seed: u64,
+    list_page: i64,
+) -> Allocator {
     let opts = AllocatorOptions {
         prefix: l.prefix().to_string(),
         holder: Some(holder.to_string()),
         seed: Some(seed),
         lazy_view: true,
+        list_page,
         ..AllocatorOptions::default()
     };
     Allocator::from_arc(store, opts).expect("allocator")
@@ -273,7 +285,10 @@ async fn lowest_pool_new_key_takes_the_lowest_free_id(backend: Backend) {
         assert_eq!(pf.get(k), Some(id), "the fill packs from the bottom");
         assert!(pf.release_durable(k, "filler").await.expect("release").reclaimed);
     }
-    let a = lazy(store.clone(), l, "cli", 3);
+    // Pages of 5 records (50 names in the used-ID pass): 1,200 names are read in sub-ranges
+    // split at the first digit, several pages each (`allocator/used_ids.rs`); a sub-range missed
+    // or read twice would show as a wrong lowest ID.
+    let a = lazy_paged(store.clone(), l, "cli", 3, 5);
     let p = a.pool("low").await.expect("pool");
     let mut got = Vec::new();
     for k in ["new-0", "new-1", "new-2", "new-3"] {

@@ -317,12 +317,11 @@ impl Inner {
         Ok((rec, used as u64, revision.max(resp.revision)))
     }
 
-    /// Reads every ID record's name in `pool` (keys only, in windowed pages: `store::Pages`)
-    /// and marks each ID used in the cache's free set, one page at a time: what a lazily opened
-    /// `lowest` pool needs to find its lowest free ID (see [`Candidates::UsedIds`]). The cost is
-    /// one pass over the ID records' names; the memory is one page plus the free set, whose runs
-    /// of consecutive used IDs are one node each (a `lowest` pool is mostly one run), instead of
-    /// the whole view (every key, every record value, a watch).
+    /// Reads every ID record's name in `pool` (keys only: `used_ids.rs`) and marks each ID used
+    /// in the cache's free set, one page at a time: what a lazily opened `lowest` pool needs to
+    /// find its lowest free ID (see [`Candidates::UsedIds`]). The memory is one page plus the free
+    /// set, whose runs of consecutive used IDs are one node each (a `lowest` pool is mostly one
+    /// run), instead of the whole view (every key, every record value, a watch).
     ///
     /// What the cache knew before stays: IDs this process claimed or learned taken are still
     /// used, so a concurrent bind of this process does not pick them; anything stale is settled
@@ -330,27 +329,17 @@ impl Inner {
     pub(super) async fn load_used_ids(&self, pool: &PoolState) -> Result<()> {
         let name = pool.spec.name();
         let range = crate::store::KeyRange::prefix(self.layout.id_prefix(name));
-        let store = &*self.req.store;
-        let mut pages = crate::store::Pages::at(store, &range, self.req.list_page, 0).keys_only();
-        loop {
-            // Each page is one request, bounded and retried like any other (a failed page is
-            // read again from where the listing stands).
-            let mut backoff = super::request::Backoff::new(&self.req.retry);
-            let page = loop {
-                match self.req.bounded(pages.next_page()).await {
-                    Err(e) if backoff.retry(&e).await => {}
-                    other => break other?,
-                }
-            };
-            let Some(page) = page else { break };
+        let page = self.req.list_page.saturating_mul(super::used_ids::PAGE_FACTOR);
+        let revision = super::used_ids::for_each_page(&self.req, &range, page, |kvs| {
             let mut cache = pool.lock_cache();
-            for kv in &page {
+            for kv in kvs {
                 if let Some(id) = self.layout.parse_id_key(name, &kv.key) {
                     cache.learn(id, true);
                 }
             }
-        }
-        self.req.note_seen(pages.revision());
+        })
+        .await?;
+        self.req.note_seen(revision);
         Ok(())
     }
 
