@@ -12,7 +12,9 @@
 //! ```
 //!
 //! etcd refuses txns of more than `--max-txn-ops` operations (128 by default); start it with
-//! `--max-txn-ops` of at least 3 × `--per-txn`. Not a test: it checks only that every txn applied.
+//! `--max-txn-ops` of at least 3 × `--per-txn`. A store file takes at most 128 operations per txn:
+//! `--per-txn 42`, and more txns in flight (`--in-flight 32`, default 8) so that its writer
+//! commits them in groups. Not a test: it checks only that every txn applied.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -79,7 +81,7 @@ async fn main() {
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let batches = Arc::new(batches);
     let mut tasks = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..num("--in-flight", 8) {
         let (store, layout, pool, next, batches) =
             (store.clone(), layout.clone(), pool.clone(), next.clone(), batches.clone());
         tasks.push(tokio::spawn(async move {
