@@ -64,6 +64,11 @@ pub struct Scope {
     /// until a bind asks for one (`Action::LoadView`) or a batch needs it; its single-key binds
     /// guess candidates (`Candidates::Probe`) among the IDs it has not learned taken.
     pub lazy: bool,
+    /// With `lazy`: process 0's single-key binds work as in a `lowest` pool
+    /// (`Candidates::UsedIds`): read the key record first, and for a new key read every used ID
+    /// (`Action::LoadUsedIds`) into what it learned, then pick. (Picks branch over every free
+    /// candidate either way; what changes is what the loop reads before it picks.)
+    pub lazy_lowest: bool,
     /// Break the protocol on purpose (the checker must find it).
     pub sabotage: Option<Sabotage>,
     /// Stop after this many distinct states (a guard for widened scopes; the CI scope stays far
@@ -87,6 +92,7 @@ impl Default for Scope {
             batch: true,
             same_holder: false,
             lazy: false,
+            lazy_lowest: false,
             sabotage: None,
             max_states: 20_000_000,
         }
@@ -550,24 +556,28 @@ impl World {
         let lazy = w.procs[p].lazy;
         let pr = &mut w.procs[p];
         pr.ops_left -= 1;
-        let loops = keys
-            .iter()
-            .map(|key| {
-                let (hints, check) = if batch {
-                    (Hints::Lenient, FullCheck::KeyRecord)
-                } else {
-                    (Hints::Strict, FullCheck::Usage)
-                };
-                let cached = pr.view_keys.get(*key).copied();
-                Lp {
-                    key,
-                    machine: BindLoop::new(ctx.spec, key, cached, None, hints, check)
-                        .candidates(if lazy { Candidates::Probe } else { Candidates::View }),
-                    log: Vec::new(),
-                    st: LpSt::Feed(Input::Resume),
-                }
-            })
-            .collect();
+        let loops =
+            keys.iter()
+                .map(|key| {
+                    let (hints, check) = if batch {
+                        (Hints::Lenient, FullCheck::KeyRecord)
+                    } else {
+                        (Hints::Strict, FullCheck::Usage)
+                    };
+                    let cached = pr.view_keys.get(*key).copied();
+                    Lp {
+                        key,
+                        machine: BindLoop::new(ctx.spec, key, cached, None, hints, check)
+                            .candidates(match (lazy, ctx.scope.lazy_lowest) {
+                                (false, _) => Candidates::View,
+                                (true, false) => Candidates::Probe,
+                                (true, true) => Candidates::UsedIds,
+                            }),
+                        log: Vec::new(),
+                        st: LpSt::Feed(Input::Resume),
+                    }
+                })
+                .collect();
         pr.op = Some(Op::Acquire(loops));
         let label = format!("P{p} acquire {}", keys.join("+"));
         w.drive(ctx, p).into_iter().map(|w| (label.clone(), w)).collect()
@@ -637,7 +647,18 @@ impl World {
             }
             Action::Done { id, .. } => loops[i].st = LpSt::Done(id),
             Action::Fail(f) => loops[i].st = LpSt::Failed(f),
-            Action::ReadUsage | Action::ReadKeyRecord => {
+            Action::LoadUsedIds => {
+                // Every ID record present now (keys only) joins what the process learned taken.
+                let (kvs, rev) = self.pool_records(ctx);
+                let snap = PoolSnapshot::parse(&ctx.layout, POOL, &kvs, rev);
+                let pr = &mut self.procs[p];
+                pr.learned.extend(snap.ids.keys().copied());
+                pr.seen = pr.seen.max(rev);
+                if let Some(Op::Acquire(loops)) = &mut pr.op {
+                    loops[i].st = LpSt::Feed(Input::Resume);
+                }
+            }
+            Action::ReadUsage | Action::ReadKeyRecord | Action::PeekKeyRecord => {
                 let (kvs, rev) = self.pool_records(ctx);
                 let snap = PoolSnapshot::parse(&ctx.layout, POOL, &kvs, rev);
                 let key_rec = snap.keys.get(key).and_then(|e| e.id);

@@ -131,6 +131,31 @@ fn lazy_binders_beside_synced_ones_break_nothing() {
     assert!(!r.truncated && r.quiescent > 0);
 }
 
+/// Issue 21 item 0, `lowest` pools: a lazy binder that reads the key record first and, for a new
+/// key, every used ID before it picks (`Candidates::UsedIds`), beside a synced one, with a crash
+/// and a sweep: the reads can be stale by the time the txn lands, and the compares still decide.
+#[test]
+fn lazy_lowest_binders_beside_synced_ones_break_nothing() {
+    let scope = Scope { lazy: true, lazy_lowest: true, ..Scope::default() };
+    let r = explore(scope.clone());
+    line("clean protocol, lazy lowest binder", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated && r.quiescent > 0);
+}
+
+/// The same sabotage as below, found with a lone lazy binder of a `lowest` pool: the used IDs it
+/// read are no substitute for the ID-absent compare.
+#[test]
+fn sabotage_dropping_the_id_absent_compare_is_found_with_a_lazy_lowest_binder() {
+    found(
+        Sabotage::SkipIdAbsentCompare,
+        Scope { procs: 1, crashes: 1, lazy: true, lazy_lowest: true, ..small() },
+        &["G1"],
+    );
+}
+
 /// Runs `sabotage` on `scope` and requires a violation naming one of `expect`, printing its trace.
 fn found(sabotage: Sabotage, scope: Scope, expect: &[&str]) {
     let scope = Scope { sabotage: Some(sabotage), ..scope };

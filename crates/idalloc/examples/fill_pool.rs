@@ -1,24 +1,29 @@
-//! Fills a pool on etcd with N durable bindings quickly, for the scale measurements of
-//! docs/scale.md ("One key"): creates the pool through the library, then writes each binding's
-//! exact records (`id/<ID>` bound to the key, `key/<key>` naming the ID, `ref/<key>/<holder>`) in
-//! large txns, several in flight. The IDs are spread evenly over the range (a random pool at that
-//! fill), the keys are 40 bytes.
+//! Fills a pool on etcd (or in a store file) with N durable bindings quickly, for the scale
+//! measurements of docs/scale.md ("One key"): creates the pool through the library, then writes
+//! each binding's exact records (`id/<ID>` bound to the key, `key/<key>` naming the ID,
+//! `ref/<key>/<holder>`) in large txns, several in flight. The keys are 40 bytes. The IDs are
+//! spread evenly over the range (a `random` pool at that fill), or with `--strategy lowest` packed
+//! from 1 (IDs 1..=N of a `lowest` pool, as its binds leave it).
 //!
 //! ```sh
 //! cargo run -p idalloc --example fill_pool -- --endpoint http://127.0.0.1:2379 --pool big \
-//!     --bindings 1000000 --max 16777215 [--prefix idalloc] [--per-txn 1000]
+//!     --bindings 1000000 --max 16777215 [--prefix idalloc] [--per-txn 1000] [--strategy lowest]
+//! cargo run -p idalloc --example fill_pool -- --file target/tmp-bench/big.redb --pool big ...
 //! ```
 //!
 //! etcd refuses txns of more than `--max-txn-ops` operations (128 by default); start it with
-//! `--max-txn-ops` of at least 3 × `--per-txn`. Not a test: it checks only that every txn applied.
+//! `--max-txn-ops` of at least 3 × `--per-txn`. A store file takes at most 128 operations per txn:
+//! `--per-txn 42`, and more txns in flight (`--in-flight 32`, default 8) so that its writer
+//! commits them in groups. Not a test: it checks only that every txn applied.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use idalloc::layout::{encode_id, IdRecord, Layout};
+use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
 use idalloc::store::{Store, TxnOp, TxnRequest};
-use idalloc::{Allocator, AllocatorOptions, PoolSpec};
+use idalloc::{Allocator, AllocatorOptions, PoolSpec, Strategy};
 
 /// The value after `--name`, or `default`.
 fn arg(name: &str, default: &str) -> String {
@@ -49,22 +54,34 @@ async fn main() {
     let per_txn = num("--per-txn", 1000);
     let holder = "filler";
     assert!(n <= max, "--bindings {n} do not fit in IDs 1..={max}");
-    let store: Arc<dyn Store> = Arc::new(
-        EtcdStore::connect(EtcdOptions::new(vec![endpoint.clone()])).await.expect("connect"),
-    );
+    let lowest = match arg("--strategy", "random").as_str() {
+        "random" => false,
+        "lowest" => true,
+        other => panic!("--strategy {other:?}: expected random or lowest"),
+    };
+    let file = arg("--file", "");
+    let store: Arc<dyn Store> = if file.is_empty() {
+        Arc::new(
+            EtcdStore::connect(EtcdOptions::new(vec![endpoint.clone()])).await.expect("connect"),
+        )
+    } else {
+        Arc::new(EmbeddedStore::open(&file, EmbeddedOptions::default()).await.expect("open file"))
+    };
     let opts = AllocatorOptions { prefix: prefix.clone(), ..AllocatorOptions::default() };
     let alloc = Allocator::from_arc(store.clone(), opts).expect("allocator");
-    alloc.init_pool(&PoolSpec::new(pool.clone(), 1, max)).await.expect("init pool");
+    let spec = PoolSpec::new(pool.clone(), 1, max);
+    let spec = if lowest { spec.strategy(Strategy::Lowest) } else { spec };
+    alloc.init_pool(&spec).await.expect("init pool");
     alloc.close().await.expect("close");
     let layout = Layout::new(&prefix).expect("prefix");
-    let step = max / n;
+    let step = if lowest { 1 } else { max / n };
     let started = Instant::now();
     let batches: Vec<(u64, u64)> =
         (0..n).step_by(per_txn as usize).map(|lo| (lo, (lo + per_txn).min(n))).collect();
     let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let batches = Arc::new(batches);
     let mut tasks = Vec::new();
-    for _ in 0..8 {
+    for _ in 0..num("--in-flight", 8) {
         let (store, layout, pool, next, batches) =
             (store.clone(), layout.clone(), pool.clone(), next.clone(), batches.clone());
         tasks.push(tokio::spawn(async move {
@@ -106,4 +123,5 @@ async fn main() {
         "{n} bindings in pool {pool:?} (IDs 1..={max}, every {step}th) in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    // A store file is closed cleanly when its last handle drops, here.
 }

@@ -30,6 +30,7 @@ mod sync;
 #[cfg(test)]
 mod tests;
 mod types;
+mod used_ids;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -129,14 +129,15 @@ impl Inner {
                         Action::Pick { lost } => Input::Picked(
                             self.pick_avoiding(pool, lost, &preferred, &mut passed_over).ok(),
                         ),
-                        Action::ReadKeyRecord => match self.read_key_record(pool, s.bl.key()).await
-                        {
-                            Ok(rec) => Input::KeyRecord(rec),
-                            Err(e) => {
-                                s.result = Some(Err(e));
-                                break;
+                        Action::ReadKeyRecord | Action::PeekKeyRecord => {
+                            match self.read_key_record(pool, s.bl.key()).await {
+                                Ok(rec) => Input::KeyRecord(rec),
+                                Err(e) => {
+                                    s.result = Some(Err(e));
+                                    break;
+                                }
                             }
-                        },
+                        }
                         Action::ReadUsage => {
                             match self.read_key_and_usage(pool, s.bl.key()).await {
                                 Ok((key_rec, used, revision)) => {
@@ -153,9 +154,9 @@ impl Inner {
                             break;
                         }
                         // Decide again in the next round (the round waits for the watch once). A
-                        // batch loop never probes (the view is loaded above), so `LoadView` has
-                        // nothing left to load.
-                        Action::Wait(_) | Action::LoadView => break,
+                        // batch loop never probes (the view is loaded above), so `LoadView` and
+                        // `LoadUsedIds` have nothing left to load.
+                        Action::Wait(_) | Action::LoadView | Action::LoadUsedIds => break,
                         Action::Done { id, new } => {
                             s.result = Some(Ok(Acquired { id, new }));
                             break;

@@ -96,14 +96,17 @@ impl Inner {
         pool.live()?;
         // Without the pool's view (a lazily opened pool: issue 21 item 0), candidates are guesses
         // the txn checks, for `random` pools. `lowest` needs the bottom of the pool, which no
-        // bounded read gives (IDs are decimal, listed in string order), so it loads the view.
-        let candidates =
-            if self.view_unloaded(pool) && pool.spec.strategy_kind() == Strategy::Random {
-                Candidates::Probe
-            } else {
-                self.wait_synced(pool).await?;
-                Candidates::View
-            };
+        // bounded read gives (IDs are decimal, listed in string order): its loop reads the key
+        // record first and, for a new key only, the pool's used IDs (keys only), never the view.
+        let candidates = if !self.view_unloaded(pool) {
+            self.wait_synced(pool).await?;
+            Candidates::View
+        } else {
+            match pool.spec.strategy_kind() {
+                Strategy::Random => Candidates::Probe,
+                Strategy::Lowest => Candidates::UsedIds,
+            }
+        };
         let name = pool.spec.name();
         let cached = pool.lock_cache().get(key);
         let mut bl =
@@ -123,7 +126,13 @@ impl Inner {
                     let (key_rec, used, revision) = self.read_key_and_usage(pool, key).await?;
                     Input::Usage { key_rec, used, revision }
                 }
-                Action::ReadKeyRecord => Input::KeyRecord(self.read_key_record(pool, key).await?),
+                Action::ReadKeyRecord | Action::PeekKeyRecord => {
+                    Input::KeyRecord(self.read_key_record(pool, key).await?)
+                }
+                Action::LoadUsedIds => {
+                    self.load_used_ids(pool).await?;
+                    Input::Resume
+                }
                 Action::LoadView => {
                     self.wait_synced(pool).await?;
                     Input::Resume
@@ -306,6 +315,32 @@ impl Inner {
             .filter(|id| protocol::id_is_allocatable(&pool.spec, *id))
             .count();
         Ok((rec, used as u64, revision.max(resp.revision)))
+    }
+
+    /// Reads every ID record's name in `pool` (keys only: `used_ids.rs`) and marks each ID used
+    /// in the cache's free set, one page at a time: what a lazily opened `lowest` pool needs to
+    /// find its lowest free ID (see [`Candidates::UsedIds`]). The memory is one page plus the free
+    /// set, whose runs of consecutive used IDs are one node each (a `lowest` pool is mostly one
+    /// run), instead of the whole view (every key, every record value, a watch).
+    ///
+    /// What the cache knew before stays: IDs this process claimed or learned taken are still
+    /// used, so a concurrent bind of this process does not pick them; anything stale is settled
+    /// by the txn's compares, as for a guess.
+    pub(super) async fn load_used_ids(&self, pool: &PoolState) -> Result<()> {
+        let name = pool.spec.name();
+        let range = crate::store::KeyRange::prefix(self.layout.id_prefix(name));
+        let page = self.req.list_page.saturating_mul(super::used_ids::PAGE_FACTOR);
+        let revision = super::used_ids::for_each_page(&self.req, &range, page, |kvs| {
+            let mut cache = pool.lock_cache();
+            for kv in kvs {
+                if let Some(id) = self.layout.parse_id_key(name, &kv.key) {
+                    cache.learn(id, true);
+                }
+            }
+        })
+        .await?;
+        self.req.note_seen(revision);
+        Ok(())
     }
 
     /// Waits (briefly, bounded) until the pool's cache has applied `revision`.

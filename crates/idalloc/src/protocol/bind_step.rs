@@ -46,6 +46,15 @@ pub enum Candidates {
     /// reads the pool's usage and either fails `Exhausted` (the store is full) or asks for the
     /// full view and goes on with it.
     Probe,
+    /// A partial view that is made exact before the first fresh pick, for `lowest` pools
+    /// (issue 21 item 0): the numeric bottom of the pool is the one thing no bounded read gives
+    /// (IDs are decimal in the store, listed in string order). So the loop reads the key record
+    /// first ([`Action::PeekKeyRecord`]): a key bound already, by anyone, is joined from its own
+    /// records and the pool is never read. Only a new key asks the driver to read every used ID
+    /// ([`Action::LoadUsedIds`]: keys only, no values, no watch) into the partial view, and
+    /// then picks its lowest free ID. After that the loop behaves as [`Candidates::Probe`]: no
+    /// watch to wait for, and after [`PROBE_COLLISIONS`] losses the usage count and the view.
+    UsedIds,
 }
 
 /// How far the loop trusts the cache about a key's preferred ID.
@@ -113,6 +122,14 @@ pub enum Action {
     ReadUsage,
     /// Read the key record ([`FullCheck::KeyRecord`]) → [`Input::KeyRecord`].
     ReadKeyRecord,
+    /// Read the key record before deciding whether the pool's used IDs are needed at all
+    /// ([`Candidates::UsedIds`]) → [`Input::KeyRecord`]. Unlike [`Action::ReadKeyRecord`], an
+    /// absent record is no failure: it means a new key.
+    PeekKeyRecord,
+    /// Read every used ID of the pool (keys only) into the local view, which stays without a
+    /// watch → [`Input::Resume`]. Only a [`Candidates::UsedIds`] loop asks, once, for a key the
+    /// store showed unbound.
+    LoadUsedIds,
     /// Load the full view of the pool (list it and follow it, as a [`Candidates::View`] loop
     /// assumes) and wait for its first listing → [`Input::Resume`]. Only a probing loop asks.
     LoadView,
@@ -155,6 +172,8 @@ enum Phase {
     Sent { plan: BindPlan, claimed: bool },
     /// Waiting for the answer to a read.
     Reading,
+    /// Waiting for the answer to [`Action::PeekKeyRecord`].
+    Peeking,
     /// Done or failed: every further input fails.
     Over,
 }
@@ -170,6 +189,9 @@ pub struct BindLoop<'a> {
     /// Fresh candidates come from a partial view ([`Candidates::Probe`]) until the loop asks for
     /// the full view.
     probing: bool,
+    /// The partial view still has to be completed with the pool's used IDs before a fresh pick
+    /// ([`Candidates::UsedIds`]; cleared once asked for).
+    used_ids_wanted: bool,
     /// The key record as last read from the store or, before any read, as the cache believes.
     key_rec: Option<u64>,
     /// A txn or read of this loop read the key record back (the `KeyRecord` full check's memory).
@@ -203,6 +225,7 @@ impl<'a> BindLoop<'a> {
             hints,
             full_check,
             probing: false,
+            used_ids_wanted: false,
             key_rec: cached_key_rec,
             key_rec_read: false,
             observed: HashMap::new(),
@@ -217,7 +240,8 @@ impl<'a> BindLoop<'a> {
     /// The same loop taking its fresh candidates from `candidates` (a new loop takes them from
     /// the full view).
     pub fn candidates(mut self, candidates: Candidates) -> Self {
-        self.probing = candidates == Candidates::Probe;
+        self.probing = matches!(candidates, Candidates::Probe | Candidates::UsedIds);
+        self.used_ids_wanted = candidates == Candidates::UsedIds;
         self
     }
 
@@ -261,6 +285,7 @@ impl<'a> BindLoop<'a> {
                     // Free IDs exist, but guessing keeps missing them: load the view (which is
                     // newer than this read when it is done) and pick from it.
                     self.probing = false;
+                    self.used_ids_wanted = false;
                     self.store_has_free = true;
                     self.phase = Phase::Idle;
                     act_step(Action::LoadView)
@@ -269,6 +294,13 @@ impl<'a> BindLoop<'a> {
                     self.store_has_free = true;
                     self.wait(None, revision)
                 }
+            }
+            (Phase::Peeking, Input::KeyRecord(key_rec)) => {
+                // Bound (by anyone): the next decision joins it. Absent: a new key, and the
+                // next decision asks for the used IDs.
+                self.key_rec = key_rec;
+                self.key_rec_read = true;
+                self.wait(None, 0)
             }
             (Phase::Reading, Input::KeyRecord(key_rec)) => {
                 self.key_rec = key_rec;
@@ -330,6 +362,17 @@ impl<'a> BindLoop<'a> {
         );
         match decision {
             Decision::Send(plan) => self.send(plan, false),
+            Decision::NeedCandidate { expect_key, .. } if self.used_ids_wanted && self.probing => {
+                if !self.key_rec_read && expect_key.is_none() {
+                    // Unread, the key may be bound by another process: its record (one read)
+                    // decides whether the pool's used IDs (a pass over the pool) are needed.
+                    self.phase = Phase::Peeking;
+                    return act_step(Action::PeekKeyRecord);
+                }
+                self.used_ids_wanted = false;
+                self.phase = Phase::Idle;
+                act_step(Action::LoadUsedIds)
+            }
             Decision::NeedCandidate { expect_key, moved_from } => {
                 let moved_from = pinned(moved_from, |id| observed.get(&id).map(|o| o.1));
                 self.phase = Phase::Picking { expect_key, moved_from };
@@ -756,6 +799,102 @@ mod tests {
         l.next(Input::Picked(None), empty);
         let free = Input::Usage { key_rec: None, used: 3, revision: 8 };
         assert_eq!(l.next(free, empty), act(Action::LoadView));
+    }
+
+    fn lowest_lazy<'a>(spec: &'a PoolSpec) -> BindLoop<'a> {
+        strict(spec, None, None).candidates(Candidates::UsedIds)
+    }
+
+    #[test]
+    fn lowest_lazy_loop_joins_a_bound_key_without_reading_the_pool() {
+        // Issue 21 item 0, `lowest` pools: a key bound already (by anyone) costs one read of its
+        // record and the join's txn; the used IDs (a pass over the pool) are never asked for.
+        let spec = spec();
+        let mut l = lowest_lazy(&spec);
+        assert_eq!(l.next(Input::Resume, empty), act(Action::PeekKeyRecord));
+        assert_eq!(l.next(Input::KeyRecord(Some(30)), empty), act(Action::Wait(0)));
+        assert_eq!(l.next(Input::Resume, empty), act(join(30)));
+        let done = l.next(Input::Answer(BindOutcome::Bound { id: 30, revision: 9 }), empty);
+        assert_eq!(
+            done,
+            Step { learn: Some((30, true)), action: Action::Done { id: 30, new: false } }
+        );
+        // A key the cache already knows bound (this process bound it) joins at once.
+        let mut l = strict(&spec, Some(7), None).candidates(Candidates::UsedIds);
+        assert_eq!(l.next(Input::Resume, empty), act(join(7)));
+    }
+
+    #[test]
+    fn lowest_lazy_loop_reads_the_used_ids_once_for_a_new_key() {
+        // Issue 21 item 0: a new key needs the numeric bottom, so the used IDs are read (once)
+        // before the first pick; a collision after that decides again at once (no watch), and a
+        // key bound meanwhile is joined.
+        let spec = spec();
+        let mut l = lowest_lazy(&spec);
+        assert_eq!(l.next(Input::Resume, empty), act(Action::PeekKeyRecord));
+        assert_eq!(l.next(Input::KeyRecord(None), empty), act(Action::Wait(0)));
+        assert_eq!(l.next(Input::Resume, empty), act(Action::LoadUsedIds));
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(Some(4)), empty), act(create(4)));
+        let step = l.next(observed(None, 4, Some(bound("other")), 40), empty);
+        assert_eq!(step, Step { learn: Some((4, true)), action: Action::Wait(0) });
+        // Not read again: the spread over the lowest free IDs settles the race.
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 1 }));
+        assert_eq!(l.next(Input::Picked(Some(5)), empty), act(create(5)));
+        let step = l.next(observed(Some(30), 5, None, 41), empty);
+        assert_eq!(step, Step { learn: Some((5, false)), action: Action::Wait(0) });
+        assert_eq!(l.next(Input::Resume, empty), act(join(30)));
+    }
+
+    #[test]
+    fn lowest_lazy_loop_after_a_read_back_skips_the_peek() {
+        // A repair keeping its ID (DESIGN §7) tries it first; when another key holds it, the
+        // txn's read-back already showed the key record absent: no second read of it, straight
+        // to the used IDs.
+        let spec = spec();
+        let mut l = strict(&spec, None, Some(9)).candidates(Candidates::UsedIds);
+        let keep = BindPlan { expect_key: None, id: 9, expect_id: None, moved_from: None };
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Send(keep)));
+        assert_eq!(
+            l.next(observed(None, 9, Some(bound("other")), 5), empty).action,
+            Action::Wait(0)
+        );
+        assert_eq!(l.next(Input::Resume, empty), act(Action::LoadUsedIds));
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+    }
+
+    #[test]
+    fn lowest_lazy_loop_full_or_losing_goes_to_the_store_as_probing_does() {
+        // G6: after reading the used IDs, a full partial view asks the store's count (full:
+        // `Exhausted`; not full: the view), and so do `PROBE_COLLISIONS` lost picks.
+        let spec = spec();
+        let mut l = lowest_lazy(&spec);
+        l.next(Input::Resume, empty);
+        l.next(Input::KeyRecord(None), empty);
+        l.next(Input::Resume, empty);
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        let full = Input::Usage { key_rec: None, used: spec.capacity(), revision: 7 };
+        assert_eq!(l.next(full, empty), act(Action::Fail(Failure::Exhausted)));
+
+        let mut l = lowest_lazy(&spec);
+        l.next(Input::Resume, empty);
+        l.next(Input::KeyRecord(None), empty);
+        l.next(Input::Resume, empty);
+        l.next(Input::Resume, empty);
+        l.next(Input::Picked(Some(1)), empty);
+        let mut last = l.next(observed(None, 1, Some(bound("other")), 40), empty);
+        for c in 1..u64::from(PROBE_COLLISIONS) {
+            assert_eq!(last.action, Action::Wait(0));
+            assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: c as u32 }));
+            l.next(Input::Picked(Some(c + 1)), empty);
+            last = l.next(observed(None, c + 1, Some(bound("other")), 40), empty);
+        }
+        assert_eq!(last.action, Action::ReadUsage);
+        let free = Input::Usage { key_rec: None, used: 3, revision: 8 };
+        assert_eq!(l.next(free, empty), act(Action::LoadView));
+        // The view is loaded: picks come from it, and the used IDs are not read again.
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: PROBE_COLLISIONS }));
     }
 
     #[test]

@@ -636,6 +636,8 @@ pub struct Pages<'a, S: Store + ?Sized> {
     windows: window::Windows,
     limit: i64,
     largest: usize,
+    /// Read names only (no values): [`Pages::keys_only`].
+    keys_only: bool,
 }
 
 impl<'a, S: Store + ?Sized> Pages<'a, S> {
@@ -653,7 +655,16 @@ impl<'a, S: Store + ?Sized> Pages<'a, S> {
             windows: window::Windows::new(&range.key, &end),
             limit: page,
             largest: 0,
+            keys_only: false,
         }
+    }
+
+    /// The same listing reading record names only (values come back empty): for callers that
+    /// need which records exist, not what they hold (a lazy `lowest` bind's used IDs). Pages then
+    /// hold as many records as fit by their names' size.
+    pub fn keys_only(mut self) -> Self {
+        self.keys_only = true;
+        self
     }
 
     /// The revision the pages are read at (0 before the first read).
@@ -668,6 +679,9 @@ impl<'a, S: Store + ?Sized> Pages<'a, S> {
                 if self.range.is_single() { Vec::new() } else { self.windows.window_end(&start) };
             let mut req = GetRequest::new(KeyRange { key: start, range_end: window_end.clone() })
                 .with_limit(self.limit);
+            if self.keys_only {
+                req = req.keys_only();
+            }
             if self.revision != 0 {
                 req = req.at_revision(self.revision);
             }
