@@ -7,6 +7,9 @@
 //! ```sh
 //! cargo run -p idalloc --example fill_pool -- --endpoint http://127.0.0.1:2379 --pool big \
 //!     --bindings 1000000 --max 16777215 [--prefix idalloc] [--per-txn 1000]
+//! # the file store instead of etcd (its txns take at most 128 operations: 42 bindings)
+//! cargo run -p idalloc --example fill_pool -- --file target/tmp-bench/p.redb --pool big \
+//!     --bindings 1000000 --per-txn 42
 //! ```
 //!
 //! etcd refuses txns of more than `--max-txn-ops` operations (128 by default); start it with
@@ -16,6 +19,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use idalloc::layout::{encode_id, IdRecord, Layout};
+use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
 use idalloc::store::{Store, TxnOp, TxnRequest};
 use idalloc::{Allocator, AllocatorOptions, PoolSpec};
@@ -49,9 +53,14 @@ async fn main() {
     let per_txn = num("--per-txn", 1000);
     let holder = "filler";
     assert!(n <= max, "--bindings {n} do not fit in IDs 1..={max}");
-    let store: Arc<dyn Store> = Arc::new(
-        EtcdStore::connect(EtcdOptions::new(vec![endpoint.clone()])).await.expect("connect"),
-    );
+    let file = arg("--file", "");
+    let store: Arc<dyn Store> = if file.is_empty() {
+        Arc::new(
+            EtcdStore::connect(EtcdOptions::new(vec![endpoint.clone()])).await.expect("connect"),
+        )
+    } else {
+        Arc::new(EmbeddedStore::open(&file, EmbeddedOptions::default()).await.expect("open file"))
+    };
     let opts = AllocatorOptions { prefix: prefix.clone(), ..AllocatorOptions::default() };
     let alloc = Allocator::from_arc(store.clone(), opts).expect("allocator");
     alloc.init_pool(&PoolSpec::new(pool.clone(), 1, max)).await.expect("init pool");
