@@ -11,6 +11,7 @@ pub mod batched;
 pub mod cilium;
 pub mod contender;
 pub mod contiv;
+pub mod costplot;
 pub mod fanout;
 pub mod fleet;
 pub mod fleet_serve;

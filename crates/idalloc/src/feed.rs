@@ -17,8 +17,8 @@ use tokio::sync::Notify;
 use tracing::{debug, warn};
 
 use crate::store::{
-    list_all_at, list_all_with_progress, prefix_end, GetRequest, KeyRange, KeyValue, Revision,
-    Store, StoreError, StoreResult, WatchEvent, WatchMessage,
+    GetRequest, KeyRange, KeyValue, Pages, Revision, Store, StoreError, StoreResult, WatchEvent,
+    WatchMessage,
 };
 
 /// Back-off between reconnect attempts (doubles up to the maximum).
@@ -78,7 +78,8 @@ pub(crate) struct FeedConfig {
     /// (SIGSTOP, a hung VM) keeps its TCP connections open and sends nothing, so a watch alone
     /// cannot tell it from a quiet one.
     pub probe: Option<Duration>,
-    /// Bound on each list, watch creation and probe (`None`: the store's own bounds only).
+    /// Bound on each page of a listing, each watch creation and each probe (`None`: the store's
+    /// own bounds only).
     pub request_timeout: Option<Duration>,
 }
 
@@ -95,64 +96,28 @@ async fn bounded<T>(
     }
 }
 
-/// Keys in a prefix range above which [`list_range`] reads it in sub-ranges, in pages of the
-/// listing's page size: a sub-range should hold about this many pages.
-const PAGES_PER_SUBRANGE: i64 = 10;
-
-/// Lists `range` at one revision. A small range (or one that is not a prefix) is read page after
-/// page. A big prefix range is read in sub-ranges split at the next one to four decimal digits
-/// after the prefix (the follower's ranges are `id/` prefixes, whose records are named by decimal
-/// IDs), all at the revision of a first probing page: etcd 3.4 walks its index over the whole
-/// rest of the requested range for every page, whatever its limit, so paging 1M records walked
-/// O(n) a page, O(n²/page) a listing (measured: 4 s a page at 1M on a loaded machine, docs/scale.md).
-/// A sub-range's end bounds that walk. Every key falls in exactly one sub-range; IDs spread at
-/// random fill them evenly, dense low IDs less so (still bounded by the digit split).
+/// Lists `range` at one revision with the crate's one paging scheme ([`Pages`]: windows sized
+/// from the keys read so far, `store/window.rs`), so a listing of n records costs O(n) on every
+/// store. This used to split big prefix ranges at decimal digits after the prefix, a second
+/// scheme for the same job that only fitted decimal IDs and still counted 3.6 records per record
+/// returned at 10k and 7.7 at 200k (issue 21 item 1).
+///
+/// `timeout` bounds each page, not the listing: a listing of a million records takes many
+/// pages, and what tells a hung store from a big range is a page that does not come.
 async fn list_range<S: Store + ?Sized>(
     store: &S,
     range: &KeyRange,
     page: i64,
+    timeout: Option<Duration>,
     on_page: impl Fn(),
 ) -> StoreResult<(Vec<KeyValue>, Revision)> {
-    let page = page.max(1);
-    let prefix_range = !range.key.is_empty() && range.range_end == prefix_end(&range.key);
-    if !prefix_range {
-        return list_all_with_progress(store, range, page, |_| on_page()).await;
-    }
-    let probe = store.get(GetRequest::new(range.clone()).with_limit(page)).await?;
-    on_page();
-    if !probe.more {
-        return Ok((probe.kvs, probe.revision));
-    }
-    let subranges = |digits: u32| if digits == 0 { 1 } else { 9 * 10i64.pow(digits - 1) };
-    let mut digits = 0u32;
-    while digits < 4 && probe.count / subranges(digits) > PAGES_PER_SUBRANGE * page {
-        digits += 1;
-    }
-    if digits == 0 {
-        let (kvs, _) = list_all_at(store, range, page, probe.revision).await?;
-        on_page();
-        return Ok((kvs, probe.revision));
-    }
-    // Boundaries `prefix` + every decimal of `digits` digits without a leading zero, in key order
-    // (the same as numeric order for a fixed length).
-    let lo = 10u64.pow(digits - 1);
-    let mut bounds: Vec<Vec<u8>> = (lo..lo * 10)
-        .map(|n| {
-            let mut b = range.key.clone();
-            b.extend_from_slice(n.to_string().as_bytes());
-            b
-        })
-        .collect();
-    bounds.insert(0, range.key.clone());
-    bounds.push(range.range_end.clone());
-    let mut out = Vec::with_capacity(usize::try_from(probe.count).unwrap_or(0));
-    for w in bounds.windows(2) {
-        let sub = KeyRange { key: w[0].clone(), range_end: w[1].clone() };
-        let (kvs, _) = list_all_at(store, &sub, page, probe.revision).await?;
+    let mut pages = Pages::at(store, range, page, 0);
+    let mut out = Vec::new();
+    while let Some(kvs) = bounded(timeout, pages.next_page()).await? {
         out.extend(kvs);
         on_page();
     }
-    Ok((out, probe.revision))
+    Ok((out, pages.revision()))
 }
 
 /// Runs until the sink is gone.
@@ -163,11 +128,9 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
     loop {
         let forced = relist.forced.swap(false, Ordering::AcqRel);
         if need_list || forced {
-            let listed = bounded(
-                cfg.request_timeout,
-                list_range(&*store, &cfg.range, cfg.page, || sink.list_page()),
-            )
-            .await;
+            let listed =
+                list_range(&*store, &cfg.range, cfg.page, cfg.request_timeout, || sink.list_page())
+                    .await;
             match listed {
                 Ok((kvs, rev)) => {
                     if sink.listed(&kvs, rev).is_err() {
@@ -366,72 +329,95 @@ mod tests {
         assert_eq!(view.listings.load(Ordering::SeqCst), 2, "the compacted watch re-lists");
     }
 
-    /// Records the range and limit of every `get`.
+    /// Records the range, limit and revision of every `get`, and sleeps `delay` before each.
     #[derive(Default)]
-    struct Gets(Mutex<Vec<(KeyRange, i64, Revision)>>);
+    struct Gets {
+        seen: Mutex<Vec<(KeyRange, i64, Revision)>>,
+        delay: Duration,
+    }
 
     #[async_trait::async_trait]
     impl Hook<EmbeddedStore> for Gets {
         async fn before(&self, _: &Arc<EmbeddedStore>, req: Request) -> StoreResult<Request> {
             if let Request::Get(g) = &req {
-                self.0.lock().expect("lock").push((g.range.clone(), g.limit, g.revision));
+                self.seen.lock().expect("lock").push((g.range.clone(), g.limit, g.revision));
+                tokio::time::sleep(self.delay).await;
             }
             Ok(req)
         }
     }
 
-    /// A big prefix range is read in sub-ranges whose ends bound every page (etcd 3.4 walks the
-    /// whole rest of the requested range for each page), all at one revision, and gives exactly
-    /// the plain listing; a small one is one plain page.
-    #[tokio::test]
-    async fn a_big_prefix_listing_reads_bounded_subranges_at_one_revision() {
+    /// IDs `1..=n` as `p/id/<id>`, with records just outside the prefix on both sides.
+    async fn ids(n: u64) -> EmbeddedStore {
         let inner = EmbeddedStore::memory();
         let mut ops = Vec::new();
-        for id in 1..=3000u64 {
+        for id in 1..=n {
             ops.push(TxnOp::put(format!("p/id/{id}"), format!("k{id}")));
-            if ops.len() == 100 {
-                inner
-                    .txn(TxnRequest::new().and_then(std::mem::take(&mut ops)))
-                    .await
-                    .expect("fill");
+            if ops.len() == 100 || id == n {
+                let txn = TxnRequest::new().and_then(std::mem::take(&mut ops));
+                inner.txn(txn).await.expect("fill");
             }
         }
-        // Records just outside the prefix on both sides must not be listed.
+        let outside = [TxnOp::put("p/id.", "x"), TxnOp::put("p/ic", "x")];
+        inner.txn(TxnRequest::new().and_then(outside)).await.expect("fill");
         inner
-            .txn(TxnRequest::new().and_then([TxnOp::put("p/id.", "x"), TxnOp::put("p/ic", "x")]))
-            .await
-            .expect("fill");
+    }
+
+    /// The follower's listing is the crate's one paging scheme: every record once, in key
+    /// order, every read at the first one's revision, each read's window holding about a page
+    /// (counted here exactly, as etcd counts: at most 3 records per record returned).
+    #[tokio::test]
+    async fn a_listing_reads_windows_of_about_a_page_at_one_revision() {
+        let inner = ids(3000).await;
         let range = KeyRange::prefix("p/id/");
-        let (want, _) = list_all_with_progress(&inner, &range, 1000, |_| {}).await.expect("plain");
+        let (want, _) = crate::store::list_all(&inner, &range, 1000).await.expect("plain");
         assert_eq!(want.len(), 3000);
-        let store = HookedStore::with_hook(inner, Gets::default());
+        let store = HookedStore::with_hook(inner.clone(), Gets::default());
         let pages = AtomicUsize::new(0);
-        // Pages of 10: 3000 keys are 300 pages, over 10 a sub-range: split at two digits
-        // (`p/id/10`..`p/id/99`, about 33 keys each).
-        let (got, rev) = list_range(&store, &range, 10, || {
+        let (got, rev) = list_range(&store, &range, 10, None, || {
             pages.fetch_add(1, Ordering::SeqCst);
         })
         .await
-        .expect("split listing");
+        .expect("listing");
         let keys = |v: &[KeyValue]| v.iter().map(|kv| kv.key.clone()).collect::<Vec<_>>();
         assert_eq!(keys(&got), keys(&want), "same records, in key order");
-        let gets = store.hook().0.lock().expect("lock").clone();
-        let (probe, rest) = gets.split_first().expect("a probe");
-        assert_eq!(probe.0, range, "the probe reads the whole range");
-        assert!(rest.len() >= 300, "{} gets after the probe", rest.len());
-        for (r, limit, at) in rest {
-            assert_eq!(*at, rev, "every sub-range at the probe's revision");
+        assert!(pages.load(Ordering::SeqCst) >= 300, "progress after every page");
+        let gets = store.hook().seen.lock().expect("lock").clone();
+        let mut counted = 0;
+        for (i, (r, limit, at)) in gets.iter().enumerate() {
+            assert!(i == 0 || *at == rev, "read {i} at {at}, not at the listing's {rev}");
             assert!(*limit <= 10, "pages of the listing's size");
-            assert!(
-                r.range_end != range.range_end || r.key >= b"p/id/9".to_vec(),
-                "{r:?} is not bounded"
-            );
+            let c = inner.get(GetRequest::new(r.clone()).count_only()).await.expect("count");
+            counted += c.count;
         }
-        assert!(pages.load(Ordering::SeqCst) >= 10, "progress after every sub-range");
+        assert!(counted <= 3 * 3000, "the reads counted {counted} records to return 3000");
+    }
 
-        // A small range is read whole, page after page (`p/id/299` and `p/id/2990`..`2999`).
-        let (few, _) =
-            list_range(&store, &KeyRange::prefix("p/id/299"), 10, || {}).await.expect("small");
-        assert_eq!(few.len(), 11);
+    /// Issue 21 item 1: the request timeout bounds each page of a listing, not the whole of it.
+    /// A store that takes 50 ms a page lists 2,000 records in pages of 10 in about 10 s; with a
+    /// 1 s bound on the whole listing (the old code) it never completed.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_big_listing_is_bounded_page_by_page() {
+        let hook = Gets { delay: Duration::from_millis(50), ..Gets::default() };
+        let store = Arc::new(HookedStore::with_hook(ids(2000).await, hook));
+        let view = Arc::new(View::default());
+        let cfg = FeedConfig {
+            store: store.clone(),
+            range: KeyRange::prefix("p/id/"),
+            page: 10,
+            relist_after_outage: false,
+            probe: None,
+            request_timeout: Some(Duration::from_secs(1)),
+        };
+        let task = tokio::spawn(follow(cfg, Arc::default(), ViewSink(view.clone())));
+        for _ in 0..120 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            if view.listings.load(Ordering::SeqCst) >= 1 {
+                break;
+            }
+        }
+        task.abort();
+        assert_eq!(view.listings.load(Ordering::SeqCst), 1, "listed within two minutes");
+        assert_eq!(view.keys.lock().expect("lock").len(), 2000);
     }
 }

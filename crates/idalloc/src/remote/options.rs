@@ -19,7 +19,8 @@ pub struct RemoteOptions {
     /// How often a watching view checks that the remote still answers (a paused server sends
     /// nothing and breaks no connection).
     pub probe_interval: Duration,
-    /// Bound on each request to the remote (spec read, listing, watch creation, probe).
+    /// Bound on each request to the remote (spec read, each page of a listing, watch creation,
+    /// probe).
     pub request_timeout: Duration,
     /// Keys per page when listing.
     pub list_page: i64,

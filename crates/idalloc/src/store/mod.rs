@@ -211,6 +211,12 @@ pub struct GetRequest {
     pub keys_only: bool,
     /// Return only the count, no key-values.
     pub count_only: bool,
+    /// With a `limit`, `count` may stop short: the store may stop walking the range once it has
+    /// found one key past the limit, so `count` is then anywhere from the keys returned (plus one
+    /// if `more`) to the exact count. etcd always counts exactly (it has no way to skip it); the
+    /// embedded store stops, so a limited read costs what it returns (issue 21 item 1). Paged
+    /// listings ([`Pages`]) need only `more`.
+    pub loose_count: bool,
 }
 
 impl Default for KeyRange {
@@ -243,6 +249,11 @@ impl GetRequest {
     }
     pub fn count_only(mut self) -> Self {
         self.count_only = true;
+        self
+    }
+    /// See [`GetRequest::loose_count`].
+    pub fn loose_count(mut self) -> Self {
+        self.loose_count = true;
         self
     }
 }
@@ -324,7 +335,8 @@ impl TxnRequest {
 pub struct GetResponse {
     /// Matching keys in key order (at most `limit`; none if `count_only`).
     pub kvs: Vec<KeyValue>,
-    /// Number of keys in the range (ignoring `limit`).
+    /// Number of keys in the range (ignoring `limit`; at least the keys returned, plus one if
+    /// `more`, when the request allowed a [`GetRequest::loose_count`]).
     pub count: i64,
     /// True if `limit` cut the result short.
     pub more: bool,
@@ -623,17 +635,15 @@ async fn list_pages<S: Store + ?Sized>(
 /// A listing of one range as of one revision, read page by page: what [`list_all`] collects,
 /// for callers that can handle each page and drop it, keeping one page in memory, not the range.
 ///
-/// Each read is limited to a *window* of the range (`store/window.rs`) so that it costs what the
-/// page holds, not what is left of the range: the whole listing is linear in the records.
+/// Each read is limited to a *window* of the range (`store/window.rs`), sized from the keys read
+/// so far to hold about one page, so that it costs what the page holds, not what is left of the
+/// range: the whole listing is linear in the records.
 pub struct Pages<'a, S: Store + ?Sized> {
     store: &'a S,
-    range: KeyRange,
     page: i64,
     /// The revision every page is read at; 0 until the first read fixes it.
     revision: Revision,
-    /// Where the next read starts; `None` once the range is exhausted.
-    start: Option<Vec<u8>>,
-    windows: window::Windows,
+    cursor: window::Cursor,
     limit: i64,
     largest: usize,
     /// Read names only (no values): [`Pages::keys_only`].
@@ -645,18 +655,8 @@ impl<'a, S: Store + ?Sized> Pages<'a, S> {
     /// `revision` (0: the revision of the first read).
     pub fn at(store: &'a S, range: &KeyRange, page: i64, revision: Revision) -> Self {
         let page = page.max(1);
-        let end = range_end_of(range);
-        Pages {
-            store,
-            range: range.clone(),
-            page,
-            revision,
-            start: Some(range.key.clone()),
-            windows: window::Windows::new(&range.key, &end),
-            limit: page,
-            largest: 0,
-            keys_only: false,
-        }
+        let cursor = window::Cursor::new(&range.key, &range.range_end);
+        Pages { store, page, revision, cursor, limit: page, largest: 0, keys_only: false }
     }
 
     /// The same listing reading record names only (values come back empty): for callers that
@@ -674,11 +674,10 @@ impl<'a, S: Store + ?Sized> Pages<'a, S> {
 
     /// The next non-empty page, in key order; `None` when the range is exhausted.
     pub async fn next_page(&mut self) -> StoreResult<Option<Vec<KeyValue>>> {
-        while let Some(start) = self.start.clone() {
-            let window_end =
-                if self.range.is_single() { Vec::new() } else { self.windows.window_end(&start) };
-            let mut req = GetRequest::new(KeyRange { key: start, range_end: window_end.clone() })
-                .with_limit(self.limit);
+        while let Some((key, window_end)) = self.cursor.next_read() {
+            // The window bounds what the store walks; it needs no exact count past the limit.
+            let read = KeyRange { key, range_end: window_end.clone() };
+            let mut req = GetRequest::new(read).with_limit(self.limit).loose_count();
             if self.keys_only {
                 req = req.keys_only();
             }
@@ -700,41 +699,14 @@ impl<'a, S: Store + ?Sized> Pages<'a, S> {
                 self.revision = resp.revision;
             }
             self.largest = resp.kvs.iter().map(record_bytes).fold(self.largest, usize::max);
-            let ends = resp.kvs.first().zip(resp.kvs.last());
-            self.windows.learn(
-                ends.map(|(a, b)| (a.key.as_slice(), b.key.as_slice())),
-                resp.kvs.len(),
-                resp.count,
-                self.limit,
-            );
-            self.start = match resp.kvs.last() {
-                // The window holds more: the next read starts right after the last key seen.
-                Some(last) if resp.more => {
-                    let mut next = last.key.clone();
-                    next.push(0);
-                    Some(next)
-                }
-                // The window is done: the next starts where it ended, unless that was the end.
-                _ if self.range.is_single() || self.windows.is_last(&window_end) => None,
-                _ => Some(window_end),
-            };
+            let keys: Vec<&[u8]> = resp.kvs.iter().map(|kv| kv.key.as_slice()).collect();
+            self.cursor.advance(&window_end, &keys, resp.more, self.limit);
             self.limit = next_page_limit(self.page, self.largest);
             if !resp.kvs.is_empty() {
                 return Ok(Some(resp.kvs));
             }
         }
         Ok(None)
-    }
-}
-
-/// The exclusive end of a range as a non-empty `range_end` (a single key `k` is `[k, k\0)`).
-fn range_end_of(range: &KeyRange) -> Vec<u8> {
-    if range.range_end.is_empty() {
-        let mut end = range.key.clone();
-        end.push(0);
-        end
-    } else {
-        range.range_end.clone()
     }
 }
 

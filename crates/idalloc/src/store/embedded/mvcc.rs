@@ -499,6 +499,10 @@ impl Mvcc {
             }
             if limit > 0 && resp.kvs.len() == limit {
                 resp.more = true;
+                if req.loose_count {
+                    // The caller needs only `more`: the rest of the range is not walked.
+                    break;
+                }
                 continue;
             }
             resp.kvs.push(kv_of(&key, mod_rev, &rec, req.keys_only));
@@ -1357,6 +1361,11 @@ mod tests {
         }
         let r = m.get(&GetRequest::prefix("p/").with_limit(2)).unwrap();
         assert_eq!((r.kvs.len(), r.count, r.more, r.revision), (2, 3, true, 4));
+        // A loose count stops one key past the limit (the rest of the range is not walked).
+        let r = m.get(&GetRequest::prefix("p/").with_limit(1).loose_count()).unwrap();
+        assert_eq!((r.kvs.len(), r.count, r.more), (1, 2, true));
+        let r = m.get(&GetRequest::prefix("p/").with_limit(5).loose_count()).unwrap();
+        assert_eq!((r.kvs.len(), r.count, r.more), (3, 3, false), "exact when all fit");
         let r = m.get(&GetRequest::prefix("p/").count_only()).unwrap();
         assert_eq!((r.kvs.len(), r.count, r.more), (0, 3, false));
         let r = m.get(&GetRequest::prefix("p/").keys_only()).unwrap();
