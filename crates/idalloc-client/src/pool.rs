@@ -196,7 +196,7 @@ impl Pool {
     /// Idempotent per holder.
     pub async fn acquire_durable(&self, key: &str, holder: &str) -> idalloc::Result<Acquired> {
         idalloc::pool::validate_key(key)?;
-        idalloc::pool::validate_holder(holder)?;
+        idalloc::pool::validate_durable_holder(holder)?;
         let a: api::Acquired =
             self.post("acquire", &keys_body(Keys::One(key), Owner::Holder(holder))).await?;
         Ok(Acquired { id: a.id, new: a.new })
@@ -211,7 +211,7 @@ impl Pool {
         for k in keys {
             idalloc::pool::validate_key(k)?;
         }
-        idalloc::pool::validate_holder(holder)?;
+        idalloc::pool::validate_durable_holder(holder)?;
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(api::MAX_KEYS_PER_REQUEST) {
             let r: api::Results<api::Acquired> =
@@ -224,7 +224,7 @@ impl Pool {
     /// Removes `holder`'s durable reference to `key`.
     pub async fn release_durable(&self, key: &str, holder: &str) -> idalloc::Result<Released> {
         idalloc::pool::validate_key(key)?;
-        idalloc::pool::validate_holder(holder)?;
+        idalloc::pool::validate_durable_holder(holder)?;
         let r: api::Released =
             self.post("release", &keys_body(Keys::One(key), Owner::Holder(holder))).await?;
         Ok(Released { held: r.held, reclaimed: r.reclaimed })

@@ -30,8 +30,12 @@ pub const DEFAULT_FOLD_FENCES_ABOVE: usize = 100;
 pub struct AllocatorOptions {
     /// Root of every store key (DESIGN §4).
     pub prefix: String,
-    /// This process's holder name, used for its leased references. Default: the host name plus a
-    /// random suffix, so two processes on one host never share references.
+    /// This process's holder name, used for its leased references. Default:
+    /// `lease:<host>-<8 hex>` (a random suffix, so two processes on one host never share
+    /// references). The `lease:` prefix ([`crate::pool::LEASED_HOLDER_PREFIX`]) is refused for
+    /// durable holders, and this allocator refuses durable references under its own leased
+    /// name, so the two never share a fence record. A name given here should not be used as a
+    /// durable holder by another process either: start it with `lease:` to have that enforced.
     pub holder: Option<String>,
     /// TTL of the session lease; keep-alives go out every third of it.
     pub session_ttl: Duration,
