@@ -2,8 +2,7 @@
 //! record `holder/<h>` is keyed by the name alone, so a durable holder named like a process's
 //! leased holder would share its record, and a leased release of an in-doubt key could put the
 //! record on the session lease, where it vanishes without raising the floor. The library's
-//! generated leased names start with `lease:`, which durable names may not; and an allocator
-//! refuses durable references under its own leased name (which a user may choose freely).
+//! generated leased names start with `lease:`, which durable names may not.
 
 use idalloc::pool::LEASED_HOLDER_PREFIX;
 use idalloc::store::embedded::EmbeddedStore;
@@ -47,16 +46,4 @@ async fn durable_holders_may_not_take_a_leased_name() {
     assert_eq!(leased.id, durable.id);
     let holders = pool.list().await.unwrap().remove(0).holders;
     assert_eq!(holders.len(), 2, "{holders:?}");
-}
-
-/// A leased holder name chosen by the user (`AllocatorOptions::holder`) is refused as a durable
-/// holder by that allocator.
-#[tokio::test]
-async fn an_allocator_refuses_its_own_chosen_leased_name_as_a_durable_holder() {
-    let opts = AllocatorOptions { holder: Some("node-a".into()), ..AllocatorOptions::default() };
-    let alloc = Allocator::new(EmbeddedStore::memory(), opts).unwrap();
-    let pool = alloc.ensure_pool(&PoolSpec::new("p", 1, 100)).await.unwrap();
-    refused_as_holder(pool.acquire_durable("k", "node-a").await, "node-a");
-    pool.acquire("k").await.unwrap();
-    assert_eq!(pool.list().await.unwrap()[0].holders, vec!["node-a".to_string()]);
 }

@@ -139,28 +139,12 @@ impl Pool {
 
     async fn acquire_durable_untimed(&self, key: &str, holder: &str) -> Result<Acquired> {
         validate_key(key)?;
-        self.durable_holder(holder)?;
+        validate_durable_holder(holder)?;
         let _key = self.state.lock_key(key).await;
         let a =
             self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, None).await?;
         self.until_cached(key, |now| now == Some(a.id)).await;
         Ok(a)
-    }
-
-    /// Checks `holder` for a durable reference: a durable name ([`validate_durable_holder`]) that
-    /// is not this allocator's own leased holder name (the two would share one fence record).
-    pub(super) fn durable_holder(&self, holder: &str) -> Result<()> {
-        validate_durable_holder(holder)?;
-        if holder == self.inner.holder {
-            return Err(Error::invalid(
-                Input::Holder,
-                "durable holder",
-                crate::error::show_value(holder),
-                "this allocator's leased holder name (AllocatorOptions::holder) cannot also name \
-                 a durable holder: the two would share one fence record; use another name",
-            ));
-        }
-        Ok(())
     }
 
     /// Read-your-writes for durable references: waits, briefly and bounded (as
@@ -283,7 +267,7 @@ impl Pool {
 
     async fn release_durable_untimed(&self, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
-        self.durable_holder(holder)?;
+        validate_durable_holder(holder)?;
         self.state.live()?;
         let _key = self.state.lock_key(key).await;
         async {

@@ -33,9 +33,9 @@ pub struct AllocatorOptions {
     /// This process's holder name, used for its leased references. Default:
     /// `lease:<host>-<8 hex>` (a random suffix, so two processes on one host never share
     /// references). The `lease:` prefix ([`crate::pool::LEASED_HOLDER_PREFIX`]) is refused for
-    /// durable holders, and this allocator refuses durable references under its own leased
-    /// name, so the two never share a fence record. A name given here should not be used as a
-    /// durable holder by another process either: start it with `lease:` to have that enforced.
+    /// durable holders, so a generated leased name never shares a durable holder's fence record.
+    /// A name given here is not checked that way: do not also use it as a durable holder name
+    /// (start it with `lease:` to have that enforced).
     pub holder: Option<String>,
     /// TTL of the session lease; keep-alives go out every third of it.
     pub session_ttl: Duration,
