@@ -12,8 +12,8 @@ pub struct ErrorBody {
     pub revision: Option<i64>,
 }
 
-/// The kinds of [`ErrorBody::kind`]. A client must treat a kind it does not know as a failure it
-/// cannot act on: the service may add kinds.
+/// The kinds of [`ErrorBody::kind`](super::ErrorBody::kind). A client must treat a kind it does
+/// not know as a failure it cannot act on: the service may add kinds.
 pub mod kind {
     pub const INVALID_INPUT: &str = "invalid_input";
     pub const UNAUTHENTICATED: &str = "unauthenticated";
