@@ -215,15 +215,14 @@ pub fn vm_rss(pid: u32) -> Option<u64> {
 /// A `kB` field of `/proc/<pid>/status` (`pid` may be `self`), in bytes: the resident size
 /// (`VmRSS:`) or its peak (`VmHWM:`).
 pub fn status_bytes(pid: &str, field: &str) -> Option<u64> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let kb: u64 = text
-        .lines()
-        .find_map(|l| l.strip_prefix(field))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    Some(kb * 1024)
+    use idalloc_testkit::procs::{memory, Proc};
+    let p = if pid == "self" { Proc::Myself } else { Proc::Pid(pid.parse().ok()?) };
+    let m = memory(p)?;
+    match field {
+        "VmRSS:" => Some(m.rss),
+        "VmHWM:" => Some(m.peak),
+        _ => None,
+    }
 }
 
 /// This process's soft open-files limit (Linux), to refuse a run that would run out of them.

@@ -56,15 +56,9 @@ pub fn parse_ppid(stat: &str) -> Option<u32> {
 
 /// Samples `pid`; `None` if it exited meanwhile (or is a zombie: no memory left to measure).
 pub fn sample(pid: u32) -> Option<ProcSample> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let rss_kib = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()?;
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64;
+    use idalloc_testkit::procs::{memory, open_fds, Proc};
+    let rss_kib = memory(Proc::Pid(pid))?.rss / 1024;
+    let fds = open_fds(Proc::Pid(pid))?;
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).ok()?;
     let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
     let args: Vec<String> =

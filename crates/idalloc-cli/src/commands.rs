@@ -346,7 +346,7 @@ async fn pool_delete(alloc: &Allocator, a: &DeleteArgs, out: Out) -> Result<u8, 
 
 async fn acquire(alloc: &Allocator, a: &AcquireArgs, out: Out) -> Result<u8, Failure> {
     let holder = holder_of(&a.holder);
-    idalloc::pool::validate_holder(&holder)
+    idalloc::pool::validate_durable_holder(&holder)
         .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
     let pool = match a.range {
         Some(r) => alloc.ensure_pool(&PoolSpec::new(a.pool.clone(), r.min, r.max)).await?,
@@ -369,7 +369,7 @@ async fn acquire(alloc: &Allocator, a: &AcquireArgs, out: Out) -> Result<u8, Fai
 
 async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Failure> {
     let holder = holder_of(&a.holder);
-    idalloc::pool::validate_holder(&holder)
+    idalloc::pool::validate_durable_holder(&holder)
         .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
     if let Some(from) = &a.from {
         // A pool that does not exist holds nothing: every key is a no-op, as below.

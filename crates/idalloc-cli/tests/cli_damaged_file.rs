@@ -126,3 +126,37 @@ fn check_runs_the_integrity_check_that_other_commands_skip() {
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains(&path.display().to_string()) && err.contains("integrity check"), "{err}");
 }
+
+/// Damage that the open does not meet but the pool's listing does (a row read on demand): an
+/// `acquire`, which waits for its pool's cache to list, exits 4 naming the file like every other
+/// command on a damaged file. Before, the cache took the listing's `Corrupt` for an outage and
+/// waited for a retry to make progress until its budget ran out: exit 1 after `--timeout`,
+/// "pool "ids" could not be listed from the store: no progress within 5s". Patterns found with
+/// the loop of the test above (seed 7), on the same store.
+#[test]
+fn a_listing_that_meets_damage_exits_4_not_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path().join("base.redb");
+    let ok = |o: std::process::Output| {
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    ok(idalloc(&base, &["pool", "create", "ids", "--range", "1-1000", "--strategy", "lowest"]));
+    for i in 1..=20 {
+        ok(idalloc(&base, &["acquire", "ids", &format!("key{i}"), "--holder", "h"]));
+    }
+    ok(idalloc(&base, &["release", "ids", "key3", "--holder", "h"]));
+    let clean = std::fs::read(&base).unwrap();
+    for (at, bytes) in [(50661usize, "80dcfc43fe5d049b"), (49309, "77e79100a48689d8")] {
+        let mut data = clean.clone();
+        data[at..at + 8].copy_from_slice(&hex(bytes));
+        let path = dir.path().join(format!("listing-{at}.redb"));
+        std::fs::write(&path, &data).unwrap();
+        let out = idalloc(&path, &["acquire", "ids", "new-key", "--holder", "h"]);
+        let err = String::from_utf8_lossy(&out.stderr).to_string();
+        assert_eq!(out.status.code(), Some(4), "offset {at}: {err}");
+        assert_eq!(err.lines().count(), 1, "offset {at}: {err}");
+        assert!(err.starts_with("error: ") && !err.contains("panicked"), "offset {at}: {err}");
+        assert!(err.contains(&path.display().to_string()), "offset {at}: {err}");
+        assert!(!err.contains("could not be listed"), "offset {at}: {err}");
+    }
+}

@@ -43,9 +43,8 @@ fn input(path: &Path, lines: usize, distinct: usize, offset: usize) {
 
 /// Peak resident memory of `/proc/<pid>/status`, in KiB, if the process still has one.
 fn vm_hwm(pid: u32) -> Option<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+    use idalloc_testkit::procs::{memory, Proc};
+    Some(memory(Proc::Pid(pid))?.peak / 1024)
 }
 
 /// Runs `cmd`, reading its output line by line; returns the number of lines and the largest

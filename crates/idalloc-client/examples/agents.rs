@@ -13,10 +13,10 @@ use std::time::{Duration, Instant};
 use idalloc::PoolSpec;
 use idalloc_client::{Client, ClientOptions};
 
+/// This process's resident set in KiB (0 where `/proc` cannot be read).
 fn rss_kib() -> u64 {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap_or("VmRSS: 0 kB");
-    line.split_whitespace().nth(1).and_then(|v| v.parse().ok()).unwrap_or(0)
+    use idalloc_testkit::procs::{memory, Proc};
+    memory(Proc::Myself).map_or(0, |m| m.rss / 1024)
 }
 
 #[tokio::main]

@@ -8,13 +8,14 @@ use idalloc::{Error, Input, PoolSpec};
 use reqwest::Method;
 use serde_json::Value;
 
-use crate::api::{self, SpecBody};
+use crate::api::{self, spec_body, to_spec, SpecBody};
 use crate::errors::{self, Context};
 use crate::options::ClientOptions;
 use crate::pool::{Pool, PoolShared};
 use crate::session::Session;
 use crate::transport::{encode_segment, Answer, Transport};
 use crate::watch::Feed;
+use idalloc_wire::errors::kind;
 
 /// A client of one `idalloc serve` deployment: one or more replicas sharing one store. Cheap to
 /// clone. Build many in one process with a shared [`ClientOptions::http`] to share one
@@ -102,7 +103,7 @@ impl Client {
 
     async fn create(&self, spec: &PoolSpec) -> idalloc::Result<PoolSpec> {
         spec.validate()?;
-        let body = serde_json::to_value(SpecBody::from_spec(spec))
+        let body = serde_json::to_value(spec_body(spec))
             .map_err(|e| errors::bad_answer("a pool create", e))?;
         let cx = Context { pool: Some(spec.name()), spec: Some(spec) };
         match self
@@ -111,8 +112,8 @@ impl Client {
             .call::<SpecBody>(Method::POST, "/v1/pools", Some(&body), "a pool create")
             .await?
         {
-            Answer::Ok(s) => s.to_spec(),
-            Answer::Refused { body: Some(b), .. } if b.kind == "range_mismatch" => {
+            Answer::Ok(s) => to_spec(&s),
+            Answer::Refused { body: Some(b), .. } if b.kind == kind::RANGE_MISMATCH => {
                 let existing = self.spec_of(spec.name()).await?;
                 Err(Error::RangeMismatch {
                     pool: spec.name().to_string(),
@@ -143,7 +144,7 @@ impl Client {
         let cx = Context { pool: Some(name), spec: None };
         let info: api::PoolInfo =
             self.shared.t.expect(Method::GET, &path, None, "a pool read", &cx).await?;
-        info.spec.to_spec()
+        to_spec(&info.spec)
     }
 
     fn open(&self, spec: PoolSpec) -> Pool {
@@ -172,7 +173,7 @@ impl Client {
         let cx = Context::default();
         let p: api::Pools =
             self.shared.t.expect(Method::GET, "/v1/pools", None, "a pool listing", &cx).await?;
-        p.pools.iter().map(SpecBody::to_spec).collect()
+        p.pools.iter().map(to_spec).collect()
     }
 
     /// Deletes a pool (with `force`, also its bindings); false if there was none.

@@ -6,14 +6,10 @@
 //! `transport.rs`.
 
 use idalloc::{Error, Input, PoolSpec};
-use serde::Deserialize;
+use idalloc_wire::errors::kind;
 
 /// The body of every error answer.
-#[derive(Deserialize, Debug, Clone, PartialEq, Eq)]
-pub struct ApiError {
-    pub kind: String,
-    pub message: String,
-}
+pub use idalloc_wire::ErrorBody as ApiError;
 
 /// What a failed call was about, for the error variants that name it.
 #[derive(Debug, Clone, Default)]
@@ -27,7 +23,7 @@ pub struct Context<'a> {
 /// An error answer of the service as a library error. `status` is the HTTP status; `body` its
 /// parsed body, or `None` if it was not the service's error JSON (a proxy's page, say).
 pub fn from_answer(status: u16, body: Option<ApiError>, cx: &Context<'_>) -> Error {
-    let Some(ApiError { kind, message }) = body else {
+    let Some(ApiError { kind, message, .. }) = body else {
         // Not the service's answer: a proxy or a load balancer in between. 502/503/504 from one
         // are worth retrying (another replica may be up); anything else is not.
         return Error::Unavailable {
@@ -45,9 +41,9 @@ pub fn from_answer(status: u16, body: Option<ApiError>, cx: &Context<'_>) -> Err
         source: None,
     };
     match kind.as_str() {
-        "pool_not_found" => Error::PoolNotFound { pool: pool() },
-        "pool_replaced" => Error::PoolReplaced { pool: pool() },
-        "exhausted" => match cx.spec {
+        kind::POOL_NOT_FOUND => Error::PoolNotFound { pool: pool() },
+        kind::POOL_REPLACED => Error::PoolReplaced { pool: pool() },
+        kind::EXHAUSTED => match cx.spec {
             Some(s) => Error::Exhausted {
                 pool: pool(),
                 min: s.min(),
@@ -57,28 +53,30 @@ pub fn from_answer(status: u16, body: Option<ApiError>, cx: &Context<'_>) -> Err
             None => unavailable(false),
         },
         // The library's own words for a session whose lease is gone.
-        "session_not_found" => Error::invalid(
+        kind::SESSION_NOT_FOUND => Error::invalid(
             Input::SessionGone,
             "client session",
             "(its id is a secret)",
             format!("{message}; open a new session"),
         ),
-        "holder_reserved" => Error::invalid(Input::Holder, "holder", "", message),
+        kind::HOLDER_RESERVED => Error::invalid(Input::Holder, "holder", "", message),
         // 409 invalid_input is the library's `PoolInUse` (docs/api.md); 400 is the request.
-        "invalid_input" if status == 409 => {
+        kind::INVALID_INPUT if status == 409 => {
             Error::invalid(Input::PoolInUse, "pool to delete", pool(), message)
         }
-        "invalid_input" => Error::invalid(Input::Options, "request to idalloc serve", "", message),
-        "unauthenticated" | "forbidden" | "access_denied" => Error::AccessDenied {
+        kind::INVALID_INPUT => {
+            Error::invalid(Input::Options, "request to idalloc serve", "", message)
+        }
+        kind::UNAUTHENTICATED | kind::FORBIDDEN | kind::ACCESS_DENIED => Error::AccessDenied {
             reason: format!("idalloc serve answered {status} {kind}: {message}"),
         },
-        "corrupt" => {
+        kind::CORRUPT => {
             Error::Corrupt { what: "the store behind idalloc serve".into(), reason: message }
         }
         // Answered before anything was written, and meant to be retried.
-        "unavailable" | "overloaded" | "rate_limited" => unavailable(true),
+        kind::UNAVAILABLE | kind::OVERLOADED | kind::RATE_LIMITED => unavailable(true),
         // A limit of this client: waiting will not lift it.
-        "quota_exceeded" => unavailable(false),
+        kind::QUOTA_EXCEEDED => unavailable(false),
         // The rest are bugs of the client or the service (a route or method it does not have,
         // a body it refused, `internal`), or kinds newer than this client.
         _ => unavailable(false),
@@ -111,7 +109,8 @@ mod tests {
     fn answer(status: u16, kind: &str) -> Error {
         let spec = PoolSpec::new("vni", 10, 19);
         let cx = Context { pool: Some("vni"), spec: Some(&spec) };
-        from_answer(status, Some(ApiError { kind: kind.into(), message: "m".into() }), &cx)
+        let body = ApiError { kind: kind.into(), message: "m".into(), revision: None };
+        from_answer(status, Some(body), &cx)
     }
 
     #[test]

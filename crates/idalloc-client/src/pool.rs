@@ -7,14 +7,15 @@ use std::sync::{Arc, Mutex};
 use idalloc::{Acquired, Binding, Error, Event, PoolSpec, Released};
 use reqwest::Method;
 use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::sync::broadcast;
 
-use crate::api;
+use crate::api::{self, keys_body, Keys, Owner};
 use crate::client::Shared;
 use crate::errors::{self, Context};
 use crate::transport::{encode_segment, Answer};
 use crate::watch::Feed;
+use idalloc_wire::errors::kind;
 
 /// What every handle on one pool of one client shares: the watch-fed view and the counts of the
 /// keys the client's own session holds.
@@ -209,9 +210,9 @@ impl Pool {
     /// Idempotent per holder.
     pub async fn acquire_durable(&self, key: &str, holder: &str) -> idalloc::Result<Acquired> {
         idalloc::pool::validate_key(key)?;
-        idalloc::pool::validate_holder(holder)?;
+        idalloc::pool::validate_durable_holder(holder)?;
         let a: api::Acquired =
-            self.post("acquire", &json!({ "key": key, "holder": holder })).await?;
+            self.post("acquire", &keys_body(Keys::One(key), Owner::Holder(holder))).await?;
         Ok(Acquired { id: a.id, new: a.new })
     }
 
@@ -224,11 +225,11 @@ impl Pool {
         for k in keys {
             idalloc::pool::validate_key(k)?;
         }
-        idalloc::pool::validate_holder(holder)?;
+        idalloc::pool::validate_durable_holder(holder)?;
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(api::MAX_KEYS_PER_REQUEST) {
             let r: api::Results<api::Acquired> =
-                self.post("acquire", &json!({ "keys": chunk, "holder": holder })).await?;
+                self.post("acquire", &keys_body(Keys::Many(chunk), Owner::Holder(holder))).await?;
             out.extend(r.results.into_iter().map(|a| Acquired { id: a.id, new: a.new }));
         }
         Ok(out)
@@ -237,9 +238,9 @@ impl Pool {
     /// Removes `holder`'s durable reference to `key`.
     pub async fn release_durable(&self, key: &str, holder: &str) -> idalloc::Result<Released> {
         idalloc::pool::validate_key(key)?;
-        idalloc::pool::validate_holder(holder)?;
+        idalloc::pool::validate_durable_holder(holder)?;
         let r: api::Released =
-            self.post("release", &json!({ "key": key, "holder": holder })).await?;
+            self.post("release", &keys_body(Keys::One(key), Owner::Holder(holder))).await?;
         Ok(Released { held: r.held, reclaimed: r.reclaimed })
     }
 
@@ -278,7 +279,7 @@ impl Pool {
     async fn lookup<T: DeserializeOwned>(&self, path: &str) -> idalloc::Result<Option<T>> {
         match self.client.t.call::<T>(Method::GET, path, None, "a lookup").await? {
             Answer::Ok(t) => Ok(Some(t)),
-            Answer::Refused { body: Some(b), .. } if b.kind == "not_found" => Ok(None),
+            Answer::Refused { body: Some(b), .. } if b.kind == kind::NOT_FOUND => Ok(None),
             Answer::Refused { status, body } => Err(errors::from_answer(status, body, &self.cx())),
         }
     }

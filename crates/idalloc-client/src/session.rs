@@ -14,10 +14,9 @@ use std::time::Duration;
 
 use idalloc::{Acquired, Error, Released};
 use reqwest::Method;
-use serde_json::json;
 use tracing::{debug, warn};
 
-use crate::api;
+use crate::api::{self, keys_body, Keys, Owner};
 use crate::errors::Context;
 use crate::pool::Pool;
 use crate::transport::{Answer, Transport};
@@ -71,7 +70,7 @@ impl Session {
             ));
         }
         let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
-        let body = json!({ "ttl": secs });
+        let body = api::json(&api::SessionBody { ttl: secs });
         let info: api::SessionInfo = t
             .expect(
                 Method::POST,
@@ -139,7 +138,7 @@ impl Session {
     /// session (a retried request does not count twice). One request.
     pub async fn acquire(&self, pool: &Pool, key: &str) -> idalloc::Result<Acquired> {
         idalloc::pool::validate_key(key)?;
-        let body = json!({ "key": key, "session": self.inner.id });
+        let body = keys_body(Keys::One(key), Owner::Session(&self.inner.id));
         let a: api::Acquired = pool.post("acquire", &body).await.map_err(|e| self.noting(e))?;
         Ok(Acquired { id: a.id, new: a.new })
     }
@@ -156,7 +155,7 @@ impl Session {
         }
         let mut out = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(api::MAX_KEYS_PER_REQUEST) {
-            let body = json!({ "keys": chunk, "session": self.inner.id });
+            let body = keys_body(Keys::Many(chunk), Owner::Session(&self.inner.id));
             let r: api::Results<api::Acquired> =
                 pool.post("acquire", &body).await.map_err(|e| self.noting(e))?;
             out.extend(r.results.into_iter().map(|a| Acquired { id: a.id, new: a.new }));
@@ -167,7 +166,7 @@ impl Session {
     /// Removes this session's reference to `key`; `held == false` if it had none.
     pub async fn release(&self, pool: &Pool, key: &str) -> idalloc::Result<Released> {
         idalloc::pool::validate_key(key)?;
-        let body = json!({ "key": key, "session": self.inner.id });
+        let body = keys_body(Keys::One(key), Owner::Session(&self.inner.id));
         let r: api::Released = pool.post("release", &body).await.map_err(|e| self.noting(e))?;
         Ok(Released { held: r.held, reclaimed: r.reclaimed })
     }

@@ -246,7 +246,7 @@ mod tests {
 
     #[test]
     fn only_answers_said_to_be_retryable_are_retried() {
-        let api = |k: &str| ApiError { kind: k.into(), message: String::new() };
+        let api = |k: &str| ApiError { kind: k.into(), message: String::new(), revision: None };
         for k in ["unavailable", "overloaded", "rate_limited", "pool_replaced"] {
             assert!(retry_answer(503, Some(&api(k)), None).retry, "{k}");
         }

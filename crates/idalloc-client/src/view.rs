@@ -16,7 +16,8 @@
 use std::collections::HashMap;
 
 use idalloc::Event;
-use serde::Deserialize;
+use idalloc_wire::errors::kind;
+use idalloc_wire::{Change, ErrorEvent, Synced};
 
 /// One message of the watch stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -43,24 +44,6 @@ pub(crate) enum Msg {
     Other,
 }
 
-#[derive(Deserialize)]
-struct Change {
-    id: u64,
-    key: String,
-}
-
-#[derive(Deserialize)]
-struct Rev {
-    revision: i64,
-}
-
-#[derive(Deserialize)]
-struct ErrorEvent {
-    kind: String,
-    #[serde(default)]
-    revision: Option<i64>,
-}
-
 /// Parses one SSE event (its `event` name and `data`). `Err` names what is wrong.
 pub(crate) fn parse(event: &str, data: &str) -> Result<Msg, String> {
     let bad = |e: serde_json::Error| format!("{event} event with data {data}: {e}");
@@ -74,12 +57,12 @@ pub(crate) fn parse(event: &str, data: &str) -> Result<Msg, String> {
             Msg::Delete { id: c.id, key: c.key }
         }
         "synced" => {
-            Msg::Synced { revision: serde_json::from_str::<Rev>(data).map_err(bad)?.revision }
+            Msg::Synced { revision: serde_json::from_str::<Synced>(data).map_err(bad)?.revision }
         }
         "error" => {
             let e: ErrorEvent = serde_json::from_str(data).map_err(bad)?;
             match (e.kind.as_str(), e.revision) {
-                ("lagged", Some(revision)) => Msg::Lagged { revision },
+                (kind::LAGGED, Some(revision)) => Msg::Lagged { revision },
                 _ => Msg::Gone,
             }
         }

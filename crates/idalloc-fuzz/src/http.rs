@@ -30,18 +30,13 @@ const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/pools/nope/acquire"),
 ];
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("tokio runtime")
-}
-
 /// Input: a route selector byte, then the body.
 pub fn check(data: &[u8]) {
     let mut input = Input::new(data);
     let (method, path) = ROUTES[usize::from(input.byte()) % ROUTES.len()];
     let body = input.rest().to_vec();
-    crate::panics::install();
-    let before = crate::panics::count();
-    runtime().block_on(async move {
+    let scope = crate::panics::Scope::new("http_body");
+    scope.block_on(async move {
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::memory());
         let alloc = Allocator::from_arc(store.clone(), Default::default()).expect("allocator");
         let app =
@@ -96,7 +91,7 @@ pub fn check(data: &[u8]) {
             _ => {}
         }
     });
-    assert_eq!(crate::panics::count(), before, "a task panicked serving {method} {path}");
+    assert_eq!(scope.panics(), 0, "a task panicked serving {method} {path}");
 }
 
 /// Percent-encodes a key for a URL path (every byte but unreserved ASCII).

@@ -6,7 +6,7 @@
 //! what was wrong.
 
 use idalloc::PoolSpec;
-use idalloc_server::api::PoolSpecBody;
+use idalloc_server::api::{PoolSpecBody, SpecBody};
 
 /// Input: the JSON bytes.
 pub fn check(data: &[u8]) {

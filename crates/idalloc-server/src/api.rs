@@ -1,35 +1,28 @@
-//! Request and response bodies of the `/v1` API. Requests reject unknown fields, so a misspelt
-//! field is an error rather than silently ignored.
+//! Request and response bodies of the `/v1` API: the shared wire types of `idalloc-wire` (one
+//! declaration for the service and the Rust client), and the service's conversion of a spec body
+//! to the library's spec. Requests reject unknown fields, so a misspelt field is an error rather
+//! than silently ignored.
 
 use idalloc::{PoolSpec, Strategy};
-use serde::{Deserialize, Serialize};
+
+pub use idalloc_wire::{
+    AcquireBody, Acquired, BindingBody, BindingsPage, Deleted, Ended, ErrorBody, Health, IdAnswer,
+    Keepalive, KeyAnswer, PoolInfo, PoolSpecBody, Pools, Ready, Reclaimed, Released, Results,
+    SessionBody, SessionInfo, SessionSummary, Sessions, Swept,
+};
 
 use crate::error::ApiError;
 
-/// `POST /v1/pools`: the CLI's `pool create` flags as JSON (the stored spec's field names).
-#[derive(Deserialize, Serialize, Debug, Clone)]
-#[serde(deny_unknown_fields)]
-pub struct PoolSpecBody {
-    pub name: String,
-    pub min: u64,
-    pub max: u64,
-    /// Inclusive raw ID ranges never handed out.
-    #[serde(default)]
-    pub reserved: Vec<(u64, u64)>,
-    /// Bits ORed into every ID handed out.
-    #[serde(default)]
-    pub prefix: u64,
-    /// `random` (default) or `lowest`.
-    #[serde(default)]
-    pub strategy: Option<String>,
-    #[serde(default)]
-    pub idle_grace_ms: u64,
-    #[serde(default)]
-    pub reuse_delay_ms: u64,
+/// The service's side of [`PoolSpecBody`]: from the library's spec, and back with the service's
+/// errors (400 naming the value). A trait because the body is declared in `idalloc-wire`.
+pub trait SpecBody: Sized {
+    fn from_spec(s: &PoolSpec) -> Self;
+    /// The spec, validated by the library when it is used.
+    fn to_spec(&self) -> Result<PoolSpec, ApiError>;
 }
 
-impl PoolSpecBody {
-    pub fn from_spec(s: &PoolSpec) -> Self {
+impl SpecBody for PoolSpecBody {
+    fn from_spec(s: &PoolSpec) -> Self {
         PoolSpecBody {
             name: s.name().to_string(),
             min: s.min(),
@@ -42,8 +35,7 @@ impl PoolSpecBody {
         }
     }
 
-    /// The spec, validated by the library when it is used.
-    pub fn to_spec(&self) -> Result<PoolSpec, ApiError> {
+    fn to_spec(&self) -> Result<PoolSpec, ApiError> {
         let strategy = match self.strategy.as_deref() {
             None | Some("random") => Strategy::Random,
             Some("lowest") => Strategy::Lowest,
@@ -67,78 +59,7 @@ impl PoolSpecBody {
     }
 }
 
-/// `GET /v1/pools/{pool}`: the spec and how full the pool is.
-#[derive(Serialize, Deserialize, Debug)]
-pub struct PoolInfo {
-    pub spec: PoolSpecBody,
-    /// Allocatable IDs (range minus reserved).
-    pub capacity: u64,
-    /// Keys with an ID.
-    pub bound: u64,
-    /// IDs waiting out their reuse delay.
-    pub quarantined: u64,
-    /// `bound + quarantined`: IDs no new key can get now.
-    pub used: u64,
-    /// `capacity - used`.
-    pub free: u64,
-}
-
-/// Who a reference belongs to: a client session (leased) or a named durable holder.
-#[derive(Deserialize, Debug, Default)]
-#[serde(deny_unknown_fields)]
-pub struct AcquireBody {
-    /// One key...
-    #[serde(default)]
-    pub key: Option<String>,
-    /// ...or several, handled in order, each with its own result.
-    #[serde(default)]
-    pub keys: Option<Vec<String>>,
-    /// The session id from `POST /v1/sessions` (references vanish with the session).
-    #[serde(default)]
-    pub session: Option<String>,
-    /// A durable holder name (references stay until released by that holder).
-    #[serde(default)]
-    pub holder: Option<String>,
-}
-
-/// Result of acquiring one key.
-#[derive(Serialize, Deserialize, Debug)]
-pub struct Acquired {
-    pub key: String,
-    pub id: u64,
-    pub new: bool,
-}
-
-/// Result of releasing one key.
-#[derive(Serialize, Deserialize, Debug)]
-pub struct Released {
-    pub key: String,
-    pub held: bool,
-    pub reclaimed: bool,
-}
-
-/// `POST /v1/sessions`.
-#[derive(Deserialize, Debug)]
-#[serde(deny_unknown_fields)]
-pub struct SessionBody {
-    /// Lease TTL in whole seconds (1..=86400).
-    pub ttl: u64,
-}
-
-/// A session as handed out.
-#[derive(Serialize, Deserialize, Debug)]
-pub struct SessionInfo {
-    /// The capability: keep it secret, send it with every acquire/release of the session.
-    pub session: String,
-    /// The holder name of its references (as `list` shows them).
-    pub holder: String,
-    pub ttl: u64,
-}
-
-/// One binding of `GET /v1/pools/{pool}/bindings`.
-#[derive(Serialize, Deserialize, Debug)]
-pub struct BindingBody {
-    pub id: u64,
-    pub key: String,
-    pub holders: Vec<String>,
+/// A count of the library's (`usize`) as the API writes it.
+pub fn count(n: usize) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
 }

@@ -35,7 +35,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde::de::DeserializeOwned;
-use serde::Serialize;
 
 /// An API failure: status, kind, message.
 #[derive(Debug, Clone)]
@@ -45,14 +44,6 @@ pub struct ApiError {
     pub message: String,
     /// A store revision the client should use next (`gone`: the current one, to re-list from).
     pub revision: Option<i64>,
-}
-
-#[derive(Serialize)]
-struct Body<'a> {
-    kind: &'a str,
-    message: &'a str,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    revision: Option<i64>,
 }
 
 impl ApiError {
@@ -118,9 +109,9 @@ impl From<idalloc::store::StoreError> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::to_vec(&Body {
-            kind: self.kind,
-            message: &self.message,
+        let body = serde_json::to_vec(&idalloc_wire::ErrorBody {
+            kind: self.kind.to_string(),
+            message: self.message,
             revision: self.revision,
         })
         .unwrap_or_default();

@@ -16,7 +16,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::api::{
-    AcquireBody, Acquired, BindingBody, PoolInfo, PoolSpecBody, Released, SessionBody, SessionInfo,
+    count, AcquireBody, Acquired, BindingBody, Deleted, Ended, IdAnswer, Keepalive, KeyAnswer,
+    PoolInfo, PoolSpecBody, Pools, Reclaimed, Released, Results, SessionBody, SessionInfo,
+    SessionSummary, Sessions, SpecBody, Swept,
 };
 use crate::auth::Client;
 use crate::error::{param, ApiError, ApiJson, ApiQuery};
@@ -25,7 +27,7 @@ use crate::AppState;
 type ApiResult<T = Response> = Result<T, ApiError>;
 
 /// Most keys one request may acquire or release (bounds the work of one request).
-pub const MAX_KEYS_PER_REQUEST: usize = 1000;
+pub const MAX_KEYS_PER_REQUEST: usize = idalloc_wire::MAX_KEYS_PER_REQUEST;
 
 pub async fn list_pools(State(st): State<Arc<AppState>>, client: Caller) -> ApiResult {
     let pools = st.alloc.list_pools().await?;
@@ -33,7 +35,7 @@ pub async fn list_pools(State(st): State<Arc<AppState>>, client: Caller) -> ApiR
     let visible = |name: &str| caller(&client).is_none_or(|c| c.policy.can_read(name));
     let pools: Vec<PoolSpecBody> =
         pools.iter().filter(|p| visible(p.name())).map(PoolSpecBody::from_spec).collect();
-    Ok(Json(json!({ "pools": pools })).into_response())
+    Ok(Json(Pools { pools }).into_response())
 }
 
 pub async fn create_pool(
@@ -111,7 +113,7 @@ pub async fn delete_pool(
     if !deleted {
         return Err(idalloc::Error::PoolNotFound { pool: name }.into());
     }
-    Ok(Json(json!({ "pool": name, "deleted": true })).into_response())
+    Ok(Json(Deleted { deleted: true, pool: name }).into_response())
 }
 
 /// Whose references a request makes: a session's (leased) or a durable holder's.
@@ -206,7 +208,7 @@ fn answer<T: serde::Serialize>(mut out: Vec<T>, single: bool) -> Response {
     if single {
         Json(out.pop()).into_response()
     } else {
-        Json(json!({ "results": out })).into_response()
+        Json(Results { results: out }).into_response()
     }
 }
 
@@ -318,7 +320,7 @@ pub async fn get_key(
         pool.get(&key)
     };
     match id {
-        Some(id) => Ok(Json(json!({ "pool": name, "key": key, "id": id })).into_response()),
+        Some(id) => Ok(Json(KeyAnswer { id, key, pool: name }).into_response()),
         None => Err(ApiError::not_found(format!(
             "key {} has no ID in pool {name:?}",
             idalloc::error::show_value(&key)
@@ -341,7 +343,7 @@ pub async fn lookup_id(
         pool.key_of(id)
     };
     match key {
-        Some(key) => Ok(Json(json!({ "pool": name, "id": id, "key": key })).into_response()),
+        Some(key) => Ok(Json(IdAnswer { id, key, pool: name }).into_response()),
         None => Err(ApiError::not_found(format!("ID {id} is not bound in pool {name:?}"))),
     }
 }
@@ -391,15 +393,14 @@ pub async fn list_bindings(
 pub async fn sweep(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> ApiResult {
     let pool = st.pool(&name).await?;
     let r = pool.sweep().await?;
-    let reclaimed: Vec<_> =
-        r.reclaimed.iter().map(|(id, key)| json!({ "id": id, "key": key })).collect();
-    Ok(Json(json!({
-        "pool": name,
-        "reclaimed": reclaimed,
-        "idle": r.idle,
-        "fence_records": r.fence_records,
-        "folded": r.folded,
-    }))
+    let reclaimed = r.reclaimed.into_iter().map(|(id, key)| Reclaimed { id, key }).collect();
+    Ok(Json(Swept {
+        fence_records: count(r.fence_records),
+        folded: count(r.folded),
+        idle: count(r.idle),
+        pool: name,
+        reclaimed,
+    })
     .into_response())
 }
 
@@ -433,7 +434,7 @@ pub async fn keepalive(
     let sent = Instant::now();
     if s.keep_alive().await? {
         st.sessions.renewed(&id, sent);
-        Ok(Json(json!({ "ttl": s.ttl().as_secs() })).into_response())
+        Ok(Json(Keepalive { ttl: s.ttl().as_secs() }).into_response())
     } else {
         st.sessions.remove(&id);
         Err(ApiError::session_not_found())
@@ -455,7 +456,7 @@ pub async fn end_session(
     };
     s.end().await?;
     st.sessions.remove(&id);
-    Ok(Json(json!({ "ended": true })).into_response())
+    Ok(Json(Ended { ended: true }).into_response())
 }
 
 /// Every live session of this instance, for administrators: holder, client, TTL, age and the
@@ -477,19 +478,17 @@ pub async fn list_sessions(State(st): State<Arc<AppState>>) -> ApiResult {
             }
         }
     }
-    let list: Vec<_> = sessions
+    let sessions = sessions
         .iter()
-        .map(|s| {
-            json!({
-                "holder": s.holder,
-                "client": s.client.as_deref(),
-                "ttl": s.ttl.as_secs(),
-                "age": s.age.as_secs(),
-                "references": refs.get(&s.holder).copied().unwrap_or(0),
-            })
+        .map(|s| SessionSummary {
+            age: s.age.as_secs(),
+            client: s.client.as_deref().map(str::to_string),
+            holder: s.holder.clone(),
+            references: refs.get(&s.holder).copied().unwrap_or(0),
+            ttl: s.ttl.as_secs(),
         })
         .collect();
-    Ok(Json(json!({ "sessions": list })).into_response())
+    Ok(Json(Sessions { sessions }).into_response())
 }
 
 /// Pools this service has opened, by name (readiness checks that each is synced).

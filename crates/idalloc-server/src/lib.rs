@@ -44,7 +44,6 @@ use idalloc::layout::Layout;
 use idalloc::store::Store;
 use idalloc::{Allocator, Pool};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use serde_json::json;
 use tokio::sync::watch as signal;
 use tracing::{info, warn};
 
@@ -321,7 +320,7 @@ async fn http_metrics(req: Request, next: Next) -> Response {
 }
 
 async fn healthz() -> Response {
-    Json(json!({ "status": "ok" })).into_response()
+    Json(api::Health { status: "ok".into() }).into_response()
 }
 
 /// Ready: not shutting down, the store lets this service read and write its prefix (a probe
@@ -361,7 +360,8 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
         return ApiError::unavailable(format!("pools not synced yet: {}", unsynced.join(", ")))
             .into_response();
     }
-    Json(json!({ "status": "ready", "revision": revision, "pools": pools.len() })).into_response()
+    Json(api::Ready { pools: api::count(pools.len()), revision, status: "ready".into() })
+        .into_response()
 }
 
 async fn metrics_text(

@@ -44,4 +44,19 @@ mod tests {
         assert_eq!(locked["security"], serde_json::json!([{"bearer": []}]));
         assert!(locked["paths"]["/v1/pools"]["get"]["responses"]["401"].is_object());
     }
+
+    /// The error kinds the document promises are the wire crate's (which the Rust client maps),
+    /// no more and no fewer: a kind added on one side only fails here.
+    #[test]
+    fn the_documented_error_kinds_are_the_wire_kinds() {
+        let doc: Value = serde_json::from_str(crate::OPENAPI).expect("JSON");
+        let documented = doc["components"]["schemas"]["Error"]["properties"]["kind"]["enum"]
+            .as_array()
+            .expect("an enum of kinds");
+        let mut documented: Vec<&str> = documented.iter().filter_map(Value::as_str).collect();
+        let mut wire = idalloc_wire::errors::kind::ALL.to_vec();
+        documented.sort_unstable();
+        wire.sort_unstable();
+        assert_eq!(documented, wire);
+    }
 }

@@ -16,6 +16,7 @@
 //! - [`hooked`]: the ONE forwarding store wrapper, with a [`hooked::Hook`] around each request;
 //!   the fault, counting, sabotage and regression wrappers are hooks on it.
 //! - [`hooks`]: frozen watches and late commits, for regression tests of cluster misbehaviour.
+//! - [`procs`]: a process's resident memory (now and peak) and open fds, from `/proc`.
 //! - [`recorder`]: an in-memory `metrics` recorder, to check that the library's metrics move.
 //! - [`sabotage`]: rewrites the allocator's txns to break a guarantee on purpose, so the
 //!   simulation can show its checker notices.
@@ -35,6 +36,7 @@ pub mod fault;
 pub mod g1;
 pub mod hooked;
 pub mod hooks;
+pub mod procs;
 pub mod recorder;
 pub mod sabotage;
 pub mod secure;

@@ -29,16 +29,8 @@ fn value(i: u64) -> String {
 
 /// Peak and current resident memory in KiB, from `/proc/self/status` (0 where unavailable).
 fn rss_kib() -> (u64, u64) {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    (field("VmHWM:"), field("VmRSS:"))
+    use idalloc_testkit::procs::{memory, Proc};
+    memory(Proc::Myself).map_or((0, 0), |m| (m.peak / 1024, m.rss / 1024))
 }
 
 fn ms(since: Instant) -> f64 {

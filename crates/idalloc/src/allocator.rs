@@ -81,7 +81,8 @@ fn default_holder() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "host".to_string());
-    format!("{host}-{:08x}", rand::random::<u32>())
+    // In the leased namespace, which durable holder names may not use (`LEASED_HOLDER_PREFIX`).
+    format!("{}{host}-{:08x}", crate::pool::LEASED_HOLDER_PREFIX, rand::random::<u32>())
 }
 
 impl Allocator {
@@ -308,7 +309,7 @@ impl Allocator {
     /// nothing to release in it.
     pub async fn release_durable(&self, pool: &str, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
-        validate_holder(holder)?;
+        crate::pool::validate_durable_holder(holder)?;
         match self.pool(pool).await {
             Ok(p) => p.release_durable(key, holder).await,
             Err(Error::PoolNotFound { .. }) => Ok(Released { held: false, reclaimed: false }),

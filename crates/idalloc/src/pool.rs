@@ -195,6 +195,36 @@ pub fn validate_key_bytes(key: &[u8]) -> Result<&str> {
     }
 }
 
+/// The prefix of the leased holder names the library generates (an allocator's default holder
+/// `lease:<host>-<8 hex>`, and its client sessions' `…-c<lease>`), which durable holder names may
+/// not use ([`validate_durable_holder`]).
+///
+/// Why: a holder's fence record (`holder/<h>`) is keyed by the name alone, so a durable holder
+/// named like a process's leased holder shares that process's record; a leased release of an
+/// in-doubt key can put the record on the session lease, where it vanishes with the lease without
+/// raising the pool's floor (docs/design-notes.md, "Clean-ups (s7-g)"). Keeping the two kinds of
+/// names apart closes that without changing the store's layout.
+pub const LEASED_HOLDER_PREFIX: &str = "lease:";
+
+/// Checks a durable holder name: a valid holder ([`validate_holder`]) that does not start with
+/// [`LEASED_HOLDER_PREFIX`], the namespace of generated leased holder names.
+pub fn validate_durable_holder(holder: &str) -> Result<()> {
+    validate_holder(holder)?;
+    if holder.starts_with(LEASED_HOLDER_PREFIX) {
+        return Err(Error::invalid(
+            Input::Holder,
+            "durable holder",
+            show_value(holder),
+            format!(
+                "durable holder names must not start with {LEASED_HOLDER_PREFIX:?}: the library \
+                 names leased holders so, and a durable holder sharing a leased holder's name \
+                 would share its fence record"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a holder name: non-empty, at most [`MAX_HOLDER_BYTES`] bytes (escaped in store paths like
 /// keys).
 pub fn validate_holder(holder: &str) -> Result<()> {

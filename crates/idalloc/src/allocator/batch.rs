@@ -31,7 +31,7 @@ use super::repair_queue::Repair;
 use super::types::{Acquired, Released};
 use crate::batch::{self, Frame, MAX_BATCH_KEYS};
 use crate::error::{Error, Result};
-use crate::pool::{validate_holder, validate_key};
+use crate::pool::{validate_durable_holder, validate_key};
 use crate::protocol::bind_step::{Action, BindLoop, Failure, FullCheck, Input, Step};
 use crate::protocol::{spec_compare, BindOutcome, BindPlan, LastRelease, RefTarget, ReleasePlan};
 use crate::store::{OpResponse, StoreError, TxnOp, TxnRequest};
@@ -625,7 +625,7 @@ impl Pool {
         keys: &[K],
         holder: &str,
     ) -> Vec<Result<Acquired>> {
-        if let Err(e) = validate_holder(holder) {
+        if let Err(e) = validate_durable_holder(holder) {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
         let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
@@ -713,7 +713,7 @@ impl Pool {
         keys: &[K],
         holder: &str,
     ) -> Vec<Result<Released>> {
-        if let Err(e) = validate_holder(holder) {
+        if let Err(e) = validate_durable_holder(holder) {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
         let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();

@@ -420,6 +420,8 @@ impl Inner {
             if *synced.borrow_and_update() {
                 return Ok(());
             }
+            // A listing that met damaged data: no retry will cure it (`sync::ends_waits`).
+            pool.listing_failed()?;
             let moved = tokio::time::timeout(bound, async {
                 tokio::select! {
                     biased;

@@ -16,7 +16,7 @@ use super::repair_queue::Repair;
 use super::types::{Acquired, Binding, Released};
 use crate::error::{Error, Input, Result};
 use crate::layout::IdRecord;
-use crate::pool::{validate_holder, validate_key, PoolSpec};
+use crate::pool::{validate_durable_holder, validate_key, PoolSpec};
 use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool};
 use crate::store::{GetRequest, KeyRange, Store};
 
@@ -139,11 +139,33 @@ impl Pool {
 
     async fn acquire_durable_untimed(&self, key: &str, holder: &str) -> Result<Acquired> {
         validate_key(key)?;
-        validate_holder(holder)?;
+        validate_durable_holder(holder)?;
         let _key = self.state.lock_key(key).await;
-        {
-            self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, None).await
+        let a =
+            self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, None).await?;
+        self.until_cached(key, |now| now == Some(a.id)).await;
+        Ok(a)
+    }
+
+    /// Read-your-writes for durable references: waits, briefly and bounded (as
+    /// `Inner::wait_applied`: the request timeout, at most 500 ms), until the pool's cache shows
+    /// what this handle's write just did to `key`. A leased hold is in `held` at once, but a
+    /// durable one reaches the cache only through the store's watch, so `get` right after
+    /// `acquire_durable` answered `None` until the watch brought the write back (found under
+    /// paused time in a test; with real time it is a race lost by a caller that reads at once).
+    /// Waiting keeps the watch the cache's only writer (`sync.rs`). It costs one watch delay per
+    /// durable acquire or release on a followed pool; a pool opened lazily has no follower, and
+    /// its `get` reads its own keys differently (see [`Pool::get`]), so it does not wait. When the
+    /// bound passes (a follower cut off from the store), the write still stands: only the read
+    /// may lag, as before.
+    async fn until_cached(&self, key: &str, shows: impl Fn(Option<u64>) -> bool) {
+        if self.inner.view_unloaded(&self.state) {
+            return;
         }
+        let mut applied = self.state.applied.subscribe();
+        let bound = self.inner.opts.request_timeout.min(std::time::Duration::from_millis(500));
+        let seen = |_: &_| shows(self.state.lock_cache().get(key));
+        let _ = tokio::time::timeout(bound, applied.wait_for(seen)).await;
     }
 
     /// Drops one local use of `key`. The last local use removes this process's reference (one
@@ -245,7 +267,7 @@ impl Pool {
 
     async fn release_durable_untimed(&self, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
-        validate_holder(holder)?;
+        validate_durable_holder(holder)?;
         self.state.live()?;
         let _key = self.state.lock_key(key).await;
         async {
@@ -260,7 +282,13 @@ impl Pool {
                 None => self.get_consistent(key).await?,
             };
             match id {
-                Some(id) => self.inner.release_ref(&self.state, key, id, holder, true).await,
+                Some(id) => {
+                    let r = self.inner.release_ref(&self.state, key, id, holder, true).await?;
+                    if r.reclaimed {
+                        self.until_cached(key, |now| now != Some(id)).await;
+                    }
+                    Ok(r)
+                }
                 None => {
                     // No binding: at most a stray reference is left; remove it.
                     self.inner.release_stray_ref(&self.state, key, holder, true).await
@@ -271,7 +299,9 @@ impl Pool {
     }
 
     /// The ID bound to `key`, from the cache (no round trip; this process's own keys are seen at
-    /// once, other nodes' as soon as the watch delivers them). A pool opened lazily
+    /// once — a leased hold at once, a durable acquire or release of this handle because it
+    /// returns only once the cache shows it, up to a bound — other nodes' as soon as the watch
+    /// delivers them). A pool opened lazily
     /// (`AllocatorOptions::lazy_view`) and not loaded yet knows only this process's own keys:
     /// use [`Pool::get_consistent`], or [`Pool::wait_synced`] first.
     pub fn get(&self, key: &str) -> Option<u64> {

@@ -68,6 +68,10 @@ pub(crate) struct PoolState {
     pub(super) applied: tokio::sync::watch::Sender<Revision>,
     /// Pages read by listings so far: `wait_synced` waits as long as this moves.
     pub(crate) list_progress: tokio::sync::watch::Sender<usize>,
+    /// Why the last listing failed, when waiting for the next one is pointless (a damaged store
+    /// file: `sync::ends_waits`). Cleared by a listing that succeeds. `wait_synced` returns it at
+    /// once instead of waiting out its no-progress budget and reporting `Unavailable`.
+    pub(crate) list_failure: Mutex<Option<crate::error::Error>>,
     pub(super) quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
     /// Asks the pool's follower to re-list (resync, pool deleted).
     pub(crate) relist: Arc<crate::feed::Relist>,
@@ -180,6 +184,14 @@ impl PoolState {
     /// `Err` with the reason if this state was retired (its pool deleted or re-created).
     pub(crate) fn live(&self) -> crate::error::Result<()> {
         match &*lock(&self.retired) {
+            None => Ok(()),
+            Some(e) => Err(e.clone()),
+        }
+    }
+
+    /// `Err` while the pool's last listing failed in a way no retry cures (see `list_failure`).
+    pub(crate) fn listing_failed(&self) -> crate::error::Result<()> {
+        match &*lock(&self.list_failure) {
             None => Ok(()),
             Some(e) => Err(e.clone()),
         }

@@ -199,6 +199,7 @@ impl Inner {
             synced,
             applied,
             list_progress,
+            list_failure: Mutex::new(None),
             quarantine: tokio::sync::Mutex::new(None),
             relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),

@@ -5,12 +5,13 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use crate::allocator::pool_state::PoolState;
+use crate::allocator::pool_state::{lock, PoolState};
 use crate::allocator::repair_queue::RepairQueue;
 use crate::allocator::request::Requester;
+use crate::error::Error;
 use crate::feed::{self, FeedConfig, Gone, Sink};
 use crate::layout::Layout;
-use crate::store::{KeyRange, KeyValue, Revision, WatchEvent};
+use crate::store::{KeyRange, KeyValue, Revision, StoreError, WatchEvent};
 
 /// Runs until the allocator is gone (its requester, held only weakly here, is dropped with it).
 /// Needs only the request path, the key layout and the repair queue: never the allocator itself.
@@ -61,9 +62,18 @@ impl Sink for LocalSink {
         self.pool.list_progress.send_modify(|pages| *pages += 1);
     }
 
+    fn unreachable(&self, error: &StoreError) {
+        if let Some(e) = ends_waits(error) {
+            *lock(&self.pool.list_failure) = Some(e);
+            // Wake the waiters (without counting a page): they find the failure and return it.
+            self.pool.list_progress.send_modify(|_| {});
+        }
+    }
+
     fn listed(&self, kvs: &[KeyValue], rev: Revision) -> Result<(), Gone> {
         self.alive()?;
         let pool = &self.pool;
+        lock(&pool.list_failure).take();
         {
             let mut cache = pool.lock_cache();
             let events =
@@ -105,6 +115,20 @@ impl Sink for LocalSink {
     }
 }
 
+/// The error a failed listing (or watch) gives the pool's waiters at once, if waiting for the
+/// follower's next attempt is pointless: a damaged store file (`StoreError::Corrupt`) stays
+/// damaged, and waiting out `wait_synced`'s no-progress budget only turned it into
+/// `Unavailable` ("could not be listed", exit 1 instead of the CLI's 4 for damaged data). The
+/// follower still retries in the background (with its back-off): a listing that succeeds clears
+/// the failure. Everything else (an outage, a timeout, a compaction) may pass, so waiters keep
+/// waiting for progress as before.
+fn ends_waits(error: &StoreError) -> Option<Error> {
+    match error {
+        StoreError::Corrupt { .. } => Some(Error::from(error.clone())),
+        _ => None,
+    }
+}
+
 fn apply_event(layout: &Layout, repairs: &RepairQueue, pool: &Arc<PoolState>, ev: &WatchEvent) {
     let (event, before) = {
         let mut cache = pool.lock_cache();
@@ -118,5 +142,27 @@ fn apply_event(layout: &Layout, repairs: &RepairQueue, pool: &Arc<PoolState>, ev
     };
     if let Some(e) = event {
         repairs.after_cache_event(pool, &e, before);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_damaged_data_ends_the_wait_for_a_listing() {
+        let corrupt = StoreError::Corrupt { path: "/x/ids.redb".into(), reason: "bad page".into() };
+        match ends_waits(&corrupt) {
+            Some(Error::Corrupt { what, .. }) => assert_eq!(what, "/x/ids.redb"),
+            other => panic!("a damaged file ends the wait as Corrupt, got {other:?}"),
+        }
+        let passing = [
+            StoreError::Unavailable("timed out".into()),
+            StoreError::Compacted { requested: 3, compact_revision: 9 },
+            StoreError::ResponseTooLarge("5 MiB".into()),
+        ];
+        for e in passing {
+            assert!(ends_waits(&e).is_none(), "{e}");
+        }
     }
 }

@@ -30,8 +30,12 @@ pub const DEFAULT_FOLD_FENCES_ABOVE: usize = 100;
 pub struct AllocatorOptions {
     /// Root of every store key (DESIGN §4).
     pub prefix: String,
-    /// This process's holder name, used for its leased references. Default: the host name plus a
-    /// random suffix, so two processes on one host never share references.
+    /// This process's holder name, used for its leased references. Default:
+    /// `lease:<host>-<8 hex>` (a random suffix, so two processes on one host never share
+    /// references). The `lease:` prefix ([`crate::pool::LEASED_HOLDER_PREFIX`]) is refused for
+    /// durable holders, so a generated leased name never shares a durable holder's fence record.
+    /// A name given here is not checked that way: do not also use it as a durable holder name
+    /// (start it with `lease:` to have that enforced).
     pub holder: Option<String>,
     /// TTL of the session lease; keep-alives go out every third of it.
     pub session_ttl: Duration,
