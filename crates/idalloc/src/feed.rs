@@ -38,8 +38,19 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// from a hang). Counts pages, never resets: a failing retry must not look like progress.
     fn list_page(&self) {}
 
-    /// A complete listing of the range at `revision`: the view becomes exactly this.
-    fn listed(&self, kvs: &[KeyValue], revision: Revision) -> Result<(), Gone>;
+    /// What a listing builds while its pages arrive (issue 21 item 2: a listing of 1M records is
+    /// applied as it is read, never held whole as `KeyValue`s by a sink that can do better).
+    type Listing: Send;
+
+    /// A listing starts; the range holds about `records` records.
+    fn begin_listing(&self, records: usize) -> Self::Listing;
+
+    /// The next records of the listing, in key order. Called between `begin_listing` and
+    /// `listed`, each record once; a listing that fails is dropped and started again.
+    fn listing_page(&self, listing: &mut Self::Listing, kvs: Vec<KeyValue>);
+
+    /// The listing is complete, at `revision`: the view becomes exactly this.
+    fn listed(&self, listing: Self::Listing, revision: Revision) -> Result<(), Gone>;
 
     /// Watch events, in store order, all after the view's revision.
     fn watched(&self, events: &[WatchEvent]) -> Result<(), Gone>;
@@ -107,21 +118,31 @@ const PAGES_PER_SUBRANGE: i64 = 10;
 /// O(n) a page, O(n²/page) a listing (measured: 4 s a page at 1M on a loaded machine, docs/scale.md).
 /// A sub-range's end bounds that walk. Every key falls in exactly one sub-range; IDs spread at
 /// random fill them evenly, dense low IDs less so (still bounded by the digit split).
+///
+/// The records go to `on_records` as they are read (a sub-range at a time, about
+/// `PAGES_PER_SUBRANGE` pages), in key order, with the size of the whole range as a hint: the
+/// listing is never collected here.
 async fn list_range<S: Store + ?Sized>(
     store: &S,
     range: &KeyRange,
     page: i64,
     on_page: impl Fn(),
-) -> StoreResult<(Vec<KeyValue>, Revision)> {
+    mut on_records: impl FnMut(Vec<KeyValue>, usize),
+) -> StoreResult<Revision> {
     let page = page.max(1);
     let prefix_range = !range.key.is_empty() && range.range_end == prefix_end(&range.key);
     if !prefix_range {
-        return list_all_with_progress(store, range, page, |_| on_page()).await;
+        let (kvs, rev) = list_all_with_progress(store, range, page, |_| on_page()).await?;
+        let n = kvs.len();
+        on_records(kvs, n);
+        return Ok(rev);
     }
     let probe = store.get(GetRequest::new(range.clone()).with_limit(page)).await?;
     on_page();
+    let hint = usize::try_from(probe.count).unwrap_or(0);
     if !probe.more {
-        return Ok((probe.kvs, probe.revision));
+        on_records(probe.kvs, hint);
+        return Ok(probe.revision);
     }
     let subranges = |digits: u32| if digits == 0 { 1 } else { 9 * 10i64.pow(digits - 1) };
     let mut digits = 0u32;
@@ -131,7 +152,8 @@ async fn list_range<S: Store + ?Sized>(
     if digits == 0 {
         let (kvs, _) = list_all_at(store, range, page, probe.revision).await?;
         on_page();
-        return Ok((kvs, probe.revision));
+        on_records(kvs, hint);
+        return Ok(probe.revision);
     }
     // Boundaries `prefix` + every decimal of `digits` digits without a leading zero, in key order
     // (the same as numeric order for a fixed length).
@@ -145,14 +167,14 @@ async fn list_range<S: Store + ?Sized>(
         .collect();
     bounds.insert(0, range.key.clone());
     bounds.push(range.range_end.clone());
-    let mut out = Vec::with_capacity(usize::try_from(probe.count).unwrap_or(0));
+    drop(probe.kvs);
     for w in bounds.windows(2) {
         let sub = KeyRange { key: w[0].clone(), range_end: w[1].clone() };
         let (kvs, _) = list_all_at(store, &sub, page, probe.revision).await?;
-        out.extend(kvs);
+        on_records(kvs, hint);
         on_page();
     }
-    Ok((out, probe.revision))
+    Ok(probe.revision)
 }
 
 /// Runs until the sink is gone.
@@ -163,14 +185,25 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
     loop {
         let forced = relist.forced.swap(false, Ordering::AcqRel);
         if need_list || forced {
+            let mut listing = None;
             let listed = bounded(
                 cfg.request_timeout,
-                list_range(&*store, &cfg.range, cfg.page, || sink.list_page()),
+                list_range(
+                    &*store,
+                    &cfg.range,
+                    cfg.page,
+                    || sink.list_page(),
+                    |kvs, hint| {
+                        let l = listing.get_or_insert_with(|| sink.begin_listing(hint));
+                        sink.listing_page(l, kvs);
+                    },
+                ),
             )
             .await;
             match listed {
-                Ok((kvs, rev)) => {
-                    if sink.listed(&kvs, rev).is_err() {
+                Ok(rev) => {
+                    let listing = listing.unwrap_or_else(|| sink.begin_listing(0));
+                    if sink.listed(listing, rev).is_err() {
                         return;
                     }
                     need_list = false;
@@ -312,7 +345,14 @@ mod tests {
         fn revision(&self) -> Result<Revision, Gone> {
             Ok(*self.0.rev.lock().expect("lock"))
         }
-        fn listed(&self, kvs: &[KeyValue], revision: Revision) -> Result<(), Gone> {
+        type Listing = Vec<KeyValue>;
+        fn begin_listing(&self, _: usize) -> Vec<KeyValue> {
+            Vec::new()
+        }
+        fn listing_page(&self, listing: &mut Vec<KeyValue>, kvs: Vec<KeyValue>) {
+            listing.extend(kvs);
+        }
+        fn listed(&self, kvs: Vec<KeyValue>, revision: Revision) -> Result<(), Gone> {
             *self.0.keys.lock().expect("lock") =
                 kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
             *self.0.rev.lock().expect("lock") = revision;
@@ -408,11 +448,24 @@ mod tests {
         let pages = AtomicUsize::new(0);
         // Pages of 10: 3000 keys are 300 pages, over 10 a sub-range: split at two digits
         // (`p/id/10`..`p/id/99`, about 33 keys each).
-        let (got, rev) = list_range(&store, &range, 10, || {
-            pages.fetch_add(1, Ordering::SeqCst);
-        })
+        let mut got = Vec::new();
+        let mut deliveries = 0;
+        let rev = list_range(
+            &store,
+            &range,
+            10,
+            || {
+                pages.fetch_add(1, Ordering::SeqCst);
+            },
+            |kvs, hint| {
+                assert_eq!(hint, 3000, "the whole range's size as a hint");
+                got.extend(kvs);
+                deliveries += 1;
+            },
+        )
         .await
         .expect("split listing");
+        assert!(deliveries >= 90, "handed over a sub-range at a time, not collected: {deliveries}");
         let keys = |v: &[KeyValue]| v.iter().map(|kv| kv.key.clone()).collect::<Vec<_>>();
         assert_eq!(keys(&got), keys(&want), "same records, in key order");
         let gets = store.hook().0.lock().expect("lock").clone();
@@ -430,8 +483,10 @@ mod tests {
         assert!(pages.load(Ordering::SeqCst) >= 10, "progress after every sub-range");
 
         // A small range is read whole, page after page (`p/id/299` and `p/id/2990`..`2999`).
-        let (few, _) =
-            list_range(&store, &KeyRange::prefix("p/id/299"), 10, || {}).await.expect("small");
+        let mut few = Vec::new();
+        list_range(&store, &KeyRange::prefix("p/id/299"), 10, || {}, |kvs, _| few.extend(kvs))
+            .await
+            .expect("small");
         assert_eq!(few.len(), 11);
     }
 }
