@@ -432,6 +432,30 @@ impl PoolCache {
         }
     }
 
+    /// Forgets what [`PoolCache::learn`] taught the free set once it holds more than `runs` runs
+    /// of used IDs: for a pool opened lazily (no listing, no watch), whose free set is only
+    /// hints that grow with every ID a batch learns taken. The IDs the maps hold stay used.
+    pub fn forget_learned_above(&mut self, runs: usize) {
+        if !self.track_free || self.free.run_count() <= runs {
+            return;
+        }
+        self.free = IdSet::new(self.spec.min(), self.spec.max(), self.spec.reserved());
+        let unreadable =
+            self.foreign.iter().filter(|(_, f)| **f == Foreign::Unreadable).map(|(id, _)| *id);
+        let used: Vec<u64> = self
+            .bound
+            .iter()
+            .map(|(id, _)| id)
+            .chain(self.tombstones.keys().copied())
+            .chain(unreadable)
+            .collect();
+        for id in used {
+            if let Some(raw) = self.spec.strip_prefix(id) {
+                self.free.insert(raw);
+            }
+        }
+    }
+
     /// Learns from a txn response that `id` is in use (or free) before the watch says so; only the
     /// free set changes (see the module docs).
     pub fn learn(&mut self, id: u64, used: bool) {
