@@ -27,11 +27,13 @@ fn parse(csv: &str) -> Result<Vec<Row>, String> {
         }
         let f: Vec<&str> = line.split(',').map(str::trim).collect();
         let [what, store, bindings, peak] = f[..] else {
-            return Err(format!("line {}: want 4 fields (what,store,bindings,peak_kib), got {line:?}", n + 1));
+            return Err(format!(
+                "line {}: want 4 fields (what,store,bindings,peak_kib), got {line:?}",
+                n + 1
+            ));
         };
-        let bindings: u64 = bindings
-            .parse()
-            .map_err(|e| format!("line {}: bindings {bindings:?}: {e}", n + 1))?;
+        let bindings: u64 =
+            bindings.parse().map_err(|e| format!("line {}: bindings {bindings:?}: {e}", n + 1))?;
         if bindings == 0 {
             return Err(format!("line {}: bindings must be above 0", n + 1));
         }
