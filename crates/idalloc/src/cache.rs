@@ -618,6 +618,23 @@ mod tests {
         assert_eq!(quiet.free_ids().free_count(), 5);
     }
 
+    /// A lazily opened pool's learned IDs are forgotten past the bound; what the maps hold stays.
+    #[test]
+    fn learned_ids_are_forgotten_past_the_bound_but_bindings_stay_used() {
+        let mut c = PoolCache::new(spec());
+        c.apply(&put(2, IdRecord::Bound("b".into()), 2), parse);
+        for id in [4, 6, 8] {
+            c.learn(id, true);
+        }
+        assert_eq!(c.free_ids().free_count(), 6);
+        c.forget_learned_above(4);
+        assert_eq!(c.free_ids().free_count(), 6, "4 runs: within the bound, kept");
+        c.forget_learned_above(3);
+        assert_eq!(c.free_ids().free_count(), 9, "only the binding's ID stays used");
+        assert!(c.free_ids().contains(2));
+        assert_eq!(c.get("b"), Some(2));
+    }
+
     #[test]
     fn learned_use_only_touches_the_free_set() {
         let mut c = PoolCache::new(spec());
