@@ -135,12 +135,15 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     result
 }
 
-/// Commands that touch one key or ID of a pool: they open it lazily, never listing it (issue 21
-/// item 0; docs/design-notes.md). `--from` batches and `--remote` reads keep the listed view,
-/// which they use.
+/// Commands that open their pool lazily, never listing it unless they need to (issue 21 items 0
+/// and 2; docs/design-notes.md): those that touch one key or ID, and `acquire --from`, whose
+/// batches guess candidates in a `random` pool as a lone acquire does (so its memory does not
+/// grow with the pool it fills; a `lowest` pool still loads the view). `release --from` and
+/// `--remote` reads keep the listed view, which they use (a lazy `release --from` would read
+/// every key's record, one round trip each).
 fn one_key(command: &Command) -> bool {
     match command {
-        Command::Acquire(a) => a.from.is_none(),
+        Command::Acquire(_) => true,
         Command::Release(a) => a.from.is_none(),
         Command::Get(a) => !a.remote.any(),
         Command::Lookup(a) => !a.remote.any(),

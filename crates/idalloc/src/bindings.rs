@@ -8,10 +8,12 @@
 //!
 //! - `arena`: every binding as one record, `id` and key length as ASCII varints (6 bits a byte, so
 //!   the arena stays a valid `String` and `key_of` can hand out `&str` slices of it without
-//!   re-checking UTF-8 and without `unsafe`), then the key's bytes, padded to an even length. A
-//!   40-byte key with a 24-bit ID takes 46 bytes, where a `Box<str>` took 48 bytes of allocator
-//!   chunk plus its 16-byte fat pointer.
-//! - `by_key` and `by_id`: `hashbrown::HashTable<u32>` of record positions (in 2-byte units), hashed
+//!   re-checking UTF-8 and without `unsafe`), then the key's bytes, unpadded. A 40-byte key with
+//!   a 24-bit ID takes 45 bytes, where a `Box<str>` took 48 bytes of allocator chunk plus its
+//!   16-byte fat pointer. (Records used to be padded to an even length so that 32-bit positions
+//!   could count 2-byte units; that was the byte that kept the worst case at 100.1 bytes a binding
+//!   at 1M, over the 100.)
+//! - `by_key` and `by_id`: `hashbrown::HashTable<u32>` of record positions (byte offsets), hashed
 //!   by key and by ID: 5 bytes a bucket (4 + hashbrown's control byte), 10.5 bytes a binding per
 //!   table right after a doubling. The previous layout (open addressing of `(id, Box<str>)` slots
 //!   with a tag array and an ID table) took 33 bytes a slot, 69 a binding at 1M, before the key.
@@ -19,8 +21,9 @@
 //! Removing a binding leaves its record dead in the arena; once dead bytes pass a quarter of the
 //! arena, live records are copied to a new arena and both tables rebuilt (O(live), at most once
 //! per live/3 removals: amortized O(1), so listings and `replace_all` stay linear). Positions are
-//! 32-bit in 2-byte units: an arena holds at most 8 GiB of records, more than an etcd database
-//! (8 GiB quota, every key stored there twice) can hold.
+//! 32-bit byte offsets: an arena holds at most 4 GiB of records, as much as an etcd database can
+//! hold (8 GiB quota, every key stored there at least twice: in its key record's name and its ID
+//! record's value).
 //!
 //! The price is one more dependent load per lookup than before: `get` reads a control byte, a
 //! position, then the record; `key_of` the same. Measured in docs/scale.md ("Cache memory").
@@ -36,9 +39,6 @@ use hashbrown::HashTable;
 /// foldhash (hashbrown's default, per-process random seed): hashing the key is a large part of a
 /// cached `get`, and SipHash was several times slower (docs/benchmarks-findings.md).
 type Hasher = foldhash::fast::RandomState;
-
-/// Records start at multiples of this many bytes; table entries count in these units.
-const UNIT: usize = 2;
 
 /// Dead bytes below this never trigger a compaction (small caches do not churn their arena).
 const COMPACT_MIN: usize = 4096;
@@ -71,33 +71,28 @@ fn read_varint(b: &[u8], pos: &mut usize) -> u64 {
     }
 }
 
-/// The record at table entry `slot`: its ID, its key, and its length in the arena (padding
-/// included).
+/// The record at table entry `slot`: its ID, its key, and its length in the arena.
 fn record(arena: &str, slot: u32) -> (u64, &str, usize) {
-    let start = slot as usize * UNIT;
+    let start = slot as usize;
     let b = arena.as_bytes();
     let mut pos = start;
     let id = read_varint(b, &mut pos);
     let len = read_varint(b, &mut pos) as usize;
-    // Both ends are char boundaries: the header before the key and the next header (or padding,
-    // or the arena's end) after it are ASCII.
+    // Both ends are char boundaries: the header before the key and the next header (or the
+    // arena's end) after it are ASCII.
     let key = &arena[pos..pos + len];
-    let end = (pos + len).next_multiple_of(UNIT);
-    (id, key, end - start)
+    (id, key, pos + len - start)
 }
 
 /// Appends a record for `(id, key)` to `arena`; returns its table entry.
 fn append(arena: &mut String, id: u64, key: &str) -> u32 {
     let start = arena.len();
-    let slot = u32::try_from(start / UNIT).unwrap_or_else(|_| {
-        panic!("a pool cache holds at most {} GiB of keys", ((1u64 << 32) * UNIT as u64) >> 30)
+    let slot = u32::try_from(start).unwrap_or_else(|_| {
+        panic!("a pool cache holds at most 4 GiB of keys (see the module docs)")
     });
     push_varint(arena, id);
     push_varint(arena, key.len() as u64);
     arena.push_str(key);
-    while arena.len() % UNIT != 0 {
-        arena.push('\0');
-    }
     slot
 }
 
@@ -392,15 +387,19 @@ mod tests {
         }
     }
 
-    /// A 40-byte key with a 24-bit ID is 46 bytes of arena: the bytes per binding of the module
+    /// A 40-byte key with a 24-bit ID is 45 bytes of arena: the bytes per binding of the module
     /// docs rest on it.
     #[test]
     fn a_record_is_its_key_and_a_few_bytes() {
         let mut arena = String::new();
         let key = "k".repeat(40);
         let slot = append(&mut arena, (1 << 24) - 1, &key);
-        assert_eq!(arena.len(), 46);
-        assert_eq!(record(&arena, slot), ((1 << 24) - 1, key.as_str(), 46));
+        assert_eq!(arena.len(), 45);
+        assert_eq!(record(&arena, slot), ((1 << 24) - 1, key.as_str(), 45));
+        // The next record starts right after it: no padding.
+        let next = append(&mut arena, 7, "k7");
+        assert_eq!(next, 45);
+        assert_eq!(record(&arena, next), (7, "k7", 4));
     }
 
     #[test]

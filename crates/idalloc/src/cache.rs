@@ -81,6 +81,78 @@ pub enum Foreign {
     NotAllocatable,
 }
 
+/// A listing of a pool's `id/` records, applied page by page as it is read and kept in the
+/// cache's own compact form (issue 21 item 2): a synced process then holds the cache and one page,
+/// not the listing's `KeyValue`s as well (about 270 bytes a binding at 1M where the cache holds
+/// 100). It does not touch the view, which stays whole until [`PoolCache::replace_with`] swaps it
+/// in: readers never see half a listing, and a listing that fails half-way is simply dropped.
+#[derive(Debug)]
+pub struct Listing {
+    spec: PoolSpec,
+    bound: Bindings,
+    tombstones: FastMap<u64, Box<str>>,
+    foreign: std::collections::BTreeMap<u64, Foreign>,
+}
+
+impl Listing {
+    /// Adds a page of the listing (records in the store's key order, each ID once).
+    pub fn add(&mut self, kvs: &[KeyValue], parse_id: impl Fn(&[u8]) -> Option<u64>) {
+        for kv in kvs {
+            let Some(id) = parse_id(&kv.key) else { continue };
+            match classify(&self.spec, id, slot_of(&kv.value)) {
+                Class::Absent => {}
+                Class::Foreign(f) => {
+                    self.foreign.insert(id, f);
+                }
+                Class::Tombstone(key) => {
+                    self.tombstones.insert(id, key.into_boxed_str());
+                }
+                Class::Bound(key) => self.bind(id, &key),
+            }
+        }
+    }
+
+    /// Binds `id` to `key` so that, if the store binds `key` to several IDs (data loss only),
+    /// `get` answers the highest, as it does when the IDs are applied in numeric order. The
+    /// store lists them in decimal string order (`10` before `9`).
+    fn bind(&mut self, id: u64, key: &str) {
+        match self.bound.get(key) {
+            Some(newer) if newer > id => {
+                self.bound.insert(id, key);
+                self.bound.remove(newer);
+                self.bound.insert(newer, key);
+            }
+            _ => self.bound.insert(id, key),
+        }
+    }
+}
+
+/// What one ID record means for the view.
+enum Class {
+    Absent,
+    Bound(String),
+    Tombstone(String),
+    Foreign(Foreign),
+}
+
+/// Classifies `id`'s record for a pool of `spec`, logging what `idalloc check` should look at.
+fn classify(spec: &PoolSpec, id: u64, slot: Slot) -> Class {
+    let allocatable = spec.strip_prefix(id).is_some_and(|r| spec.is_allocatable(r));
+    match slot {
+        Slot::Absent => Class::Absent,
+        Slot::Record(_) if !allocatable => {
+            tracing::warn!(pool = %spec.name(), id, "ID record for an ID the pool never hands out; ignored (run `idalloc check`)");
+            Class::Foreign(Foreign::NotAllocatable)
+        }
+        Slot::Unreadable => {
+            tracing::warn!(pool = %spec.name(), id, "unreadable ID record; the ID counts as used (run `idalloc check`)");
+            Class::Foreign(Foreign::Unreadable)
+        }
+        Slot::Record(IdRecord::Bound(k)) => Class::Bound(k),
+        Slot::Record(IdRecord::Tombstone(k)) => Class::Tombstone(k),
+    }
+}
+
 /// What a store record says about an ID slot.
 enum Slot {
     Absent,
@@ -220,43 +292,100 @@ impl PoolCache {
     }
 
     /// Replaces the whole view with a listing at `revision` (first sync, or re-list after
-    /// compaction) and returns the difference as events, then `Synced`.
+    /// compaction) and returns the difference as events, then `Synced`. For callers that hold
+    /// the whole listing anyway (remote views, tests); the local pool's sync applies it page by
+    /// page through [`PoolCache::begin_listing`] and [`PoolCache::replace_with`].
     pub fn replace_all(
         &mut self,
         kvs: &[KeyValue],
         revision: Revision,
         parse_id: impl Fn(&[u8]) -> Option<u64>,
     ) -> Vec<Event> {
-        let mut listed: HashMap<u64, &[u8]> = HashMap::with_capacity(kvs.len());
-        for kv in kvs {
-            if let Some(id) = parse_id(&kv.key) {
-                listed.insert(id, &kv.value);
-            }
+        let mut listing = self.begin_listing(kvs.len());
+        listing.add(kvs, parse_id);
+        self.replace_with(listing, revision, true)
+    }
+
+    /// An empty listing of this pool, to fill page by page ([`Listing::add`]) while the view
+    /// stays as it is, sized for about `records` records.
+    pub fn begin_listing(&self, records: usize) -> Listing {
+        let mut bound = Bindings::default();
+        bound.reserve(records);
+        Listing {
+            spec: self.spec.clone(),
+            bound,
+            tombstones: FastMap::default(),
+            foreign: Default::default(),
         }
+    }
+
+    /// Replaces the whole view with a complete `listing` at `revision` and returns the difference
+    /// as events, then `Synced`; with `events` false (nobody subscribes) only `Synced`, so that a
+    /// first listing of 1M bindings builds no 1M events for nobody.
+    ///
+    /// The listing's maps become the view's (no copy); the free set is kept and only told what
+    /// changed, so IDs this process learned are used (`learn`) stay used unless the listing
+    /// shows them gone, exactly as applying the listing record by record would. Events come in
+    /// the same order on every run (reproducible simulations): the IDs gone, by ID, then the
+    /// listed IDs that changed, by ID.
+    pub fn replace_with(
+        &mut self,
+        listing: Listing,
+        revision: Revision,
+        events: bool,
+    ) -> Vec<Event> {
+        let Listing { bound, tombstones, foreign, .. } = listing;
+        let listed = |id: u64| {
+            bound.contains_id(id) || tombstones.contains_key(&id) || foreign.contains_key(&id)
+        };
         let mut gone: Vec<u64> = self
             .bound
             .iter()
             .map(|(id, _)| id)
             .chain(self.tombstones.keys().copied())
             .chain(self.foreign.keys().copied())
-            .filter(|id| !listed.contains_key(id))
+            .filter(|&id| !listed(id))
             .collect();
-        // Sorted: events come out in the same order on every run (reproducible simulations).
         gone.sort_unstable();
-        let mut events = Vec::new();
+        let mut out = Vec::new();
         for id in gone {
-            events.extend(self.set(id, Slot::Absent));
+            if let Some(raw) = self.spec.strip_prefix(id) {
+                self.free_raw(raw);
+            }
+            if let (true, Some(key)) = (events, self.bound.key_of(id)) {
+                out.push(Event::Delete { id, key: key.to_string() });
+            }
         }
-        let mut ids: Vec<(u64, &[u8])> = listed.into_iter().collect();
-        // A first listing of a big pool fills the index at once: size it once, not by doublings.
-        self.bound.reserve(ids.len().saturating_sub(self.bound.len()));
-        ids.sort_unstable_by_key(|(id, _)| *id);
-        for (id, value) in ids {
-            events.extend(self.set(id, slot_of(value)));
+        if events {
+            let mut changed: Vec<(u64, Event)> = Vec::new();
+            for (id, key) in bound.iter() {
+                if self.bound.key_of(id) != Some(key) {
+                    changed.push((id, Event::Upsert { id, key: key.to_string() }));
+                }
+            }
+            for id in tombstones.keys().chain(foreign.keys()) {
+                if let Some(was) = self.bound.key_of(*id) {
+                    changed.push((*id, Event::Delete { id: *id, key: was.to_string() }));
+                }
+            }
+            changed.sort_unstable_by_key(|(id, _)| *id);
+            out.extend(changed.into_iter().map(|(_, e)| e));
         }
+        if self.track_free {
+            let unreadable =
+                foreign.iter().filter(|(_, f)| **f == Foreign::Unreadable).map(|(id, _)| *id);
+            let used =
+                bound.iter().map(|(id, _)| id).chain(tombstones.keys().copied()).chain(unreadable);
+            for id in used {
+                if let Some(raw) = self.spec.strip_prefix(id) {
+                    self.free.insert(raw);
+                }
+            }
+        }
+        (self.bound, self.tombstones, self.foreign) = (bound, tombstones, foreign);
         self.revision = revision;
-        events.push(Event::Synced);
-        events
+        out.push(Event::Synced);
+        out
     }
 
     /// Sets `id`'s record and keeps both maps, the foreign records and the free set in step.
@@ -264,33 +393,24 @@ impl PoolCache {
         let old = self.take(id);
         self.foreign.remove(&id);
         let raw = self.spec.strip_prefix(id);
-        let allocatable = raw.is_some_and(|r| self.spec.is_allocatable(r));
-        let slot = match slot {
-            Slot::Record(_) if !allocatable => {
-                tracing::warn!(pool = %self.spec.name(), id, "ID record for an ID the pool never hands out; ignored (run `idalloc check`)");
-                self.foreign.insert(id, Foreign::NotAllocatable);
-                None
-            }
-            Slot::Unreadable => {
-                tracing::warn!(pool = %self.spec.name(), id, "unreadable ID record; the ID counts as used (run `idalloc check`)");
-                self.foreign.insert(id, Foreign::Unreadable);
-                if let Some(raw) = raw {
-                    self.use_raw(raw);
+        let new = match classify(&self.spec, id, slot) {
+            Class::Foreign(f) => {
+                if f == Foreign::Unreadable {
+                    if let Some(raw) = raw {
+                        self.use_raw(raw);
+                    }
                 }
+                self.foreign.insert(id, f);
                 None
             }
-            Slot::Absent => {
+            Class::Absent => {
                 if let Some(raw) = raw {
                     self.free_raw(raw);
                 }
                 None
             }
-            Slot::Record(rec) => Some(rec),
-        };
-        let new = match slot {
-            None => None,
-            Some(IdRecord::Bound(k)) => Some((k, false)),
-            Some(IdRecord::Tombstone(k)) => Some((k, true)),
+            Class::Bound(k) => Some((k, false)),
+            Class::Tombstone(k) => Some((k, true)),
         };
         if new.is_some() {
             if let Some(raw) = raw {
@@ -309,6 +429,30 @@ impl PoolCache {
                 (was != Some(key.as_str())).then_some(Event::Upsert { id, key })
             }
             None => was.map(|w| Event::Delete { id, key: w.to_string() }),
+        }
+    }
+
+    /// Forgets what [`PoolCache::learn`] taught the free set once it holds more than `runs` runs
+    /// of used IDs: for a pool opened lazily (no listing, no watch), whose free set is only
+    /// hints that grow with every ID a batch learns taken. The IDs the maps hold stay used.
+    pub fn forget_learned_above(&mut self, runs: usize) {
+        if !self.track_free || self.free.run_count() <= runs {
+            return;
+        }
+        self.free = IdSet::new(self.spec.min(), self.spec.max(), self.spec.reserved());
+        let unreadable =
+            self.foreign.iter().filter(|(_, f)| **f == Foreign::Unreadable).map(|(id, _)| *id);
+        let used: Vec<u64> = self
+            .bound
+            .iter()
+            .map(|(id, _)| id)
+            .chain(self.tombstones.keys().copied())
+            .chain(unreadable)
+            .collect();
+        for id in used {
+            if let Some(raw) = self.spec.strip_prefix(id) {
+                self.free.insert(raw);
+            }
         }
     }
 
@@ -413,6 +557,82 @@ mod tests {
         );
         assert_eq!(c.snapshot(), vec![(2, "b".to_string()), (5, "e".to_string())]);
         assert_eq!(c.revision(), 9);
+    }
+
+    fn kv(id: u64, rec: IdRecord) -> KeyValue {
+        match put(id, rec, 2) {
+            WatchEvent::Put(kv) => kv,
+            WatchEvent::Delete(_) => unreachable!(),
+        }
+    }
+
+    /// A listing applied page by page, in the store's decimal key order, ends where the same
+    /// records applied one by one end: same bindings, same free set, same events.
+    #[test]
+    fn a_listing_built_page_by_page_matches_applying_its_records() {
+        let records: Vec<KeyValue> = vec![
+            kv(1, IdRecord::Bound("a".into())),
+            kv(10, IdRecord::Bound("dup".into())),
+            kv(2, IdRecord::Tombstone("b".into())),
+            kv(7, IdRecord::Bound("dup".into())),
+            kv(9, IdRecord::Bound("dup".into())),
+        ];
+        let mut paged = PoolCache::new(spec());
+        paged.apply(&put(3, IdRecord::Bound("gone".into()), 1), parse);
+        paged.apply(&put(1, IdRecord::Bound("old-a".into()), 1), parse);
+        paged.learn(5, true);
+        let mut listing = paged.begin_listing(5);
+        for page in records.chunks(2) {
+            listing.add(page, parse);
+        }
+        let events = paged.replace_with(listing, 9, true);
+        assert_eq!(
+            events,
+            vec![
+                Event::Delete { id: 3, key: "gone".into() },
+                Event::Upsert { id: 1, key: "a".into() },
+                Event::Upsert { id: 7, key: "dup".into() },
+                Event::Upsert { id: 9, key: "dup".into() },
+                Event::Upsert { id: 10, key: "dup".into() },
+                Event::Synced
+            ]
+        );
+        // A key bound to several IDs (data loss) answers the highest, as in numeric order.
+        assert_eq!(paged.get("dup"), Some(10));
+        assert_eq!(paged.get("a"), Some(1));
+        assert_eq!(paged.key_of(3), None);
+        assert_eq!(paged.record(2), Some(IdRecord::Tombstone("b".into())));
+        // Used: 1, 2, 7, 9, 10 and the learned 5; 3 is free again.
+        assert_eq!(paged.free_ids().free_count(), 4);
+        assert!(!paged.free_ids().contains(3));
+        assert!(paged.free_ids().contains(5));
+
+        // Without subscribers the same state, and only `Synced`.
+        let mut quiet = PoolCache::new(spec());
+        quiet.apply(&put(3, IdRecord::Bound("gone".into()), 1), parse);
+        let mut listing = quiet.begin_listing(0);
+        listing.add(&records, parse);
+        assert_eq!(quiet.replace_with(listing, 9, false), vec![Event::Synced]);
+        assert_eq!(quiet.snapshot(), paged.snapshot());
+        assert_eq!(quiet.get("dup"), Some(10));
+        assert_eq!(quiet.free_ids().free_count(), 5);
+    }
+
+    /// A lazily opened pool's learned IDs are forgotten past the bound; what the maps hold stays.
+    #[test]
+    fn learned_ids_are_forgotten_past_the_bound_but_bindings_stay_used() {
+        let mut c = PoolCache::new(spec());
+        c.apply(&put(2, IdRecord::Bound("b".into()), 2), parse);
+        for id in [4, 6, 8] {
+            c.learn(id, true);
+        }
+        assert_eq!(c.free_ids().free_count(), 6);
+        c.forget_learned_above(4);
+        assert_eq!(c.free_ids().free_count(), 6, "4 runs: within the bound, kept");
+        c.forget_learned_above(3);
+        assert_eq!(c.free_ids().free_count(), 9, "only the binding's ID stays used");
+        assert!(c.free_ids().contains(2));
+        assert_eq!(c.get("b"), Some(2));
     }
 
     #[test]

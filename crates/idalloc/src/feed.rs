@@ -38,8 +38,19 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// from a hang). Counts pages, never resets: a failing retry must not look like progress.
     fn list_page(&self) {}
 
-    /// A complete listing of the range at `revision`: the view becomes exactly this.
-    fn listed(&self, kvs: &[KeyValue], revision: Revision) -> Result<(), Gone>;
+    /// What a listing builds while its pages arrive (issue 21 item 2: a listing of 1M records is
+    /// applied as it is read, never held whole as `KeyValue`s by a sink that can do better).
+    type Listing: Send;
+
+    /// A listing starts; the range holds about `records` records.
+    fn begin_listing(&self, records: usize) -> Self::Listing;
+
+    /// The next records of the listing, in key order. Called between `begin_listing` and
+    /// `listed`, each record once; a listing that fails is dropped and started again.
+    fn listing_page(&self, listing: &mut Self::Listing, kvs: Vec<KeyValue>);
+
+    /// The listing is complete, at `revision`: the view becomes exactly this.
+    fn listed(&self, listing: Self::Listing, revision: Revision) -> Result<(), Gone>;
 
     /// Watch events, in store order, all after the view's revision.
     fn watched(&self, events: &[WatchEvent]) -> Result<(), Gone>;
@@ -104,20 +115,24 @@ async fn bounded<T>(
 ///
 /// `timeout` bounds each page, not the listing: a listing of a million records takes many
 /// pages, and what tells a hung store from a big range is a page that does not come.
+///
+/// The records go to `on_records` page by page as they are read, in key order (the second
+/// argument, a size hint for the whole range, is 0: paged reads do not count): the listing is
+/// never collected here (issue 21 item 2).
 async fn list_range<S: Store + ?Sized>(
     store: &S,
     range: &KeyRange,
     page: i64,
     timeout: Option<Duration>,
     on_page: impl Fn(),
-) -> StoreResult<(Vec<KeyValue>, Revision)> {
+    mut on_records: impl FnMut(Vec<KeyValue>, usize),
+) -> StoreResult<Revision> {
     let mut pages = Pages::at(store, range, page, 0);
-    let mut out = Vec::new();
     while let Some(kvs) = bounded(timeout, pages.next_page()).await? {
-        out.extend(kvs);
+        on_records(kvs, 0);
         on_page();
     }
-    Ok((out, pages.revision()))
+    Ok(pages.revision())
 }
 
 /// Runs until the sink is gone.
@@ -128,12 +143,23 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
     loop {
         let forced = relist.forced.swap(false, Ordering::AcqRel);
         if need_list || forced {
-            let listed =
-                list_range(&*store, &cfg.range, cfg.page, cfg.request_timeout, || sink.list_page())
-                    .await;
+            let mut listing = None;
+            let listed = list_range(
+                &*store,
+                &cfg.range,
+                cfg.page,
+                cfg.request_timeout,
+                || sink.list_page(),
+                |kvs, hint| {
+                    let l = listing.get_or_insert_with(|| sink.begin_listing(hint));
+                    sink.listing_page(l, kvs);
+                },
+            )
+            .await;
             match listed {
-                Ok((kvs, rev)) => {
-                    if sink.listed(&kvs, rev).is_err() {
+                Ok(rev) => {
+                    let listing = listing.unwrap_or_else(|| sink.begin_listing(0));
+                    if sink.listed(listing, rev).is_err() {
                         return;
                     }
                     need_list = false;
@@ -275,7 +301,14 @@ mod tests {
         fn revision(&self) -> Result<Revision, Gone> {
             Ok(*self.0.rev.lock().expect("lock"))
         }
-        fn listed(&self, kvs: &[KeyValue], revision: Revision) -> Result<(), Gone> {
+        type Listing = Vec<KeyValue>;
+        fn begin_listing(&self, _: usize) -> Vec<KeyValue> {
+            Vec::new()
+        }
+        fn listing_page(&self, listing: &mut Vec<KeyValue>, kvs: Vec<KeyValue>) {
+            listing.extend(kvs);
+        }
+        fn listed(&self, kvs: Vec<KeyValue>, revision: Revision) -> Result<(), Gone> {
             *self.0.keys.lock().expect("lock") =
                 kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
             *self.0.rev.lock().expect("lock") = revision;
@@ -374,11 +407,24 @@ mod tests {
         assert_eq!(want.len(), 3000);
         let store = HookedStore::with_hook(inner.clone(), Gets::default());
         let pages = AtomicUsize::new(0);
-        let (got, rev) = list_range(&store, &range, 10, None, || {
-            pages.fetch_add(1, Ordering::SeqCst);
-        })
+        let mut got = Vec::new();
+        let mut deliveries = 0;
+        let rev = list_range(
+            &store,
+            &range,
+            10,
+            None,
+            || {
+                pages.fetch_add(1, Ordering::SeqCst);
+            },
+            |kvs, _| {
+                got.extend(kvs);
+                deliveries += 1;
+            },
+        )
         .await
         .expect("listing");
+        assert!(deliveries >= 90, "handed over a page at a time, not collected: {deliveries}");
         let keys = |v: &[KeyValue]| v.iter().map(|kv| kv.key.clone()).collect::<Vec<_>>();
         assert_eq!(keys(&got), keys(&want), "same records, in key order");
         assert!(pages.load(Ordering::SeqCst) >= 300, "progress after every page");
@@ -419,5 +465,24 @@ mod tests {
         task.abort();
         assert_eq!(view.listings.load(Ordering::SeqCst), 1, "listed within two minutes");
         assert_eq!(view.keys.lock().expect("lock").len(), 2000);
+    }
+
+    /// A small range is read whole, page after page (`p/id/299` and `p/id/2990`..`2999`), and
+    /// handed over as it is read.
+    #[tokio::test]
+    async fn a_small_prefix_listing_is_every_record_of_it() {
+        let store = ids(3000).await;
+        let mut few = Vec::new();
+        list_range(
+            &store,
+            &KeyRange::prefix("p/id/299"),
+            10,
+            None,
+            || {},
+            |kvs, _| few.extend(kvs),
+        )
+        .await
+        .expect("small");
+        assert_eq!(few.len(), 11);
     }
 }

@@ -237,8 +237,7 @@ impl IdSet {
     }
 
     /// Number of maximal runs of used IDs: what the memory use is proportional to (the tests and
-    /// the bench crate's pick benchmark report it).
-    #[cfg(any(test, feature = "bench"))]
+    /// the bench crate's pick benchmark report it; a lazily opened pool bounds it).
     pub fn run_count(&self) -> usize {
         self.nodes.len() - self.free_slots.len()
     }

@@ -31,10 +31,15 @@ use super::repair_queue::Repair;
 use super::types::{Acquired, Released};
 use crate::batch::{self, Frame, MAX_BATCH_KEYS};
 use crate::error::{Error, Result};
+use crate::pool::Strategy;
 use crate::pool::{validate_durable_holder, validate_key};
-use crate::protocol::bind_step::{Action, BindLoop, Failure, FullCheck, Input, Step};
+use crate::protocol::bind_step::{Action, BindLoop, Candidates, Failure, FullCheck, Input, Step};
 use crate::protocol::{spec_compare, BindOutcome, BindPlan, LastRelease, RefTarget, ReleasePlan};
 use crate::store::{OpResponse, StoreError, TxnOp, TxnRequest};
+
+/// Free-set runs (about one per ID a probing bind learned taken, 32 bytes each) above which a
+/// lazily opened pool forgets what it learned: about 2 MiB.
+const FORGET_LEARNED_ABOVE: usize = 65_536;
 
 /// Distinct keys one call locks and works on at a time (the per-key single-flight locks are
 /// taken in sorted order, so concurrent batches and single calls never deadlock).
@@ -70,9 +75,23 @@ impl Inner {
         if let Err(e) = pool.live() {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
-        if let Err(e) = self.wait_synced(pool).await {
-            return keys.iter().map(|_| Err(e.clone())).collect();
-        }
+        // A lazily opened `random` pool (issue 21 items 0 and 2) binds by guessing, as a lone
+        // bind does there: the txn's compares decide (G1–G3 unchanged), the loop reads the usage
+        // and loads the view only after many lost guesses (a nearly full pool). A process that
+        // acquires 1M new keys then never holds the pool's view, which grows with every key.
+        let probing = self.view_unloaded(pool) && pool.spec.strategy_kind() == Strategy::Random;
+        let (candidates, full_check) = if probing {
+            // What guessing learned (IDs found taken, one treap node each when isolated) would
+            // grow with the input: past a bound it is forgotten, at the price of a lost guess
+            // now and then.
+            pool.lock_cache().forget_learned_above(FORGET_LEARNED_ABOVE);
+            (Candidates::Probe, FullCheck::Usage)
+        } else {
+            if let Err(e) = self.wait_synced(pool).await {
+                return keys.iter().map(|_| Err(e.clone())).collect();
+            }
+            (Candidates::View, FullCheck::KeyRecord)
+        };
         let name = pool.spec.name();
         let mut slots: Vec<BindSlot<'_>> = {
             let cache = pool.lock_cache();
@@ -84,8 +103,9 @@ impl Inner {
                         cache.get(key),
                         preferred,
                         hints,
-                        FullCheck::KeyRecord,
-                    ),
+                        full_check,
+                    )
+                    .candidates(candidates),
                     result: None,
                 })
                 .collect()
@@ -153,9 +173,18 @@ impl Inner {
                             plans.push((i, plan));
                             break;
                         }
+                        // A probing loop that lost too many guesses in a pool that is not full:
+                        // load the view (once for the process) and go on with it.
+                        Action::LoadView if probing => match self.wait_synced(pool).await {
+                            Ok(()) => Input::Resume,
+                            Err(e) => {
+                                s.result = Some(Err(e));
+                                break;
+                            }
+                        },
                         // Decide again in the next round (the round waits for the watch once). A
-                        // batch loop never probes (the view is loaded above), so `LoadView` and
-                        // `LoadUsedIds` have nothing left to load.
+                        // loop on the full view never asks for it, and a batch never reads used IDs
+                        // alone (a `lowest` pool's batch loads the view).
                         Action::Wait(_) | Action::LoadView | Action::LoadUsedIds => break,
                         Action::Done { id, new } => {
                             s.result = Some(Ok(Acquired { id, new }));

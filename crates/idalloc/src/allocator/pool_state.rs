@@ -283,6 +283,15 @@ impl PoolState {
         self.emit_all(events);
     }
 
+    /// Whether anyone would receive a listing's changes (stamped, plain or mesh subscribers).
+    /// Call with the cache lock held, under which subscribers subscribe: a `false` stays
+    /// `false` until the caller has applied the listing.
+    pub(crate) fn listening(&self) -> bool {
+        self.stamped.receiver_count() > 0
+            || self.mesh.receiver_count() > 0
+            || lock(&self.events).as_ref().is_some_and(|tx| tx.receiver_count() > 0)
+    }
+
     /// Every change at or before `revision` has been emitted. Called with the cache lock held.
     pub(crate) fn emitted_through(&self, revision: Revision) {
         self.through.store(revision, std::sync::atomic::Ordering::Release);

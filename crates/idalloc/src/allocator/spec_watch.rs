@@ -79,7 +79,17 @@ impl Sink for SpecSink {
         Ok(self.revision.load(Ordering::Acquire))
     }
 
-    fn listed(&self, kvs: &[KeyValue], revision: Revision) -> Result<(), Gone> {
+    type Listing = Vec<KeyValue>;
+
+    fn begin_listing(&self, _records: usize) -> Vec<KeyValue> {
+        Vec::new()
+    }
+
+    fn listing_page(&self, listing: &mut Vec<KeyValue>, kvs: Vec<KeyValue>) {
+        listing.extend(kvs);
+    }
+
+    fn listed(&self, kvs: Vec<KeyValue>, revision: Revision) -> Result<(), Gone> {
         self.revision.fetch_max(revision, Ordering::AcqRel);
         self.check(kvs.first())
     }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Weak};
 use crate::allocator::pool_state::{lock, PoolState};
 use crate::allocator::repair_queue::RepairQueue;
 use crate::allocator::request::Requester;
+use crate::cache::Listing;
 use crate::error::Error;
 use crate::feed::{self, FeedConfig, Gone, Sink};
 use crate::layout::Layout;
@@ -70,14 +71,25 @@ impl Sink for LocalSink {
         }
     }
 
-    fn listed(&self, kvs: &[KeyValue], rev: Revision) -> Result<(), Gone> {
+    type Listing = Listing;
+
+    fn begin_listing(&self, records: usize) -> Listing {
+        self.pool.lock_cache().begin_listing(records)
+    }
+
+    /// Applies the page to the listing in the cache's compact form and frees it: a synced
+    /// process holds its cache, not the listing's records as well (issue 21 item 2).
+    fn listing_page(&self, listing: &mut Listing, kvs: Vec<KeyValue>) {
+        listing.add(&kvs, |k| self.layout.parse_id_key(self.pool.spec.name(), k));
+    }
+
+    fn listed(&self, listing: Listing, rev: Revision) -> Result<(), Gone> {
         self.alive()?;
         let pool = &self.pool;
         lock(&pool.list_failure).take();
         {
             let mut cache = pool.lock_cache();
-            let events =
-                cache.replace_all(kvs, rev, |k| self.layout.parse_id_key(pool.spec.name(), k));
+            let events = cache.replace_with(listing, rev, pool.listening());
             // Emitted under the cache lock (see `PoolState::emit`): the listing's changes, then
             // its one `Synced` (as `replace_all` returns them), all as one message
             // (`PoolState::emit_all_at`).

@@ -74,7 +74,17 @@ impl Sink for RemoteSink {
         Ok(self.view()?.lock().cache.revision())
     }
 
-    fn listed(&self, kvs: &[KeyValue], revision: Revision) -> std::result::Result<(), Gone> {
+    type Listing = Vec<KeyValue>;
+
+    fn begin_listing(&self, _records: usize) -> Vec<KeyValue> {
+        Vec::new()
+    }
+
+    fn listing_page(&self, listing: &mut Vec<KeyValue>, kvs: Vec<KeyValue>) {
+        listing.extend(kvs);
+    }
+
+    fn listed(&self, kvs: Vec<KeyValue>, revision: Revision) -> std::result::Result<(), Gone> {
         let v = self.view()?;
         {
             let mut g = v.lock();
@@ -88,7 +98,7 @@ impl Sink for RemoteSink {
             // Screened under the lock: the space cannot change between screening and applying.
             let space = g.space;
             let (mut kept, mut dropped) =
-                screen_listing(kvs, |k| v.parse_id(k), |id, key| v.check(space, id, key));
+                screen_listing(&kvs, |k| v.parse_id(k), |id, key| v.check(space, id, key));
             // Bindings the listing would remove are put to the validators (none: nothing to ask).
             if !v.validators.is_empty() {
                 dropped.extend(keep_refused_deletes(
@@ -194,7 +204,17 @@ impl Sink for SpecSink {
         Ok(self.rev.load(Ordering::Acquire))
     }
 
-    fn listed(&self, kvs: &[KeyValue], revision: Revision) -> std::result::Result<(), Gone> {
+    type Listing = Vec<KeyValue>;
+
+    fn begin_listing(&self, _records: usize) -> Vec<KeyValue> {
+        Vec::new()
+    }
+
+    fn listing_page(&self, listing: &mut Vec<KeyValue>, kvs: Vec<KeyValue>) {
+        listing.extend(kvs);
+    }
+
+    fn listed(&self, kvs: Vec<KeyValue>, revision: Revision) -> std::result::Result<(), Gone> {
         let v = self.view()?;
         // No record: the pool was deleted; its `id/` records go with it (the other follower
         // drops them). A re-created pool shows up as a put.
