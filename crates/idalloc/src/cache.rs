@@ -306,7 +306,7 @@ impl PoolCache {
         self.replace_with(listing, revision, true)
     }
 
-    /// An empty listing of this pool, to fill page by page ([`Listing::add`]) while the view
+    /// An empty listing of this pool, to fill page by page (`Listing::add`) while the view
     /// stays as it is, sized for about `records` records.
     pub fn begin_listing(&self, records: usize) -> Listing {
         let mut bound = Bindings::default();
