@@ -285,9 +285,9 @@ async fn lowest_pool_new_key_takes_the_lowest_free_id(backend: Backend) {
         assert_eq!(pf.get(k), Some(id), "the fill packs from the bottom");
         assert!(pf.release_durable(k, "filler").await.expect("release").reclaimed);
     }
-    // Pages of 5 records (50 names in the used-ID pass): 1,200 names are read in sub-ranges
-    // split at the first digit, several pages each (`allocator/used_ids.rs`); a sub-range missed
-    // or read twice would show as a wrong lowest ID.
+    // Pages of 5 records (50 names in the used-ID pass): 1,200 names are read in windows sized
+    // from the names read so far (`allocator/used_ids.rs`, `store/window.rs`); a window missed or
+    // read twice would show as a wrong lowest ID.
     let a = lazy_paged(store.clone(), l, "cli", 3, 5);
     let p = a.pool("low").await.expect("pool");
     let mut got = Vec::new();
