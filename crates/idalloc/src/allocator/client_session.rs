@@ -189,7 +189,7 @@ impl ClientSession {
     /// the pool has no idle grace. A no-op (`held == false`) if the session did not hold it (or its
     /// reference already expired with the lease).
     pub async fn release(&self, pool: &Pool, key: &str) -> Result<Released> {
-        pool.release_durable(key, &self.holder).await
+        pool.release_reference(key, &self.holder).await
     }
 
     /// Renews the lease once. `Ok(false)`: the lease is gone (expired or revoked) and the session

@@ -16,7 +16,7 @@ use super::repair_queue::Repair;
 use super::types::{Acquired, Binding, Released};
 use crate::error::{Error, Input, Result};
 use crate::layout::IdRecord;
-use crate::pool::{validate_durable_holder, validate_key, PoolSpec};
+use crate::pool::{validate_durable_holder, validate_holder, validate_key, PoolSpec};
 use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool};
 use crate::store::{GetRequest, KeyRange, Store};
 
@@ -259,15 +259,23 @@ impl Pool {
     /// Removes `holder`'s durable reference to `key`; reclaims the binding if it was the last
     /// reference and the pool has no idle grace. A no-op (`held == false`) if `holder` held nothing.
     pub async fn release_durable(&self, key: &str, holder: &str) -> Result<Released> {
-        let f = self.release_durable_untimed(key, holder);
+        validate_durable_holder(holder)?;
+        self.release_reference(key, holder).await
+    }
+
+    /// Removes `holder`'s reference to `key`, durable or on a lease: a client session's release
+    /// (`ClientSession::release`), whose holder is a generated leased name that
+    /// [`Pool::release_durable`] refuses (durable names may not start with `lease:`).
+    pub(crate) async fn release_reference(&self, key: &str, holder: &str) -> Result<Released> {
+        let f = self.release_reference_untimed(key, holder);
         let r = crate::metrics::timed(self.spec().name(), "release_durable", f).await;
         self.count_reclaim(&r);
         r
     }
 
-    async fn release_durable_untimed(&self, key: &str, holder: &str) -> Result<Released> {
+    async fn release_reference_untimed(&self, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
-        validate_durable_holder(holder)?;
+        validate_holder(holder)?;
         self.state.live()?;
         let _key = self.state.lock_key(key).await;
         async {
