@@ -488,25 +488,32 @@ impl Tally {
     }
 }
 
-/// Runs one fleet of `o.agents` agents on a pool of `o.bindings` bindings, on a private etcd
-/// (its data under `$TMPDIR`, which the documented command points at `target/tmp-bench/`).
-pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
-    if let Some(mode) = &o.serve {
-        return crate::fleet_serve::run(o, mode).await;
-    }
+/// A private etcd holding the fleet's pool with `bindings` bindings, and the seconds the prefill
+/// took: the setup of both modes (direct and through `serve`).
+pub(crate) async fn prefilled_etcd(bindings: usize) -> Result<(EtcdServer, f64), String> {
     let etcd = EtcdServer::start().await?;
-    let endpoint = etcd.endpoint();
     let setup = Allocator::new(etcd.store().await?, AllocatorOptions::default())
         .map_err(|e| err("fleet setup", e))?;
     setup
         .init_pool(&PoolSpec::new(POOL, RANGE.0, RANGE.1))
         .await
         .map_err(|e| err("fleet init_pool", e))?;
-    log(&format!("prefilling {} bindings", o.bindings));
+    log(&format!("prefilling {bindings} bindings"));
     let t = Instant::now();
-    crate::scenarios::prefill_idalloc(&etcd.store().await?, "idalloc", o.bindings).await?;
+    crate::scenarios::prefill_idalloc(&etcd.store().await?, "idalloc", bindings).await?;
     let prefill_secs = t.elapsed().as_secs_f64();
     let _ = setup.close().await;
+    Ok((etcd, prefill_secs))
+}
+
+/// Runs one fleet of `o.agents` agents on a pool of `o.bindings` bindings, on a private etcd
+/// (its data under `$TMPDIR`, which the documented command points at `target/tmp-bench/`).
+pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
+    if let Some(mode) = &o.serve {
+        return crate::fleet_serve::run(o, mode).await;
+    }
+    let (etcd, prefill_secs) = prefilled_etcd(o.bindings).await?;
+    let endpoint = etcd.endpoint();
     let probe = Probe::start(&endpoint).await?;
     probe.take();
     let meter = Meter { endpoint: endpoint.clone(), etcd_pid: etcd.pid(), ..Meter::default() };

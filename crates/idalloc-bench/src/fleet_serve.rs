@@ -39,12 +39,11 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use idalloc::{Allocator, AllocatorOptions, PoolSpec};
 use idalloc_client::{Client, ClientOptions, Pool, Session};
-use idalloc_testkit::etcd::EtcdServer;
+
 use tokio::task::JoinSet;
 
-use crate::contender::{err, POOL, RANGE};
+use crate::contender::{err, POOL};
 use crate::fleet::{
     agent_key, jitter, log, Counters, FleetOptions, FleetRun, Meter, Phase, Probe, Tally,
 };
@@ -220,19 +219,8 @@ pub async fn run(o: &FleetOptions, mode: &ServeMode) -> Result<FleetRun, String>
             if mode.kill_replica { " with a kill" } else { "" }
         ));
     }
-    let etcd = EtcdServer::start().await?;
+    let (etcd, prefill_secs) = crate::fleet::prefilled_etcd(o.bindings).await?;
     let endpoint = etcd.endpoint();
-    let setup = Allocator::new(etcd.store().await?, AllocatorOptions::default())
-        .map_err(|e| err("fleet setup", e))?;
-    setup
-        .init_pool(&PoolSpec::new(POOL, RANGE.0, RANGE.1))
-        .await
-        .map_err(|e| err("fleet init_pool", e))?;
-    log(&format!("prefilling {} bindings", o.bindings));
-    let t = Instant::now();
-    crate::scenarios::prefill_idalloc(&etcd.store().await?, "idalloc", o.bindings).await?;
-    let prefill_secs = t.elapsed().as_secs_f64();
-    let _ = setup.close().await;
     let mut replicas = Vec::with_capacity(mode.replicas);
     for _ in 0..mode.replicas {
         replicas.push(start_replica(&mode.bin, &endpoint).await?);

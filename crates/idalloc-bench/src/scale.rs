@@ -508,19 +508,29 @@ pub async fn sync_child(url: &str, page: i64, etcd_pid: &str) -> Result<(), Stri
     Ok(())
 }
 
-fn sync_new_process(url: &str, page: i64, etcd_pid: &str) -> Result<SyncFigures, String> {
+/// Runs this binary with `flag url page etcd_pid` (a measuring child: a fresh process, so its
+/// memory is its own) and returns the figures it printed as its last JSON line.
+pub(crate) fn child_figures(
+    flag: &str,
+    url: &str,
+    page: i64,
+    etcd_pid: &str,
+) -> Result<serde_json::Value, String> {
     let exe = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
     let out = Command::new(exe)
-        .args(["--scale-child-sync", url, &page.to_string(), etcd_pid])
+        .args([flag, url, &page.to_string(), etcd_pid])
         .stderr(Stdio::inherit())
         .output()
         .map_err(|e| format!("child: {e}"))?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = text
-        .lines()
+    text.lines()
         .rev()
         .find_map(|l| serde_json::from_str(l).ok())
-        .ok_or_else(|| format!("sync child printed no figures: {text}"))?;
+        .ok_or_else(|| format!("{flag} child printed no figures: {text}"))
+}
+
+fn sync_new_process(url: &str, page: i64, etcd_pid: &str) -> Result<SyncFigures, String> {
+    let v = child_figures("--scale-child-sync", url, page, etcd_pid)?;
     Ok(SyncFigures {
         bindings: v["bindings"].as_u64().unwrap_or(0),
         sync_secs: v["sync_secs"].as_f64().unwrap_or(f64::NAN),

@@ -10,14 +10,13 @@
 //! the sync row of the same run (the real follower) shows whether it did: its reads and
 //! walked-per-returned ratio should match.
 
-use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use idalloc::bench_api::PoolCache;
 use idalloc::layout::Layout;
 use idalloc::store::{list_all_at, GetRequest, KeyRange, KeyValue, Revision, Store, StoreResult};
 
-use crate::scale::{cpu_secs, spec, POOL};
+use crate::scale::{child_figures, cpu_secs, spec, POOL};
 
 /// The feed's `PAGES_PER_SUBRANGE`.
 const PAGES_PER_SUBRANGE: i64 = 10;
@@ -106,18 +105,7 @@ pub async fn phases_child(url: &str, page: i64, etcd_pid: &str) -> Result<(), St
 
 /// Runs [`phases_child`] in a fresh process (this binary with `--scale-child-phases`).
 pub fn measure(url: &str, page: i64, etcd_pid: &str) -> Result<Phases, String> {
-    let exe = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
-    let out = Command::new(exe)
-        .args(["--scale-child-phases", url, &page.to_string(), etcd_pid])
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("child: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v: serde_json::Value = text
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
-        .ok_or_else(|| format!("phases child printed no figures: {text}"))?;
+    let v = child_figures("--scale-child-phases", url, page, etcd_pid)?;
     let f = |k: &str| v[k].as_f64().unwrap_or(f64::NAN);
     Ok(Phases {
         records: v["records"].as_u64().unwrap_or(0),
