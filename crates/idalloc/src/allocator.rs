@@ -16,6 +16,7 @@ mod coalesce;
 mod events;
 mod handle;
 mod lanes;
+mod listing;
 mod page;
 pub(crate) mod pool_state;
 mod registry;

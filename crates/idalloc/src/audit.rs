@@ -19,8 +19,10 @@ use std::fmt;
 use serde::Serialize;
 
 mod guard;
+mod suspects;
 
 pub use guard::{removes_protected, RepairContext};
+pub use suspects::Suspects;
 
 use crate::layout::{encode_id, IdRecord};
 use crate::pool::PoolSpec;

@@ -5,15 +5,16 @@
 //! Also the nesting probe for deployments sharing an etcd (issue 9, item 9): a prefix that lies
 //! inside another deployment's, or contains one, is found with one txn of small reads.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::audit::{self, Finding, RepairContext};
-use crate::layout::Layout;
+use crate::audit::{self, Finding, RepairContext, Suspects};
+use crate::layout::{IdRecord, Layout};
+use crate::point_reads;
 use crate::records::{self, PoolSnapshot};
 use crate::store::{
-    list_all, list_all_at, GetRequest, KeyRange, KeyValue, OpResponse, Revision, Store,
+    list_all, prefix_end, GetRequest, KeyRange, KeyValue, OpResponse, Pages, Revision, Store,
     StoreResult, TxnOp, TxnRequest,
 };
 
@@ -49,47 +50,37 @@ pub struct Scan {
 }
 
 /// Reads pool `pool` (or, with `None`, every record under the prefix) at one revision and audits
-/// it.
+/// it, streaming: memory is a page of records, a small entry per bound ID and the records of what
+/// it finds, never the pool's records (issue 21 item 2; [`Suspects`] says how).
 pub async fn scan(
     store: &dyn Store,
     layout: &Layout,
     pool: Option<&str>,
     page: i64,
 ) -> StoreResult<Scan> {
-    let (spec_kvs, data_kvs, other_kvs, revision) = match pool {
+    // The first read fixes the revision every later read names.
+    let (spec_kvs, data_names, other, revision) = match pool {
         Some(p) => {
-            let (data, rev) =
-                list_all(store, &KeyRange::prefix(layout.pool_data_prefix(p)), page).await?;
-            let (spec, _) =
-                list_all_at(store, &KeyRange::key(layout.pool_spec_key(p)), page, rev).await?;
-            (spec, data, Vec::new(), rev)
+            let resp = store.get(GetRequest::key(layout.pool_spec_key(p))).await?;
+            (resp.kvs, vec![p.to_string()], Vec::new(), resp.revision)
         }
         None => {
-            let root = format!("{}/", layout.prefix()).into_bytes();
-            let (all, rev) = list_all(store, &KeyRange::prefix(root), page).await?;
-            let pools = layout.pools_prefix();
-            let data = format!("{}/data/", layout.prefix()).into_bytes();
-            let (mut specs, mut datas, mut others) = (Vec::new(), Vec::new(), Vec::new());
-            for kv in all {
-                if kv.key.starts_with(&pools) {
-                    specs.push(kv);
-                } else if kv.key.starts_with(&data) {
-                    datas.push(kv);
-                } else {
-                    others.push(kv);
+            let (specs, rev) =
+                list_all(store, &KeyRange::prefix(layout.pools_prefix()), page).await?;
+            let mut other = Vec::new();
+            for range in outside_pools_and_data(layout) {
+                let mut pages = Pages::at(store, &range, page, rev).keys_only();
+                while let Some(kvs) = pages.next_page().await? {
+                    other.extend(kvs.iter().map(|kv| Finding::UnreadableRecord {
+                        record: String::from_utf8_lossy(&kv.key).into_owned(),
+                        nested: true,
+                    }));
                 }
             }
-            (specs, datas, others, rev)
+            (specs, data_pool_names(store, layout, rev).await?, other, rev)
         }
     };
-
-    let mut other: Vec<Finding> = other_kvs
-        .iter()
-        .map(|kv| Finding::UnreadableRecord {
-            record: String::from_utf8_lossy(&kv.key).into_owned(),
-            nested: true,
-        })
-        .collect();
+    let mut other = other;
     // Specs by pool name; problems of records that name no pool go to `other`.
     let mut specs: BTreeMap<String, Result<(crate::PoolSpec, Revision), Finding>> = BTreeMap::new();
     for kv in &spec_kvs {
@@ -105,55 +96,52 @@ pub async fn scan(
             },
         }
     }
-    // Data by pool name (the segment after `data/`).
-    let data_root = format!("{}/data/", layout.prefix()).into_bytes();
-    let mut data: BTreeMap<String, Vec<KeyValue>> = BTreeMap::new();
-    for kv in data_kvs {
-        let rest = &kv.key[data_root.len().min(kv.key.len())..];
-        let name = rest.split(|&b| b == b'/').next().unwrap_or_default();
-        data.entry(String::from_utf8_lossy(name).into_owned()).or_default().push(kv);
-    }
     if let Some(p) = pool {
         specs
             .entry(p.to_string())
             .or_insert_with(|| Err(Finding::DataWithoutSpec { pool: p.to_string(), records: 0 }));
     }
-    let names: std::collections::BTreeSet<String> =
-        specs.keys().cloned().chain(data.keys().cloned()).collect();
+    let names: BTreeSet<String> = specs.keys().cloned().chain(data_names).collect();
     let mut report = Report { revision, pools: Vec::new(), other };
     let mut snapshots = BTreeMap::new();
     for name in names {
-        let kvs = data.remove(&name).unwrap_or_default();
+        let spec = match specs.remove(&name) {
+            Some(Ok(s)) => Ok(Some(s)),
+            Some(Err(Finding::DataWithoutSpec { .. })) | None => Ok(None),
+            Some(Err(f)) => Err(f),
+        };
+        let usable = spec.as_ref().ok().cloned().flatten();
+        // Every-pool mode reads the record named `data/<name>` too (a listing of the prefix
+        // grouped it with the pool); `check POOL` reads the pool's data prefix only.
+        let read = PoolRead { store, layout, pool: &name, page, revision, exact: pool.is_none() };
         let valid_name = crate::pool::validate_pool_name(&name).is_ok();
-        let snap = if valid_name {
-            PoolSnapshot::parse(layout, &name, &kvs, revision)
+        let (snap, records, unreadable_names) = if valid_name {
+            let (snap, records) = read.audited(usable.as_ref().map(|(s, _)| s)).await?;
+            (snap, records, Vec::new())
         } else {
-            PoolSnapshot { pool: name.clone(), revision, ..Default::default() }
+            let (records, names) = read.names().await?;
+            (PoolSnapshot { pool: name.clone(), revision, ..Default::default() }, records, names)
         };
         let mut findings = Vec::new();
-        let spec = match specs.remove(&name) {
-            Some(Ok(s)) => Some(s),
-            Some(Err(Finding::DataWithoutSpec { .. })) | None => {
-                if !kvs.is_empty() {
-                    findings
-                        .push(Finding::DataWithoutSpec { pool: name.clone(), records: kvs.len() });
+        match spec {
+            Ok(Some(_)) => {}
+            Ok(None) => {
+                if records > 0 {
+                    findings.push(Finding::DataWithoutSpec { pool: name.clone(), records });
                 }
-                None
             }
-            Some(Err(f)) => {
-                findings.push(f);
-                None
-            }
-        };
-        if valid_name {
-            findings.extend(audit::audit(spec.as_ref().map(|(s, _)| s), &snap));
-        } else {
-            findings.extend(kvs.iter().map(|kv| Finding::UnreadableRecord {
-                record: String::from_utf8_lossy(&kv.key).into_owned(),
-                nested: false,
-            }));
+            Err(f) => findings.push(f),
         }
-        if spec.is_none() && findings.is_empty() {
+        if valid_name {
+            findings.extend(audit::audit(usable.as_ref().map(|(s, _)| s), &snap));
+        } else {
+            findings.extend(
+                unreadable_names
+                    .into_iter()
+                    .map(|record| Finding::UnreadableRecord { record, nested: false }),
+            );
+        }
+        if usable.is_none() && findings.is_empty() {
             // `check nopool`: nothing there at all.
             if pool.is_some() {
                 report.pools.push(PoolCheck { pool: name.clone(), findings });
@@ -161,9 +149,207 @@ pub async fn scan(
             continue;
         }
         report.pools.push(PoolCheck { pool: name.clone(), findings });
-        snapshots.insert(name, (spec, snap));
+        snapshots.insert(name, (usable, snap));
     }
     Ok(Scan { report, snapshots })
+}
+
+/// The ranges under the prefix outside `pools/` and `data/`, in key order: where another
+/// deployment nested inside this one keeps its records.
+fn outside_pools_and_data(layout: &Layout) -> [KeyRange; 3] {
+    let root = format!("{}/", layout.prefix()).into_bytes();
+    let data = format!("{}/data/", layout.prefix()).into_bytes();
+    let pools = layout.pools_prefix();
+    [
+        KeyRange::range(root.clone(), data.clone()),
+        KeyRange::range(prefix_end(&data), pools.clone()),
+        KeyRange::range(prefix_end(&pools), prefix_end(&root)),
+    ]
+}
+
+/// The pool names under `data/` (the segment after it, up to the next `/`), each found with one
+/// read of one name that then skips the pool's records: O(pools) reads, not a listing.
+async fn data_pool_names(
+    store: &dyn Store,
+    layout: &Layout,
+    revision: Revision,
+) -> StoreResult<Vec<String>> {
+    let data = format!("{}/data/", layout.prefix()).into_bytes();
+    let end = prefix_end(&data);
+    let mut from = data.clone();
+    let mut names = Vec::new();
+    loop {
+        let req = GetRequest::new(KeyRange::range(from.clone(), end.clone()))
+            .with_limit(1)
+            .keys_only()
+            .loose_count()
+            .at_revision(revision);
+        let resp = store.get(req).await?;
+        let Some(kv) = resp.kvs.first() else { return Ok(names) };
+        let rest = &kv.key[data.len().min(kv.key.len())..];
+        let name = rest.split(|&b| b == b'/').next().unwrap_or_default();
+        let mut pool_prefix = data.clone();
+        pool_prefix.extend_from_slice(name);
+        from = if rest.len() == name.len() {
+            // The record `data/<name>` itself: names like `<name>-x` sort before `<name>/`.
+            let mut next = kv.key.clone();
+            next.push(0);
+            next
+        } else {
+            pool_prefix.push(b'/');
+            prefix_end(&pool_prefix)
+        };
+        names.push(String::from_utf8_lossy(name).into_owned());
+    }
+}
+
+/// One pool's records at the scan's revision.
+struct PoolRead<'a> {
+    store: &'a dyn Store,
+    layout: &'a Layout,
+    pool: &'a str,
+    page: i64,
+    revision: Revision,
+    /// Also read the record named `data/<pool>` (every-pool mode).
+    exact: bool,
+}
+
+impl PoolRead<'_> {
+    fn exact_key(&self) -> Vec<u8> {
+        format!("{}/data/{}", self.layout.prefix(), self.pool).into_bytes()
+    }
+
+    /// The pool's records in the order a listing of the pool has them: the `data/<pool>` record
+    /// (every-pool mode), then each range of `ranges`, a page at a time.
+    async fn each_page(
+        &self,
+        ranges: &[KeyRange],
+        keys_only: bool,
+        mut each: impl FnMut(usize, Vec<KeyValue>),
+    ) -> StoreResult<()> {
+        if self.exact {
+            let resp = self
+                .store
+                .get(GetRequest::key(self.exact_key()).at_revision(self.revision))
+                .await?;
+            if !resp.kvs.is_empty() {
+                each(usize::MAX, resp.kvs);
+            }
+        }
+        for (i, range) in ranges.iter().enumerate() {
+            let mut pages = Pages::at(self.store, range, self.page, self.revision);
+            if keys_only {
+                pages = pages.keys_only();
+            }
+            while let Some(kvs) = pages.next_page().await? {
+                each(i, kvs);
+            }
+        }
+        Ok(())
+    }
+
+    /// A pool whose name is not valid: how many records, and their names.
+    async fn names(&self) -> StoreResult<(usize, Vec<String>)> {
+        let mut names = Vec::new();
+        let ranges = [KeyRange::prefix(self.layout.pool_data_prefix(self.pool))];
+        self.each_page(&ranges, true, |_, kvs| {
+            names.extend(kvs.iter().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()))
+        })
+        .await?;
+        Ok((names.len(), names))
+    }
+
+    /// A pool streamed family by family ([`Suspects`]), then the closure of its suspects read
+    /// record by record: the snapshot the audit and the repairs need, and the number of records
+    /// the pool has.
+    async fn audited(&self, spec: Option<&crate::PoolSpec>) -> StoreResult<(PoolSnapshot, usize)> {
+        let (l, p) = (self.layout, self.pool);
+        let data = l.pool_data_prefix(p);
+        let (ids, keys, refs) = (l.id_prefix(p), l.key_prefix(p), l.refs_prefix(p));
+        // The three families in the order the audit needs them, then the rest of the pool's
+        // prefix (fence records, names no allocator writes).
+        let ranges = [
+            KeyRange::prefix(ids.clone()),
+            KeyRange::prefix(keys.clone()),
+            KeyRange::prefix(refs.clone()),
+            KeyRange::range(data.clone(), ids.clone()),
+            KeyRange::range(prefix_end(&ids), keys.clone()),
+            KeyRange::range(prefix_end(&keys), refs.clone()),
+            KeyRange::range(prefix_end(&refs), prefix_end(&data)),
+        ];
+        let mut suspects = Suspects::new(spec.cloned());
+        let mut records = 0usize;
+        self.each_page(&ranges, false, |family, kvs| {
+            records += kvs.len();
+            let mut page = PoolSnapshot::parse(l, p, &kvs, self.revision);
+            suspects.unreadable_page(&mut page);
+            match family {
+                0 => suspects.id_page(&page),
+                1 => suspects.key_page(&page),
+                2 => suspects.ref_page(&page),
+                _ => {}
+            }
+        })
+        .await?;
+        let (keys, ids, unreadable) = suspects.finish();
+        let mut snap = self.closure(keys, ids).await?;
+        snap.unreadable = unreadable;
+        Ok((snap, records))
+    }
+
+    /// The records of `keys` (key record and references) and `ids` (ID record), then of every
+    /// key and ID they name, until none is new.
+    async fn closure(
+        &self,
+        mut want_keys: BTreeSet<String>,
+        mut want_ids: BTreeSet<u64>,
+    ) -> StoreResult<PoolSnapshot> {
+        let (l, p) = (self.layout, self.pool);
+        let mut snap =
+            PoolSnapshot { pool: p.to_string(), revision: self.revision, ..Default::default() };
+        let (mut read_keys, mut read_ids) = (BTreeSet::new(), BTreeSet::new());
+        loop {
+            let keys: Vec<String> = want_keys.difference(&read_keys).cloned().collect();
+            let ids: Vec<u64> = want_ids.difference(&read_ids).copied().collect();
+            if keys.is_empty() && ids.is_empty() {
+                return Ok(snap);
+            }
+            let at = |r: GetRequest| TxnOp::get(r.at_revision(self.revision));
+            let mut ops = Vec::with_capacity(2 * keys.len() + ids.len());
+            for k in &keys {
+                ops.push(at(GetRequest::key(l.key_key(p, k))));
+                ops.push(at(GetRequest::prefix(l.ref_prefix(p, k))));
+            }
+            ops.extend(ids.iter().map(|id| at(GetRequest::key(l.id_key(p, *id)))));
+            let mut kvs = Vec::new();
+            for batch in point_reads::batches(ops) {
+                let resp = self.store.txn(TxnRequest::new().and_then(batch)).await?;
+                for r in resp.responses {
+                    if let OpResponse::Get(g) = r {
+                        kvs.extend(g.kvs);
+                    }
+                }
+            }
+            read_keys.extend(keys);
+            read_ids.extend(ids);
+            // Names no allocator writes were all met by the passes already.
+            let part = PoolSnapshot::parse(l, p, &kvs, self.revision);
+            for (id, e) in part.ids {
+                if let Some(IdRecord::Bound(k)) = &e.record {
+                    want_keys.insert(k.clone());
+                }
+                snap.ids.insert(id, e);
+            }
+            for (k, e) in part.keys {
+                want_ids.extend(e.id);
+                snap.keys.insert(k, e);
+            }
+            for (k, hs) in part.refs {
+                want_ids.extend(hs.values().filter_map(|r| r.id));
+                snap.refs.entry(k).or_default().extend(hs);
+            }
+        }
+    }
 }
 
 /// What `--repair` did with one finding.
@@ -258,6 +444,7 @@ pub async fn nesting(store: &dyn Store, layout: &Layout) -> StoreResult<Vec<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::layout::encode_id;
     use crate::store::embedded::EmbeddedStore;
     use crate::PoolSpec;
 
@@ -292,6 +479,183 @@ mod tests {
         assert_eq!(applied, [(61, false), (62, true)]);
         let after = scan_pool_ids(&store, &l).await;
         assert_eq!(after, [61], "ghost's ID record survived; the stray one was freed");
+    }
+
+    /// What `check` reported before it streamed (issue 21 item 2): the pool's whole listing
+    /// parsed into one snapshot and audited, and each finding's repair planned on it.
+    async fn whole(
+        store: &EmbeddedStore,
+        l: &Layout,
+        spec: Option<&PoolSpec>,
+    ) -> (Vec<Finding>, Vec<Option<audit::Repair>>) {
+        let (kvs, rev) =
+            list_all(store, &KeyRange::prefix(l.pool_data_prefix("p")), 7).await.unwrap();
+        let snap = PoolSnapshot::parse(l, "p", &kvs, rev);
+        let mut findings = Vec::new();
+        if spec.is_none() && !kvs.is_empty() {
+            findings.push(Finding::DataWithoutSpec { pool: "p".into(), records: kvs.len() });
+        }
+        findings.extend(audit::audit(spec, &snap));
+        let plans = plans(l, spec, &snap, &findings);
+        (findings, plans)
+    }
+
+    fn plans(
+        l: &Layout,
+        spec: Option<&PoolSpec>,
+        snap: &PoolSnapshot,
+        findings: &[Finding],
+    ) -> Vec<Option<audit::Repair>> {
+        let Some(spec) = spec else { return Vec::new() };
+        let cx = RepairContext { layout: l, spec, spec_revision: 2 };
+        findings.iter().map(|f| audit::plan(cx, snap, f)).collect()
+    }
+
+    /// The streaming scan finds exactly what the whole-pool audit found, and plans the same
+    /// repairs, on pools damaged at random in every way the audit knows (unreadable values and
+    /// names, IDs bound twice, keys named twice, stale and missing records of each family,
+    /// references naming other IDs, IDs out of the range or reserved, tombstones), with pages
+    /// of 3 records so that every pass crosses pages, and IDs of 1 to 3 digits so that their
+    /// names do not sort as their numbers do.
+    #[tokio::test]
+    async fn streaming_finds_what_the_whole_pool_audit_found() {
+        use rand::{Rng, SeedableRng};
+        let l = Layout::default();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(21);
+        let keys = ["a", "b", "c/d", "c", "e%", "f"];
+        let holders = ["h", "g"];
+        let ids = [1u64, 2, 9, 10, 11, 50, 99, 100, 500];
+        let mut nonempty = 0;
+        for case in 0..300 {
+            let store = EmbeddedStore::memory();
+            let spec = PoolSpec::new("p", 1, 200).reserve(50..=50);
+            let with_spec = case % 5 != 0;
+            let mut ops = Vec::new();
+            if with_spec {
+                ops.push(TxnOp::put(l.pool_spec_key("p"), spec.to_json()));
+            }
+            // Mostly healthy bindings, each record then damaged now and then.
+            let mut free: Vec<u64> = ids.to_vec();
+            for k in keys {
+                if rng.random_bool(0.2) || free.is_empty() {
+                    continue;
+                }
+                let id = free.swap_remove(rng.random_range(0..free.len()));
+                let pick = |rng: &mut rand::rngs::StdRng| ids[rng.random_range(0..ids.len())];
+                let id_value = match rng.random_range(0..12) {
+                    0 => None,
+                    1 => Some(b"".to_vec()),
+                    2 => Some(IdRecord::Tombstone(k.into()).encode()),
+                    3 => Some(keys[rng.random_range(0..keys.len())].as_bytes().to_vec()),
+                    _ => Some(k.as_bytes().to_vec()),
+                };
+                if let Some(v) = id_value {
+                    ops.push(TxnOp::put(l.id_key("p", id), v));
+                }
+                let key_value = match rng.random_range(0..12) {
+                    0 => None,
+                    1 => Some(b"x1".to_vec()),
+                    2 => Some(encode_id(pick(&mut rng))),
+                    _ => Some(encode_id(id)),
+                };
+                if let Some(v) = key_value {
+                    ops.push(TxnOp::put(l.key_key("p", k), v));
+                }
+                for h in holders {
+                    match rng.random_range(0..10) {
+                        0..=3 => {}
+                        4 => ops.push(TxnOp::put(l.ref_key("p", k, h), b"?".to_vec())),
+                        5 => ops.push(TxnOp::put(l.ref_key("p", k, h), encode_id(pick(&mut rng)))),
+                        _ => ops.push(TxnOp::put(l.ref_key("p", k, h), encode_id(id))),
+                    }
+                }
+            }
+            // Strays: records of nothing, and names no allocator writes.
+            for _ in 0..rng.random_range(0..3) {
+                let id = ids[rng.random_range(0..ids.len())];
+                let k = keys[rng.random_range(0..keys.len())];
+                match rng.random_range(0..6) {
+                    0 => ops.push(TxnOp::put(l.id_key("p", id), k.as_bytes().to_vec())),
+                    1 => ops.push(TxnOp::put(l.key_key("p", k), encode_id(id))),
+                    2 => ops.push(TxnOp::put(l.ref_key("p", k, "s"), encode_id(id))),
+                    3 => ops.push(TxnOp::put(b"idalloc/data/p/id/007".to_vec(), b"a".to_vec())),
+                    4 => ops.push(TxnOp::put(b"idalloc/data/p/zz".to_vec(), b"a".to_vec())),
+                    _ => ops.push(TxnOp::put(l.holder_key("p", "h"), b"".to_vec())),
+                }
+            }
+            for op in ops {
+                store.txn(TxnRequest::new().and_then([op])).await.unwrap();
+            }
+            let spec_ref = with_spec.then_some(&spec);
+            let (want, want_plans) = whole(&store, &l, spec_ref).await;
+            let got = scan(&store, &l, Some("p"), 3).await.unwrap();
+            let pc = &got.report.pools;
+            let findings = pc.first().map(|p| p.findings.clone()).unwrap_or_default();
+            assert_eq!(findings, want, "case {case}");
+            if let Some((_, snap)) = got.snapshots.get("p") {
+                assert_eq!(plans(&l, spec_ref, snap, &findings), want_plans, "case {case}");
+            }
+            nonempty += usize::from(!want.is_empty());
+        }
+        assert!(nonempty > 150, "most cases are damaged: {nonempty}");
+    }
+
+    /// Every-pool mode finds pools by their data as well as by their specs, with records named
+    /// `data/<pool>` and pools whose names no allocator writes, as the whole listing did.
+    #[tokio::test]
+    async fn every_pool_mode_finds_pools_by_spec_and_by_data() {
+        let store = EmbeddedStore::memory();
+        let l = Layout::default();
+        let put = |k: Vec<u8>, v: &[u8]| TxnRequest::new().and_then([TxnOp::put(k, v.to_vec())]);
+        for (k, v) in [
+            (l.pool_spec_key("p"), PoolSpec::new("p", 1, 100).to_json()),
+            (l.pool_spec_key("empty"), PoolSpec::new("empty", 1, 100).to_json()),
+            (l.id_key("p", 61), b"ghost".to_vec()),
+            (l.id_key("q", 5), b"k".to_vec()),
+            (l.key_key("q", "k"), b"5".to_vec()),
+            (b"idalloc/data/q".to_vec(), b"x".to_vec()),
+            (b"idalloc/data/q-x/id/1".to_vec(), b"k".to_vec()),
+            (b"idalloc/data/Bad/id/1".to_vec(), b"k".to_vec()),
+            (b"idalloc/other".to_vec(), b"x".to_vec()),
+            (b"idalloc/zzz/pools/a".to_vec(), b"x".to_vec()),
+        ] {
+            store.txn(put(k, &v)).await.unwrap();
+        }
+        let got = scan(&store, &l, None, 2).await.unwrap();
+        let by_pool: Vec<(String, Vec<Finding>)> =
+            got.report.pools.iter().map(|p| (p.pool.clone(), p.findings.clone())).collect();
+        let unreadable = |r: &str| Finding::UnreadableRecord { record: r.into(), nested: false };
+        assert_eq!(
+            by_pool,
+            vec![
+                (
+                    "Bad".to_string(),
+                    vec![
+                        Finding::DataWithoutSpec { pool: "Bad".into(), records: 1 },
+                        unreadable("idalloc/data/Bad/id/1"),
+                    ]
+                ),
+                ("empty".to_string(), vec![]),
+                (
+                    "p".to_string(),
+                    vec![Finding::IdWithoutKeyRecord {
+                        id: 61,
+                        key: "ghost".into(),
+                        key_record: None
+                    }]
+                ),
+                ("q".to_string(), vec![Finding::DataWithoutSpec { pool: "q".into(), records: 3 }]),
+                (
+                    "q-x".to_string(),
+                    vec![
+                        Finding::DataWithoutSpec { pool: "q-x".into(), records: 1 },
+                        Finding::IdWithoutKeyRecord { id: 1, key: "k".into(), key_record: None },
+                    ]
+                ),
+            ]
+        );
+        let nested = |r: &str| Finding::UnreadableRecord { record: r.into(), nested: true };
+        assert_eq!(got.report.other, vec![nested("idalloc/other"), nested("idalloc/zzz/pools/a")]);
     }
 
     async fn scan_pool_ids(store: &EmbeddedStore, l: &Layout) -> Vec<u64> {
