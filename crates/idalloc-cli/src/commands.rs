@@ -136,7 +136,8 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
 }
 
 /// Commands that open their pool lazily, never listing it unless they need to (issue 21 items 0
-/// and 2; docs/design-notes.md): those that touch one key or ID, and `acquire --from`, whose
+/// and 2; docs/design-notes.md): those that touch one key or ID, `list` (which streams the
+/// store's records, not the view), and `acquire --from`, whose
 /// batches guess candidates in a `random` pool as a lone acquire does (so its memory does not
 /// grow with the pool it fills; a `lowest` pool still loads the view). `release --from` and
 /// `--remote` reads keep the listed view, which they use (a lazy `release --from` would read
@@ -147,6 +148,8 @@ fn one_key(command: &Command) -> bool {
         Command::Release(a) => a.from.is_none(),
         Command::Get(a) => !a.remote.any(),
         Command::Lookup(a) => !a.remote.any(),
+        // `list` reads the store page by page and never uses the view (issue 21 item 2).
+        Command::List(a) => !a.remote.any(),
         _ => false,
     }
 }
@@ -208,12 +211,7 @@ async fn dispatch(
         Command::Lookup(a) => lookup(alloc, a, out).await,
         Command::List(p) => {
             let pool = alloc.pool(&p.pool).await?;
-            let bindings = pool.list().await?;
-            out.either(
-                || render::bindings_json(&p.pool, &bindings),
-                || render::bindings_table(&bindings),
-            )?;
-            Ok(0)
+            crate::list::print(&pool, &p.pool, out).await
         }
         Command::Watch(w) => watch::follow(alloc, w, out).await.map(|_| 0),
         Command::Gc(a) => gc(alloc, a, out).await,

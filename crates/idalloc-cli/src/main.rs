@@ -9,6 +9,7 @@ mod commands;
 mod connect;
 mod docgen;
 mod fail;
+mod list;
 mod open;
 mod parse;
 mod progress;

@@ -170,6 +170,12 @@ pub fn repairs_text(rs: &[idalloc::check::RepairOutcome]) -> String {
 
 /// Left-aligned columns separated by two spaces; the last column is not padded.
 pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    table_block(header, rows, true)
+}
+
+/// [`table`] for one block of a table printed as it is read (`list`): the columns are as wide as
+/// the header and this block's cells, and the header line is printed only with `show_header`.
+pub fn table_block(header: &[&str], rows: &[Vec<String>], show_header: bool) -> String {
     let n = header.len();
     let mut width = vec![0usize; n];
     for (i, h) in header.iter().enumerate() {
@@ -194,7 +200,9 @@ pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
         out.push_str(l.trim_end());
         out.push('\n');
     };
-    line(header.to_vec(), &mut out);
+    if show_header {
+        line(header.to_vec(), &mut out);
+    }
     for r in rows {
         line(r.iter().map(String::as_str).collect(), &mut out);
     }
@@ -249,8 +257,17 @@ pub fn pool_show(u: &Usage) -> String {
     )
 }
 
+/// The header of `list`'s table.
+pub const BINDINGS_HEADER: [&str; 3] = ["ID", "KEY", "HOLDERS"];
+
+#[cfg(test)]
 pub fn bindings_table(bindings: &[Binding]) -> String {
-    let rows: Vec<Vec<String>> = bindings
+    table(&BINDINGS_HEADER, &bindings_rows(bindings))
+}
+
+/// `list`'s table rows: ID, key, holders (comma-separated, `-` for none), escaped.
+pub fn bindings_rows(bindings: &[Binding]) -> Vec<Vec<String>> {
+    bindings
         .iter()
         .map(|b| {
             vec![
@@ -263,18 +280,37 @@ pub fn bindings_table(bindings: &[Binding]) -> String {
                 },
             ]
         })
-        .collect();
-    table(&["ID", "KEY", "HOLDERS"], &rows)
+        .collect()
 }
 
+#[cfg(test)]
 pub fn bindings_json(pool: &str, bindings: &[Binding]) -> Value {
     json!({
         "pool": pool,
-        "bindings": bindings
-            .iter()
-            .map(|b| json!({"id": b.id, "key": b.key, "holders": b.holders}))
-            .collect::<Vec<_>>(),
+        "bindings": bindings.iter().map(binding_json).collect::<Vec<_>>(),
     })
+}
+
+/// One binding of `list --json`.
+pub fn binding_json(b: &Binding) -> Value {
+    json!({"id": b.id, "key": b.key, "holders": b.holders})
+}
+
+/// `list --json` around its bindings, for printing them as they are read: what comes before the
+/// first binding and what comes after the last, so that the whole is exactly
+/// [`bindings_json`]'s document (same field order) with the bindings joined by commas.
+pub fn bindings_json_frame(pool: &str) -> (String, String) {
+    let whole = json!({"pool": pool, "bindings": []}).to_string();
+    let mark = "\"bindings\":[";
+    // The pool's name is a JSON string in `whole`: its quotes are escaped, so `mark` (which
+    // starts with an unescaped quote) is found only as the field itself.
+    match whole.find(mark) {
+        Some(at) => {
+            let split = at + mark.len();
+            (whole[..split].to_string(), whole[split..].to_string())
+        }
+        None => (format!("{{\"pool\":{},\"bindings\":[", json!(pool)), "]}".to_string()),
+    }
 }
 
 pub fn sweep_json(pool: &str, r: &SweepReport) -> Value {
@@ -334,6 +370,14 @@ mod tests {
         let j = bindings_json("p", &b);
         assert_eq!(j["bindings"][0]["holders"][1], "y");
         assert_eq!(j["bindings"][1]["id"], 10);
+        // Printed a binding at a time, the document is the same, byte for byte.
+        let (head, tail) = bindings_json_frame("p");
+        let parts: Vec<String> = b.iter().map(|b| binding_json(b).to_string()).collect();
+        assert_eq!(format!("{head}{}{tail}", parts.join(",")), j.to_string());
+        let (head, tail) = bindings_json_frame("p");
+        assert_eq!(format!("{head}{tail}"), bindings_json("p", &[]).to_string());
+        // Blocks after the first have no header; each is as wide as the header at least.
+        assert_eq!(table_block(&BINDINGS_HEADER, &bindings_rows(&b[1..]), false), "10  bb   -\n");
     }
 
     #[test]
