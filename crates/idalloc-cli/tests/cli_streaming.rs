@@ -174,3 +174,107 @@ fn acquire_from_of_new_keys_does_not_grow_with_the_pool() {
         serde_json::from_slice(&listed.stdout).expect("pool show prints JSON");
     assert_eq!(shown["bound"], 10 * SHORT, "{shown}");
 }
+
+/// Runs `cmd` to the end, reading its output, while a thread samples its peak resident memory
+/// every 2 ms (a high-water mark: the last sample before the process ends shows every peak
+/// before it, and the peak of a listing is reached while it reads, long before the end).
+/// Returns the output's lines and the largest peak seen, in KiB.
+fn run_sampled(mut cmd: Command) -> (Vec<String>, u64) {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    use std::sync::Arc;
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("run idalloc");
+    let pid = child.id();
+    let (done, peak) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+    let sampler = {
+        let (done, peak) = (done.clone(), peak.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::Acquire) {
+                match vm_hwm(pid) {
+                    Some(kib) => peak.fetch_max(kib, Ordering::AcqRel),
+                    None => break, // exited (a zombie has no memory left to read)
+                };
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+        })
+    };
+    let out = BufReader::new(child.stdout.take().expect("stdout"));
+    let lines: Vec<String> = out.lines().map(|l| l.expect("utf-8 output")).collect();
+    let output = child.wait_with_output().expect("wait");
+    done.store(true, Ordering::Release);
+    sampler.join().expect("sampler");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let peak = peak.load(Ordering::Acquire);
+    assert!(peak > 0, "no memory sample was taken");
+    (lines, peak)
+}
+
+/// Issue 21 item 2: `list` and `check` stream the pool, so their peak memory does not grow with
+/// it: a pool of 2,000 bindings and one of 20,000, with keys of 3,000 bytes (each binding's
+/// three records weigh about 10 KB, 200 MB for the larger pool), on etcd. The old commands held
+/// every record of the pool (`list` and `check` collected the listing first) and grew with it.
+/// Also checks what was printed: every binding once, in ID order, and the check clean.
+#[test]
+fn list_and_check_do_not_grow_with_the_pool() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let Some(etcd) = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint()) else { return };
+    let store = etcd.endpoint();
+    let prefix = format!("streaming-list-{}", std::process::id());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let long_key = |i: usize| format!("{i:06}{}", "k".repeat(3 * KEY_BYTES - 6));
+    let fill = |pool: &str, n: usize, offset: usize| {
+        let path = dir.path().join(pool);
+        input_of(&path, n, n, offset, long_key);
+        let created = idalloc(&store)
+            .args(["--prefix", &prefix, "pool", "create", pool, "--range", "1-1000000"])
+            .output()
+            .expect("pool create");
+        assert!(created.status.success(), "{}", String::from_utf8_lossy(&created.stderr));
+        let acquired = idalloc(&store)
+            .args(["--prefix", &prefix, "acquire", pool, "--holder", "h", "--from"])
+            .arg(&path)
+            .output()
+            .expect("acquire --from");
+        assert!(acquired.status.success(), "{}", String::from_utf8_lossy(&acquired.stderr));
+    };
+    fill("short", SHORT, 0);
+    fill("long", 10 * SHORT, SHORT);
+    let measure = |args: &[&str]| {
+        let mut c = idalloc(&store);
+        c.args(["--prefix", &prefix]).args(args);
+        run_sampled(c)
+    };
+    let (short_list, short_peak) = measure(&["list", "short"]);
+    let (long_list, long_peak) = measure(&["list", "long"]);
+    for (lines, n) in [(&short_list, SHORT), (&long_list, 10 * SHORT)] {
+        assert_eq!(lines.len(), n + 1, "a header and one line per binding");
+        let ids: Vec<u64> = lines[1..]
+            .iter()
+            .map(|l| l.split_whitespace().next().and_then(|id| id.parse().ok()).expect("an ID"))
+            .collect();
+        assert!(ids.windows(2).all(|w| w[0] < w[1]), "in ID order, each once");
+        assert!(lines[1..].iter().all(|l| l.ends_with("  h")), "held by h");
+    }
+    eprintln!(
+        "list: {short_peak} KiB peak for {SHORT} bindings, {long_peak} KiB for {}",
+        10 * SHORT
+    );
+    let (short_check, short_check_peak) = measure(&["check", "short"]);
+    let (long_check, long_check_peak) = measure(&["check", "long"]);
+    for out in [&short_check, &long_check] {
+        assert!(out.len() == 1 && out[0].ends_with(": no breaches"), "{out:?}");
+    }
+    eprintln!(
+        "check: {short_check_peak} KiB peak for {SHORT} bindings, {long_check_peak} KiB for {}",
+        10 * SHORT
+    );
+    assert!(
+        (long_peak as f64) <= 1.5 * short_peak as f64,
+        "list: {long_peak} KiB peak for {} bindings, {short_peak} KiB for {SHORT}",
+        10 * SHORT
+    );
+    assert!(
+        (long_check_peak as f64) <= 1.5 * short_check_peak as f64,
+        "check: {long_check_peak} KiB peak for {} bindings, {short_check_peak} KiB for {SHORT}",
+        10 * SHORT
+    );
+}
