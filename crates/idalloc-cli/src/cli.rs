@@ -326,7 +326,8 @@ pub struct ServeArgs {
     #[arg(long, env = "IDALLOC_MAX_CONNECTIONS", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: Option<u32>,
-    /// An HTTP/1 client must send a request's header within this (also the first request).
+    /// A new connection must say its protocol (its first bytes) and an HTTP/1 client send each
+    /// request's header within this (also the first request).
     #[arg(long, env = "IDALLOC_HEADER_TIMEOUT", value_parser = parse::duration, value_name = "DUR",
           default_value = "10s")]
     pub header_timeout: Duration,

@@ -1,15 +1,20 @@
-//! The accept loop (issue 20 item 2): hyper's connection builder with the limits of
+//! The accept loop (issue 20 item 2): hyper's connection builders with the limits of
 //! [`crate::limits::Limits`], in place of `axum::serve` (which exposes no header timeout, no
 //! connection cap and no HTTP/2 stream limit).
 //!
+//! - **Protocol**: each connection's HTTP version is decided before hyper reads from it (a peek of
+//!   the HTTP/2 preface on plain TCP, ALPN under TLS: [`crate::sniff`]) and served by hyper's HTTP/1
+//!   or HTTP/2 connection alone, not by hyper-util's auto builder, whose preface read doubled every
+//!   HTTP/1 connection's read buffer (memory per watch subscriber, issue 20 "Measure").
 //! - **Connection cap**: a semaphore taken on accept, held by the connection's task. At the cap,
 //!   the connection idle the longest (no request in flight) is closed to make room, so idle sockets
 //!   cannot lock clients out (2,000 idle sockets leave `/healthz` answering); if every connection
 //!   has a request in flight, the new one gets a 503 `overloaded` JSON answer and is closed. The
 //!   process thus holds at most `max_connections` client descriptors, and the default cap is below
 //!   its open-files limit.
-//! - **Header timeout**: hyper's HTTP/1 `header_read_timeout`, which also runs while a new
-//!   connection has sent nothing.
+//! - **Header timeout**: a new connection whose first bytes do not say its protocol within it (it
+//!   sent nothing, or stalls inside the HTTP/2 preface) is closed; then hyper's HTTP/1
+//!   `header_read_timeout` bounds each request's header.
 //! - **Idle timeout**: a reaper closes connections with no request in flight for `idle_timeout`
 //!   (HTTP/1 keep-alive and HTTP/2).
 //! - **Body timeout**: every request body (but an empty one) is wrapped in tower-http's
@@ -20,7 +25,9 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,14 +36,18 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::Router;
 use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::rt::bounds::Http2ServerConnExec;
+use hyper::server::conn::{http1, http2};
+use hyper::service::HttpService;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
 use tokio::io::AsyncWriteExt;
 use tokio::sync::{oneshot, watch, Semaphore};
 use tower::ServiceExt;
 use tracing::debug;
 
 use crate::limits::Limits;
+use crate::sniff::{Negotiate, Protocol};
 
 /// Connections open now (gauge).
 pub const HTTP_CONNECTIONS: &str = "idalloc_http_connections";
@@ -161,6 +172,81 @@ fn overloaded_answer(max: usize) -> Vec<u8> {
     .into_bytes()
 }
 
+/// hyper's two connection builders, set up once from the limits. Each connection gets the one its
+/// protocol needs (`sniff.rs`), not hyper-util's auto builder, which reads the HTTP/2 preface
+/// itself and so doubles every HTTP/1 connection's read buffer (see the module docs there).
+struct Builders {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+impl Builders {
+    fn new(limits: &Limits) -> Builders {
+        let mut h1 = http1::Builder::new();
+        h1.timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
+        let mut h2 = http2::Builder::new(TokioExecutor::new());
+        h2.timer(TokioTimer::new()).max_concurrent_streams(
+            u32::try_from(limits.max_requests_per_client).unwrap_or(u32::MAX),
+        );
+        Builders { http1: h1, http2: h2 }
+    }
+}
+
+/// hyper's HTTP/1 and HTTP/2 connections alike: a future that serves the connection, and the
+/// graceful shutdown each has as an inherent method.
+trait Graceful: Future<Output = hyper::Result<()>> + Unpin {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<I, S, B> Graceful for http1::Connection<I, S>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        http1::Connection::graceful_shutdown(self)
+    }
+}
+
+impl<I, S, B> Graceful for Pin<Box<http2::Connection<I, S, TokioExecutor>>>
+where
+    S: HttpService<Incoming, ResBody = B>,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin,
+    B: http_body::Body + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    TokioExecutor: Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        self.get_mut().as_mut().graceful_shutdown()
+    }
+}
+
+/// Serves `conn` until it ends, `close` fires (evicted, or idle too long: dropping it closes the
+/// socket) or `stop` turns true (in-flight requests finish, then it closes).
+async fn drive<C: Graceful>(
+    mut conn: C,
+    addr: SocketAddr,
+    close: oneshot::Receiver<()>,
+    mut stop: watch::Receiver<bool>,
+) {
+    tokio::select! {
+        r = &mut conn => {
+            if let Err(e) = r {
+                debug!(%addr, error = %e, "connection ended with an error");
+            }
+        }
+        _ = close => {}
+        _ = stopped(&mut stop) => {
+            Pin::new(&mut conn).graceful_shutdown();
+            let _ = conn.await;
+        }
+    }
+}
+
 /// Resolves once `stop` is true (or its sender is gone), holding no borrow of it after.
 async fn stopped(stop: &mut watch::Receiver<bool>) {
     let _ = stop.wait_for(|s| *s).await;
@@ -175,6 +261,7 @@ pub async fn serve_connections<L>(
     mut stop: watch::Receiver<bool>,
 ) where
     L: axum::serve::Listener<Addr = SocketAddr>,
+    L::Io: Negotiate,
 {
     let max = limits.max_connections.max(1);
     metrics::gauge!(HTTP_MAX_CONNECTIONS).set(max as f64);
@@ -189,15 +276,9 @@ pub async fn serve_connections<L>(
         next: AtomicU64::new(0),
         conns: Mutex::default(),
     });
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).header_read_timeout(limits.header_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_concurrent_streams(u32::try_from(limits.max_requests_per_client).unwrap_or(u32::MAX));
-    // Shared, not cloned into every connection's task: its HTTP/1 and HTTP/2 settings are a few
-    // hundred bytes, per connection (thousands of watch streams are thousands of connections).
-    let builder = Arc::new(builder);
+    // Shared, not cloned into every connection's task: their settings are a few hundred bytes,
+    // per connection (thousands of watch streams are thousands of connections).
+    let builders = Arc::new(Builders::new(&limits));
     let reaper = {
         let registry = registry.clone();
         let idle = limits.idle_timeout;
@@ -281,25 +362,43 @@ pub async fn serve_connections<L>(
                 }))
             }
         });
-        let builder = builder.clone();
+        let builders = builders.clone();
         let registry = registry.clone();
         let mut stop = stop.clone();
+        let header_timeout = limits.header_timeout;
         tokio::spawn(async move {
             let _permit = permit;
             metrics::gauge!(HTTP_CONNECTIONS).increment(1.0);
-            let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
-            tokio::pin!(conn);
-            tokio::select! {
-                r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        debug!(%addr, error = %e, "connection ended with an error");
+            let mut close_rx = close_rx;
+            // Which protocol, before hyper reads a byte (`sniff.rs`). A client that says nothing,
+            // or stalls inside the HTTP/2 preface, is closed after the header timeout; it holds
+            // its permit meanwhile and can be evicted as an idle connection.
+            let protocol = tokio::select! {
+                p = tokio::time::timeout(header_timeout, io.protocol()) => match p {
+                    Ok(Ok(p)) => p,
+                    Ok(Err(e)) => {
+                        debug!(%addr, error = %e, "connection failed before its first request");
+                        None
                     }
+                    Err(_) => {
+                        debug!(%addr, "no request within the header timeout");
+                        None
+                    }
+                },
+                _ = &mut close_rx => None,
+                _ = stopped(&mut stop) => None,
+            };
+            match protocol {
+                None => {}
+                Some(Protocol::Http1) => {
+                    let conn = builders.http1.serve_connection(TokioIo::new(io), svc);
+                    drive(conn, addr, close_rx, stop).await;
                 }
-                // Evicted or idle too long: dropping the connection closes it.
-                _ = close_rx => {}
-                _ = stopped(&mut stop) => {
-                    conn.as_mut().graceful_shutdown();
-                    let _ = conn.await;
+                // Boxed: HTTP/2's connection state is larger than HTTP/1's, and inline it would
+                // size every connection's task (HTTP/1 watch streams included) to it.
+                Some(Protocol::Http2) => {
+                    let conn = Box::pin(builders.http2.serve_connection(TokioIo::new(io), svc));
+                    drive(conn, addr, close_rx, stop).await;
                 }
             }
             registry.remove(id);

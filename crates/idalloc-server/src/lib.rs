@@ -24,6 +24,7 @@ pub mod quota;
 pub mod ready;
 pub mod secret_files;
 pub mod sessions;
+pub mod sniff;
 pub mod tls;
 mod unread;
 pub mod watch;
@@ -455,6 +456,7 @@ async fn serve_on<L>(
 ) -> std::io::Result<()>
 where
     L: axum::serve::Listener<Addr = SocketAddr>,
+    L::Io: sniff::Negotiate,
 {
     let app = router(state.clone());
     let maint = tokio::spawn(maintenance(state.clone()));

@@ -30,8 +30,9 @@ pub struct Limits {
     /// connection idle the longest (no request in flight); if none is idle, it is answered 503
     /// `overloaded` and closed.
     pub max_connections: usize,
-    /// An HTTP/1 client must send a request's whole header within this, also the first one after
-    /// connecting (slowloris).
+    /// A new connection must say its protocol within this (its first bytes: `crate::sniff`), and
+    /// an HTTP/1 client must send a request's whole header within this, also the first one
+    /// (slowloris).
     pub header_timeout: Duration,
     /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and
     /// HTTP/2 alike).
