@@ -15,6 +15,7 @@
 //!    another key, or named twice) makes its key a suspect.
 //! 3. `ref/`: a reference naming an ID bound to its key whose bit is set is healthy; any other
 //!    makes its key a suspect.
+//!
 //! Then every entry whose bit is unset (an ID record no key record agrees with) is a suspect ID.
 //!
 //! A healthy pool has no suspects. `check.rs` then reads the suspects' records and, until nothing
