@@ -12,8 +12,9 @@
 //! together at that floor's end).
 //!
 //! Pure: the random draw is an argument ([`FullJitter::wait`]) so the schedule is tested without
-//! sleeping, and a seeded caller (the simulation) replays the same waits. [`Backoff`] adds the
-//! count of failures since the last progress and a seeded generator, for the follower.
+//! sleeping, and a seeded caller (the simulation) replays the same waits. `Backoff`
+//! (crate-private) adds the count of failures since the last progress and a seeded generator,
+//! for the follower.
 
 use std::time::Duration;
 
