@@ -108,6 +108,10 @@ pub struct Counters {
     /// Resident bytes of the `serve` replicas, summed.
     pub serve_rss: f64,
     pub at: Option<Instant>,
+    /// etcd's `/metrics` did not answer this sample: its counters above are NaN, so every figure
+    /// of a phase that starts or ends here is missing ("–" in the table), not a false 0. The
+    /// CPU figures come from `/proc` and stay.
+    pub metrics_failed: bool,
 }
 
 /// The processes a phase is measured on: etcd's client URL and PID, and the replicas' PIDs.
@@ -123,12 +127,26 @@ pub struct Meter {
 
 impl Counters {
     /// Reads etcd's `/metrics` and every CPU and memory counter of `m`'s processes.
+    ///
+    /// A `/metrics` read that fails (etcd busy past the read timeout under a storm) does not
+    /// fail the sample: the sample says so ([`Counters::metrics_failed`]), the reason goes to
+    /// the log, and the run goes on. It used to end the whole run, losing every phase measured
+    /// so far (a through-serve run at 100 agents, docs/scale.md). `Err` only if the sampling
+    /// task itself died.
     pub async fn read(m: &Meter) -> Result<Counters, String> {
         let host = m.endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();
         let text = tokio::task::spawn_blocking(move || metrics_text(&host))
             .await
-            .map_err(|e| err("metrics task", e))??;
-        let mut c = parse_metrics(&text);
+            .map_err(|e| err("metrics task", e))?;
+        let mut c = match text {
+            Ok(text) => parse_metrics(&text),
+            Err(e) => {
+                log(&format!(
+                    "etcd's /metrics failed ({e}): this phase's etcd figures are missing"
+                ));
+                Counters::unread()
+            }
+        };
         c.etcd_cpu = m.etcd_pid.and_then(|p| cpu_secs(&p.to_string(), false)).unwrap_or(f64::NAN);
         c.self_cpu = cpu_secs("self", false).unwrap_or(f64::NAN);
         c.serve_cpu = m.retired_cpu;
@@ -139,6 +157,26 @@ impl Counters {
         }
         c.at = Some(Instant::now());
         Ok(c)
+    }
+
+    /// A sample without etcd's counters: every figure NaN (and so every delta from or to it).
+    pub fn unread() -> Counters {
+        let nan = f64::NAN;
+        Counters {
+            grpc: nan,
+            range: nan,
+            txn: nan,
+            put: nan,
+            delete: nan,
+            sent_bytes: nan,
+            watchers: nan,
+            etcd_cpu: nan,
+            self_cpu: nan,
+            serve_cpu: nan,
+            serve_rss: nan,
+            at: None,
+            metrics_failed: true,
+        }
     }
 
     /// What was spent from `self` to `later`.
@@ -232,6 +270,10 @@ impl Load {
     /// The replicas' CPU seconds.
     pub fn serve_cpu(&self) -> f64 {
         self.delta(|c| c.serve_cpu)
+    }
+    /// etcd's `/metrics` failed at the phase's start or end: its etcd counters are missing.
+    pub fn metrics_missing(&self) -> bool {
+        self.from.metrics_failed || self.to.metrics_failed
     }
 }
 
@@ -467,7 +509,7 @@ impl Tally {
             Ok(after) => before.to(&after),
             Err(e) => {
                 self.errors.push(e);
-                Load::default()
+                before.to(&Counters::unread())
             }
         };
         Phase {
@@ -862,6 +904,15 @@ fn ms(d: Duration) -> String {
     format!("{:.0}", d.as_secs_f64() * 1000.0)
 }
 
+/// A figure with no decimals, or "–" where it is missing (a failed sample's NaN).
+fn whole(v: f64) -> String {
+    if v.is_finite() {
+        format!("{v:.0}")
+    } else {
+        "–".into()
+    }
+}
+
 /// A CPU figure as "seconds (cores)", or "–" where nothing was measured.
 fn cpu_cell(secs: f64, phase: f64) -> String {
     if secs.is_finite() {
@@ -870,6 +921,11 @@ fn cpu_cell(secs: f64, phase: f64) -> String {
         "–".into()
     }
 }
+
+/// The table's note on a phase whose etcd figures are missing.
+const METRICS_MISSING: &str =
+    "etcd's /metrics did not answer at the phase's start or end (the log \
+     says why): its etcd gRPC, MVCC, bytes and watcher figures are missing (–)";
 
 /// One row per phase of every run.
 pub fn table(runs: &[FleetRun]) -> String {
@@ -889,7 +945,7 @@ pub fn table(runs: &[FleetRun]) -> String {
             let direct = r.opts.serve.is_none();
             let secs = l.secs();
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {:.0} | {:.0} | {:.0} | \
+                "| {} | {} | {} | {} | {:.2} | {:.2} | {} | {} | {} | {} | {} | {} | {} | \
                  {} | {} | {} | {} | {} ({}, {}) | {:.0} | {} |\n",
                 r.opts.agents,
                 r.opts.bindings,
@@ -901,13 +957,13 @@ pub fn table(runs: &[FleetRun]) -> String {
                 p.failed,
                 p.changed,
                 ms(p.call_p99),
-                l.grpc_per_sec(),
-                l.mvcc_per_sec(),
-                l.sent_bytes() / 1e6,
+                whole(l.grpc_per_sec()),
+                whole(l.mvcc_per_sec()),
+                whole(l.sent_bytes() / 1e6),
                 cpu_cell(l.etcd_cpu(), secs),
                 cpu_cell(l.agents_cpu(), secs),
                 if direct { "–".into() } else { cpu_cell(l.serve_cpu(), secs) },
-                if direct { "–".into() } else { format!("{:.0}", l.to.serve_rss / 1e6) },
+                if direct { "–".into() } else { whole(l.to.serve_rss / 1e6) },
                 ms(p.probe.p99),
                 p.probe.ok,
                 p.probe.failed,
@@ -918,6 +974,9 @@ pub fn table(runs: &[FleetRun]) -> String {
         for p in &r.phases {
             for e in &p.errors {
                 s.push_str(&format!("\n{} agents, {}: {e}\n", r.opts.agents, p.name));
+            }
+            if p.load.metrics_missing() {
+                s.push_str(&format!("\n{} agents, {}: {METRICS_MISSING}\n", r.opts.agents, p.name));
             }
         }
     }
@@ -973,6 +1032,38 @@ mod tests {
         assert_eq!(c.txn, 2.0);
         assert_eq!(c.watchers, 5.0);
         assert_eq!(c.put, 0.0);
+    }
+
+    /// A `/metrics` read that fails (here: nothing listens on the port) marks the sample and
+    /// the phase's etcd figures missing ("–" and a note), instead of failing the sample, which
+    /// ended the whole run.
+    #[tokio::test]
+    async fn a_failed_metrics_sample_marks_the_phase_instead_of_ending_the_run() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").port()
+        };
+        let meter = Meter { endpoint: format!("http://127.0.0.1:{port}"), ..Meter::default() };
+        let failed = Counters::read(&meter).await.expect("a failed /metrics is still a sample");
+        assert!(failed.metrics_failed && failed.grpc.is_nan() && failed.sent_bytes.is_nan());
+        assert!(failed.self_cpu.is_finite() && failed.at.is_some(), "the /proc figures stay");
+
+        let mut ok = parse_metrics("grpc_server_handled_total 10\n");
+        ok.at = failed.at.map(|t| t - Duration::from_secs(2));
+        let load = ok.to(&failed);
+        assert!(load.metrics_missing() && !ok.to(&ok).metrics_missing());
+        let run = FleetRun {
+            opts: FleetOptions::new(3, 60),
+            prefill_secs: 0.0,
+            phases: vec![Phase { name: "cold start", load, ..Phase::default() }],
+        };
+        let t = table(&[run]);
+        let row = t.lines().find(|l| l.contains("cold start")).expect("the phase's row");
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        // agents, bindings, replicas, phase, then … gRPC req/s (11), MVCC ops/s (12), sent MB (13).
+        assert_eq!(cells[11..14], ["–", "–", "–"], "{row}");
+        assert!(!row.contains("NaN"), "{row}");
+        assert!(t.contains(&format!("3 agents, cold start: {METRICS_MISSING}")), "{t}");
     }
 
     #[test]

@@ -15,6 +15,7 @@ pub mod costplot;
 pub mod fanout;
 pub mod fleet;
 pub mod fleet_serve;
+pub mod fleetplot;
 pub mod heap;
 pub mod micro;
 pub mod plot;

@@ -52,11 +52,24 @@ fn short(n: f64) -> String {
     }
 }
 
-/// One panel with its top-left corner at `left`, `top`.
+/// One panel with its top-left corner at `left`, `top`, against bindings.
 pub fn panel(
     left: f64,
     top: f64,
     title: &str,
+    unit: &str,
+    series: &[Series],
+    targets: &[Target],
+) -> String {
+    panel_against(left, top, title, "bindings", unit, series, targets)
+}
+
+/// [`panel`] against `axis` (what the x values count: bindings, agents), log scale.
+pub fn panel_against(
+    left: f64,
+    top: f64,
+    title: &str,
+    axis: &str,
     unit: &str,
     series: &[Series],
     targets: &[Target],
@@ -113,9 +126,10 @@ pub fn panel(
     }
     let _ = writeln!(
         s,
-        r##"<line x1="{x0:.1}" y1="{y0:.1}" x2="{x1:.1}" y2="{y0:.1}" stroke="#000"/><line x1="{x0:.1}" y1="{y0:.1}" x2="{x0:.1}" y2="{y1:.1}" stroke="#000"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11">bindings (log scale); {}</text>"##,
+        r##"<line x1="{x0:.1}" y1="{y0:.1}" x2="{x1:.1}" y2="{y0:.1}" stroke="#000"/><line x1="{x0:.1}" y1="{y0:.1}" x2="{x0:.1}" y2="{y1:.1}" stroke="#000"/><text x="{:.1}" y="{:.1}" text-anchor="middle" font-size="11">{} (log scale); {}</text>"##,
         (x0 + x1) / 2.0,
         y0 + 30.0,
+        esc(axis),
         esc(unit)
     );
     for t in targets.iter().filter(|t| usable(t.value)) {

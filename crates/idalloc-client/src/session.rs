@@ -1,7 +1,8 @@
 //! Client sessions: leased references that vanish when the client stops renewing them, on any
 //! replica of the service (issue 21 item 3).
 //!
-//! A [`Session`] renews itself every third of its TTL from a background task that holds only a
+//! A [`Session`] renews itself every third of its TTL (the first time at a random point of the
+//! first third: `renewal_wait`) from a background task that holds only a
 //! weak reference: dropping every handle without [`Session::end`] behaves like a crash (the
 //! renewals stop and the service's store expires the lease after the TTL), as in the library. The
 //! renewal goes through the client's endpoints with failover like every call, so when the replica
@@ -218,20 +219,68 @@ async fn keep_alive(inner: &Inner) -> idalloc::Result<bool> {
     }
 }
 
-/// Renews every third of the TTL; after a failed renewal (every endpoint down for a whole call),
-/// tries again after a ninth, so that the lease is renewed in time if any replica comes back.
+/// What the last renewal step was, for [`renewal_wait`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Renewal {
+    /// The session was just opened.
+    Opened,
+    Renewed,
+    Failed,
+}
+
+/// The wait before the next renewal, for a uniform draw `unit` in `[0, 1]`:
+/// - after a renewal, a third of the TTL;
+/// - after the open, a random point of the first third (issue 21 item 4): sessions opened
+///   together, as a restart storm opens them, otherwise renew together every third for as long
+///   as they live; this spreads them over the third, for at most one renewal more each;
+/// - after a failed renewal (every endpoint down for a whole call), a random point of the next
+///   ninth (full jitter), so that the lease is renewed in time if any replica comes back, and the
+///   agents of a dead replica do not all retry at the same instant.
+fn renewal_wait(ttl: Duration, last: Renewal, unit: f64) -> Duration {
+    let unit = if unit.is_nan() { 0.0 } else { unit.clamp(0.0, 1.0) };
+    match last {
+        Renewal::Renewed => ttl / 3,
+        Renewal::Opened => (ttl / 3).mul_f64(unit),
+        Renewal::Failed => (ttl / 9).mul_f64(unit),
+    }
+}
+
+/// Renews the session on [`renewal_wait`]'s schedule until it is gone or dropped.
 async fn renew(session: Weak<Inner>) {
     let Some(ttl) = session.upgrade().map(|s| s.ttl) else { return };
-    let mut wait = ttl / 3;
+    let mut last = Renewal::Opened;
     loop {
-        tokio::time::sleep(wait).await;
+        tokio::time::sleep(renewal_wait(ttl, last, rand::random::<f64>())).await;
         let Some(s) = session.upgrade() else { return };
         match keep_alive(&s).await {
-            Ok(true) => wait = ttl / 3,
+            Ok(true) => last = Renewal::Renewed,
             Ok(false) => return,
             Err(e) => {
                 debug!(holder = %s.holder, error = %e, "session renewal failed; trying again");
-                wait = ttl / 9;
+                last = Renewal::Failed;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renewals_are_spread_after_the_open_and_after_a_failure_then_every_third() {
+        let ttl = Duration::from_secs(15);
+        assert_eq!(renewal_wait(ttl, Renewal::Renewed, 0.0), Duration::from_secs(5));
+        assert_eq!(renewal_wait(ttl, Renewal::Renewed, 1.0), Duration::from_secs(5));
+        // Sessions opened in one instant renew anywhere in the first third.
+        assert_eq!(renewal_wait(ttl, Renewal::Opened, 0.2), Duration::from_secs(1));
+        assert_eq!(renewal_wait(ttl, Renewal::Opened, 1.0), Duration::from_secs(5));
+        assert_eq!(renewal_wait(ttl, Renewal::Failed, 0.5).as_millis(), 833);
+        assert_eq!(renewal_wait(ttl, Renewal::Failed, 1.0).as_millis(), 1666);
+        // Never past the third, whatever the draw: the lease is renewed in time.
+        for unit in [-1.0, 2.0, f64::NAN] {
+            for last in [Renewal::Opened, Renewal::Renewed, Renewal::Failed] {
+                assert!(renewal_wait(ttl, last, unit) <= ttl / 3, "{last:?} {unit}");
             }
         }
     }

@@ -12,11 +12,14 @@
 //!
 //! **Backoff** ([`delay`]): each endpoint is tried once without waiting (a dead replica costs one
 //! refused connection, not a sleep); after a full round, exponential backoff from `base` to `max`
-//! with jitter (half to all of the step), never shorter than the service's `Retry-After`.
+//! with full jitter (anywhere from 0 to the step: `idalloc::backoff`), never shorter than the
+//! service's `Retry-After`. Full rather than "equal" jitter (half the step plus a random half, as
+//! before issue 21 item 4): clients that failed together keep no common floor to arrive at.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use idalloc::backoff::FullJitter;
 use idalloc::Error;
 use reqwest::Method;
 use serde::de::DeserializeOwned;
@@ -67,11 +70,15 @@ pub(crate) fn delay(
     let backoff = if attempt < endpoints {
         Duration::ZERO
     } else {
-        let round = (attempt / endpoints).saturating_sub(1).min(16);
-        let step = opts.backoff_base.saturating_mul(1u32 << round).min(opts.backoff_max);
-        step.mul_f64(0.5 + jitter.clamp(0.0, 1.0) / 2.0)
+        let round = (attempt / endpoints).saturating_sub(1);
+        steps(opts).wait(round, jitter)
     };
     backoff.max(after.unwrap_or(Duration::ZERO))
+}
+
+/// The client's backoff steps: from `backoff_base`, doubling to `backoff_max`, full jitter.
+pub(crate) fn steps(opts: &ClientOptions) -> FullJitter {
+    FullJitter { base: opts.backoff_base, cap: opts.backoff_max }
 }
 
 /// The endpoints and the HTTP client.
@@ -236,10 +243,13 @@ mod tests {
         };
         let d = |attempt, jitter| delay(&opts, attempt, 2, None, jitter);
         assert_eq!((d(0, 0.0), d(1, 0.99)), (Duration::ZERO, Duration::ZERO));
-        assert_eq!(d(2, 0.0), Duration::from_millis(50));
+        // Full jitter: anywhere from 0 to the step (the old equal jitter waited at least half).
+        assert_eq!(d(2, 0.0), Duration::ZERO);
+        assert_eq!(d(2, 0.25), Duration::from_millis(25));
         assert_eq!(d(2, 1.0), Duration::from_millis(100));
         assert_eq!(d(4, 1.0), Duration::from_millis(200));
         assert_eq!(d(40, 1.0), Duration::from_secs(1), "capped");
+        assert_eq!(d(u32::MAX, 1.0), Duration::from_secs(1), "capped, no overflow");
         // The service's Retry-After is a floor, also on a first failover.
         assert_eq!(delay(&opts, 1, 2, Some(Duration::from_secs(2)), 0.0), Duration::from_secs(2));
     }

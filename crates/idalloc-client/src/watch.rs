@@ -9,6 +9,14 @@
 //! revision it names. A stream that brings no byte for `watch_idle_timeout` (the service sends a
 //! comment every 15 s) is taken as dead: a replica that vanished without closing its connections.
 //!
+//! **Re-subscribing after a stream broke waits a random time in `[0, backoff_base]`**
+//! (`resubscribe_delay`), and so does a fresh listing asked for by the service. A replica that
+//! dies breaks every agent's stream on it at the same instant; without the wait every one of them
+//! opened its stream on the next replica in that same instant (the transport tries each endpoint
+//! once without waiting), and a replica whose history does not reach back answers each with a
+//! whole snapshot (issue 21 item 4). The view keeps answering meanwhile and the stream resumes
+//! where it was, so the wait costs freshness, not events.
+//!
 //! Only weak references: the task ends once every handle on the pool is dropped.
 
 use std::sync::{Arc, Mutex, Weak};
@@ -21,7 +29,8 @@ use reqwest::Method;
 use tokio::sync::{broadcast, watch};
 use tracing::{debug, warn};
 
-use crate::transport::{describe, encode_segment, Transport};
+use crate::options::ClientOptions;
+use crate::transport::{delay, describe, encode_segment, steps, Transport};
 use crate::view::{parse, Msg, View};
 
 /// What the handles of one pool share with its watch task.
@@ -58,6 +67,24 @@ enum End {
     Stop,
 }
 
+/// The wait before the next stream. `attempt`: streams that failed to open since the last one
+/// that opened, 0 when an open stream just broke (or the service asked for a fresh listing):
+/// then anywhere in `[0, backoff_base]` (the module docs say why); after failed opens the
+/// transport's schedule ([`delay`]: the other endpoints at once, then full-jitter backoff).
+/// `unit` is a uniform draw in `[0, 1]`. Pure, so the schedule is tested without sleeping.
+pub(crate) fn resubscribe_delay(
+    opts: &ClientOptions,
+    attempt: u32,
+    endpoints: usize,
+    unit: f64,
+) -> Duration {
+    if attempt == 0 {
+        steps(opts).wait(0, unit)
+    } else {
+        delay(opts, attempt, endpoints, None, unit)
+    }
+}
+
 /// Follows pool `pool` until `feed` is dropped.
 pub(crate) async fn follow(t: Arc<Transport>, pool: String, feed: Weak<Feed>) {
     let path = format!("/v1/pools/{}/watch", encode_segment(&pool, false));
@@ -69,21 +96,28 @@ pub(crate) async fn follow(t: Arc<Transport>, pool: String, feed: Weak<Feed>) {
         drop(f);
         let i = t.current();
         let end = stream_once(&t, i, &path, resume, &feed).await;
-        match end {
+        let wait = match end {
             End::Stop => return,
             End::Relist => {
                 if let Some(f) = feed.upgrade() {
                     f.view().forget_revision();
                 }
                 attempt = 0;
+                resubscribe_delay(&t.opts, 0, t.endpoints.len(), rand::random::<f64>())
             }
-            End::Resume => attempt = 0,
+            End::Resume => {
+                attempt = 0;
+                Duration::ZERO
+            }
             End::Failed { why, streamed } => {
                 debug!(pool, endpoint = %t.endpoints[i], why, "watch stream failed, failing over");
-                attempt = if streamed { 1 } else { attempt.saturating_add(1) };
+                attempt = if streamed { 0 } else { attempt.saturating_add(1) };
                 t.advance(i);
-                t.pause(attempt, None).await;
+                resubscribe_delay(&t.opts, attempt, t.endpoints.len(), rand::random::<f64>())
             }
+        };
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
         }
     }
 }
@@ -187,4 +221,40 @@ fn idle_limited(
             Ok(Some(Ok(b))) => Some((Ok(b), (s, false))),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts() -> ClientOptions {
+        ClientOptions {
+            backoff_base: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(2),
+            ..ClientOptions::default()
+        }
+    }
+
+    /// Issue 21 item 4: a stream that broke (every agent of a dead replica at once) waits a
+    /// random time of up to the first step before it re-subscribes; before, attempt 1 of 2
+    /// endpoints waited nothing at all, so every agent arrived at the other replica together.
+    #[test]
+    fn a_broken_stream_resubscribes_after_a_random_wait_of_up_to_the_first_step() {
+        let o = opts();
+        assert_eq!(resubscribe_delay(&o, 0, 2, 0.0), Duration::ZERO);
+        assert_eq!(resubscribe_delay(&o, 0, 2, 0.5), Duration::from_millis(50));
+        assert_eq!(resubscribe_delay(&o, 0, 2, 1.0), Duration::from_millis(100));
+        assert_eq!(resubscribe_delay(&o, 0, 1, 1.0), Duration::from_millis(100), "one endpoint");
+    }
+
+    /// A stream that could not be opened moves on to the next endpoint at once, then backs off
+    /// with full jitter once every endpoint failed (the transport's schedule).
+    #[test]
+    fn failed_opens_follow_the_transports_schedule() {
+        let o = opts();
+        assert_eq!(resubscribe_delay(&o, 1, 2, 0.9), Duration::ZERO, "the other replica at once");
+        assert_eq!(resubscribe_delay(&o, 2, 2, 1.0), Duration::from_millis(100));
+        assert_eq!(resubscribe_delay(&o, 2, 2, 0.0), Duration::ZERO, "full jitter");
+        assert_eq!(resubscribe_delay(&o, 40, 2, 1.0), Duration::from_secs(2), "capped");
+    }
 }

@@ -16,14 +16,17 @@ use futures::StreamExt;
 use tokio::sync::Notify;
 use tracing::{debug, warn};
 
+use crate::backoff::{Backoff, FullJitter};
 use crate::store::{
     GetRequest, KeyRange, KeyValue, Pages, Revision, Store, StoreError, StoreResult, WatchEvent,
     WatchMessage,
 };
 
-/// Back-off between reconnect attempts (doubles up to the maximum).
-const RECONNECT_MIN: Duration = Duration::from_millis(50);
-const RECONNECT_MAX: Duration = Duration::from_secs(2);
+/// Waits between retries of a page, a watch or a probe: full jitter from 50 ms, doubling to 2 s
+/// (`backoff.rs`; the same steps as the old plain doubling, which had no jitter and made every
+/// follower that failed at one instant retry at the same instants).
+const RECONNECT: FullJitter =
+    FullJitter { base: Duration::from_millis(50), cap: Duration::from_secs(2) };
 
 /// The sink is gone (its owner was dropped): the follower stops.
 #[derive(Debug)]
@@ -46,7 +49,9 @@ pub(crate) trait Sink: Send + Sync + 'static {
     fn begin_listing(&self, records: usize) -> Self::Listing;
 
     /// The next records of the listing, in key order. Called between `begin_listing` and
-    /// `listed`, each record once; a listing that fails is dropped and started again.
+    /// `listed`, each record once: a page that fails is read again and the listing goes on from
+    /// there (same revision, so the pages already applied stay valid); only a listing whose
+    /// revision was compacted meanwhile is dropped and started again at a new revision.
     fn listing_page(&self, listing: &mut Self::Listing, kvs: Vec<KeyValue>);
 
     /// The listing is complete, at `revision`: the view becomes exactly this.
@@ -92,6 +97,31 @@ pub(crate) struct FeedConfig {
     /// Bound on each page of a listing, each watch creation and each probe (`None`: the store's
     /// own bounds only).
     pub request_timeout: Option<Duration>,
+    /// Seed of the retry waits' jitter: drawn from a seeded allocator's generator so that a
+    /// simulation seed replays the same waits, from the OS otherwise (`backoff.rs`).
+    pub jitter_seed: u64,
+}
+
+/// What a failed page of a listing leaves of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterFailedPage {
+    /// Read the same page again and go on: the pages applied so far are of the listing's
+    /// revision, which the store still has.
+    Resume,
+    /// The listing's revision was compacted away: its pages cannot be completed at it. Drop
+    /// them and list again from the first page at a new revision.
+    Restart,
+}
+
+/// Issue 21 item 4: a listing that failed at page k used to start again at page 1, so a storm
+/// that times out pages (100 agents listing behind each other) read every page before k again
+/// and again (etcd sent 371 MB for 200 MB of listings). Every page is read at the listing's one
+/// revision, so what was applied stays right as long as that revision is readable.
+fn after_failed_page(error: &StoreError) -> AfterFailedPage {
+    match error {
+        StoreError::Compacted { .. } => AfterFailedPage::Restart,
+        _ => AfterFailedPage::Resume,
+    }
 }
 
 async fn bounded<T>(
@@ -119,15 +149,16 @@ async fn bounded<T>(
 /// The records go to `on_records` page by page as they are read, in key order (the second
 /// argument, a size hint for the whole range, is 0: paged reads do not count): the listing is
 /// never collected here (issue 21 item 2).
+///
+/// On an error `pages` is where the listing stopped (a page's read changes nothing until it
+/// succeeds, and a timeout drops the read before it could): calling this again with the same
+/// `pages` resumes at the page that failed.
 async fn list_range<S: Store + ?Sized>(
-    store: &S,
-    range: &KeyRange,
-    page: i64,
+    pages: &mut Pages<'_, S>,
     timeout: Option<Duration>,
     on_page: impl Fn(),
     mut on_records: impl FnMut(Vec<KeyValue>, usize),
 ) -> StoreResult<Revision> {
-    let mut pages = Pages::at(store, range, page, 0);
     while let Some(kvs) = bounded(timeout, pages.next_page()).await? {
         on_records(kvs, 0);
         on_page();
@@ -138,41 +169,49 @@ async fn list_range<S: Store + ?Sized>(
 /// Runs until the sink is gone.
 pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: S) {
     let store = cfg.store.clone();
-    let mut backoff = RECONNECT_MIN;
+    let mut backoff = Backoff::new(RECONNECT, cfg.jitter_seed);
     let mut need_list = true;
     loop {
         let forced = relist.forced.swap(false, Ordering::AcqRel);
         if need_list || forced {
+            let mut pages = Pages::at(&*store, &cfg.range, cfg.page, 0);
             let mut listing = None;
-            let listed = list_range(
-                &*store,
-                &cfg.range,
-                cfg.page,
-                cfg.request_timeout,
-                || sink.list_page(),
-                |kvs, hint| {
-                    let l = listing.get_or_insert_with(|| sink.begin_listing(hint));
-                    sink.listing_page(l, kvs);
-                },
-            )
-            .await;
-            match listed {
-                Ok(rev) => {
-                    let listing = listing.unwrap_or_else(|| sink.begin_listing(0));
-                    if sink.listed(listing, rev).is_err() {
-                        return;
+            let rev = loop {
+                let mut read = false;
+                let listed = list_range(
+                    &mut pages,
+                    cfg.request_timeout,
+                    || sink.list_page(),
+                    |kvs, hint| {
+                        let l = listing.get_or_insert_with(|| sink.begin_listing(hint));
+                        sink.listing_page(l, kvs);
+                        read = true;
+                    },
+                )
+                .await;
+                if read {
+                    backoff.progressed();
+                }
+                match listed {
+                    Ok(rev) => break rev,
+                    Err(e) => {
+                        let next = after_failed_page(&e);
+                        warn!(range = ?cfg.range, error = %e, ?next, "listing page failed; retrying");
+                        if next == AfterFailedPage::Restart {
+                            pages = Pages::at(&*store, &cfg.range, cfg.page, 0);
+                            listing = None;
+                        }
+                        sink.unreachable(&e);
+                        tokio::time::sleep(backoff.failed()).await;
                     }
-                    need_list = false;
-                    backoff = RECONNECT_MIN;
                 }
-                Err(e) => {
-                    warn!(range = ?cfg.range, error = %e, "listing failed; retrying");
-                    sink.unreachable(&e);
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(RECONNECT_MAX);
-                    continue;
-                }
+            };
+            let listing = listing.unwrap_or_else(|| sink.begin_listing(0));
+            if sink.listed(listing, rev).is_err() {
+                return;
             }
+            need_list = false;
+            backoff.progressed();
         }
 
         let Ok(at) = sink.revision() else {
@@ -197,12 +236,11 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
                     warn!(range = ?cfg.range, error = %e, "watch failed; retrying");
                     sink.unreachable(&e);
                     need_list |= cfg.relist_after_outage;
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(RECONNECT_MAX);
+                    tokio::time::sleep(backoff.failed()).await;
                     continue;
                 }
             };
-        backoff = RECONNECT_MIN;
+        backoff.progressed();
         let mut probe = cfg.probe.map(|p| {
             let mut i = tokio::time::interval_at(tokio::time::Instant::now() + p, p);
             i.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -293,6 +331,9 @@ mod tests {
         keys: Mutex<BTreeMap<Vec<u8>, Vec<u8>>>,
         rev: Mutex<Revision>,
         listings: AtomicUsize,
+        /// Records the last complete listing held, duplicates included (the map above would
+        /// hide a page applied twice).
+        listed_records: AtomicUsize,
     }
 
     struct ViewSink(Arc<View>);
@@ -312,6 +353,7 @@ mod tests {
             *self.0.keys.lock().expect("lock") =
                 kvs.iter().map(|kv| (kv.key.clone(), kv.value.clone())).collect();
             *self.0.rev.lock().expect("lock") = revision;
+            self.0.listed_records.store(kvs.len(), Ordering::SeqCst);
             self.0.listings.fetch_add(1, Ordering::SeqCst);
             Ok(())
         }
@@ -348,6 +390,7 @@ mod tests {
             relist_after_outage: false,
             probe: None,
             request_timeout: None,
+            jitter_seed: 1,
         };
         let task = tokio::spawn(follow(cfg, Arc::default(), ViewSink(view.clone())));
         for _ in 0..100 {
@@ -410,9 +453,7 @@ mod tests {
         let mut got = Vec::new();
         let mut deliveries = 0;
         let rev = list_range(
-            &store,
-            &range,
-            10,
+            &mut Pages::at(&store, &range, 10, 0),
             None,
             || {
                 pages.fetch_add(1, Ordering::SeqCst);
@@ -454,6 +495,7 @@ mod tests {
             relist_after_outage: false,
             probe: None,
             request_timeout: Some(Duration::from_secs(1)),
+            jitter_seed: 1,
         };
         let task = tokio::spawn(follow(cfg, Arc::default(), ViewSink(view.clone())));
         for _ in 0..120 {
@@ -467,6 +509,115 @@ mod tests {
         assert_eq!(view.keys.lock().expect("lock").len(), 2000);
     }
 
+    /// Fails the `fail_at`-th `get` (1-based) once: with `Unavailable`, or with `compact` by
+    /// writing one more record and compacting the store at it first, so that the store itself
+    /// refuses the read at the listing's revision as `Compacted`. Records every `get`'s revision.
+    struct FailPage {
+        fail_at: usize,
+        compact: bool,
+        seen: Mutex<Vec<Revision>>,
+    }
+
+    impl FailPage {
+        fn at(fail_at: usize, compact: bool) -> FailPage {
+            FailPage { fail_at, compact, seen: Mutex::default() }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Hook<EmbeddedStore> for FailPage {
+        async fn before(&self, inner: &Arc<EmbeddedStore>, req: Request) -> StoreResult<Request> {
+            if let Request::Get(g) = &req {
+                let n = {
+                    let mut seen = self.seen.lock().expect("lock");
+                    seen.push(g.revision);
+                    seen.len()
+                };
+                if n == self.fail_at && self.compact {
+                    let put = TxnRequest::new().and_then([TxnOp::put("p/id/99999", "k99999")]);
+                    let r = inner.txn(put).await?;
+                    inner.compact(r.revision).await?;
+                } else if n == self.fail_at {
+                    return Err(StoreError::Unavailable(format!("read {n} fails once")));
+                }
+            }
+            Ok(req)
+        }
+    }
+
+    /// Follows `p/id/` of 2,000 records in pages of 10 until the first listing is complete;
+    /// the revisions of every read, and the view.
+    async fn listed_through(hook: FailPage) -> (Vec<Revision>, Arc<View>) {
+        let store = Arc::new(HookedStore::with_hook(ids(2000).await, hook));
+        let view = Arc::new(View::default());
+        let cfg = FeedConfig {
+            store: store.clone(),
+            range: KeyRange::prefix("p/id/"),
+            page: 10,
+            relist_after_outage: false,
+            probe: None,
+            request_timeout: None,
+            jitter_seed: 1,
+        };
+        let task = tokio::spawn(follow(cfg, Arc::default(), ViewSink(view.clone())));
+        for _ in 0..600 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if view.listings.load(Ordering::SeqCst) >= 1 {
+                break;
+            }
+        }
+        task.abort();
+        let seen = store.hook().seen.lock().expect("lock").clone();
+        (seen, view)
+    }
+
+    /// Issue 21 item 4: a listing whose page k fails goes on at page k, at its revision. The old
+    /// follower started again at page 1: 49 reads more here (pages 1..k again).
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_whose_page_fails_resumes_at_that_page() {
+        let (clean, _) = listed_through(FailPage::at(usize::MAX, false)).await;
+        assert!(clean.len() >= 200, "pages of 10 of 2,000 records: {} reads", clean.len());
+        let k = 50;
+        let (seen, view) = listed_through(FailPage::at(k, false)).await;
+        assert_eq!(view.listings.load(Ordering::SeqCst), 1, "the listing completed");
+        assert_eq!(
+            seen.len(),
+            clean.len() + 1,
+            "only the failed page is read again (the old code read pages 1..{k} again)"
+        );
+        let rev = seen[1];
+        assert!(seen[1..].iter().all(|r| *r == rev), "every page at the listing's revision");
+        assert_eq!(view.listed_records.load(Ordering::SeqCst), 2000, "each record applied once");
+        assert_eq!(view.keys.lock().expect("lock").len(), 2000);
+    }
+
+    /// A listing whose revision was compacted while a page was due cannot be completed at it:
+    /// its pages are dropped and it starts again at page 1 at a new revision, which has the
+    /// record written meanwhile, and no record of the dropped pages twice.
+    #[tokio::test(start_paused = true)]
+    async fn a_listing_whose_revision_was_compacted_starts_over_at_a_new_one() {
+        let k = 50;
+        let (seen, view) = listed_through(FailPage::at(k, true)).await;
+        assert_eq!(view.listings.load(Ordering::SeqCst), 1, "the listing completed");
+        assert_eq!(seen[k], 0, "the read after the compacted one starts a new listing");
+        assert!(seen[k + 1] > seen[k - 1], "at a newer revision");
+        assert_eq!(view.listed_records.load(Ordering::SeqCst), 2001, "each record once");
+        assert!(view.keys.lock().expect("lock").contains_key(b"p/id/99999".as_slice()));
+    }
+
+    #[test]
+    fn only_a_compacted_revision_restarts_a_listing() {
+        let compacted = StoreError::Compacted { requested: 5, compact_revision: 9 };
+        assert_eq!(after_failed_page(&compacted), AfterFailedPage::Restart);
+        for e in [
+            StoreError::Unavailable("timeout".into()),
+            StoreError::FutureRevision { requested: 9, current: 5 },
+            StoreError::ResponseTooLarge("5 MB".into()),
+        ] {
+            assert_eq!(after_failed_page(&e), AfterFailedPage::Resume, "{e}");
+        }
+    }
+
     /// A small range is read whole, page after page (`p/id/299` and `p/id/2990`..`2999`), and
     /// handed over as it is read.
     #[tokio::test]
@@ -474,9 +625,7 @@ mod tests {
         let store = ids(3000).await;
         let mut few = Vec::new();
         list_range(
-            &store,
-            &KeyRange::prefix("p/id/299"),
-            10,
+            &mut Pages::at(&store, &KeyRange::prefix("p/id/299"), 10, 0),
             None,
             || {},
             |kvs, _| few.extend(kvs),

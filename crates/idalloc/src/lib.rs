@@ -57,7 +57,8 @@
 //!   [`error`], [`remote`], [`client_session`] (the homes of the types above, with their less
 //!   used companions), [`layout`] (the store keys and record values, for tools that read
 //!   them), [`records`] (the parser of a pool's raw records), [`audit`] and [`check`] (the
-//!   `check` audit), [`metrics`] (the metric names).
+//!   `check` audit), [`metrics`] (the metric names), [`backoff`] (the retry waits with full
+//!   jitter the follower uses, shared with the service's client crate).
 //! - Everything else is crate-private: the free-ID set, the bind/release/sweep protocol, the
 //!   watch-fed cache, the sweeper and the batch packing can change without notice. The bench
 //!   crate's micro-benchmarks reach them through `bench_api`, compiled only with the `bench`
@@ -109,6 +110,7 @@
 
 pub mod allocator;
 pub mod audit;
+pub mod backoff;
 mod batch;
 mod bindings;
 mod cache;

@@ -495,7 +495,7 @@ impl Pool {
             ));
         }
         remotes.insert(name.to_string(), view.clone());
-        view.start(Box::new(Neighbours(Arc::downgrade(&self.state))));
+        view.start(Box::new(Neighbours(Arc::downgrade(&self.state))), self.inner.jitter_seed());
         Ok(RemotePool { view })
     }
 

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rand::rngs::StdRng;
+use rand::Rng;
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 use tracing::{info, warn};
@@ -253,6 +254,7 @@ impl Inner {
             self.layout.clone(),
             self.repairs.clone(),
             state.clone(),
+            self.jitter_seed(),
         ));
         lock(&self.tasks).push(task.abort_handle());
         lock(&state.tasks).push(task.abort_handle());
@@ -262,9 +264,16 @@ impl Inner {
             Arc::downgrade(&self.req),
             self.layout.clone(),
             state.clone(),
+            self.jitter_seed(),
         ));
         lock(&self.tasks).push(task.abort_handle());
         lock(&state.tasks).push(task.abort_handle());
+    }
+
+    /// A seed for a follower's retry jitter (`backoff.rs`), from the allocator's generator: a
+    /// seeded allocator replays the same waits, and followers of different processes differ.
+    pub(crate) fn jitter_seed(&self) -> u64 {
+        lock(&self.rng).random()
     }
 
     /// True while `pool` has no follower: its cache knows only what this process wrote.

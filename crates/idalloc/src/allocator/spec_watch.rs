@@ -30,7 +30,12 @@ fn spec_gone(spec_rev: Revision, now: Option<&KeyValue>) -> Option<Option<Vec<u8
 }
 
 /// Runs until the pool's state retires (its tasks are aborted) or the allocator is gone.
-pub(crate) async fn run(req: Weak<Requester>, layout: Layout, pool: Arc<PoolState>) {
+pub(crate) async fn run(
+    req: Weak<Requester>,
+    layout: Layout,
+    pool: Arc<PoolState>,
+    jitter_seed: u64,
+) {
     let Some(strong) = req.upgrade() else {
         return;
     };
@@ -41,6 +46,7 @@ pub(crate) async fn run(req: Weak<Requester>, layout: Layout, pool: Arc<PoolStat
         relist_after_outage: false,
         probe: None,
         request_timeout: None,
+        jitter_seed,
     };
     drop(strong);
     let sink = SpecSink { req, pool, revision: AtomicI64::new(0) };

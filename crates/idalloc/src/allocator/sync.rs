@@ -21,6 +21,7 @@ pub(crate) async fn run(
     layout: Layout,
     repairs: RepairQueue,
     pool: Arc<PoolState>,
+    jitter_seed: u64,
 ) {
     let Some(strong) = req.upgrade() else {
         return;
@@ -32,6 +33,7 @@ pub(crate) async fn run(
         relist_after_outage: false,
         probe: None,
         request_timeout: None,
+        jitter_seed,
     };
     drop(strong);
     let relist = pool.relist.clone();

@@ -21,7 +21,8 @@ use super::view::{lock, Neighbours, RemoteView};
 impl RemoteView {
     /// Starts following the remote. Called once the view is registered with its pool, so that
     /// what the follower publishes (events, metrics) belongs to a view the pool shows.
-    pub(crate) fn start(self: &Arc<Self>, neighbours: Box<dyn Neighbours>) {
+    /// `jitter_seed` seeds the followers' retry jitter (`backoff.rs`).
+    pub(crate) fn start(self: &Arc<Self>, neighbours: Box<dyn Neighbours>, jitter_seed: u64) {
         let _ = self.neighbours.set(neighbours);
         let cfg = FeedConfig {
             store: self.store.clone(),
@@ -30,6 +31,7 @@ impl RemoteView {
             relist_after_outage: true,
             probe: Some(self.opts.probe_interval),
             request_timeout: Some(self.opts.request_timeout),
+            jitter_seed,
         };
         metrics::remote_state(&self.pool, &self.name, Some("syncing"));
         metrics::remote_bindings(&self.pool, &self.name, 0);
@@ -40,6 +42,7 @@ impl RemoteView {
         let spec_cfg = FeedConfig {
             range: KeyRange::key(self.layout.pool_spec_key(&self.pool)),
             probe: None,
+            jitter_seed: jitter_seed.wrapping_add(1),
             ..cfg.clone()
         };
         let mut tasks = lock(&self.tasks);
