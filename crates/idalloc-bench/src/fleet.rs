@@ -141,6 +141,39 @@ impl Counters {
         Ok(c)
     }
 
+    /// A sample that could not be taken: every figure NaN and no time, so that the phase it
+    /// opens or closes shows no figure instead of a wrong one.
+    pub fn missing() -> Counters {
+        let n = f64::NAN;
+        Counters {
+            grpc: n,
+            range: n,
+            txn: n,
+            put: n,
+            delete: n,
+            sent_bytes: n,
+            watchers: n,
+            etcd_cpu: n,
+            self_cpu: n,
+            serve_cpu: n,
+            serve_rss: n,
+            at: None,
+        }
+    }
+
+    /// [`Counters::read`], or [`Counters::missing`] if it failed (logged): etcd's `/metrics`
+    /// can time out when etcd is overloaded, which is when a fleet run is most worth finishing,
+    /// so a failed sample marks the phase instead of ending the run.
+    pub async fn sample(m: &Meter) -> Counters {
+        match Counters::read(m).await {
+            Ok(c) => c,
+            Err(e) => {
+                log(&format!("sample of etcd's counters failed (phase figures missing): {e}"));
+                Counters::missing()
+            }
+        }
+    }
+
     /// What was spent from `self` to `later`.
     pub fn to(&self, later: &Counters) -> Load {
         Load { from: *self, to: *later }
@@ -467,7 +500,7 @@ impl Tally {
             Ok(after) => before.to(&after),
             Err(e) => {
                 self.errors.push(e);
-                Load::default()
+                before.to(&Counters::missing())
             }
         };
         Phase {
@@ -521,13 +554,13 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
 
     // Cold start.
     log(&format!("cold start of {} agents on {} bindings", o.agents, o.bindings));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let (agents, tally) = start_all(o, &endpoint, |_| Vec::new()).await;
     phases.push(tally.finish("cold start", &before, &meter, &probe).await);
 
     // Hold: each agent acquires its keys; then until every agent has seen every agent's keys.
     log(&format!("hold: {} keys per agent", o.keys));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let t0 = Instant::now();
     let mut set = JoinSet::new();
     for (i, a) in agents.iter().enumerate() {
@@ -589,7 +622,7 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
 
     // Restart storm.
     log(&format!("restart storm ({})", if o.close { "close" } else { "crash" }));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     if o.close {
         let mut set = JoinSet::new();
         for a in agents {
@@ -612,7 +645,7 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
 
     // Churn.
     log(&format!("churn for {:?}", o.churn));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let mut set = JoinSet::new();
     let end = Instant::now() + o.churn;
     for (i, a) in agents.iter().enumerate() {
