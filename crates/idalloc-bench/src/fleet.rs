@@ -179,6 +179,15 @@ impl Counters {
         }
     }
 
+    /// [`Counters::read`], or [`Counters::unread`] if even the sampling task failed (logged):
+    /// a phase boundary always has a sample, so a run is never ended by its measurement.
+    pub async fn sample(m: &Meter) -> Counters {
+        Counters::read(m).await.unwrap_or_else(|e| {
+            log(&format!("sample of the counters failed (phase figures missing): {e}"));
+            Counters::unread()
+        })
+    }
+
     /// What was spent from `self` to `later`.
     pub fn to(&self, later: &Counters) -> Load {
         Load { from: *self, to: *later }
@@ -563,13 +572,13 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
 
     // Cold start.
     log(&format!("cold start of {} agents on {} bindings", o.agents, o.bindings));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let (agents, tally) = start_all(o, &endpoint, |_| Vec::new()).await;
     phases.push(tally.finish("cold start", &before, &meter, &probe).await);
 
     // Hold: each agent acquires its keys; then until every agent has seen every agent's keys.
     log(&format!("hold: {} keys per agent", o.keys));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let t0 = Instant::now();
     let mut set = JoinSet::new();
     for (i, a) in agents.iter().enumerate() {
@@ -631,7 +640,7 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
 
     // Restart storm.
     log(&format!("restart storm ({})", if o.close { "close" } else { "crash" }));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     if o.close {
         let mut set = JoinSet::new();
         for a in agents {
@@ -654,7 +663,7 @@ pub async fn run(o: &FleetOptions) -> Result<FleetRun, String> {
 
     // Churn.
     log(&format!("churn for {:?}", o.churn));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let mut set = JoinSet::new();
     let end = Instant::now() + o.churn;
     for (i, a) in agents.iter().enumerate() {

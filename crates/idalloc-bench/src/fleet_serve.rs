@@ -243,7 +243,7 @@ pub async fn run(o: &FleetOptions, mode: &ServeMode) -> Result<FleetRun, String>
         "cold start of {} agents on {} bindings through {} serve replicas",
         o.agents, o.bindings, mode.replicas
     ));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let (mut agents, tally) = cold_start(o, &urls).await;
     phases.push(tally.finish("cold start", &before, &meter, &probe).await);
     if !mode.views {
@@ -257,7 +257,7 @@ pub async fn run(o: &FleetOptions, mode: &ServeMode) -> Result<FleetRun, String>
 
     // Hold.
     log(&format!("hold: {} keys per agent", o.keys));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let t0 = Instant::now();
     let mut set = JoinSet::new();
     for (i, mut a) in agents {
@@ -317,7 +317,7 @@ pub async fn run(o: &FleetOptions, mode: &ServeMode) -> Result<FleetRun, String>
         "restart storm (crash{})",
         if mode.kill_replica { ", replica 0 killed" } else { "" }
     ));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     drop(agents);
     if mode.kill_replica {
         let pid = replicas[0].child.id();
@@ -356,7 +356,7 @@ pub async fn run(o: &FleetOptions, mode: &ServeMode) -> Result<FleetRun, String>
 
     if mode.views {
         log("storm sync: every restarted agent's view");
-        let before = Counters::read(&meter).await?;
+        let before = Counters::sample(&meter).await;
         let mut set = JoinSet::new();
         for (_, a) in &agents {
             let pool = a.pool.clone();
@@ -378,7 +378,7 @@ pub async fn run(o: &FleetOptions, mode: &ServeMode) -> Result<FleetRun, String>
 
     // Churn.
     log(&format!("churn for {:?}", o.churn));
-    let before = Counters::read(&meter).await?;
+    let before = Counters::sample(&meter).await;
     let end = Instant::now() + o.churn;
     let mut set = JoinSet::new();
     for (i, a) in agents {

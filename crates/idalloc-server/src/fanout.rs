@@ -48,6 +48,8 @@ use idalloc::{Event, Pool, Stamped};
 use serde_json::json;
 use tokio::sync::{watch, Notify};
 
+use crate::snapshot::Snapshots;
+
 /// One revision's changes, rendered as SSE events; the last one carries the revision as its id,
 /// so a client's `Last-Event-ID` is always a revision whose changes it has all seen.
 #[derive(Clone, Debug)]
@@ -298,6 +300,8 @@ pub struct Hub {
     wakes: Arc<Notify>,
     /// Bumped every [`KEEP_ALIVE`], published with the next wake-up.
     keep_alive: AtomicU64,
+    /// The initial bindings new streams send, encoded once per revision.
+    pub snapshots: Snapshots,
 }
 
 impl Drop for Hub {
@@ -318,6 +322,7 @@ impl Hub {
             moved: Notify::new(),
             wakes: Arc::new(Notify::new()),
             keep_alive: AtomicU64::new(0),
+            snapshots: Snapshots::default(),
         });
         tokio::spawn(run(Arc::downgrade(&hub), pool, stop));
         tokio::spawn(publisher(Arc::downgrade(&hub), hub.wakes.clone()));
@@ -464,6 +469,7 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool, mut stop: watch::Receiver<bo
                     return;
                 }
                 Step::Check => {
+                    h.snapshots.drop_unused();
                     if pool.is_retired() {
                         let why =
                             format!("pool {:?} was deleted or re-created: watch it again", h.pool);
@@ -648,6 +654,7 @@ mod tests {
             moved: Notify::new(),
             wakes: Arc::new(Notify::new()),
             keep_alive: AtomicU64::new(0),
+            snapshots: Snapshots::default(),
         })
     }
 

@@ -15,6 +15,7 @@ pub mod auth;
 pub mod conn;
 pub mod error;
 pub mod fanout;
+pub mod flight;
 pub mod grants;
 pub mod handlers;
 pub mod labels;
@@ -24,6 +25,7 @@ pub mod quota;
 pub mod ready;
 pub mod secret_files;
 pub mod sessions;
+pub mod snapshot;
 pub mod sniff;
 pub mod tls;
 mod unread;
@@ -42,7 +44,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use idalloc::layout::Layout;
-use idalloc::store::Store;
+use idalloc::store::{GetRequest, Store};
 use idalloc::{Allocator, Pool};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::sync::watch as signal;
@@ -107,6 +109,8 @@ pub struct AppState {
     opened: Mutex<handlers::Opened>,
     /// The shared watch feed of each watched pool.
     hubs: Mutex<std::collections::HashMap<String, Arc<fanout::Hub>>>,
+    /// Per watched pool, the shared read of its newest change ([`AppState::newest_change`]).
+    newest: Mutex<std::collections::HashMap<String, Arc<flight::SingleFlight<i64, ApiError>>>>,
     shutting_down: AtomicBool,
     /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
     stop: signal::Sender<bool>,
@@ -136,6 +140,7 @@ impl AppState {
             concurrency: limits::Concurrency::new(&config.limits),
             opened: Mutex::new(Default::default()),
             hubs: Mutex::new(Default::default()),
+            newest: Mutex::new(Default::default()),
             shutting_down: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
@@ -175,6 +180,38 @@ impl AppState {
         let h = fanout::Hub::start(pool.clone(), self.config.watch_history, self.stop_signal());
         hubs.insert(name.to_string(), h.clone());
         h
+    }
+
+    /// The newest mod revision of `pool`'s ID records in the store, from a read that started
+    /// after this call: what a new watch stream waits for its feed to reach (read-your-writes).
+    /// One record over the network however big the pool (a `newest_first` read of limit 1), and
+    /// one read for all the streams that open at once ([`flight`]).
+    pub(crate) async fn newest_change(&self, pool: &str) -> Result<i64, ApiError> {
+        let flight = {
+            let mut all = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+            let flight = all.entry(pool.to_string()).or_insert_with(|| {
+                let store = self.store.clone();
+                let prefix = self.layout.id_prefix(pool);
+                flight::SingleFlight::new(move || {
+                    let (store, prefix) = (store.clone(), prefix.clone());
+                    async move {
+                        let newest =
+                            GetRequest::prefix(prefix).keys_only().newest_first().with_limit(1);
+                        let resp = store.get(newest).await?;
+                        Ok(resp.kvs.first().map_or(0, |kv| kv.mod_revision))
+                    }
+                })
+            });
+            flight.clone()
+        };
+        flight.get().await
+    }
+
+    /// New watch streams of `pool` waiting for the read of its newest change (tests count them
+    /// to know a burst of streams has arrived).
+    pub fn streams_opening(&self, pool: &str) -> usize {
+        let all = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        all.get(pool).map_or(0, |f| f.waiting())
     }
 
     pub(crate) fn remember(&self, p: &Pool) {

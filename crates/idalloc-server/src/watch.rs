@@ -30,10 +30,9 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 use serde_json::json;
 
-use idalloc::store::GetRequest;
-
 use crate::error::{param, ApiError, ApiQuery};
 use crate::fanout::{join, sse, Hub, Tick};
+use crate::snapshot::Encoded;
 use crate::AppState;
 
 /// Open watch streams, by `pool`.
@@ -110,7 +109,7 @@ pub async fn watch(
             // Read-your-writes: the snapshot includes every binding the store holds now (the
             // cache follows the store's watch, so it can be a moment behind a write that just
             // returned).
-            let newest = newest_change(&st, &name).await?;
+            let newest = st.newest_change(&name).await?;
             caught_up(&hub, Some(newest)).await?;
             snapshot(&hub, &pool).await?
         }
@@ -128,13 +127,6 @@ pub async fn watch(
         Body::from_stream(stream),
     )
         .into_response())
-}
-
-/// The newest mod revision of the pool's ID records in the store (a keys-only read).
-async fn newest_change(st: &AppState, pool: &str) -> Result<i64, ApiError> {
-    let req = GetRequest::prefix(st.layout.id_prefix(pool)).keys_only();
-    let resp = st.store.get(req).await?;
-    Ok(resp.kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0))
 }
 
 /// Waits until the hub has every change through `revision` (any boundary if `None`); returns the
@@ -174,7 +166,8 @@ async fn snapshot(hub: &Hub, pool: &idalloc::Pool) -> Result<(Bytes, u64, i64), 
         let moved = hub.moved.notified();
         tokio::pin!(moved);
         moved.as_mut().enable();
-        let Some((bindings, r)) = pool.snapshot_at() else {
+        // Shared by the streams that open at this revision: one encode, no copy.
+        let Some(Encoded { revision: r, chunk }) = hub.snapshots.at(pool).await else {
             // A watch response is being applied: its end (a `Through`) is moments away, and the
             // hub says so when it has read it.
             if tokio::time::timeout(CATCH_UP, moved).await.is_err() {
@@ -189,12 +182,7 @@ async fn snapshot(hub: &Hub, pool: &idalloc::Pool) -> Result<(Bytes, u64, i64), 
             // The ring moved past R meanwhile (a burst of changes): take a newer snapshot.
             continue;
         };
-        let mut out = String::with_capacity(bindings.len() * 64 + 64);
-        for (id, key) in &bindings {
-            out.push_str(&sse("upsert", None, &json!({"id": id, "key": key, "revision": r})));
-        }
-        out.push_str(&sse("synced", Some(r), &json!({"revision": r, "bindings": bindings.len()})));
-        return Ok((Bytes::from(out), seq, r));
+        return Ok((chunk, seq, r));
     }
     Err(ApiError::unavailable("the pool changes too fast to take a snapshot of it; retry"))
 }

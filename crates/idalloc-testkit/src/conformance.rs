@@ -38,8 +38,8 @@ use std::time::Duration;
 use futures::StreamExt;
 use idalloc::store::{
     list_all, Compare, CompareOp, CompareTarget, GetRequest, GetResponse, KeyRange, KeyValue,
-    Lease, LeaseId, OpResponse, Revision, Store, StoreError, TxnOp, TxnRequest, TxnResponse,
-    WatchEvent, WatchMessage, WatchStream, MAX_REQUEST_BYTES, MAX_TXN_OPS,
+    Lease, LeaseId, OpResponse, PutRequest, Revision, Store, StoreError, TxnOp, TxnRequest,
+    TxnResponse, WatchEvent, WatchMessage, WatchStream, MAX_REQUEST_BYTES, MAX_TXN_OPS,
 };
 
 use crate::hooked::{Answer, Hook, HookedStore, Kind};
@@ -134,6 +134,7 @@ macro_rules! conformance_tests {
                     request_size_limit,
                     put_on_unknown_lease_fails_whole_txn,
                     get_limit_more_count_keys_only_count_only,
+                    get_newest_first,
                     get_at_old_revision,
                     get_future_revision,
                     delete_range_counts,
@@ -779,6 +780,52 @@ pub async fn get_limit_more_count_keys_only_count_only(ts: TestStore) {
     assert_eq!((none.count, none.more), (0, false));
     assert!(none.revision >= all.revision, "header revision never goes back");
     assert!(all.revision >= all.kvs.iter().map(|kv| kv.mod_revision).max().unwrap_or(0));
+}
+
+/// `newest_first` orders by mod revision, newest first, and with a limit answers only the newest
+/// records (with the whole range's count): one record for the newest change of a range, the read
+/// `idalloc serve` makes for a new watch stream. Keys written by one txn share a revision; their
+/// order among themselves is not promised.
+pub async fn get_newest_first(ts: TestStore) {
+    let s = &*ts.store;
+    for name in ["p/c", "p/a", "p/e"] {
+        put(s, &ts.key(name), "1").await;
+    }
+    let put_two = TxnRequest {
+        compare: vec![],
+        success: vec![
+            TxnOp::Put(PutRequest { key: ts.key("p/d"), value: b"2".to_vec(), lease: 0 }),
+            TxnOp::Put(PutRequest { key: ts.key("p/b"), value: b"2".to_vec(), lease: 0 }),
+        ],
+        failure: vec![],
+    };
+    txn(s, put_two).await;
+    let newest = put(s, &ts.key("p/a"), "3").await;
+    put(s, &ts.key("q"), "outside").await;
+    let p = || ts.key("p/");
+    // Keys of one revision in key order (etcd does not promise an order among them).
+    let newest_first_keys = |kvs: &[KeyValue]| {
+        let revs: Vec<Revision> = kvs.iter().map(|kv| kv.mod_revision).collect();
+        assert!(revs.windows(2).all(|w| w[0] >= w[1]), "newest first: {revs:?}");
+        let mut v: Vec<(Revision, Vec<u8>)> =
+            kvs.iter().map(|kv| (kv.mod_revision, kv.key.clone())).collect();
+        v.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        v.into_iter().map(|(_, k)| k).collect::<Vec<_>>()
+    };
+    let all = get(s, GetRequest::prefix(p()).newest_first()).await;
+    let want = ["p/a", "p/b", "p/d", "p/e", "p/c"].map(|n| ts.key(n)).to_vec();
+    assert_eq!(newest_first_keys(&all.kvs), want);
+    assert_eq!((all.count, all.more), (5, false));
+    let one = get(s, GetRequest::prefix(p()).newest_first().keys_only().with_limit(1)).await;
+    assert_eq!(keys(&one.kvs), vec![ts.key("p/a")]);
+    assert_eq!(one.kvs[0].mod_revision, newest, "the range's newest change");
+    assert!(one.kvs[0].value.is_empty());
+    assert_eq!((one.count, one.more), (5, true), "count is the range's");
+    let three = get(s, GetRequest::prefix(p()).newest_first().with_limit(3)).await;
+    assert_eq!(newest_first_keys(&three.kvs), want[..3].to_vec());
+    assert_eq!(three.kvs[1].value, b"2");
+    let empty = get(s, GetRequest::prefix(ts.key("r/")).newest_first().with_limit(1)).await;
+    assert!(empty.kvs.is_empty() && !empty.more);
 }
 
 /// A read at a past revision sees the state as of that revision; the header still reports the

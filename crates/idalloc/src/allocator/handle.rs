@@ -430,6 +430,15 @@ impl Pool {
             .then(|| (cache.snapshot(), revision))
     }
 
+    /// The revision [`Pool::snapshot_at`] would answer at now, without copying the bindings: a
+    /// service that keeps an encoded snapshot tells from it whether its copy is still current.
+    pub fn revision_at(&self) -> Option<crate::store::Revision> {
+        let cache = self.state.lock_cache();
+        let revision = cache.revision();
+        let at_boundary = self.state.through.load(Ordering::Acquire) == revision;
+        (at_boundary && self.state.listed.load(Ordering::Acquire)).then_some(revision)
+    }
+
     /// Like [`Pool::events`] for every cluster of the pool: the local cache and each remote view
     /// replay their bindings (then one `Synced` each, if listed), then live events of all of them
     /// follow, each tagged with its cluster; events of one cluster keep their order. A `Lagged`

@@ -39,7 +39,8 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare as EtcdCompare, CompareOp as EtcdCompareOp, ConnectOptions, DeleteOptions,
-    EventType, GetOptions, PutOptions, Txn, TxnOp as EtcdTxnOp, TxnOpResponse, WatchOptions,
+    EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp as EtcdTxnOp,
+    TxnOpResponse, WatchOptions,
 };
 use futures::StreamExt;
 
@@ -649,6 +650,9 @@ fn get_options(req: &GetRequest) -> GetOptions {
     }
     if req.count_only {
         opts = opts.with_count_only();
+    }
+    if req.newest_first {
+        opts = opts.with_sort(SortTarget::Mod, SortOrder::Descend);
     }
     opts
 }

@@ -217,6 +217,13 @@ pub struct GetRequest {
     /// embedded store stops, so a limited read costs what it returns (issue 21 item 1). Paged
     /// listings ([`Pages`]) need only `more`.
     pub loose_count: bool,
+    /// Order the answer by mod revision, newest first (etcd's `SortTarget::Mod`, descending), not
+    /// by key. With `limit` 1 and `keys_only` this is the range's newest change in one record,
+    /// however big the range: what `idalloc serve` needs to give a new watch stream
+    /// read-your-writes without sending the pool over the network (issue 21 item 4). The store
+    /// still walks the range to sort it (etcd 3.4 reads every record of a range it sorts), but
+    /// answers `limit` records.
+    pub newest_first: bool,
 }
 
 impl Default for KeyRange {
@@ -254,6 +261,11 @@ impl GetRequest {
     /// See [`GetRequest::loose_count`].
     pub fn loose_count(mut self) -> Self {
         self.loose_count = true;
+        self
+    }
+    /// See [`GetRequest::newest_first`].
+    pub fn newest_first(mut self) -> Self {
+        self.newest_first = true;
         self
     }
 }

@@ -24,7 +24,8 @@
 //! internals.
 
 use std::borrow::Cow;
-use std::collections::{BTreeMap, BTreeSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::iter::Peekable;
 use std::ops::Bound;
 use std::sync::Arc;
@@ -492,6 +493,9 @@ impl Mvcc {
         }
         let mut resp = GetResponse { revision: cur_rev, ..Default::default() };
         let limit = usize::try_from(req.limit).unwrap_or(0);
+        if req.newest_first && !req.count_only {
+            return Ok(self.newest_first(req, at, limit, resp));
+        }
         for (key, mod_rev, rec) in self.live_at(&req.range, at) {
             resp.count += 1;
             if req.count_only {
@@ -508,6 +512,43 @@ impl Mvcc {
             resp.kvs.push(kv_of(&key, mod_rev, &rec, req.keys_only));
         }
         Ok(resp)
+    }
+
+    /// A read ordered by mod revision, newest first (ties by key, as etcd's sort is stable over
+    /// a key-ordered range): the `limit` newest records are kept as the range is walked, so a
+    /// limit of 1 holds one record, not the range.
+    fn newest_first(
+        &self,
+        req: &GetRequest,
+        at: Revision,
+        limit: usize,
+        mut resp: GetResponse,
+    ) -> GetResponse {
+        // Min-heap on (mod revision, reversed walk order): its top is the record to drop first.
+        let mut kept: BinaryHeap<Reverse<(Revision, Reverse<u64>)>> = BinaryHeap::new();
+        let mut records: HashMap<u64, KeyValue> = HashMap::new();
+        for (n, (key, mod_rev, rec)) in (0u64..).zip(self.live_at(&req.range, at)) {
+            resp.count += 1;
+            let entry = Reverse((mod_rev, Reverse(n)));
+            if limit > 0 && kept.len() == limit {
+                match kept.peek() {
+                    Some(top) if entry < *top => {
+                        if let Some(Reverse((_, Reverse(gone)))) = kept.pop() {
+                            records.remove(&gone);
+                        }
+                    }
+                    _ => continue,
+                }
+            }
+            kept.push(entry);
+            records.insert(n, kv_of(&key, mod_rev, &rec, req.keys_only));
+        }
+        resp.more = limit > 0 && resp.count > limit as i64;
+        let mut order: Vec<(Revision, Reverse<u64>)> =
+            kept.into_iter().map(|Reverse(e)| e).collect();
+        order.sort_unstable_by(|a, b| b.cmp(a));
+        resp.kvs = order.into_iter().filter_map(|(_, Reverse(n))| records.remove(&n)).collect();
+        resp
     }
 
     /// A standalone read.
