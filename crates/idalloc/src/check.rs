@@ -12,9 +12,9 @@ use serde::Serialize;
 use crate::audit::{self, Finding, RepairContext};
 use crate::layout::Layout;
 use crate::records::{self, PoolSnapshot};
+use crate::store::listing::{BoundedPages, PageBound};
 use crate::store::{
-    list_all, list_all_at, GetRequest, KeyRange, KeyValue, OpResponse, Revision, Store,
-    StoreResult, TxnOp, TxnRequest,
+    GetRequest, KeyRange, KeyValue, OpResponse, Revision, Store, StoreResult, TxnOp, TxnRequest,
 };
 
 /// One pool's result.
@@ -49,24 +49,42 @@ pub struct Scan {
 }
 
 /// Reads pool `pool` (or, with `None`, every record under the prefix) at one revision and audits
-/// it.
+/// it: [`scan_bounded`] with [`PageBound::default`] (the store's own bound on each page, a few
+/// retries of each).
 pub async fn scan(
     store: &dyn Store,
     layout: &Layout,
     pool: Option<&str>,
     page: i64,
 ) -> StoreResult<Scan> {
+    scan_bounded(store, layout, pool, page, &PageBound::default()).await
+}
+
+/// [`scan`] with each page of its listings bounded and retried as `bound` says; the listing as a
+/// whole takes as long as its pages keep coming (issue 21 item 1).
+pub async fn scan_bounded(
+    store: &dyn Store,
+    layout: &Layout,
+    pool: Option<&str>,
+    page: i64,
+    bound: &PageBound,
+) -> StoreResult<Scan> {
+    let pages = |range: KeyRange, what: String| {
+        BoundedPages::new(store, &range, page, bound.clone()).named(what)
+    };
     let (spec_kvs, data_kvs, other_kvs, revision) = match pool {
         Some(p) => {
-            let (data, rev) =
-                list_all(store, &KeyRange::prefix(layout.pool_data_prefix(p)), page).await?;
+            let data = KeyRange::prefix(layout.pool_data_prefix(p));
+            let (data, rev) = pages(data, format!("pool {p:?}")).collect().await?;
+            let spec = KeyRange::key(layout.pool_spec_key(p));
             let (spec, _) =
-                list_all_at(store, &KeyRange::key(layout.pool_spec_key(p)), page, rev).await?;
+                pages(spec, format!("pool {p:?}'s spec")).at_revision(rev).collect().await?;
             (spec, data, Vec::new(), rev)
         }
         None => {
             let root = format!("{}/", layout.prefix()).into_bytes();
-            let (all, rev) = list_all(store, &KeyRange::prefix(root), page).await?;
+            let what = format!("prefix {:?}", layout.prefix());
+            let (all, rev) = pages(KeyRange::prefix(root), what).collect().await?;
             let pools = layout.pools_prefix();
             let data = format!("{}/data/", layout.prefix()).into_bytes();
             let (mut specs, mut datas, mut others) = (Vec::new(), Vec::new(), Vec::new());
@@ -259,6 +277,7 @@ pub async fn nesting(store: &dyn Store, layout: &Layout) -> StoreResult<Vec<Stri
 mod tests {
     use super::*;
     use crate::store::embedded::EmbeddedStore;
+    use crate::store::list_all;
     use crate::PoolSpec;
 
     /// A repair planned on a scan is not applied when an allocator touched its records in

@@ -303,18 +303,19 @@ impl Inner {
         // are free (issue 9, weak spot b). Count only the IDs the pool hands out; an unreadable
         // value on one still counts as used (DESIGN §11). Only a full (or tampered) pool pays
         // this listing.
+        // Names only, counted page by page: the count needs neither the values nor the listing.
         let range = crate::store::KeyRange::prefix(self.layout.id_prefix(name));
-        let (kvs, revision) = self
-            .req
-            .call(|| crate::store::list_all(&*self.req.store, &range, self.req.list_page))
-            .await?;
+        let count = |used: &mut u64, kvs: Vec<crate::store::KeyValue>| {
+            *used += kvs
+                .iter()
+                .filter_map(|kv| self.layout.parse_id_key(name, &kv.key))
+                .filter(|id| protocol::id_is_allocatable(&pool.spec, *id))
+                .count() as u64;
+        };
+        let pages = self.req.pages(&range, format!("pool {name:?}")).keys_only();
+        let (used, revision) = pages.fold(|| 0u64, count).await?;
         self.req.note_seen(revision);
-        let used = kvs
-            .iter()
-            .filter_map(|kv| self.layout.parse_id_key(name, &kv.key))
-            .filter(|id| protocol::id_is_allocatable(&pool.spec, *id))
-            .count();
-        Ok((rec, used as u64, revision.max(resp.revision)))
+        Ok((rec, used, revision.max(resp.revision)))
     }
 
     /// Reads every ID record's name in `pool` (keys only: `used_ids.rs`) and marks each ID used
@@ -330,7 +331,8 @@ impl Inner {
         let name = pool.spec.name();
         let range = crate::store::KeyRange::prefix(self.layout.id_prefix(name));
         let page = self.req.list_page.saturating_mul(super::used_ids::PAGE_FACTOR);
-        let revision = super::used_ids::for_each_page(&self.req, &range, page, |kvs| {
+        let what = format!("pool {name:?}");
+        let revision = super::used_ids::for_each_page(&self.req, &range, page, &what, |kvs| {
             let mut cache = pool.lock_cache();
             for kv in kvs {
                 if let Some(id) = self.layout.parse_id_key(name, &kv.key) {

@@ -31,7 +31,9 @@ pub(crate) async fn run(
         page: strong.list_page,
         relist_after_outage: false,
         probe: None,
-        request_timeout: None,
+        // Each page of the listing bounded like one request, the listing as long as pages come
+        // (issue 21 item 1), as every whole listing of the allocator (`Requester::pages`).
+        request_timeout: Some(strong.request_timeout),
     };
     drop(strong);
     let relist = pool.relist.clone();
