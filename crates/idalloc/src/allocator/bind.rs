@@ -411,7 +411,8 @@ impl Inner {
     /// Waits until the pool's cache holds the whole pool, starting its follower first if the
     /// pool was opened lazily (`AllocatorOptions::lazy_view`). A large pool takes many pages to
     /// list; the wait gives up only when no page has arrived for a whole request budget
-    /// (timeout × attempts), not after a fixed total.
+    /// (timeout × attempts), not after a fixed total. The time spent applying a complete
+    /// listing is not held to that budget (`PoolState::applying`).
     pub(super) async fn wait_synced(&self, pool: &PoolState) -> Result<()> {
         self.follow(pool);
         let mut synced = pool.synced.subscribe();
@@ -424,14 +425,20 @@ impl Inner {
             }
             // A listing that met damaged data: no retry will cure it (`sync::ends_waits`).
             pool.listing_failed()?;
-            let moved = tokio::time::timeout(bound, async {
+            let moved = async {
                 tokio::select! {
                     biased;
                     r = synced.changed() => r.is_ok(),
                     r = progress.changed() => r.is_ok(),
                 }
-            })
-            .await;
+            };
+            // Every page is in and the view is being swapped: local work, not a stalled store
+            // (`PoolState::applying`); it ends with `synced` or a wake-up.
+            let moved = if pool.applying.load(std::sync::atomic::Ordering::Acquire) {
+                Ok(moved.await)
+            } else {
+                tokio::time::timeout(bound, moved).await
+            };
             if !matches!(moved, Ok(true)) {
                 return Err(Error::unavailable(format!(
                     "pool {:?} could not be listed from the store: no progress within {bound:?}",

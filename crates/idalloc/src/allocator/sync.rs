@@ -85,9 +85,18 @@ impl Sink for LocalSink {
         listing.add(&kvs, |k| self.layout.parse_id_key(self.pool.spec.name(), k));
     }
 
+    fn applying(&self) {
+        self.pool.applying.store(true, Ordering::Release);
+        // Wake the waiters, as a page does: they see the flag and wait for the apply.
+        self.pool.list_progress.send_modify(|pages| *pages += 1);
+    }
+
     fn listed(&self, listing: Listing, rev: Revision) -> Result<(), Gone> {
-        self.alive()?;
         let pool = &self.pool;
+        if self.alive().is_err() {
+            pool.applying.store(false, Ordering::Release);
+            return Err(Gone);
+        }
         lock(&pool.list_failure).take();
         {
             let mut cache = pool.lock_cache();
@@ -104,6 +113,7 @@ impl Sink for LocalSink {
             pool.publish_gauges(req.seen());
         }
         pool.mark_synced();
+        pool.applying.store(false, Ordering::Release);
         // A re-list may reveal that a held key's binding changed while we were away.
         self.repairs.check_held(pool);
         Ok(())
