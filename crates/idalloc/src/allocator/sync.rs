@@ -143,12 +143,15 @@ impl Sink for LocalSink {
 /// follower's next attempt is pointless: a damaged store file (`StoreError::Corrupt`) stays
 /// damaged, and waiting out `wait_synced`'s no-progress budget only turned it into
 /// `Unavailable` ("could not be listed", exit 1 instead of the CLI's 4 for damaged data). The
+/// same for a store that refuses this client (`StoreError::Access`: a role without read on the
+/// pool, credentials rejected): only a configuration change cures it, and the waiter should say
+/// so (`AccessDenied`, naming the endpoint and the cause) at once, not after its budget. The
 /// follower still retries in the background (with its back-off): a listing that succeeds clears
 /// the failure. Everything else (an outage, a timeout, a compaction) may pass, so waiters keep
 /// waiting for progress as before.
 fn ends_waits(error: &StoreError) -> Option<Error> {
     match error {
-        StoreError::Corrupt { .. } => Some(Error::from(error.clone())),
+        StoreError::Corrupt { .. } | StoreError::Access { .. } => Some(Error::from(error.clone())),
         _ => None,
     }
 }
