@@ -7,8 +7,8 @@
 //! loose to tell a hung store. What tells a hung store from a big range is a *page* that does not
 //! come, as the cache's follower already found (`feed.rs`). So here each page's read (each round
 //! trip: a page may take several when windows are empty) gets the bound and the retries a single
-//! request gets ([`crate::RetryPolicy`], the crate's one [`Backoff`]), and
-//! a listing that makes progress runs as long as it takes.
+//! request gets ([`crate::RetryPolicy`], the crate's one backoff, `retry.rs`), and a listing that
+//! makes progress runs as long as it takes.
 //!
 //! A retry reads the same page again, from where the listing stands (the [`Pages`] cursor only
 //! moves once a read has returned), at the listing's revision: never from page 1. If the store
