@@ -161,6 +161,14 @@ pub struct SecureSpec {
     pub auth_token_ttl: Option<u64>,
 }
 
+/// What a role may do on a prefix ([`SecureEtcd::add_user`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Grant {
+    Read,
+    Write,
+    ReadWrite,
+}
+
 /// A single etcd member, locked down as its [`SecureSpec`] says, on free loopback ports.
 /// Killed by its PID and its files removed on drop.
 #[derive(Debug)]
@@ -397,6 +405,53 @@ impl SecureEtcd {
             .map_err(|_| "setting up etcd users timed out".to_string())?
             .map_err(err("setting up etcd users"))?;
         self.wait_ready(true).await
+    }
+
+    /// Adds user `user` with password `password` and a role of the same name granting `grants`
+    /// (each a prefix and what the role may do there), as root: etcdctl's `role add`,
+    /// `role grant-permission … --prefix`, `user add`, `user grant-role`. For tests of users with
+    /// less than readwrite (a read-only user).
+    pub async fn add_user(
+        &self,
+        user: &str,
+        password: &str,
+        grants: &[(&str, Grant)],
+    ) -> Result<(), String> {
+        let mut opts = etcd_client::ConnectOptions::new()
+            .with_connect_timeout(Duration::from_secs(2))
+            .with_timeout(Duration::from_secs(5))
+            .with_user("root", Self::ROOT_PASSWORD);
+        if self.spec.tls {
+            let ca = std::fs::read(&self.pki.ca).map_err(err("CA"))?;
+            let cert = std::fs::read(&self.pki.client.cert).map_err(err("client cert"))?;
+            let key = std::fs::read(&self.pki.client.key).map_err(err("client key"))?;
+            opts = opts.with_tls(
+                etcd_client::TlsOptions::new()
+                    .ca_certificate(etcd_client::Certificate::from_pem(ca))
+                    .identity(etcd_client::Identity::from_pem(cert, key)),
+            );
+        }
+        let mut c = etcd_client::Client::connect([self.endpoint()], Some(opts))
+            .await
+            .map_err(err("root client"))?;
+        let setup = async {
+            c.role_add(user).await?;
+            for (prefix, grant) in grants {
+                let perm = match grant {
+                    Grant::Read => etcd_client::Permission::read(*prefix),
+                    Grant::Write => etcd_client::Permission::write(*prefix),
+                    Grant::ReadWrite => etcd_client::Permission::read_write(*prefix),
+                };
+                c.role_grant_permission(user, perm.with_prefix()).await?;
+            }
+            c.user_add(user, password, None).await?;
+            c.user_grant_role(user, user).await?;
+            Ok::<_, etcd_client::Error>(())
+        };
+        tokio::time::timeout(Duration::from_secs(20), setup)
+            .await
+            .map_err(|_| format!("adding etcd user {user:?} timed out"))?
+            .map_err(err("adding an etcd user"))
     }
 
     /// Kills etcd (by PID) and starts it again on the same data and ports, then waits until it

@@ -334,10 +334,7 @@ impl Allocator {
     pub async fn pool_listing(&self) -> Result<crate::records::PoolListing> {
         let inner = &self.inner;
         let range = KeyRange::prefix(inner.layout.pools_prefix());
-        let (kvs, _) = inner
-            .req
-            .call(|| crate::store::list_all(&*inner.req.store, &range, inner.opts.list_page))
-            .await?;
+        let (kvs, _) = inner.req.pages(&range, "of the pool specs").collect().await?;
         Ok(crate::records::parse_pool_listing(&inner.layout, &kvs))
     }
 

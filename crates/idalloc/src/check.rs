@@ -13,9 +13,10 @@ use crate::audit::{self, Finding, RepairContext, Suspects};
 use crate::layout::{IdRecord, Layout};
 use crate::point_reads;
 use crate::records::{self, PoolSnapshot};
+use crate::store::listing::{BoundedPages, PageBound};
 use crate::store::{
-    list_all, prefix_end, GetRequest, KeyRange, KeyValue, OpResponse, Pages, Revision, Store,
-    StoreResult, TxnOp, TxnRequest,
+    prefix_end, GetRequest, KeyRange, KeyValue, OpResponse, Revision, Store, StoreResult, TxnOp,
+    TxnRequest,
 };
 
 /// One pool's result.
@@ -51,13 +52,29 @@ pub struct Scan {
 
 /// Reads pool `pool` (or, with `None`, every record under the prefix) at one revision and audits
 /// it, streaming: memory is a page of records, a small entry per bound ID and the records of what
-/// it finds, never the pool's records (issue 21 item 2; [`Suspects`] says how).
+/// it finds, never the pool's records (issue 21 item 2; [`Suspects`] says how). [`scan_bounded`]
+/// with [`PageBound::default`] (the store's own bound on each page, a few retries of each).
 pub async fn scan(
     store: &dyn Store,
     layout: &Layout,
     pool: Option<&str>,
     page: i64,
 ) -> StoreResult<Scan> {
+    scan_bounded(store, layout, pool, page, &PageBound::default()).await
+}
+
+/// [`scan`] with each page of its listings bounded and retried as `bound` says; the listing as a
+/// whole takes as long as its pages keep coming (issue 21 item 1).
+pub async fn scan_bounded(
+    store: &dyn Store,
+    layout: &Layout,
+    pool: Option<&str>,
+    page: i64,
+    bound: &PageBound,
+) -> StoreResult<Scan> {
+    let pages = |range: &KeyRange, what: String| {
+        BoundedPages::new(store, range, page, bound.clone()).named(what)
+    };
     // The first read fixes the revision every later read names.
     let (spec_kvs, data_names, other, revision) = match pool {
         Some(p) => {
@@ -65,11 +82,12 @@ pub async fn scan(
             (resp.kvs, vec![p.to_string()], Vec::new(), resp.revision)
         }
         None => {
-            let (specs, rev) =
-                list_all(store, &KeyRange::prefix(layout.pools_prefix()), page).await?;
+            let specs_range = KeyRange::prefix(layout.pools_prefix());
+            let (specs, rev) = pages(&specs_range, "the pool specs".into()).collect().await?;
             let mut other = Vec::new();
             for range in outside_pools_and_data(layout) {
-                let mut pages = Pages::at(store, &range, page, rev).keys_only();
+                let what = format!("the records outside pools/ and data/ ({range:?})");
+                let mut pages = pages(&range, what).at_revision(rev).keys_only();
                 while let Some(kvs) = pages.next_page().await? {
                     other.extend(kvs.iter().map(|kv| Finding::UnreadableRecord {
                         record: String::from_utf8_lossy(&kv.key).into_owned(),
@@ -113,7 +131,8 @@ pub async fn scan(
         let usable = spec.as_ref().ok().cloned().flatten();
         // Every-pool mode reads the record named `data/<name>` too (a listing of the prefix
         // grouped it with the pool); `check POOL` reads the pool's data prefix only.
-        let read = PoolRead { store, layout, pool: &name, page, revision, exact: pool.is_none() };
+        let read =
+            PoolRead { store, layout, pool: &name, page, bound, revision, exact: pool.is_none() };
         let valid_name = crate::pool::validate_pool_name(&name).is_ok();
         let (snap, records, unreadable_names) = if valid_name {
             let (snap, records) = read.audited(usable.as_ref().map(|(s, _)| s)).await?;
@@ -209,6 +228,7 @@ struct PoolRead<'a> {
     layout: &'a Layout,
     pool: &'a str,
     page: i64,
+    bound: &'a PageBound,
     revision: Revision,
     /// Also read the record named `data/<pool>` (every-pool mode).
     exact: bool,
@@ -237,7 +257,9 @@ impl PoolRead<'_> {
             }
         }
         for (i, range) in ranges.iter().enumerate() {
-            let mut pages = Pages::at(self.store, range, self.page, self.revision);
+            let mut pages = BoundedPages::new(self.store, range, self.page, self.bound.clone())
+                .named(format!("pool {:?}", self.pool))
+                .at_revision(self.revision);
             if keys_only {
                 pages = pages.keys_only();
             }
@@ -446,6 +468,7 @@ mod tests {
     use super::*;
     use crate::layout::encode_id;
     use crate::store::embedded::EmbeddedStore;
+    use crate::store::list_all;
     use crate::PoolSpec;
 
     /// A repair planned on a scan is not applied when an allocator touched its records in

@@ -54,6 +54,11 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// revision was compacted meanwhile is dropped and started again at a new revision.
     fn listing_page(&self, listing: &mut Self::Listing, kvs: Vec<KeyValue>);
 
+    /// Every page of a listing is in; [`Sink::listed`] comes next. Applying a big listing is
+    /// local work that takes a while (and cannot hang on the store): whoever waits for the view
+    /// must not take that time for a stalled listing.
+    fn applying(&self) {}
+
     /// The listing is complete, at `revision`: the view becomes exactly this.
     fn listed(&self, listing: Self::Listing, revision: Revision) -> Result<(), Gone>;
 
@@ -207,6 +212,7 @@ pub(crate) async fn follow<S: Sink>(cfg: FeedConfig, relist: Arc<Relist>, sink: 
                 }
             };
             let listing = listing.unwrap_or_else(|| sink.begin_listing(0));
+            sink.applying();
             if sink.listed(listing, rev).is_err() {
                 return;
             }

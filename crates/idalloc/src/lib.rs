@@ -126,6 +126,7 @@ pub mod pool;
 mod protocol;
 pub mod records;
 pub mod remote;
+mod retry;
 mod show;
 mod spec;
 pub mod store;

@@ -19,7 +19,7 @@ use idalloc::store::{
 use idalloc::{Allocator, AllocatorOptions, Error, PoolSpec};
 use idalloc_testkit::conformance::{self, TestStore};
 use idalloc_testkit::etcd::etcd_or_skip;
-use idalloc_testkit::secure::{SecureEtcd, SecureSpec};
+use idalloc_testkit::secure::{Grant, SecureEtcd, SecureSpec};
 
 /// Longer than any request timeout used here: reaching it means a hang.
 const HANG: Duration = Duration::from_secs(30);
@@ -298,4 +298,61 @@ async fn restricted_user_works_inside_its_prefix_only_across_token_expiry_and_re
     cert_only.get(GetRequest::key("idalloc-secure/k")).await.expect("read inside by certificate");
     let e = cert_only.get(GetRequest::key("other-app/k")).await.expect_err("outside");
     assert_access(&e, AccessCause::Permission, &ep, "permission denied");
+}
+
+/// Issue 21 item 1: a store that refuses this user ends the waits at once, as damaged data does,
+/// instead of letting `acquire` wait out its whole no-progress budget (timeout × attempts, 15 s
+/// here) and report the pool as "could not be listed". Two real users with less than readwrite:
+/// one may read the pool but not write it, one may read only the pool specs (not its data). Each
+/// `acquire` fails with `AccessDenied` naming the endpoint; the outer timeout is a hang detector.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_without_permission_is_refused_at_once_not_after_the_wait_budget() {
+    if !have_etcd() {
+        return;
+    }
+    let etcd = start(SecureSpec { auth: true, ..SecureSpec::default() }).await;
+    let ep = etcd.endpoint();
+    let prefix = "idalloc-secure/limited";
+    let allocator = |store: EtcdStore, holder: &str| {
+        let opts = AllocatorOptions {
+            prefix: prefix.into(),
+            holder: Some(holder.into()),
+            session_ttl: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
+            retry: idalloc::RetryPolicy { max_attempts: 3, ..Default::default() },
+            ..AllocatorOptions::default()
+        };
+        Allocator::from_arc(Arc::new(store), opts).expect("allocator")
+    };
+    let user = |name: &str| EtcdAuth { user: name.into(), password: Password::new("pw-of-test") };
+    let connect = |name: &str| EtcdStore::connect(etcd.options(Some(user(name))));
+
+    let rw = EtcdStore::connect(etcd.options(Some(SecureEtcd::user_auth()))).await.expect("rw");
+    let owner = allocator(rw, "owner");
+    let pool = owner.ensure_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
+    pool.acquire_durable("x", "owner").await.expect("acquire as the owner");
+
+    etcd.add_user("reader", "pw-of-test", &[(prefix, Grant::Read)]).await.expect("reader");
+    let specs = format!("{prefix}/pools/");
+    etcd.add_user("specs", "pw-of-test", &[(specs.as_str(), Grant::Read)]).await.expect("specs");
+
+    for name in ["reader", "specs"] {
+        let a = allocator(connect(name).await.expect("connect"), name);
+        let attempt = async {
+            let p = a.pool("p").await?;
+            p.acquire("y").await
+        };
+        let e = tokio::time::timeout(HANG, attempt)
+            .await
+            .unwrap_or_else(|_| panic!("{name}: hang"))
+            .expect_err("no write permission");
+        match &e {
+            Error::AccessDenied { reason } => {
+                assert!(reason.contains(&ep) && reason.contains("permission denied"), "{e}")
+            }
+            other => panic!("{name}: expected AccessDenied at once, got {other:?}"),
+        }
+        let _ = a.close().await;
+    }
+    owner.close().await.expect("close");
 }

@@ -303,18 +303,19 @@ impl Inner {
         // are free (issue 9, weak spot b). Count only the IDs the pool hands out; an unreadable
         // value on one still counts as used (DESIGN §11). Only a full (or tampered) pool pays
         // this listing.
+        // Names only, counted page by page: the count needs neither the values nor the listing.
         let range = crate::store::KeyRange::prefix(self.layout.id_prefix(name));
-        let (kvs, revision) = self
-            .req
-            .call(|| crate::store::list_all(&*self.req.store, &range, self.req.list_page))
-            .await?;
+        let count = |used: &mut u64, kvs: Vec<crate::store::KeyValue>| {
+            *used += kvs
+                .iter()
+                .filter_map(|kv| self.layout.parse_id_key(name, &kv.key))
+                .filter(|id| protocol::id_is_allocatable(&pool.spec, *id))
+                .count() as u64;
+        };
+        let pages = self.req.pages(&range, format!("pool {name:?}")).keys_only();
+        let (used, revision) = pages.fold(|| 0u64, count).await?;
         self.req.note_seen(revision);
-        let used = kvs
-            .iter()
-            .filter_map(|kv| self.layout.parse_id_key(name, &kv.key))
-            .filter(|id| protocol::id_is_allocatable(&pool.spec, *id))
-            .count();
-        Ok((rec, used as u64, revision.max(resp.revision)))
+        Ok((rec, used, revision.max(resp.revision)))
     }
 
     /// Reads every ID record's name in `pool` (keys only: `used_ids.rs`) and marks each ID used
@@ -330,7 +331,8 @@ impl Inner {
         let name = pool.spec.name();
         let range = crate::store::KeyRange::prefix(self.layout.id_prefix(name));
         let page = self.req.list_page.saturating_mul(super::used_ids::PAGE_FACTOR);
-        let revision = super::used_ids::for_each_page(&self.req, &range, page, |kvs| {
+        let what = format!("pool {name:?}");
+        let revision = super::used_ids::for_each_page(&self.req, &range, page, &what, |kvs| {
             let mut cache = pool.lock_cache();
             for kv in kvs {
                 if let Some(id) = self.layout.parse_id_key(name, &kv.key) {
@@ -409,7 +411,8 @@ impl Inner {
     /// Waits until the pool's cache holds the whole pool, starting its follower first if the
     /// pool was opened lazily (`AllocatorOptions::lazy_view`). A large pool takes many pages to
     /// list; the wait gives up only when no page has arrived for a whole request budget
-    /// (timeout × attempts), not after a fixed total.
+    /// (timeout × attempts), not after a fixed total. The time spent applying a complete
+    /// listing is not held to that budget (`PoolState::applying`).
     pub(super) async fn wait_synced(&self, pool: &PoolState) -> Result<()> {
         self.follow(pool);
         let mut synced = pool.synced.subscribe();
@@ -422,14 +425,20 @@ impl Inner {
             }
             // A listing that met damaged data: no retry will cure it (`sync::ends_waits`).
             pool.listing_failed()?;
-            let moved = tokio::time::timeout(bound, async {
+            let moved = async {
                 tokio::select! {
                     biased;
                     r = synced.changed() => r.is_ok(),
                     r = progress.changed() => r.is_ok(),
                 }
-            })
-            .await;
+            };
+            // Every page is in and the view is being swapped: local work, not a stalled store
+            // (`PoolState::applying`); it ends with `synced` or a wake-up.
+            let moved = if pool.applying.load(std::sync::atomic::Ordering::Acquire) {
+                Ok(moved.await)
+            } else {
+                tokio::time::timeout(bound, moved).await
+            };
             if !matches!(moved, Ok(true)) {
                 return Err(Error::unavailable(format!(
                     "pool {:?} could not be listed from the store: no progress within {bound:?}",

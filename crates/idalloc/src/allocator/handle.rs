@@ -342,15 +342,13 @@ impl Pool {
     }
 
     /// Every binding with its holders, read from the store at one revision (one round trip per
-    /// page), sorted by ID. Tombstones are not bindings and are left out.
+    /// page, each page bounded by the request timeout, the listing as long as pages keep
+    /// coming), sorted by ID. Tombstones are not bindings and are left out.
     pub async fn list(&self) -> Result<Vec<Binding>> {
         let inner = &self.inner;
         let name = self.state.spec.name();
         let range = KeyRange::prefix(inner.layout.pool_data_prefix(name));
-        let (kvs, _) = inner
-            .req
-            .call(|| crate::store::list_all(&*inner.req.store, &range, inner.opts.list_page))
-            .await?;
+        let (kvs, _) = inner.req.pages(&range, format!("pool {name:?}")).collect().await?;
         let mut holders: HashMap<String, Vec<String>> = HashMap::new();
         let mut bound = Vec::new();
         for kv in &kvs {

@@ -56,16 +56,21 @@ impl Pool {
         let page = inner.opts.list_page.saturating_mul(used_ids::PAGE_FACTOR);
         let mut ids = DecimalIds::new();
         let mut misordered = None;
-        let revision = used_ids::for_each_page(&inner.req, &range, page, |kvs| {
-            for kv in kvs {
+        // Page by page, not `used_ids::for_each_page`: a pass that started over at a new
+        // revision after a compaction would feed `ids` its names a second time; here a
+        // compaction ends the listing with its error instead (nothing printed is repeated).
+        let mut pages =
+            inner.req.pages(&range, format!("pool {name:?}")).keys_only().page_size(page);
+        while let Some(kvs) = pages.next_page().await? {
+            for kv in &kvs {
                 if let Some(id) = inner.layout.parse_id_key(name, &kv.key) {
                     if !ids.push(id) && misordered.is_none() {
                         misordered = Some(id);
                     }
                 }
             }
-        })
-        .await?;
+        }
+        let revision = pages.revision();
         if let Some(id) = misordered {
             return Err(Error::unavailable_for_good(format!(
                 "the store listed the ID records of pool {name:?} out of key order (at ID {id}); \

@@ -72,6 +72,12 @@ pub(crate) struct PoolState {
     /// file: `sync::ends_waits`). Cleared by a listing that succeeds. `wait_synced` returns it at
     /// once instead of waiting out its no-progress budget and reporting `Unavailable`.
     pub(crate) list_failure: Mutex<Option<crate::error::Error>>,
+    /// A complete listing is being applied to the cache (set by `sync.rs` once the last page
+    /// is in, cleared when the view is swapped): local work that cannot hang on the store, so
+    /// `wait_synced` does not hold it to its no-progress budget. At 1M bindings on a loaded
+    /// machine the apply alone can outlast that budget, and the waiter reported a pool that was
+    /// a moment from synced as one that "could not be listed".
+    pub(crate) applying: AtomicBool,
     pub(super) quarantine: tokio::sync::Mutex<Option<(LeaseId, Instant)>>,
     /// Asks the pool's follower to re-list (resync, pool deleted).
     pub(crate) relist: Arc<crate::feed::Relist>,

@@ -201,6 +201,7 @@ impl Inner {
             applied,
             list_progress,
             list_failure: Mutex::new(None),
+            applying: AtomicBool::new(false),
             quarantine: tokio::sync::Mutex::new(None),
             relist: Arc::default(),
             idle_since: Mutex::new(HashMap::new()),

@@ -1,6 +1,7 @@
 //! The one request path: every store request of the driver goes through a [`Requester`], which
 //! bounds each attempt by the request timeout and retries `Unavailable` with ONE backoff policy
-//! ([`Backoff`], from [`RetryPolicy`]). It also keeps the newest store revision seen in a response
+//! ([`Backoff`], from [`RetryPolicy`]; whole listings through [`Requester::pages`], which bounds
+//! and retries each page the same way). It also keeps the newest store revision seen in a response
 //! (the fence of binds, docs/design-notes.md "Late commits") and the per-pool quarantine lease for
 //! tombstones (DESIGN §8, G5). It knows nothing of pools' registry, sessions or repairs, so the sync
 //! task and the sweeper can use it without reaching into the allocator.
@@ -11,12 +12,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
-use tracing::warn;
 
 use super::pool_state::PoolState;
 use super::types::RetryPolicy;
 use crate::error::{Error, Result};
-use crate::store::{LeaseId, Revision, Store, StoreError, StoreResult, TxnRequest, TxnResponse};
+pub(crate) use crate::retry::Backoff;
+use crate::store::listing::{BoundedPages, PageBound};
+use crate::store::{
+    KeyRange, LeaseId, Revision, Store, StoreError, StoreResult, TxnRequest, TxnResponse,
+};
 
 /// The store and how to talk to it: timeout, retries, page size.
 pub(crate) struct Requester {
@@ -29,49 +33,6 @@ pub(crate) struct Requester {
     pub(crate) fold_fences_above: usize,
     /// The newest store revision seen in a response: the fence of this process's binds.
     seen: AtomicI64,
-}
-
-/// The retry schedule of one request: at most `max_attempts` attempts, waiting `initial_backoff`
-/// before the second and doubling up to `max_backoff`. The only backoff of the request path.
-pub(crate) struct Backoff {
-    next: Duration,
-    max: Duration,
-    attempt: u32,
-    max_attempts: u32,
-}
-
-impl Backoff {
-    pub(crate) fn new(policy: &RetryPolicy) -> Backoff {
-        Backoff {
-            next: policy.initial_backoff,
-            max: policy.max_backoff,
-            attempt: 1,
-            max_attempts: policy.max_attempts,
-        }
-    }
-
-    /// The attempt about to be made or just made (1-based).
-    pub(crate) fn attempt(&self) -> u32 {
-        self.attempt
-    }
-
-    /// After a failed attempt with retryable error `e`: waits and returns true if another attempt
-    /// is allowed, else false (without waiting).
-    pub(crate) async fn retry(&mut self, e: &StoreError) -> bool {
-        if !e.is_retryable() || self.attempt >= self.max_attempts {
-            return false;
-        }
-        warn!(attempt = self.attempt, error = %e, "store request failed; retrying");
-        tokio::time::sleep(self.next).await;
-        self.next = (self.next * 2).min(self.max);
-        self.attempt += 1;
-        true
-    }
-
-    /// Counts an attempt that is repeated without waiting (a vanished quarantine lease).
-    pub(crate) fn again(&mut self) {
-        self.attempt += 1;
-    }
 }
 
 impl Requester {
@@ -125,6 +86,23 @@ impl Requester {
                 other => return other,
             }
         }
+    }
+
+    /// A whole listing of `range` (named `what` in its errors: `pool "p"`), each page bounded by
+    /// the request timeout and retried like one request, the listing itself unbounded (issue 21
+    /// item 1: a listing that makes progress is never cut off). Every whole listing of the
+    /// allocator reads through this; the pool's follower has its own loop (`feed.rs`).
+    pub(crate) fn pages<'a>(
+        &'a self,
+        range: &KeyRange,
+        what: impl Into<String>,
+    ) -> BoundedPages<'a, dyn Store> {
+        let bound = PageBound {
+            timeout: Some(self.request_timeout),
+            retry: self.retry.clone(),
+            ..PageBound::default()
+        };
+        BoundedPages::new(&*self.store, range, self.list_page, bound).named(what)
     }
 
     pub(crate) async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {

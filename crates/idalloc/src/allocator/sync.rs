@@ -32,7 +32,9 @@ pub(crate) async fn run(
         page: strong.list_page,
         relist_after_outage: false,
         probe: None,
-        request_timeout: None,
+        // Each page of the listing bounded like one request, the listing as long as pages come
+        // (issue 21 item 1), as every whole listing of the allocator (`Requester::pages`).
+        request_timeout: Some(strong.request_timeout),
         jitter_seed,
     };
     drop(strong);
@@ -85,9 +87,18 @@ impl Sink for LocalSink {
         listing.add(&kvs, |k| self.layout.parse_id_key(self.pool.spec.name(), k));
     }
 
+    fn applying(&self) {
+        self.pool.applying.store(true, Ordering::Release);
+        // Wake the waiters, as a page does: they see the flag and wait for the apply.
+        self.pool.list_progress.send_modify(|pages| *pages += 1);
+    }
+
     fn listed(&self, listing: Listing, rev: Revision) -> Result<(), Gone> {
-        self.alive()?;
         let pool = &self.pool;
+        if self.alive().is_err() {
+            pool.applying.store(false, Ordering::Release);
+            return Err(Gone);
+        }
         lock(&pool.list_failure).take();
         {
             let mut cache = pool.lock_cache();
@@ -104,6 +115,7 @@ impl Sink for LocalSink {
             pool.publish_gauges(req.seen());
         }
         pool.mark_synced();
+        pool.applying.store(false, Ordering::Release);
         // A re-list may reveal that a held key's binding changed while we were away.
         self.repairs.check_held(pool);
         Ok(())
@@ -133,12 +145,15 @@ impl Sink for LocalSink {
 /// follower's next attempt is pointless: a damaged store file (`StoreError::Corrupt`) stays
 /// damaged, and waiting out `wait_synced`'s no-progress budget only turned it into
 /// `Unavailable` ("could not be listed", exit 1 instead of the CLI's 4 for damaged data). The
+/// same for a store that refuses this client (`StoreError::Access`: a role without read on the
+/// pool, credentials rejected): only a configuration change cures it, and the waiter should say
+/// so (`AccessDenied`, naming the endpoint and the cause) at once, not after its budget. The
 /// follower still retries in the background (with its back-off): a listing that succeeds clears
 /// the failure. Everything else (an outage, a timeout, a compaction) may pass, so waiters keep
 /// waiting for progress as before.
 fn ends_waits(error: &StoreError) -> Option<Error> {
     match error {
-        StoreError::Corrupt { .. } => Some(Error::from(error.clone())),
+        StoreError::Corrupt { .. } | StoreError::Access { .. } => Some(Error::from(error.clone())),
         _ => None,
     }
 }

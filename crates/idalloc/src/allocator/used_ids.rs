@@ -9,8 +9,8 @@
 //! times per page (4.6 s for a 100,000-binding pool where the full view took 1.1 s, with the
 //! windows of before issue 21 item 1's rework; docs/scale.md, "One key").
 
-use super::request::{Backoff, Requester};
-use crate::store::{KeyRange, KeyValue, Pages, Revision, StoreResult};
+use super::request::Requester;
+use crate::store::{KeyRange, KeyValue, Revision, StoreResult};
 
 /// Names per page of the pass, per record of a listing page (`AllocatorOptions::list_page`): names
 /// only (about 30 bytes each in the answer), so a page may hold ten times as many records (10,000
@@ -18,27 +18,19 @@ use crate::store::{KeyRange, KeyValue, Pages, Revision, StoreResult};
 pub(super) const PAGE_FACTOR: i64 = 10;
 
 /// Reads the names of every record in the prefix range `range`, keys only, at one revision, and
-/// calls `on_page` with each non-empty page in key order; returns that revision. Each read is
-/// bounded by the request timeout and retried as any request of `req` (a failed page is read
-/// again from where the pass stands).
+/// calls `on_page` with each non-empty page in key order; returns that revision. Each page is
+/// bounded and retried as one request of `req` ([`Requester::pages`]: a failed page is read
+/// again from where the pass stands). If the revision is compacted away the pass starts over at
+/// a new one; the IDs already marked stay marked, which is safe (a used ID that was freed meanwhile
+/// is only a candidate less, as for any stale knowledge: the bind's compares decide).
 pub(super) async fn for_each_page(
     req: &Requester,
     range: &KeyRange,
     page: i64,
+    what: &str,
     mut on_page: impl FnMut(&[KeyValue]),
 ) -> StoreResult<Revision> {
-    let store = &*req.store;
-    let mut pages = Pages::at(store, range, page, 0).keys_only();
-    loop {
-        let mut backoff = Backoff::new(&req.retry);
-        let next = loop {
-            match req.bounded(pages.next_page()).await {
-                Err(e) if backoff.retry(&e).await => {}
-                other => break other?,
-            }
-        };
-        let Some(kvs) = next else { break };
-        on_page(&kvs);
-    }
-    Ok(pages.revision())
+    let pages = req.pages(range, what).keys_only().page_size(page);
+    let ((), revision) = pages.fold(|| (), |_, kvs| on_page(&kvs)).await?;
+    Ok(revision)
 }

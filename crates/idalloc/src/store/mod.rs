@@ -20,6 +20,7 @@ use futures::stream::BoxStream;
 
 pub mod embedded;
 pub mod etcd;
+pub mod listing;
 mod window;
 
 pub use window::prefix_end;
@@ -684,8 +685,30 @@ impl<'a, S: Store + ?Sized> Pages<'a, S> {
         self.revision
     }
 
-    /// The next non-empty page, in key order; `None` when the range is exhausted.
+    /// The key the next read starts at (`None` once the range is exhausted): where a listing
+    /// that failed stood, for its error message.
+    pub fn next_key(&self) -> Option<&[u8]> {
+        self.cursor.start()
+    }
+
+    /// The next non-empty page, in key order; `None` when the range is exhausted: as many
+    /// [`Pages::next_read`]s as it takes to find records (empty windows read nothing).
     pub async fn next_page(&mut self) -> StoreResult<Option<Vec<KeyValue>>> {
+        while let Some(kvs) = self.next_read().await? {
+            if !kvs.is_empty() {
+                return Ok(Some(kvs));
+            }
+        }
+        Ok(None)
+    }
+
+    /// One read of the listing: the records of the next window, in key order (none when the
+    /// window was empty); `None` when the range is exhausted. What a caller bounding each round
+    /// trip (`store/listing.rs`) waits on: a page may take several reads.
+    ///
+    /// Cancel-safe: the listing moves on only once a read has returned, so a call dropped
+    /// mid-read (a timeout) leaves it where it was, and the next call reads the same window.
+    pub async fn next_read(&mut self) -> StoreResult<Option<Vec<KeyValue>>> {
         while let Some((key, window_end)) = self.cursor.next_read() {
             // The window bounds what the store walks; it needs no exact count past the limit.
             let read = KeyRange { key, range_end: window_end.clone() };
@@ -714,9 +737,7 @@ impl<'a, S: Store + ?Sized> Pages<'a, S> {
             let keys: Vec<&[u8]> = resp.kvs.iter().map(|kv| kv.key.as_slice()).collect();
             self.cursor.advance(&window_end, &keys, resp.more, self.limit);
             self.limit = next_page_limit(self.page, self.largest);
-            if !resp.kvs.is_empty() {
-                return Ok(Some(resp.kvs));
-            }
+            return Ok(Some(resp.kvs));
         }
         Ok(None)
     }

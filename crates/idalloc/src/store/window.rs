@@ -302,6 +302,11 @@ impl Cursor {
         Cursor { single, start: Some(key.to_vec()), windows: Windows::new(key, &end) }
     }
 
+    /// Where the next read starts; `None` when the listing is done.
+    pub(crate) fn start(&self) -> Option<&[u8]> {
+        self.start.as_deref()
+    }
+
     /// The `(key, range_end)` the next read asks for; `None` when the listing is done.
     pub(crate) fn next_read(&self) -> Option<(Vec<u8>, Vec<u8>)> {
         let start = self.start.clone()?;
