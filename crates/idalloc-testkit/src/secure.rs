@@ -369,9 +369,9 @@ impl SecureEtcd {
         }
     }
 
-    /// etcdctl's `user add root`, `role add idalloc`, `role grant-permission idalloc readwrite
-    /// PREFIX --prefix`, `user add idalloc`, `user grant-role idalloc idalloc`, `auth enable`.
-    async fn enable_auth(&mut self) -> Result<(), String> {
+    /// etcd-client options of the tests' administrative client: short timeouts, and the test
+    /// CA and client certificate when the member serves TLS.
+    fn admin_options(&self) -> Result<etcd_client::ConnectOptions, String> {
         let mut opts = etcd_client::ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(5));
@@ -385,6 +385,13 @@ impl SecureEtcd {
                     .identity(etcd_client::Identity::from_pem(cert, key)),
             );
         }
+        Ok(opts)
+    }
+
+    /// etcdctl's `user add root`, `role add idalloc`, `role grant-permission idalloc readwrite
+    /// PREFIX --prefix`, `user add idalloc`, `user grant-role idalloc idalloc`, `auth enable`.
+    async fn enable_auth(&mut self) -> Result<(), String> {
+        let opts = self.admin_options()?;
         let mut c = etcd_client::Client::connect([self.endpoint()], Some(opts))
             .await
             .map_err(err("admin client"))?;
@@ -417,20 +424,7 @@ impl SecureEtcd {
         password: &str,
         grants: &[(&str, Grant)],
     ) -> Result<(), String> {
-        let mut opts = etcd_client::ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5))
-            .with_user("root", Self::ROOT_PASSWORD);
-        if self.spec.tls {
-            let ca = std::fs::read(&self.pki.ca).map_err(err("CA"))?;
-            let cert = std::fs::read(&self.pki.client.cert).map_err(err("client cert"))?;
-            let key = std::fs::read(&self.pki.client.key).map_err(err("client key"))?;
-            opts = opts.with_tls(
-                etcd_client::TlsOptions::new()
-                    .ca_certificate(etcd_client::Certificate::from_pem(ca))
-                    .identity(etcd_client::Identity::from_pem(cert, key)),
-            );
-        }
+        let opts = self.admin_options()?.with_user("root", Self::ROOT_PASSWORD);
         let mut c = etcd_client::Client::connect([self.endpoint()], Some(opts))
             .await
             .map_err(err("root client"))?;

@@ -315,6 +315,19 @@ mod tests {
     use crate::store::embedded::EmbeddedStore;
     use crate::store::{StoreResult, TxnOp, TxnRequest};
 
+    /// A follower of `prefix` in `store`, pages of 10, no probe, no bound on a page, seed 1.
+    fn test_config(store: Arc<dyn Store>, prefix: &str) -> FeedConfig {
+        FeedConfig {
+            store,
+            range: KeyRange::prefix(prefix),
+            page: 10,
+            relist_after_outage: false,
+            probe: None,
+            request_timeout: None,
+            jitter_seed: 1,
+        }
+    }
+
     /// Over a real store: in the gap between the follower's first listing and its first watch,
     /// key `b` is deleted and the store compacted at exactly that delete's revision.
     struct Gap {
@@ -389,15 +402,7 @@ mod tests {
             .expect("seed");
         let store = Arc::new(HookedStore::with_hook(inner, Gap { armed: AtomicBool::new(true) }));
         let view = Arc::new(View::default());
-        let cfg = FeedConfig {
-            store: store.clone(),
-            range: KeyRange::prefix("p/"),
-            page: 10,
-            relist_after_outage: false,
-            probe: None,
-            request_timeout: None,
-            jitter_seed: 1,
-        };
+        let cfg = FeedConfig { request_timeout: None, ..test_config(store.clone(), "p/") };
         let task = tokio::spawn(follow(cfg, Arc::default(), ViewSink(view.clone())));
         for _ in 0..100 {
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -495,13 +500,8 @@ mod tests {
         let store = Arc::new(HookedStore::with_hook(ids(2000).await, hook));
         let view = Arc::new(View::default());
         let cfg = FeedConfig {
-            store: store.clone(),
-            range: KeyRange::prefix("p/id/"),
-            page: 10,
-            relist_after_outage: false,
-            probe: None,
             request_timeout: Some(Duration::from_secs(1)),
-            jitter_seed: 1,
+            ..test_config(store.clone(), "p/id/")
         };
         let task = tokio::spawn(follow(cfg, Arc::default(), ViewSink(view.clone())));
         for _ in 0..120 {
@@ -556,15 +556,7 @@ mod tests {
     async fn listed_through(hook: FailPage) -> (Vec<Revision>, Arc<View>) {
         let store = Arc::new(HookedStore::with_hook(ids(2000).await, hook));
         let view = Arc::new(View::default());
-        let cfg = FeedConfig {
-            store: store.clone(),
-            range: KeyRange::prefix("p/id/"),
-            page: 10,
-            relist_after_outage: false,
-            probe: None,
-            request_timeout: None,
-            jitter_seed: 1,
-        };
+        let cfg = FeedConfig { request_timeout: None, ..test_config(store.clone(), "p/id/") };
         let task = tokio::spawn(follow(cfg, Arc::default(), ViewSink(view.clone())));
         for _ in 0..600 {
             tokio::time::sleep(Duration::from_millis(100)).await;
