@@ -153,9 +153,9 @@ pub const WAKE_EVERY_MAX: Duration = Duration::from_millis(250);
 pub const WAKE_BUDGET: u64 = 20_000;
 
 /// The window for `subscribers`: [`WAKE_EVERY`], widened so that wake-ups × subscribers stay
-/// within [`WAKE_BUDGET`] per second, at most [`WAKE_EVERY_MAX`].
-pub fn window(subscribers: usize) -> Duration {
-    let us = (subscribers as u64).saturating_mul(1_000_000) / WAKE_BUDGET;
+/// within `budget` per second ([`WAKE_BUDGET`] by default), at most [`WAKE_EVERY_MAX`].
+pub fn window(subscribers: usize, budget: u64) -> Duration {
+    let us = (subscribers as u64).saturating_mul(1_000_000) / budget.max(1);
     Duration::from_micros(us).clamp(WAKE_EVERY, WAKE_EVERY_MAX)
 }
 
@@ -302,6 +302,8 @@ pub struct Hub {
     keep_alive: AtomicU64,
     /// The initial bindings new streams send, encoded once per revision.
     pub snapshots: Snapshots,
+    /// Subscriber wake-ups per second the pacing aims at ([`window`]).
+    budget: u64,
 }
 
 impl Drop for Hub {
@@ -312,9 +314,10 @@ impl Drop for Hub {
 }
 
 impl Hub {
-    /// Starts following `pool` with a ring of at most `cap` events; `stop` turning true (the
-    /// service shutting down) wakes every subscriber a last time.
-    pub fn start(pool: Pool, cap: usize, stop: watch::Receiver<bool>) -> Arc<Hub> {
+    /// Starts following `pool` with a ring of at most `cap` events, pacing wake-ups to at most
+    /// about `budget` per second ([`window`]); `stop` turning true (the service shutting down)
+    /// wakes every subscriber a last time.
+    pub fn start(pool: Pool, cap: usize, budget: u64, stop: watch::Receiver<bool>) -> Arc<Hub> {
         let hub = Arc::new(Hub {
             pool: pool.spec().name().to_string(),
             state: Mutex::new(HubState { ring: Ring::new(cap, 0), revision: None, ended: None }),
@@ -323,6 +326,7 @@ impl Hub {
             wakes: Arc::new(Notify::new()),
             keep_alive: AtomicU64::new(0),
             snapshots: Snapshots::default(),
+            budget,
         });
         tokio::spawn(run(Arc::downgrade(&hub), pool, stop));
         tokio::spawn(publisher(Arc::downgrade(&hub), hub.wakes.clone()));
@@ -405,6 +409,36 @@ async fn publisher(hub: std::sync::Weak<Hub>, wakes: Arc<Notify>) {
         let Some(h) = hub.upgrade() else { return };
         h.wake().await;
     }
+}
+
+/// A hub as the service holds it: with the moment it was first seen unused (held by nothing
+/// but the service's map), for [`keep`].
+pub struct Held {
+    pub hub: Arc<Hub>,
+    pub idle_since: Option<Instant>,
+}
+
+/// Whether the service keeps a hub at `now`: not once it `ended` (its pool was deleted or
+/// re-created; its streams end on their own), nor once it has been `unused` (no stream holds
+/// it) for `grace` on end. Notes in `idle_since` when it was first seen unused, and forgets that
+/// when it is used again. The grace lets a client that reconnects soon resume exactly from the
+/// hub's history rather than get 410 `gone` from a fresh hub.
+pub fn keep(
+    ended: bool,
+    unused: bool,
+    idle_since: &mut Option<Instant>,
+    now: Instant,
+    grace: Duration,
+) -> bool {
+    if ended {
+        return false;
+    }
+    if !unused {
+        *idle_since = None;
+        return true;
+    }
+    let since = *idle_since.get_or_insert(now);
+    now.saturating_duration_since(since) < grace
 }
 
 /// Shards of the subscribers' wake-ups (see `Hub::publish`).
@@ -509,7 +543,7 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool, mut stop: watch::Receiver<bo
                         st.revision = Some(st.revision.unwrap_or(start).max(revision));
                     }
                     h.moved.notify_waiters();
-                    if pacer.changed(Instant::now(), window(h.subscribers())) {
+                    if pacer.changed(Instant::now(), window(h.subscribers(), h.budget)) {
                         h.request_wake();
                     }
                 }
@@ -614,16 +648,20 @@ mod tests {
 
     #[test]
     fn the_window_keeps_subscriber_wake_ups_within_the_budget_between_its_bounds() {
-        assert_eq!(window(0), WAKE_EVERY);
-        assert_eq!(window(1), WAKE_EVERY);
-        assert_eq!(window(200), WAKE_EVERY, "200 × 100 wake-ups/s is the budget");
-        assert_eq!(window(1000), Duration::from_millis(50));
-        assert_eq!(window(2000), Duration::from_millis(100));
-        assert_eq!(window(5000), WAKE_EVERY_MAX);
-        assert_eq!(window(usize::MAX), WAKE_EVERY_MAX);
-        for n in [300, 1000, 4000] {
-            let per_sec = n as f64 / window(n).as_secs_f64();
-            assert!(per_sec <= WAKE_BUDGET as f64 + 1.0, "{n} subscribers: {per_sec} wake-ups/s");
+        let b = 20_000;
+        assert_eq!(window(0, b), WAKE_EVERY);
+        assert_eq!(window(1, b), WAKE_EVERY);
+        assert_eq!(window(200, b), WAKE_EVERY, "200 × 100 wake-ups/s is the budget");
+        assert_eq!(window(1000, b), Duration::from_millis(50));
+        assert_eq!(window(2000, b), Duration::from_millis(100));
+        assert_eq!(window(5000, b), WAKE_EVERY_MAX);
+        assert_eq!(window(usize::MAX, b), WAKE_EVERY_MAX);
+        assert_eq!(window(1000, 0), WAKE_EVERY_MAX, "a zero budget is the widest window");
+        for budget in [b, WAKE_BUDGET] {
+            for n in [300, 1000, 4000] {
+                let per_sec = n as f64 / window(n, budget).as_secs_f64();
+                assert!(per_sec <= budget as f64 + 1.0, "{n} subscribers: {per_sec} wake-ups/s");
+            }
         }
     }
 
@@ -655,6 +693,7 @@ mod tests {
             wakes: Arc::new(Notify::new()),
             keep_alive: AtomicU64::new(0),
             snapshots: Snapshots::default(),
+            budget: WAKE_BUDGET,
         })
     }
 
@@ -701,6 +740,25 @@ mod tests {
             streams_before_the_request <= 2 * (n / SHARDS),
             "the request ran after {streams_before_the_request} of {n} streams"
         );
+    }
+
+    #[test]
+    fn a_hub_is_kept_while_used_and_for_the_grace_after_and_never_once_ended() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let grace = Duration::from_secs(60);
+        let mut idle = None;
+        assert!(keep(false, false, &mut idle, s(0), grace), "in use");
+        assert_eq!(idle, None);
+        assert!(keep(false, true, &mut idle, s(10), grace), "unused: the grace starts");
+        assert_eq!(idle, Some(s(10)));
+        assert!(keep(false, true, &mut idle, s(69), grace), "still within the grace");
+        assert!(!keep(false, true, &mut idle, s(70), grace), "the grace is over");
+        let mut idle = Some(s(10));
+        assert!(keep(false, false, &mut idle, s(65), grace), "used again meanwhile");
+        assert_eq!(idle, None, "the grace starts over when it is unused again");
+        assert!(!keep(true, false, &mut None, s(0), grace), "ended: dropped even while held");
+        assert!(!keep(false, true, &mut None, s(0), Duration::ZERO), "no grace: at once");
     }
 
     #[test]
