@@ -26,8 +26,9 @@
 //!
 //! The window widens with the number of subscribers ([`window`]): each wake-up costs one socket
 //! write per subscriber (the kernel's TCP path is most of the fan-out's CPU), so the hub keeps its
-//! subscriber wake-ups near [`WAKE_BUDGET`] per second: 10 ms up to 200 subscribers, 50 ms at
-//! 1,000, at most 250 ms. The delay a change may wait is thus bounded, and paid only where the
+//! subscriber wake-ups near [`WAKE_BUDGET`] per second (`--watch-wake-budget`): 10 ms up to 100
+//! subscribers, 100 ms at 1,000, at most 250 ms. A wide window's wake-up is spread over it
+//! ([`stagger`]): shard after shard, not one burst of every stream's write at its end. The delay a change may wait is thus bounded, and paid only where the
 //! alternative is CPU taken from every request of the service. The hub also wakes subscribers for
 //! the keep-alive comment and on shutdown, so a subscriber needs no timer or signal of its own.
 //! New streams waiting for the feed to reach a revision are woken apart ([`Hub::moved`]), at
@@ -147,16 +148,34 @@ impl Ring {
 pub const WAKE_EVERY: Duration = Duration::from_millis(10);
 /// The longest: the bound on what pacing adds to a change's delivery, however many subscribers.
 pub const WAKE_EVERY_MAX: Duration = Duration::from_millis(250);
-/// Subscriber wake-ups per second a hub aims at, at most (each one is a socket write): 20,000
-/// costs about a twentieth of a core in the service (2-3 µs a write, mostly the kernel's TCP
-/// path; docs/benchmarks-serve.md), and as much again in the clients if they share the machine.
-pub const WAKE_BUDGET: u64 = 20_000;
+/// Subscriber wake-ups per second a hub aims at, at most (each one is a socket write, and on
+/// loopback the reader's TCP receive too): 10,000 keeps the window at 10 ms up to 100
+/// subscribers and makes it 100 ms at 1,000. At 20,000 (50 ms at 1,000) the acquires of a
+/// 2-core machine with 1,000 subscribers reading beside them were 0.75x of without, at 10,000
+/// 0.86x (docs/benchmarks-serve.md, session 9): the writes' kernel path, not the bytes, is most
+/// of a wake-up's cost on both ends.
+pub const WAKE_BUDGET: u64 = 10_000;
 
 /// The window for `subscribers`: [`WAKE_EVERY`], widened so that wake-ups × subscribers stay
 /// within `budget` per second ([`WAKE_BUDGET`] by default), at most [`WAKE_EVERY_MAX`].
 pub fn window(subscribers: usize, budget: u64) -> Duration {
     let us = (subscribers as u64).saturating_mul(1_000_000) / budget.max(1);
     Duration::from_micros(us).clamp(WAKE_EVERY, WAKE_EVERY_MAX)
+}
+
+/// The pause between two shards of a wake-up for a window of `window`: none at the narrowest
+/// window (few subscribers: every stream at once, the shards only yield to the runtime), else
+/// the window spread over the [`SHARDS`], so that a pool's streams are written to in 32 small
+/// runs across the window rather than all in one burst at its end. A burst of 1,000 writes
+/// takes both cores of a small machine for milliseconds, and every request in flight (and the
+/// store beside the service) waits that long; spread, the same writes cost the same CPU but
+/// hold nothing up. A change still reaches every stream within one window (plus the writes),
+/// and each stream still gets one write per window.
+pub fn stagger(window: Duration) -> Duration {
+    if window <= WAKE_EVERY {
+        return Duration::ZERO;
+    }
+    window / SHARDS as u32
 }
 
 /// When to wake the subscribers after a change: at once if the last wake-up is at least a window
@@ -356,33 +375,38 @@ impl Hub {
         self.lock().ended.is_some()
     }
 
-    /// Applies `f` to every shard's [`Tick`] and wakes its streams, one shard at a time, yielding
-    /// to the runtime after each shard that has streams: a wake-up of 1,000 streams is 32 runs of
-    /// about 32 tasks, with the service's other tasks (requests, the store's answers) run in
-    /// between, instead of one run of 1,000 that every request woken meanwhile waits behind.
-    async fn publish(&self, f: impl Fn(&mut Tick)) {
+    /// Applies `f` to every shard's [`Tick`] and wakes its streams, one shard at a time, pausing
+    /// after each shard that has streams: a yield to the runtime when `spacing` is zero, so that a
+    /// wake-up of 1,000 streams is 32 runs of about 32 tasks with the service's other tasks
+    /// (requests, the store's answers) run in between, instead of one run of 1,000 that every
+    /// request woken meanwhile waits behind; else a sleep of `spacing` ([`stagger`]).
+    async fn publish(&self, spacing: Duration, f: impl Fn(&mut Tick)) {
         for t in &self.ticks {
             t.send_modify(&f);
             if t.receiver_count() > 0 {
-                tokio::task::yield_now().await;
+                if spacing.is_zero() {
+                    tokio::task::yield_now().await;
+                } else {
+                    tokio::time::sleep(spacing).await;
+                }
             }
         }
     }
 
-    /// Wakes the subscribers: publishes the ring's end as the horizon, and the groups since the
-    /// previous one as one frame.
+    /// Wakes the subscribers, shard by shard ([`Hub::publish`], spread over the window when it is
+    /// wide: [`stagger`]): publishes the ring's end at that moment as the shard's horizon, and
+    /// the groups since the shard's previous horizon as one frame its streams share.
     async fn wake(&self) {
-        let Some(previous) = self.ticks.first().map(|t| t.borrow().horizon) else { return };
-        let (horizon, batch, ended) = {
+        let keep_alive = self.keep_alive.load(Ordering::Relaxed);
+        let ended = self.is_ended();
+        let spacing =
+            if ended { Duration::ZERO } else { stagger(window(self.subscribers(), self.budget)) };
+        self.publish(spacing, |t| {
             let st = self.lock();
             let horizon = st.ring.next_seq();
-            (horizon, st.ring.frame(previous, horizon), st.ended.is_some())
-        };
-        let keep_alive = self.keep_alive.load(Ordering::Relaxed);
-        self.publish(|t| {
+            t.batch = st.ring.frame(t.horizon, horizon);
             t.horizon = horizon;
-            t.batch = batch.clone();
-            t.ended = ended;
+            t.ended = st.ended.is_some();
             t.keep_alive = keep_alive;
         })
         .await;
@@ -730,7 +754,8 @@ mod tests {
         };
         tokio::task::yield_now().await; // every task is waiting now
         let h = hub.clone();
-        tokio::spawn(async move { h.publish(|t| t.keep_alive += 1).await }).await.expect("publish");
+        let publish = async move { h.publish(Duration::ZERO, |t| t.keep_alive += 1).await };
+        tokio::spawn(publish).await.expect("publish");
         let streams_before_the_request = req.await.expect("request");
         for t in tasks {
             t.await.expect("stream");
@@ -759,6 +784,36 @@ mod tests {
         assert_eq!(idle, None, "the grace starts over when it is unused again");
         assert!(!keep(true, false, &mut None, s(0), grace), "ended: dropped even while held");
         assert!(!keep(false, true, &mut None, s(0), Duration::ZERO), "no grace: at once");
+    }
+
+    #[test]
+    fn a_wide_window_is_spread_over_the_shards_and_the_narrowest_is_not() {
+        assert_eq!(stagger(WAKE_EVERY), Duration::ZERO);
+        assert_eq!(stagger(Duration::from_millis(1)), Duration::ZERO);
+        assert_eq!(stagger(Duration::from_millis(64)), Duration::from_millis(2));
+        assert_eq!(stagger(WAKE_EVERY_MAX) * SHARDS as u32, WAKE_EVERY_MAX);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn each_shard_gets_the_groups_since_its_own_previous_wake_up() {
+        let hub = bare_hub();
+        hub.lock().ring.push(g(1, 1));
+        hub.wake().await;
+        for t in &hub.ticks {
+            let t = t.borrow();
+            let b = t.batch.as_ref().expect("a frame");
+            assert_eq!((t.horizon, b.from, b.revision, &b.chunk[..]), (1, 0, 1, &b"r1"[..]));
+        }
+        hub.lock().ring.push(g(2, 1));
+        hub.lock().ring.push(g(3, 1));
+        hub.wake().await;
+        for t in &hub.ticks {
+            let t = t.borrow();
+            let b = t.batch.as_ref().expect("a frame");
+            assert_eq!((t.horizon, b.from, b.revision, &b.chunk[..]), (3, 1, 3, &b"r2r3"[..]));
+        }
+        hub.wake().await;
+        assert!(hub.ticks.iter().all(|t| t.borrow().batch.is_none()), "nothing new: no frame");
     }
 
     #[test]
