@@ -45,6 +45,8 @@ pub const ATTACHED: usize = 1000;
 const CLIENTS: usize = 64;
 /// Idle connections opened to measure a connection's own memory.
 const IDLE: usize = 1000;
+/// A subscriber's read buffer.
+const READ_BUF: usize = 64 * 1024;
 /// Subscribers being set up at once.
 const OPENING: usize = 64;
 /// The service's default watch history (`--watch-history`): the writer runs this many changes
@@ -101,6 +103,10 @@ pub struct FanoutFigures {
     pub levels: Vec<Level>,
     pub without: Option<(Run, Cores)>,
     pub with: Option<(Run, Cores)>,
+    /// Without subscribers again, after `with`: the same service and etcd later on (etcd's
+    /// keyspace only grows during the run), so a ratio that owes something to the order of the
+    /// rows shows as a difference between `without` and this.
+    pub again: Option<(Run, Cores)>,
     /// RSS growth per idle keep-alive HTTP/1.1 connection (one `GET /healthz` each) on a fresh
     /// service: what a connection costs before any watch stream.
     pub idle_connection: Option<f64>,
@@ -142,6 +148,14 @@ impl FanoutFigures {
                 "acquires at {CLIENTS} clients with {ATTACHED} subscribers vs without: {x:.2}x (target >= 0.8x): {met}"
             ));
         }
+        if let (Some((w, _)), Some((a, _))) = (&self.with, &self.again) {
+            if a.throughput() > 0.0 {
+                t.push(format!(
+                    "the same against the run without subscribers after it: {:.2}x",
+                    w.throughput() / a.throughput()
+                ));
+            }
+        }
         t
     }
 
@@ -178,9 +192,14 @@ impl FanoutFigures {
                 l.cpu.cell(),
             );
         }
-        let _ = writeln!(s, "\n### Acquires with subscribers attached\n\nAcquire then release of fresh keys over HTTP (as in the table above), {CLIENTS} clients, the same service: with no subscriber, then with {ATTACHED} subscribers on the pool (each receives every change those acquires and releases make).\n");
+        let _ = writeln!(s, "\n### Acquires with subscribers attached\n\nAcquire then release of fresh keys over HTTP (as in the table above), {CLIENTS} clients, the same service: with no subscriber, then with {ATTACHED} subscribers on the pool (each receives every change those acquires and releases make; they count every event, none times it), then with none again (once they are closed).\n");
         let _ = writeln!(s, "| subscribers | ops/s | p50 ms | p99 ms | failed | cores: harness / serve / etcd |\n|---:|---:|---:|---:|---:|---:|");
-        for (n, r) in [(0, &self.without), (ATTACHED, &self.with)] {
+        let rows = [
+            ("0".to_string(), &self.without),
+            (ATTACHED.to_string(), &self.with),
+            ("0 (again, after)".to_string(), &self.again),
+        ];
+        for (n, r) in rows {
             if let Some((r, cpu)) = r {
                 let _ = writeln!(
                     s,
@@ -322,15 +341,10 @@ async fn subscribe(
         return done(&tally);
     }
     let mut permit = permit;
-    let mut buf = vec![0u8; 8192];
-    // Unsampled subscribers only count `data: ` in whole lines (SIMD search, cheap enough for
-    // 5,000 of them on the cores the service uses too); `carry` keeps a partial last line.
-    let (data, synced, error) = (
-        memchr::memmem::Finder::new(b"data: "),
-        memchr::memmem::Finder::new(b"event: synced"),
-        memchr::memmem::Finder::new(b"event: error"),
-    );
-    let mut carry: Vec<u8> = Vec::new();
+    // One read takes a whole wake-up's frame (tens of KB at 1,000 subscribers of a busy pool),
+    // not a few 8 KiB reads of it: each read is a system call on the cores the service uses.
+    let mut buf = vec![0u8; READ_BUF];
+    let mut counter = LineCounter::new();
     let mut line: Vec<u8> = Vec::with_capacity(256);
     // The last `event:` line's kind: an upsert (`true`) or not.
     let mut upsert = false;
@@ -348,20 +362,15 @@ async fn subscribe(
             }
         }
         if !sampled {
-            carry.extend_from_slice(&buf[..n]);
-            // Whole lines only; a partial last line waits for the next read.
-            let end = memchr::memrchr(b'\n', &carry).map_or(0, |i| i + 1);
-            let lines = &carry[..end];
-            let events = data.find_iter(lines).count() as u64;
-            tally.events.fetch_add(events, Ordering::Relaxed);
-            if permit.is_some() && synced.find(lines).is_some() {
+            let seen = counter.feed(&buf[..n]);
+            tally.events.fetch_add(seen.events, Ordering::Relaxed);
+            if seen.synced && permit.is_some() {
                 tally.ready.store(true, Ordering::Relaxed);
                 drop(permit.take());
             }
-            if error.find(lines).is_some() {
+            if seen.error {
                 tally.ended.store(true, Ordering::Relaxed);
             }
-            carry.drain(..end);
             continue;
         }
         let mut events = 0;
@@ -392,8 +401,72 @@ async fn subscribe(
     }
 }
 
-/// The key of `{"id":N,"key":"K","revision":R}`.
+/// What a read's whole lines held.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Seen {
+    /// `data: ` lines.
+    events: u64,
+    synced: bool,
+    error: bool,
+}
+
+/// Counts an unsampled subscriber's `data: ` lines over reads cut anywhere, with a SIMD search
+/// (cheap enough for 5,000 subscribers on the cores the service uses too) where the bytes were
+/// read: only a partial last line is kept (`carry`), to be completed by the next read.
+struct LineCounter {
+    carry: Vec<u8>,
+    data: memchr::memmem::Finder<'static>,
+    synced: memchr::memmem::Finder<'static>,
+    error: memchr::memmem::Finder<'static>,
+}
+
+impl LineCounter {
+    fn new() -> Self {
+        LineCounter {
+            carry: Vec::new(),
+            data: memchr::memmem::Finder::new(b"data: "),
+            synced: memchr::memmem::Finder::new(b"event: synced"),
+            error: memchr::memmem::Finder::new(b"event: error"),
+        }
+    }
+
+    /// The whole lines `chunk` completes (a partial last one waits for the next chunk).
+    fn feed(&mut self, chunk: &[u8]) -> Seen {
+        let mut seen = Seen::default();
+        let end = memchr::memrchr(b'\n', chunk).map_or(0, |i| i + 1);
+        let mut whole = &chunk[..end];
+        if end > 0 && !self.carry.is_empty() {
+            // The carried partial line ends with this chunk's first line.
+            let first = memchr::memchr(b'\n', whole).map_or(0, |i| i + 1);
+            self.carry.extend_from_slice(&whole[..first]);
+            let carry = std::mem::take(&mut self.carry);
+            self.scan(&carry, &mut seen);
+            self.carry = carry;
+            self.carry.clear();
+            whole = &whole[first..];
+        }
+        self.scan(whole, &mut seen);
+        self.carry.extend_from_slice(&chunk[end..]);
+        seen
+    }
+
+    fn scan(&self, lines: &[u8], seen: &mut Seen) {
+        seen.events += self.data.find_iter(lines).count() as u64;
+        seen.synced |= self.synced.find(lines).is_some();
+        seen.error |= self.error.find(lines).is_some();
+    }
+}
+
+/// The key of `{"id":N,"key":"K","revision":R}`: the text between `"key":"` and the next quote
+/// (the service writes compact JSON), parsed as JSON only if it holds an escape.
 fn key_of(data: &[u8]) -> Option<String> {
+    const FIELD: &[u8] = b"\"key\":\"";
+    let at = memchr::memmem::find(data, FIELD)? + FIELD.len();
+    let len = memchr::memchr(b'"', &data[at..])?;
+    let raw = &data[at..at + len];
+    if !raw.contains(&b'\\') {
+        return String::from_utf8(raw.to_vec()).ok();
+    }
     let v: serde_json::Value = serde_json::from_slice(data).ok()?;
     Some(v.get("key")?.as_str()?.to_string())
 }
@@ -403,6 +476,9 @@ struct Subscribers {
     tallies: Vec<(bool, Arc<Tally>)>,
     /// The runtime their readers run on (see [`readers_runtime`]).
     rt: tokio::runtime::Handle,
+    /// Whether some of them note when each event arrives (for the latency); all of them count
+    /// every event either way.
+    sample: bool,
 }
 
 /// The subscribers' readers get a runtime (one thread) of their own, apart from the writer and
@@ -421,8 +497,8 @@ fn readers_runtime() -> Result<tokio::runtime::Runtime, String> {
 }
 
 impl Subscribers {
-    fn new(rt: &tokio::runtime::Runtime) -> Self {
-        Subscribers { handles: Vec::new(), tallies: Vec::new(), rt: rt.handle().clone() }
+    fn new(rt: &tokio::runtime::Runtime, sample: bool) -> Self {
+        Subscribers { handles: Vec::new(), tallies: Vec::new(), rt: rt.handle().clone(), sample }
     }
 
     /// Opens subscribers until there are `n`, and waits (at most `wait`) until all are ready.
@@ -430,7 +506,7 @@ impl Subscribers {
         let gate = Arc::new(tokio::sync::Semaphore::new(OPENING));
         while self.tallies.len() < n {
             let i = self.tallies.len();
-            let sampled = i < 20 || i % 100 == 0;
+            let sampled = self.sample && (i < 20 || i % 100 == 0);
             let t = Arc::new(Tally::default());
             self.handles.push(self.rt.spawn(subscribe(
                 addr.clone(),
@@ -547,7 +623,7 @@ async fn measure(
     admin.call(Method::POST, "/v1/pools", spec).await?;
 
     // One stream starts the pool's hub (it stays while the pool is served); then it goes.
-    let mut subs = Subscribers::new(readers);
+    let mut subs = Subscribers::new(readers, true);
     subs.grow(&addr, 1, Duration::from_secs(30)).await?;
     subs.close();
 
@@ -570,7 +646,7 @@ async fn measure(
         f.baseline_watchers
     );
 
-    let mut subs = Subscribers::new(readers);
+    let mut subs = Subscribers::new(readers, true);
     for n in LEVELS {
         subs.grow(&addr, n, Duration::from_secs(180)).await?;
         tokio::time::sleep(Duration::from_secs(1)).await;
@@ -628,7 +704,8 @@ async fn measure(
         without.0.throughput(),
         without.1.cell()
     );
-    let mut subs = Subscribers::new(readers);
+    // No latency is taken here: the subscribers count every event, none notes when it came.
+    let mut subs = Subscribers::new(readers, false);
     subs.grow(&addr, ATTACHED, Duration::from_secs(180)).await?;
     let with = timed("fan-with").await;
     println!(
@@ -638,8 +715,16 @@ async fn measure(
         subs.ended()
     );
     subs.close();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let again = timed("fan-again").await;
+    println!(
+        "fanout: {CLIENTS} clients, no subscriber again: {:.0} ops/s, cores {}",
+        again.0.throughput(),
+        again.1.cell()
+    );
     f.without = Some(without);
     f.with = Some(with);
+    f.again = Some(again);
     drop(service);
 
     // What an idle connection costs on its own, on a fresh service.
@@ -679,7 +764,39 @@ async fn rss_now(pid: u32) -> Result<u64, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::status_bytes;
+    use super::{key_of, status_bytes, LineCounter, Seen};
+
+    #[test]
+    fn every_data_line_is_counted_wherever_the_reads_cut_the_stream() {
+        let stream = "HTTP/1.1 200 OK\r\n\r\n3a\r\nevent: upsert\ndata: {\"id\":1,\"key\":\"a\",\"revision\":5}\n\n\
+                      id: 5\nevent: synced\ndata: {\"revision\":5,\"bindings\":1}\n\n\
+                      event: delete\ndata: {\"id\":1,\"key\":\"a\",\"revision\":6}\n\n\
+                      event: error\ndata: {\"kind\":\"lagged\"}\n\n";
+        let bytes = stream.as_bytes();
+        let whole = LineCounter::new().feed(bytes);
+        assert_eq!(whole, Seen { events: 4, synced: true, error: true });
+        for size in 1..=bytes.len() {
+            let mut c = LineCounter::new();
+            let mut total = Seen::default();
+            for chunk in bytes.chunks(size) {
+                let s = c.feed(chunk);
+                total.events += s.events;
+                total.synced |= s.synced;
+                total.error |= s.error;
+            }
+            assert_eq!(total, whole, "reads of {size} bytes");
+        }
+    }
+
+    #[test]
+    fn the_key_is_read_as_is_and_through_json_when_escaped() {
+        assert_eq!(
+            key_of(br#"{"id":1,"key":"fan-3-17","revision":9}"#).as_deref(),
+            Some("fan-3-17")
+        );
+        assert_eq!(key_of(br#"{"id":1,"key":"a\"b","revision":9}"#).as_deref(), Some("a\"b"));
+        assert_eq!(key_of(br#"{"revision":9,"bindings":3}"#), None);
+    }
 
     #[test]
     fn status_fields_are_read_in_bytes_and_a_missing_one_is_none() {

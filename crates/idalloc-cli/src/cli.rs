@@ -297,6 +297,12 @@ pub struct ServeArgs {
     /// (`Last-Event-ID`); a stream further behind is ended with a `lagged` event.
     #[arg(long, value_name = "CHANGES", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
     pub watch_history: u32,
+    /// Watch-stream wake-ups per second each watched pool aims at, at most: the streams of a
+    /// pool are woken together once per window, and the window (10 ms at least, 250 ms at most)
+    /// widens with their number to stay within this. Lower: less CPU per watcher of a busy pool,
+    /// later delivery.
+    #[arg(long, env = "IDALLOC_WATCH_WAKE_BUDGET", value_name = "PER_SEC", default_value_t = idalloc_server::fanout::WAKE_BUDGET, value_parser = clap::value_parser!(u64).range(1..))]
+    pub watch_wake_budget: u64,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
     #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
     pub drain_timeout: Duration,

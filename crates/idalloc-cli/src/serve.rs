@@ -126,6 +126,8 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
         tokens,
         limits: limits(a)?,
         watch_history: a.watch_history as usize,
+        watch_wake_budget: a.watch_wake_budget,
+        ..Config::default()
     };
     let state = AppState::new(alloc.clone(), store, &settings.prefix, config, Some(metrics))
         .map_err(|e| Failure::usage(format!("--prefix: {e}")))?;

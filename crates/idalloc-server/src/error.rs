@@ -101,6 +101,13 @@ impl From<idalloc::Error> for ApiError {
     }
 }
 
+impl From<crate::flight::Abandoned> for ApiError {
+    /// A shared store read went away unanswered: like a store that did not answer, retry.
+    fn from(a: crate::flight::Abandoned) -> Self {
+        ApiError::unavailable(a.to_string())
+    }
+}
+
 impl From<idalloc::store::StoreError> for ApiError {
     fn from(e: idalloc::store::StoreError) -> Self {
         idalloc::Error::from(e).into()

@@ -26,8 +26,9 @@
 //!
 //! The window widens with the number of subscribers ([`window`]): each wake-up costs one socket
 //! write per subscriber (the kernel's TCP path is most of the fan-out's CPU), so the hub keeps its
-//! subscriber wake-ups near [`WAKE_BUDGET`] per second: 10 ms up to 200 subscribers, 50 ms at
-//! 1,000, at most 250 ms. The delay a change may wait is thus bounded, and paid only where the
+//! subscriber wake-ups near [`WAKE_BUDGET`] per second (`--watch-wake-budget`): 10 ms up to 100
+//! subscribers, 100 ms at 1,000, at most 250 ms. A wide window's wake-up is spread over it
+//! ([`stagger`]): shard after shard, not one burst of every stream's write at its end. The delay a change may wait is thus bounded, and paid only where the
 //! alternative is CPU taken from every request of the service. The hub also wakes subscribers for
 //! the keep-alive comment and on shutdown, so a subscriber needs no timer or signal of its own.
 //! New streams waiting for the feed to reach a revision are woken apart ([`Hub::moved`]), at
@@ -147,16 +148,34 @@ impl Ring {
 pub const WAKE_EVERY: Duration = Duration::from_millis(10);
 /// The longest: the bound on what pacing adds to a change's delivery, however many subscribers.
 pub const WAKE_EVERY_MAX: Duration = Duration::from_millis(250);
-/// Subscriber wake-ups per second a hub aims at, at most (each one is a socket write): 20,000
-/// costs about a twentieth of a core in the service (2-3 µs a write, mostly the kernel's TCP
-/// path; docs/benchmarks-serve.md), and as much again in the clients if they share the machine.
-pub const WAKE_BUDGET: u64 = 20_000;
+/// Subscriber wake-ups per second a hub aims at, at most (each one is a socket write, and on
+/// loopback the reader's TCP receive too): 10,000 keeps the window at 10 ms up to 100
+/// subscribers and makes it 100 ms at 1,000. At 20,000 (50 ms at 1,000) the acquires of a
+/// 2-core machine with 1,000 subscribers reading beside them were 0.75x of without, at 10,000
+/// 0.86x (docs/benchmarks-serve.md, session 9): the writes' kernel path, not the bytes, is most
+/// of a wake-up's cost on both ends.
+pub const WAKE_BUDGET: u64 = 10_000;
 
 /// The window for `subscribers`: [`WAKE_EVERY`], widened so that wake-ups × subscribers stay
-/// within [`WAKE_BUDGET`] per second, at most [`WAKE_EVERY_MAX`].
-pub fn window(subscribers: usize) -> Duration {
-    let us = (subscribers as u64).saturating_mul(1_000_000) / WAKE_BUDGET;
+/// within `budget` per second ([`WAKE_BUDGET`] by default), at most [`WAKE_EVERY_MAX`].
+pub fn window(subscribers: usize, budget: u64) -> Duration {
+    let us = (subscribers as u64).saturating_mul(1_000_000) / budget.max(1);
     Duration::from_micros(us).clamp(WAKE_EVERY, WAKE_EVERY_MAX)
+}
+
+/// The pause between two shards of a wake-up for a window of `window`: none at the narrowest
+/// window (few subscribers: every stream at once, the shards only yield to the runtime), else
+/// the window spread over the [`SHARDS`], so that a pool's streams are written to in 32 small
+/// runs across the window rather than all in one burst at its end. A burst of 1,000 writes
+/// takes both cores of a small machine for milliseconds, and every request in flight (and the
+/// store beside the service) waits that long; spread, the same writes cost the same CPU but
+/// hold nothing up. A change still reaches every stream within one window (plus the writes),
+/// and each stream still gets one write per window.
+pub fn stagger(window: Duration) -> Duration {
+    if window <= WAKE_EVERY {
+        return Duration::ZERO;
+    }
+    window / SHARDS as u32
 }
 
 /// When to wake the subscribers after a change: at once if the last wake-up is at least a window
@@ -302,6 +321,8 @@ pub struct Hub {
     keep_alive: AtomicU64,
     /// The initial bindings new streams send, encoded once per revision.
     pub snapshots: Snapshots,
+    /// Subscriber wake-ups per second the pacing aims at ([`window`]).
+    budget: u64,
 }
 
 impl Drop for Hub {
@@ -312,9 +333,10 @@ impl Drop for Hub {
 }
 
 impl Hub {
-    /// Starts following `pool` with a ring of at most `cap` events; `stop` turning true (the
-    /// service shutting down) wakes every subscriber a last time.
-    pub fn start(pool: Pool, cap: usize, stop: watch::Receiver<bool>) -> Arc<Hub> {
+    /// Starts following `pool` with a ring of at most `cap` events, pacing wake-ups to at most
+    /// about `budget` per second ([`window`]); `stop` turning true (the service shutting down)
+    /// wakes every subscriber a last time.
+    pub fn start(pool: Pool, cap: usize, budget: u64, stop: watch::Receiver<bool>) -> Arc<Hub> {
         let hub = Arc::new(Hub {
             pool: pool.spec().name().to_string(),
             state: Mutex::new(HubState { ring: Ring::new(cap, 0), revision: None, ended: None }),
@@ -323,6 +345,7 @@ impl Hub {
             wakes: Arc::new(Notify::new()),
             keep_alive: AtomicU64::new(0),
             snapshots: Snapshots::default(),
+            budget,
         });
         tokio::spawn(run(Arc::downgrade(&hub), pool, stop));
         tokio::spawn(publisher(Arc::downgrade(&hub), hub.wakes.clone()));
@@ -352,33 +375,43 @@ impl Hub {
         self.lock().ended.is_some()
     }
 
-    /// Applies `f` to every shard's [`Tick`] and wakes its streams, one shard at a time, yielding
-    /// to the runtime after each shard that has streams: a wake-up of 1,000 streams is 32 runs of
-    /// about 32 tasks, with the service's other tasks (requests, the store's answers) run in
-    /// between, instead of one run of 1,000 that every request woken meanwhile waits behind.
-    async fn publish(&self, f: impl Fn(&mut Tick)) {
-        for t in &self.ticks {
+    /// Applies `f` to every shard's [`Tick`] and wakes its streams, one shard at a time, pausing
+    /// after each shard that has streams: a yield to the runtime when `spacing` is zero, so that a
+    /// wake-up of 1,000 streams is 32 runs of about 32 tasks with the service's other tasks
+    /// (requests, the store's answers) run in between, instead of one run of 1,000 that every
+    /// request woken meanwhile waits behind; else a sleep of `spacing` ([`stagger`]).
+    async fn publish(&self, spacing: Duration, f: impl Fn(&mut Tick)) {
+        let start = Instant::now();
+        let last = self.ticks.len().saturating_sub(1);
+        for (i, t) in self.ticks.iter().enumerate() {
             t.send_modify(&f);
-            if t.receiver_count() > 0 {
+            if t.receiver_count() == 0 || i == last {
+                continue;
+            }
+            if spacing.is_zero() {
                 tokio::task::yield_now().await;
+            } else {
+                // Deadlines from the start, so that the timer's rounding does not add up.
+                let due = start + spacing * (i as u32 + 1);
+                tokio::time::sleep_until(due).await;
             }
         }
     }
 
-    /// Wakes the subscribers: publishes the ring's end as the horizon, and the groups since the
-    /// previous one as one frame.
+    /// Wakes the subscribers, shard by shard ([`Hub::publish`], spread over the window when it is
+    /// wide: [`stagger`]): publishes the ring's end at that moment as the shard's horizon, and
+    /// the groups since the shard's previous horizon as one frame its streams share.
     async fn wake(&self) {
-        let Some(previous) = self.ticks.first().map(|t| t.borrow().horizon) else { return };
-        let (horizon, batch, ended) = {
+        let keep_alive = self.keep_alive.load(Ordering::Relaxed);
+        let ended = self.is_ended();
+        let spacing =
+            if ended { Duration::ZERO } else { stagger(window(self.subscribers(), self.budget)) };
+        self.publish(spacing, |t| {
             let st = self.lock();
             let horizon = st.ring.next_seq();
-            (horizon, st.ring.frame(previous, horizon), st.ended.is_some())
-        };
-        let keep_alive = self.keep_alive.load(Ordering::Relaxed);
-        self.publish(|t| {
+            t.batch = st.ring.frame(t.horizon, horizon);
             t.horizon = horizon;
-            t.batch = batch.clone();
-            t.ended = ended;
+            t.ended = st.ended.is_some();
             t.keep_alive = keep_alive;
         })
         .await;
@@ -405,6 +438,36 @@ async fn publisher(hub: std::sync::Weak<Hub>, wakes: Arc<Notify>) {
         let Some(h) = hub.upgrade() else { return };
         h.wake().await;
     }
+}
+
+/// A hub as the service holds it: with the moment it was first seen unused (held by nothing
+/// but the service's map), for [`keep`].
+pub struct Held {
+    pub hub: Arc<Hub>,
+    pub idle_since: Option<Instant>,
+}
+
+/// Whether the service keeps a hub at `now`: not once it `ended` (its pool was deleted or
+/// re-created; its streams end on their own), nor once it has been `unused` (no stream holds
+/// it) for `grace` on end. Notes in `idle_since` when it was first seen unused, and forgets that
+/// when it is used again. The grace lets a client that reconnects soon resume exactly from the
+/// hub's history rather than get 410 `gone` from a fresh hub.
+pub fn keep(
+    ended: bool,
+    unused: bool,
+    idle_since: &mut Option<Instant>,
+    now: Instant,
+    grace: Duration,
+) -> bool {
+    if ended {
+        return false;
+    }
+    if !unused {
+        *idle_since = None;
+        return true;
+    }
+    let since = *idle_since.get_or_insert(now);
+    now.saturating_duration_since(since) < grace
 }
 
 /// Shards of the subscribers' wake-ups (see `Hub::publish`).
@@ -509,7 +572,7 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool, mut stop: watch::Receiver<bo
                         st.revision = Some(st.revision.unwrap_or(start).max(revision));
                     }
                     h.moved.notify_waiters();
-                    if pacer.changed(Instant::now(), window(h.subscribers())) {
+                    if pacer.changed(Instant::now(), window(h.subscribers(), h.budget)) {
                         h.request_wake();
                     }
                 }
@@ -614,16 +677,21 @@ mod tests {
 
     #[test]
     fn the_window_keeps_subscriber_wake_ups_within_the_budget_between_its_bounds() {
-        assert_eq!(window(0), WAKE_EVERY);
-        assert_eq!(window(1), WAKE_EVERY);
-        assert_eq!(window(200), WAKE_EVERY, "200 × 100 wake-ups/s is the budget");
-        assert_eq!(window(1000), Duration::from_millis(50));
-        assert_eq!(window(2000), Duration::from_millis(100));
-        assert_eq!(window(5000), WAKE_EVERY_MAX);
-        assert_eq!(window(usize::MAX), WAKE_EVERY_MAX);
-        for n in [300, 1000, 4000] {
-            let per_sec = n as f64 / window(n).as_secs_f64();
-            assert!(per_sec <= WAKE_BUDGET as f64 + 1.0, "{n} subscribers: {per_sec} wake-ups/s");
+        let b = 20_000;
+        assert_eq!(window(0, b), WAKE_EVERY);
+        assert_eq!(window(1, b), WAKE_EVERY);
+        assert_eq!(window(200, b), WAKE_EVERY, "200 × 100 wake-ups/s is the budget");
+        assert_eq!(window(1000, b), Duration::from_millis(50));
+        assert_eq!(window(2000, b), Duration::from_millis(100));
+        assert_eq!(window(5000, b), WAKE_EVERY_MAX);
+        assert_eq!(window(usize::MAX, b), WAKE_EVERY_MAX);
+        assert_eq!(window(1000, 0), WAKE_EVERY_MAX, "a zero budget is the widest window");
+        // Within the budget wherever the widest window does not cap it.
+        for budget in [b, WAKE_BUDGET] {
+            for n in [300, 1000, 2000] {
+                let per_sec = n as f64 / window(n, budget).as_secs_f64();
+                assert!(per_sec <= budget as f64 + 1.0, "{n} subscribers: {per_sec} wake-ups/s");
+            }
         }
     }
 
@@ -655,6 +723,7 @@ mod tests {
             wakes: Arc::new(Notify::new()),
             keep_alive: AtomicU64::new(0),
             snapshots: Snapshots::default(),
+            budget: WAKE_BUDGET,
         })
     }
 
@@ -691,7 +760,8 @@ mod tests {
         };
         tokio::task::yield_now().await; // every task is waiting now
         let h = hub.clone();
-        tokio::spawn(async move { h.publish(|t| t.keep_alive += 1).await }).await.expect("publish");
+        let publish = async move { h.publish(Duration::ZERO, |t| t.keep_alive += 1).await };
+        tokio::spawn(publish).await.expect("publish");
         let streams_before_the_request = req.await.expect("request");
         for t in tasks {
             t.await.expect("stream");
@@ -701,6 +771,89 @@ mod tests {
             streams_before_the_request <= 2 * (n / SHARDS),
             "the request ran after {streams_before_the_request} of {n} streams"
         );
+    }
+
+    #[test]
+    fn a_hub_is_kept_while_used_and_for_the_grace_after_and_never_once_ended() {
+        let t0 = Instant::now();
+        let s = |n| t0 + Duration::from_secs(n);
+        let grace = Duration::from_secs(60);
+        let mut idle = None;
+        assert!(keep(false, false, &mut idle, s(0), grace), "in use");
+        assert_eq!(idle, None);
+        assert!(keep(false, true, &mut idle, s(10), grace), "unused: the grace starts");
+        assert_eq!(idle, Some(s(10)));
+        assert!(keep(false, true, &mut idle, s(69), grace), "still within the grace");
+        assert!(!keep(false, true, &mut idle, s(70), grace), "the grace is over");
+        let mut idle = Some(s(10));
+        assert!(keep(false, false, &mut idle, s(65), grace), "used again meanwhile");
+        assert_eq!(idle, None, "the grace starts over when it is unused again");
+        assert!(!keep(true, false, &mut None, s(0), grace), "ended: dropped even while held");
+        assert!(!keep(false, true, &mut None, s(0), Duration::ZERO), "no grace: at once");
+    }
+
+    #[test]
+    fn a_wide_window_is_spread_over_the_shards_and_the_narrowest_is_not() {
+        assert_eq!(stagger(WAKE_EVERY), Duration::ZERO);
+        assert_eq!(stagger(Duration::from_millis(1)), Duration::ZERO);
+        assert_eq!(stagger(Duration::from_millis(64)), Duration::from_millis(2));
+        assert_eq!(stagger(WAKE_EVERY_MAX) * SHARDS as u32, WAKE_EVERY_MAX);
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_wake_up_of_many_streams_is_spread_over_the_window_not_one_burst() {
+        // 1,000 streams: a window of 100 ms at the default budget. The clock is tokio's paused
+        // one (it moves only when every task waits), so this checks the order, not a speed.
+        let hub = bare_hub();
+        let n = 1000;
+        let w = window(n, WAKE_BUDGET);
+        assert!(w > WAKE_EVERY, "{w:?}");
+        let woke = Arc::new(Mutex::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for _ in 0..n {
+            let mut rx = hub.subscribe();
+            let woke = woke.clone();
+            tasks.push(tokio::spawn(async move {
+                if rx.changed().await.is_ok() {
+                    woke.lock().unwrap_or_else(|p| p.into_inner()).push(Instant::now());
+                }
+            }));
+        }
+        tokio::task::yield_now().await;
+        let t0 = Instant::now();
+        hub.lock().ring.push(g(1, 1));
+        hub.wake().await;
+        for t in tasks {
+            t.await.expect("stream");
+        }
+        let woke = woke.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        assert_eq!(woke.len(), n, "every stream woke");
+        let last = woke.iter().map(|t| *t - t0).max().unwrap_or_default();
+        let at_once = woke.iter().filter(|t| **t == t0).count();
+        assert!(at_once <= n / SHARDS + 1, "{at_once} of {n} streams woke in the first shard");
+        assert!(last >= w - stagger(w) && last <= w, "the last shard woke after {last:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn each_shard_gets_the_groups_since_its_own_previous_wake_up() {
+        let hub = bare_hub();
+        hub.lock().ring.push(g(1, 1));
+        hub.wake().await;
+        for t in &hub.ticks {
+            let t = t.borrow();
+            let b = t.batch.as_ref().expect("a frame");
+            assert_eq!((t.horizon, b.from, b.revision, &b.chunk[..]), (1, 0, 1, &b"r1"[..]));
+        }
+        hub.lock().ring.push(g(2, 1));
+        hub.lock().ring.push(g(3, 1));
+        hub.wake().await;
+        for t in &hub.ticks {
+            let t = t.borrow();
+            let b = t.batch.as_ref().expect("a frame");
+            assert_eq!((t.horizon, b.from, b.revision, &b.chunk[..]), (3, 1, 3, &b"r2r3"[..]));
+        }
+        hub.wake().await;
+        assert!(hub.ticks.iter().all(|t| t.borrow().batch.is_none()), "nothing new: no frame");
     }
 
     #[test]

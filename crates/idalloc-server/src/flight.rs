@@ -12,7 +12,10 @@
 //!
 //! [`Flights`] is the pure bookkeeping (which read a caller needs, when to start the next one);
 //! [`SingleFlight`] runs the reads, each in a task of its own so that a caller that goes away (its
-//! client disconnected) never strands the others.
+//! client disconnected) never strands the others. If that task itself goes (the read panicked, or
+//! the runtime dropped the task), every caller waiting then gets [`Abandoned`] as its answer and
+//! the next caller starts a fresh read: the callers hold the answer channel's sender themselves
+//! (through the flight), so without that they would wait forever for an answer nobody sends.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -46,6 +49,16 @@ impl Flights {
         (want, Some(want))
     }
 
+    /// The task running the reads went away before read `started` answered: every read wanted so
+    /// far counts as answered (with an error), and nothing runs. Returns the number of the last
+    /// read so answered: every caller waiting for it or an earlier one takes that error, and the
+    /// next caller to arrive starts a new read.
+    pub fn abandon(&mut self) -> u64 {
+        self.started = self.started.max(self.wanted);
+        self.running = false;
+        self.started
+    }
+
     /// Read `n` has answered: `Some` of the next read to start at once (callers arrived while it
     /// ran), or `None` and nothing runs.
     pub fn landed(&mut self, n: u64) -> Option<u64> {
@@ -57,6 +70,26 @@ impl Flights {
             self.running = false;
             None
         }
+    }
+}
+
+/// The task doing the shared read went away before it answered (the read panicked, or the
+/// runtime dropped the task): what the callers that waited for it get instead of an answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Abandoned;
+
+impl std::fmt::Display for Abandoned {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(
+            "the shared store read this request waited for was abandoned (its task panicked or \
+             was stopped); retry",
+        )
+    }
+}
+
+impl From<Abandoned> for String {
+    fn from(a: Abandoned) -> String {
+        a.to_string()
     }
 }
 
@@ -85,7 +118,7 @@ impl Drop for Waiting<'_> {
 impl<T, E> SingleFlight<T, E>
 where
     T: Clone + Send + Sync + 'static,
-    E: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + From<Abandoned> + 'static,
 {
     pub fn new<F, Fut>(read: F) -> Arc<Self>
     where
@@ -127,20 +160,53 @@ where
         }
     }
 
-    /// Reads `n`, and the reads wanted after it, one after the other.
+    /// Reads `n`, and the reads wanted after it, one after the other. If this future is dropped
+    /// before it is done (a panicking read unwinds through it, or its task is dropped), the
+    /// callers waiting are answered [`Abandoned`] ([`Landing`]).
     async fn fly(self: Arc<Self>, mut n: u64) {
+        let mut landing = Landing { flight: self, done: false };
         loop {
-            let answer = (self.read)().await;
-            self.answers.send_replace(Some((n, answer)));
-            match self.lock().landed(n) {
+            let answer = (landing.flight.read)().await;
+            landing.flight.answers.send_replace(Some((n, answer)));
+            let next = landing.flight.lock().landed(n);
+            match next {
                 Some(next) => n = next,
-                None => return,
+                None => {
+                    landing.done = true;
+                    return;
+                }
             }
         }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Flights> {
         self.flights.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Held by the task running the reads: dropped before `done` (unwinding from a panicking read,
+/// or the task dropped), it answers every waiting caller [`Abandoned`] and lets the next caller
+/// start a read, so that nobody waits for an answer that will never come.
+struct Landing<T, E>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + From<Abandoned> + 'static,
+{
+    flight: Arc<SingleFlight<T, E>>,
+    done: bool,
+}
+
+impl<T, E> Drop for Landing<T, E>
+where
+    T: Clone + Send + Sync + 'static,
+    E: Clone + Send + Sync + From<Abandoned> + 'static,
+{
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let last = self.flight.lock().abandon();
+        self.flight.answers.send_replace(Some((last, Err(E::from(Abandoned)))));
     }
 }
 
@@ -162,6 +228,86 @@ mod tests {
         assert_eq!(f.landed(3), None, "nobody waits: nothing runs");
         assert_eq!(f.arrive(), (4, Some(4)), "the next caller starts a read again");
         assert_eq!(f.landed(4), None);
+    }
+
+    #[test]
+    fn an_abandoned_read_answers_every_read_wanted_so_far_and_the_next_caller_starts_anew() {
+        let mut f = Flights::default();
+        assert_eq!(f.arrive(), (1, Some(1)));
+        assert_eq!(f.arrive(), (2, None));
+        assert_eq!(f.abandon(), 2, "callers waiting for reads 1 and 2 are answered");
+        assert_eq!(f.arrive(), (3, Some(3)), "nothing runs: the next caller starts a read");
+        assert_eq!(f.landed(3), None);
+    }
+
+    /// A read that panics on its first call and answers 7 afterwards.
+    fn panics_once() -> (Arc<SingleFlight<u64, String>>, Arc<AtomicU64>) {
+        let calls = Arc::new(AtomicU64::new(0));
+        let c = calls.clone();
+        let flight = SingleFlight::new(move || {
+            let n = c.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n == 0 {
+                    panic!("the store client panicked (as a test)");
+                }
+                Ok::<u64, String>(7)
+            }
+        });
+        (flight, calls)
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_read_that_panics_answers_its_callers_with_an_error_instead_of_stranding_them() {
+        let (flight, calls) = panics_once();
+        // The timeout only turns the old code's hang into a failure; nothing here is timed.
+        let first = tokio::time::timeout(std::time::Duration::from_secs(30), flight.get()).await;
+        assert_eq!(first, Ok(Err(Abandoned.to_string())), "the caller must not wait forever");
+        assert_eq!(flight.get().await, Ok(7), "the next caller starts a fresh read");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        assert_eq!(flight.waiting(), 0);
+    }
+
+    #[test]
+    fn callers_get_an_error_when_the_task_doing_the_read_is_dropped() {
+        let started = Arc::new(AtomicU64::new(0));
+        let s = started.clone();
+        let flight = SingleFlight::new(move || {
+            let s = s.clone();
+            async move {
+                s.fetch_add(1, Ordering::SeqCst);
+                std::future::pending::<Result<u64, String>>().await
+            }
+        });
+        let rt = |what| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap_or_else(|e| panic!("{what} runtime: {e}"))
+        };
+        // The first caller, on a runtime of its own, starts the read there.
+        let doomed = rt("first");
+        let f = flight.clone();
+        doomed.spawn(async move { f.get().await });
+        doomed.block_on(async {
+            while started.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+        });
+        // A second caller waits on another runtime; then the reading task's runtime goes away.
+        let main = rt("second");
+        let f = flight.clone();
+        let waiter = main.spawn(async move { f.get().await });
+        main.block_on(async {
+            while flight.waiting() < 2 {
+                tokio::task::yield_now().await;
+            }
+        });
+        drop(doomed);
+        let got = main.block_on(async {
+            tokio::time::timeout(std::time::Duration::from_secs(30), waiter).await
+        });
+        let got = got.expect("the waiter must not wait forever").expect("task");
+        assert_eq!(got, Err(Abandoned.to_string()));
     }
 
     #[tokio::test(flavor = "current_thread")]

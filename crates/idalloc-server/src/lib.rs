@@ -83,6 +83,15 @@ pub struct Config {
     /// Changes of each watched pool kept for watch streams to read and resume from
     /// ([`fanout`]); a stream more than this many changes behind is ended.
     pub watch_history: usize,
+    /// How long a pool's watch feed (its hub and history) is kept after its last stream ended,
+    /// so that a client that reconnects meanwhile resumes exactly from the history instead of
+    /// getting 410 `gone`; after that (and at once for a deleted pool) it is dropped, so the
+    /// service keeps no state per pool that nobody watches.
+    pub watch_idle: Duration,
+    /// Watch-stream wake-ups per second each watched pool aims at, at most: the pacing window
+    /// widens with a pool's streams to stay within it ([`fanout::window`]), trading delivery
+    /// latency for the CPU each wake-up's writes cost.
+    pub watch_wake_budget: u64,
 }
 
 impl Default for Config {
@@ -95,6 +104,8 @@ impl Default for Config {
             tokens: None,
             limits: limits::Limits::default(),
             watch_history: 10_000,
+            watch_idle: Duration::from_secs(60),
+            watch_wake_budget: fanout::WAKE_BUDGET,
         }
     }
 }
@@ -108,7 +119,7 @@ pub struct AppState {
     pub config: Config,
     opened: Mutex<handlers::Opened>,
     /// The shared watch feed of each watched pool.
-    hubs: Mutex<std::collections::HashMap<String, Arc<fanout::Hub>>>,
+    hubs: Mutex<std::collections::HashMap<String, fanout::Held>>,
     /// Per watched pool, the shared read of its newest change ([`AppState::newest_change`]).
     newest: Mutex<std::collections::HashMap<String, Arc<flight::SingleFlight<i64, ApiError>>>>,
     shutting_down: AtomicBool,
@@ -170,15 +181,22 @@ impl AppState {
     /// The shared watch feed of `pool` (started on its first watch; a new one once the pool was
     /// re-created).
     pub(crate) fn hub(&self, pool: &Pool) -> Arc<fanout::Hub> {
+        self.prune_watch_state();
         let mut hubs = self.hubs.lock().unwrap_or_else(|p| p.into_inner());
         let name = pool.spec().name();
-        if let Some(h) = hubs.get(name) {
-            if !h.is_ended() {
-                return h.clone();
+        if let Some(h) = hubs.get_mut(name) {
+            if !h.hub.is_ended() {
+                h.idle_since = None;
+                return h.hub.clone();
             }
         }
-        let h = fanout::Hub::start(pool.clone(), self.config.watch_history, self.stop_signal());
-        hubs.insert(name.to_string(), h.clone());
+        let h = fanout::Hub::start(
+            pool.clone(),
+            self.config.watch_history,
+            self.config.watch_wake_budget,
+            self.stop_signal(),
+        );
+        hubs.insert(name.to_string(), fanout::Held { hub: h.clone(), idle_since: None });
         h
     }
 
@@ -207,6 +225,38 @@ impl AppState {
         flight.get().await
     }
 
+    /// Forgets the watch state of pools nobody watches: hubs that ended (their pool was deleted
+    /// or re-created) or that nothing but the map has held for [`Config::watch_idle`] (their last
+    /// stream ended, or the last one to open failed before it started), and shared reads of the
+    /// newest change that no caller holds. Without this every pool ever watched kept its hub (a
+    /// task, a cursor on the pool's feed, a history of up to `watch_history` events) and its read
+    /// for as long as the service ran, however many pools were created and deleted since.
+    ///
+    /// An entry counts as unused only when the map holds its one strong reference, and only the
+    /// map hands references out (under its lock, which this holds): no open stream loses its
+    /// hub, and a stream that opens later starts a fresh one. The hub's own tasks hold weak
+    /// references and end once it is dropped. Run on every new stream, on a pool's deletion and
+    /// by the maintenance task.
+    pub fn prune_watch_state(&self) {
+        let now = tokio::time::Instant::now();
+        let grace = self.config.watch_idle;
+        self.hubs.lock().unwrap_or_else(|p| p.into_inner()).retain(|_, h| {
+            let unused = Arc::strong_count(&h.hub) == 1;
+            fanout::keep(h.hub.is_ended(), unused, &mut h.idle_since, now, grace)
+        });
+        let mut newest = self.newest.lock().unwrap_or_else(|p| p.into_inner());
+        newest.retain(|_, f| Arc::strong_count(f) > 1);
+    }
+
+    /// The watch state the service keeps: (pools with a hub, pools with a shared read of their
+    /// newest change). Bounded by the pools being watched (tests check that it does not grow
+    /// with pools created, watched and deleted).
+    pub fn watch_state(&self) -> (usize, usize) {
+        let hubs = self.hubs.lock().unwrap_or_else(|p| p.into_inner()).len();
+        let newest = self.newest.lock().unwrap_or_else(|p| p.into_inner()).len();
+        (hubs, newest)
+    }
+
     /// New watch streams of `pool` waiting for the read of its newest change (tests count them
     /// to know a burst of streams has arrived).
     pub fn streams_opening(&self, pool: &str) -> usize {
@@ -218,8 +268,12 @@ impl AppState {
         self.opened().insert(p.spec().name().to_string(), p.clone());
     }
 
+    /// Forgets pool `name` (deleted through this service): its handle, and its watch state once
+    /// no stream holds it (open streams end with `gone` when their hub sees the pool retired).
     pub(crate) fn forget(&self, name: &str) {
         self.opened().remove(name);
+        self.hubs.lock().unwrap_or_else(|p| p.into_inner()).remove(name);
+        self.prune_watch_state();
     }
 
     /// Starts the shutdown: new API requests get 503, readiness fails, watch streams end.
@@ -436,6 +490,7 @@ async fn maintenance(st: Arc<AppState>) {
             Err(e) => warn!(error = %e, "cannot list pools"),
         }
         st.sessions.prune();
+        st.prune_watch_state();
         if let Some(h) = &st.metrics {
             h.run_upkeep();
         }
