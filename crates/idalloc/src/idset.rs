@@ -192,7 +192,7 @@ impl IdSet {
     /// cost a split and two merges each down a tree that no longer fits the CPU's caches: 44 % of
     /// a new process's sync at 1M bindings on etcd (docs/scale.md, "Linear cost, quiet"). Here
     /// the IDs are sorted, merged with the runs already held, and the tree is rebuilt from the
-    /// sorted runs in one pass ([`IdSet::rebuild`]). A few IDs into a big set are still inserted
+    /// sorted runs in one pass (`IdSet::rebuild`). A few IDs into a big set are still inserted
     /// one by one, which is then cheaper than a rebuild.
     pub fn insert_many(&mut self, ids: impl IntoIterator<Item = u64>) {
         let (min, max) = (self.min, self.max);
