@@ -137,7 +137,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
 
 /// Commands that open their pool lazily, never listing it unless they need to (issue 21 items 0
 /// and 2; docs/design-notes.md): those that touch one key or ID, `list` (which streams the
-/// store's records, not the view), and `acquire --from`, whose
+/// store's records, not the view), `gc` (which reads the records it sweeps), and `acquire --from`, whose
 /// batches guess candidates in a `random` pool as a lone acquire does (so its memory does not
 /// grow with the pool it fills; a `lowest` pool still loads the view). `release --from` and
 /// `--remote` reads keep the listed view, which they use (a lazy `release --from` would read
@@ -150,6 +150,10 @@ fn one_key(command: &Command) -> bool {
         Command::Lookup(a) => !a.remote.any(),
         // `list` reads the store page by page and never uses the view (issue 21 item 2).
         Command::List(a) => !a.remote.any(),
+        // A sweep reads the pool's records itself and decides from them alone; a listed view
+        // would be a second whole read of the pool, running beside it for nothing (half of
+        // `gc`'s CPU at 1M bindings; docs/scale.md, "Linear cost, quiet").
+        Command::Gc(_) => true,
         _ => false,
     }
 }

@@ -376,11 +376,9 @@ impl PoolCache {
                 foreign.iter().filter(|(_, f)| **f == Foreign::Unreadable).map(|(id, _)| *id);
             let used =
                 bound.iter().map(|(id, _)| id).chain(tombstones.keys().copied()).chain(unreadable);
-            for id in used {
-                if let Some(raw) = self.spec.strip_prefix(id) {
-                    self.free.insert(raw);
-                }
-            }
+            // In bulk: the listing's IDs come in decimal name order (`IdSet::insert_many`).
+            let spec = &self.spec;
+            self.free.insert_many(used.filter_map(|id| spec.strip_prefix(id)));
         }
         (self.bound, self.tombstones, self.foreign) = (bound, tombstones, foreign);
         self.revision = revision;
@@ -449,11 +447,8 @@ impl PoolCache {
             .chain(self.tombstones.keys().copied())
             .chain(unreadable)
             .collect();
-        for id in used {
-            if let Some(raw) = self.spec.strip_prefix(id) {
-                self.free.insert(raw);
-            }
-        }
+        let spec = &self.spec;
+        self.free.insert_many(used.into_iter().filter_map(|id| spec.strip_prefix(id)));
     }
 
     /// Learns from a txn response that `id` is in use (or free) before the watch says so; only the

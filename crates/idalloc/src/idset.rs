@@ -183,6 +183,89 @@ impl IdSet {
         true
     }
 
+    /// Marks every ID of `ids` used (in any order; IDs outside `[min, max]` are skipped), as
+    /// [`IdSet::insert`] of each would, but in time linear in the set's runs plus a sort of the
+    /// IDs when they are many.
+    ///
+    /// Why: a listing hands a cache its IDs in the store's key order (decimal names: `1`, `10`,
+    /// `100`, …), which is no order at all for the tree. Inserted one by one, a million of them
+    /// cost a split and two merges each down a tree that no longer fits the CPU's caches: 44 % of
+    /// a new process's sync at 1M bindings on etcd (docs/scale.md, "Linear cost, quiet"). Here
+    /// the IDs are sorted, merged with the runs already held, and the tree is rebuilt from the
+    /// sorted runs in one pass (`IdSet::rebuild`). A few IDs into a big set are still inserted
+    /// one by one, which is then cheaper than a rebuild.
+    pub fn insert_many(&mut self, ids: impl IntoIterator<Item = u64>) {
+        let (min, max) = (self.min, self.max);
+        let mut add: Vec<u64> = ids.into_iter().filter(|&id| id >= min && id <= max).collect();
+        if add.len() < 64 || add.len() < self.run_count() / 8 {
+            for id in add {
+                self.insert(id);
+            }
+            return;
+        }
+        add.sort_unstable();
+        let mut runs: Vec<(u64, u64)> = Vec::with_capacity(self.run_count() + add.len());
+        let push = |runs: &mut Vec<(u64, u64)>, (lo, hi): (u64, u64)| match runs.last_mut() {
+            // `hi + 1` cannot overflow: `max` is below `u64::MAX` or nothing follows it.
+            Some(last) if lo <= last.1.saturating_add(1) => last.1 = last.1.max(hi),
+            _ => runs.push((lo, hi)),
+        };
+        let mut old = self.runs_from(0).peekable();
+        let mut new = add.into_iter().peekable();
+        loop {
+            let next = match (old.peek(), new.peek()) {
+                (Some(&(lo, _)), Some(&id)) if lo <= id => old.next(),
+                (_, Some(_)) => new.next().map(|id| (id, id)),
+                (Some(_), None) => old.next(),
+                (None, None) => break,
+            };
+            if let Some(run) = next {
+                push(&mut runs, run);
+            }
+        }
+        self.rebuild(&runs);
+    }
+
+    /// Replaces the tree by one holding exactly `runs` (sorted, disjoint, non-adjacent), built in
+    /// one pass: nodes appended in order on a stack of the tree's right spine (a Cartesian tree
+    /// by priority), then the subtree sums from the leaves up. O(runs), no recursion.
+    fn rebuild(&mut self, runs: &[(u64, u64)]) {
+        self.nodes.clear();
+        self.free_slots.clear();
+        self.nodes.reserve(runs.len());
+        let mut spine: Vec<Ix> = Vec::new();
+        for &(lo, hi) in runs {
+            let n = self.new_node(lo, hi);
+            let mut last = NIL;
+            while let Some(&top) = spine.last() {
+                if self.prio(top) > self.prio(n) {
+                    break;
+                }
+                last = top;
+                spine.pop();
+            }
+            self.nodes[n as usize].left = last;
+            if let Some(&top) = spine.last() {
+                self.nodes[top as usize].right = n;
+            }
+            spine.push(n);
+        }
+        self.root = spine.first().copied().unwrap_or(NIL);
+        // Pre-order, then backwards: every node after its children.
+        let mut order = Vec::with_capacity(runs.len());
+        let mut todo = vec![self.root];
+        while let Some(t) = todo.pop() {
+            if t != NIL {
+                order.push(t);
+                todo.push(self.nodes[t as usize].left);
+                todo.push(self.nodes[t as usize].right);
+            }
+        }
+        for &t in order.iter().rev() {
+            self.update(t);
+        }
+    }
+
     /// Marks `id` free. Returns false if it was not used, or if it is reserved (reserved IDs stay
     /// used for the set's whole life).
     pub fn remove(&mut self, id: u64) -> bool {
@@ -599,6 +682,54 @@ mod tests {
     fn agrees_with_a_naive_model() {
         for seed in 0..150 {
             run_model_test(seed);
+        }
+    }
+
+    /// `insert_many` leaves exactly the set that inserting each ID would (both of its paths: a
+    /// few IDs into a big set, and the sort-and-rebuild), a valid treap of logarithmic height
+    /// that later inserts, removes and picks keep working on.
+    #[test]
+    fn insert_many_is_insert_of_each() {
+        for seed in 0..60 {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let min = [1, 1000, u64::MAX - 5000][rng.random_range(0..3)];
+            let max = min + rng.random_range(100..4000);
+            let reserved = [(min + 3, min + 9), (max - 2, max.saturating_add(4))];
+            let mut set = IdSet::new(min, max, &reserved);
+            for _ in 0..rng.random_range(0..3000) {
+                let id = rng.random_range(min..=max);
+                if rng.random_bool(0.7) {
+                    set.insert(id);
+                } else {
+                    set.remove(id);
+                }
+            }
+            let n = [0, 5, 63, 64, 500, 3000][rng.random_range(0..6)];
+            let ids: Vec<u64> = (0..n)
+                .map(|_| rng.random_range(min.saturating_sub(3)..=max.saturating_add(3)))
+                .collect();
+            let mut each = set.clone();
+            for &id in &ids {
+                each.insert(id);
+            }
+            set.insert_many(ids);
+            let height = set.check();
+            assert_eq!(set.used_runs(), each.used_runs(), "seed {seed}, {n} IDs");
+            assert_eq!(set.free_count(), each.free_count(), "seed {seed}");
+            let runs = set.run_count().max(2) as f64;
+            assert!(height as f64 <= 4.0 * runs.log2() + 4.0, "seed {seed}: height {height}");
+            for _ in 0..300 {
+                let id = rng.random_range(min..=max);
+                if rng.random_bool(0.5) {
+                    assert_eq!(set.insert(id), each.insert(id), "seed {seed} insert {id}");
+                } else {
+                    assert_eq!(set.remove(id), each.remove(id), "seed {seed} remove {id}");
+                }
+            }
+            set.check();
+            assert_eq!(set.used_runs(), each.used_runs(), "seed {seed} after more changes");
+            let r = rng.random_range(0..set.free_count().max(1));
+            assert_eq!(set.nth_free(r), each.nth_free(r), "seed {seed}");
         }
     }
 
