@@ -7,12 +7,20 @@
 //! allocator; the library has none and no `unsafe`.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 
 static ON: AtomicBool = AtomicBool::new(false);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// Bytes allocated minus bytes freed while counting was on.
 static NET: AtomicI64 = AtomicI64::new(0);
+/// Bytes allocated (never decreased by a free) while counting was on: the allocation traffic of
+/// a piece of work, which shows a copy made again and again where the net figure does not.
+static ALLOCATED: AtomicU64 = AtomicU64::new(0);
+
+fn count(bytes: usize) {
+    NET.fetch_add(bytes as i64, Ordering::Relaxed);
+    ALLOCATED.fetch_add(bytes as u64, Ordering::Relaxed);
+}
 
 /// The system allocator, counting requested bytes while a measurement runs.
 pub struct Counting;
@@ -24,7 +32,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: same contract as the caller's.
         let p = unsafe { System.alloc(layout) };
         if !p.is_null() && ON.load(Ordering::Relaxed) {
-            NET.fetch_add(layout.size() as i64, Ordering::Relaxed);
+            count(layout.size());
         }
         p
     }
@@ -33,7 +41,7 @@ unsafe impl GlobalAlloc for Counting {
         // SAFETY: same contract as the caller's.
         let p = unsafe { System.alloc_zeroed(layout) };
         if !p.is_null() && ON.load(Ordering::Relaxed) {
-            NET.fetch_add(layout.size() as i64, Ordering::Relaxed);
+            count(layout.size());
         }
         p
     }
@@ -51,6 +59,8 @@ unsafe impl GlobalAlloc for Counting {
         let p = unsafe { System.realloc(ptr, layout, new_size) };
         if !p.is_null() && ON.load(Ordering::Relaxed) {
             NET.fetch_add(new_size as i64 - layout.size() as i64, Ordering::Relaxed);
+            // A realloc may move the block: the new size is what it can have copied.
+            ALLOCATED.fetch_add(new_size as u64, Ordering::Relaxed);
         }
         p
     }
@@ -65,10 +75,25 @@ pub fn installed() {
 /// run), or `None` if [`Counting`] is not the global allocator. Memory allocated before and
 /// freed during the run counts negative: run it on a quiet process.
 pub async fn measure<T>(f: impl std::future::Future<Output = T>) -> (T, Option<i64>) {
+    let (out, net, _) = measure_both(f).await;
+    (out, net)
+}
+
+/// Runs `f` with counting on; the bytes allocated during the run (every allocation, freed or
+/// not: the work's allocation traffic), or `None` if [`Counting`] is not the global allocator.
+/// Counts the whole process's allocations meanwhile, so run it with nothing else busy.
+pub async fn allocated<T>(f: impl std::future::Future<Output = T>) -> (T, Option<u64>) {
+    let (out, _, total) = measure_both(f).await;
+    (out, total)
+}
+
+async fn measure_both<T>(f: impl std::future::Future<Output = T>) -> (T, Option<i64>, Option<u64>) {
     NET.store(0, Ordering::SeqCst);
+    ALLOCATED.store(0, Ordering::SeqCst);
     ON.store(true, Ordering::SeqCst);
     let out = f.await;
     ON.store(false, Ordering::SeqCst);
-    let net = NET.load(Ordering::SeqCst);
-    (out, INSTALLED.load(Ordering::Relaxed).then_some(net))
+    let (net, total) = (NET.load(Ordering::SeqCst), ALLOCATED.load(Ordering::SeqCst));
+    let installed = INSTALLED.load(Ordering::Relaxed);
+    (out, installed.then_some(net), installed.then_some(total))
 }

@@ -22,10 +22,10 @@
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use eventsource_stream::Eventsource;
 use futures::{Stream, StreamExt};
 use idalloc::Event;
 use reqwest::Method;
+use sse_stream::SseByteStream;
 use tokio::sync::{broadcast, watch};
 use tracing::{debug, warn};
 
@@ -151,14 +151,16 @@ async fn stream_once(
         }
     }
     let bytes = Box::pin(resp.bytes_stream());
-    let mut events = Box::pin(idle_limited(bytes, t.opts.watch_idle_timeout)).eventsource();
+    let mut events = SseByteStream::new(Box::pin(idle_limited(bytes, t.opts.watch_idle_timeout)));
     loop {
         let ev = match events.next().await {
             None => return failed("the stream ended".into(), true),
             Some(Err(e)) => return failed(e.to_string(), true),
             Some(Ok(ev)) => ev,
         };
-        let msg = match parse(&ev.event, &ev.data) {
+        // An event without a name is a `message` (the SSE default), which this client ignores.
+        let (name, data) = (ev.event.as_deref().unwrap_or("message"), ev.data.as_deref());
+        let msg = match parse(name, data.unwrap_or_default()) {
             Ok(m) => m,
             Err(e) => {
                 warn!(error = e, "unreadable watch event; re-opening the stream");
@@ -171,7 +173,7 @@ async fn stream_once(
             Msg::Lagged { .. } => Some(End::Resume),
             _ => None,
         };
-        let published = f.view().apply(msg, &ev.id);
+        let published = f.view().apply(msg, ev.id.as_deref().unwrap_or_default());
         for e in published {
             if matches!(e, Event::Synced) {
                 f.synced.send_replace(true);
@@ -195,6 +197,8 @@ enum StreamError {
     Transport(String),
     Idle(Duration),
 }
+
+impl std::error::Error for StreamError {}
 
 impl std::fmt::Display for StreamError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -238,9 +238,17 @@ pub async fn acquire(
     let _quota = crate::quota::check_refs(&st, caller(&client), &name, &keys, holder).await?;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
+        Owner::Session(s) if single => {
+            let a = s.acquire(&pool, &keys[0]).await.map_err(|e| session_error(s, e))?;
+            out.extend(keys.into_iter().map(|key| Acquired { key, id: a.id, new: a.new }));
+        }
+        // A session's list goes in batched txns too (issue 21 item 4: one txn per key made a
+        // restart storm cost etcd a write per key). The first failure answers the request, as
+        // before; acquiring in a session is idempotent, so the client retries the whole list.
         Owner::Session(s) => {
-            for key in keys {
-                let a = s.acquire(&pool, &key).await.map_err(|e| session_error(s, e))?;
+            let got = s.acquire_many(&pool, &keys).await;
+            for (key, a) in keys.into_iter().zip(got) {
+                let a = a.map_err(|e| session_error(s, e))?;
                 out.push(Acquired { key, id: a.id, new: a.new });
             }
         }

@@ -63,6 +63,43 @@ async fn a_session_whose_lease_expired_is_lost_on_its_next_use() {
     assert!(!s.keep_alive().await.unwrap());
 }
 
+/// The batched form (issue 21 item 4: a restarted agent's list of keys in one request): the
+/// keys of one call bind on the session's lease, a second session referencing them gets the same
+/// IDs, and once the lease is gone every key of a batch fails with `SessionGone` and the session
+/// is lost, as with the lone acquire.
+#[tokio::test]
+async fn a_sessions_batch_binds_on_its_lease_and_fails_whole_once_the_lease_is_gone() {
+    let a = alloc();
+    let pool = a.ensure_pool(&PoolSpec::new("p", 1, 1000)).await.unwrap();
+    let keys: Vec<String> = (0..50).map(|i| format!("k{i}")).collect();
+    let s = a.client_session(Duration::from_secs(1)).await.unwrap();
+    let first: Vec<u64> =
+        s.acquire_many(&pool, &keys).await.into_iter().map(|r| r.unwrap().id).collect();
+    let other = a.client_session(Duration::from_secs(60)).await.unwrap();
+    let again: Vec<u64> =
+        other.acquire_many(&pool, &keys).await.into_iter().map(|r| r.unwrap().id).collect();
+    assert_eq!(again, first, "a second session's references join the same bindings");
+    let list = pool.list().await.unwrap();
+    let mut both = vec![s.holder().to_string(), other.holder().to_string()];
+    both.sort();
+    let mut h = holders(&list, "k7").expect("k7 bound");
+    h.sort();
+    assert_eq!(h, both);
+    // Nobody renews the first: the store expires its lease and its references.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while holders(&pool.list().await.unwrap(), "k7") != Some(vec![other.holder().to_string()]) {
+        assert!(tokio::time::Instant::now() < deadline, "the references outlived their lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let more: Vec<String> = (50..60).map(|i| format!("k{i}")).collect();
+    let r = s.acquire_many(&pool, &more).await;
+    assert_eq!(r.len(), 10);
+    for x in &r {
+        assert!(matches!(x, Err(Error::InvalidInput { input: Input::SessionGone, .. })), "{x:?}");
+    }
+    assert!(s.is_lost(), "a batch that found the lease gone marks the session lost");
+}
+
 #[tokio::test]
 async fn session_ttls_out_of_range_are_refused() {
     let a = alloc();

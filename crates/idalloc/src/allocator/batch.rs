@@ -23,7 +23,7 @@ use std::sync::Arc;
 
 use tracing::{debug, warn};
 
-use super::bind::{Hints, MAX_BIND_ATTEMPTS};
+use super::bind::{Hints, RefLease, MAX_BIND_ATTEMPTS};
 use super::handle::Pool;
 use super::pool_state::{lock, Held, KeyGuard, PoolState};
 use super::registry::{protocol_error, Inner};
@@ -69,7 +69,7 @@ impl Inner {
         pool: &PoolState,
         keys: &[(&str, Option<u64>)],
         holder: &str,
-        leased: bool,
+        leased: RefLease,
         hints: Hints,
     ) -> Vec<Result<Acquired>> {
         if let Err(e) = pool.live() {
@@ -210,8 +210,10 @@ impl Inner {
                 }
                 continue;
             }
-            let lease = if leased {
-                match self.session_lease().await {
+            let lease = match leased {
+                RefLease::Durable => 0,
+                RefLease::Client(l) => l,
+                RefLease::Session => match self.session_lease().await {
                     Ok(l) => l,
                     Err(e) => {
                         for (i, _) in &plans {
@@ -220,9 +222,7 @@ impl Inner {
                         gone = Some(e);
                         break;
                     }
-                }
-            } else {
-                0
+                },
             };
             let target = RefTarget { holder, lease };
             let fences = self.fences(pool);
@@ -244,7 +244,9 @@ impl Inner {
             .await;
             let mut newest = 0;
             for (g, (result, doubt)) in groups.iter().zip(answers) {
-                if doubt && leased {
+                // In-doubt references of this process's own session are repaired by it; a
+                // client session's are its client's to retry (idempotent, as a lone bind's).
+                if doubt && leased == RefLease::Session {
                     let mut d = lock(&pool.doubt);
                     for &j in g {
                         d.insert(slots[plans[j].0].bl.key().to_string());
@@ -257,9 +259,14 @@ impl Inner {
                             "pool {name:?}: a batch answer had an unexpected shape"
                         )))),
                     },
-                    Err(StoreError::LeaseNotFound(l)) if leased => {
+                    Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Session => {
                         self.session_lost(l).await;
                         Err(None)
+                    }
+                    // A client session's lease is gone: every key of the group fails with
+                    // `SessionGone`, as a lone bind on it does.
+                    Err(StoreError::LeaseNotFound(l)) if leased == RefLease::Client(l) => {
+                        Err(Some(Error::lease_gone(l)))
                     }
                     Err(e) => Err(Some(e.into())),
                 };
@@ -625,8 +632,10 @@ impl Pool {
             }
             let holder = self.inner.holder.clone();
             let args: Vec<(&str, Option<u64>)> = to_bind.iter().map(|(_, a)| *a).collect();
-            let results =
-                self.inner.bind_many(&self.state, &args, &holder, true, Hints::Lenient).await;
+            let results = self
+                .inner
+                .bind_many(&self.state, &args, &holder, RefLease::Session, Hints::Lenient)
+                .await;
             for ((d, (key, _)), r) in to_bind.into_iter().zip(results) {
                 match &r {
                     Ok(a) => {
@@ -661,8 +670,36 @@ impl Pool {
         self.many(&names, |distinct, at| async move {
             let _guards = self.lock_keys(&distinct).await;
             let args: Vec<(&str, Option<u64>)> = distinct.iter().map(|k| (*k, None)).collect();
+            let results = self
+                .inner
+                .bind_many(&self.state, &args, holder, RefLease::Durable, Hints::Lenient)
+                .await;
+            spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
+                id: a.id,
+                new: false,
+            })
+        })
+        .await
+    }
+
+    /// A client session's references to many keys ([`crate::ClientSession::acquire_many`]),
+    /// packed many per round trip as [`Pool::acquire_many_durable`]: the references go on the
+    /// session's `lease` under `holder`. A key given twice is bound once. Why batched: a restart
+    /// storm through `idalloc serve` re-acquires every agent's keys on new sessions, and one txn
+    /// per key cost etcd a proposal (and its WAL write) per key (issue 21 item 4).
+    pub(crate) async fn acquire_many_on_lease<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        holder: &str,
+        lease: crate::store::LeaseId,
+    ) -> Vec<Result<Acquired>> {
+        let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
+        self.many(&names, |distinct, at| async move {
+            let _guards = self.lock_keys(&distinct).await;
+            let args: Vec<(&str, Option<u64>)> = distinct.iter().map(|k| (*k, None)).collect();
+            let target = RefLease::Client(lease);
             let results =
-                self.inner.bind_many(&self.state, &args, holder, false, Hints::Lenient).await;
+                self.inner.bind_many(&self.state, &args, holder, target, Hints::Lenient).await;
             spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
                 id: a.id,
                 new: false,

@@ -128,7 +128,9 @@ impl Flight {
                     _ => {
                         let keys: Vec<(&str, Option<u64>)> =
                             jobs.iter().map(|j| (j.key.as_str(), None)).collect();
-                        inner.bind_many(&pool, &keys, &holder, true, Hints::Lenient).await
+                        inner
+                            .bind_many(&pool, &keys, &holder, RefLease::Session, Hints::Lenient)
+                            .await
                     }
                 };
                 for (job, r) in jobs.into_iter().zip(results) {

@@ -97,7 +97,9 @@ impl Inner {
                 let held = lock(&pool.held);
                 chunk.iter().filter_map(|k| held.get(k).map(|h| (k.as_str(), Some(h.id)))).collect()
             };
-            let results = self.bind_many(pool, &items, &holder, true, Hints::Strict).await;
+            let results = self
+                .bind_many(pool, &items, &holder, super::RefLease::Session, Hints::Strict)
+                .await;
             for (&(key, old), r) in items.iter().zip(results) {
                 let old = old.unwrap_or_default();
                 match r {
