@@ -368,3 +368,40 @@ async fn with_tokens_a_session_is_its_openers_on_every_replica() {
     let again = sess.acquire(&pool, "k").await.expect("acquire on B");
     assert_eq!((again.id, again.new), (k.id, false));
 }
+
+/// `GET` requests `serve` counted on `route` (its `idalloc_http_requests_total`, any status).
+async fn gets_on(s: &Serve, route: &str) -> u64 {
+    let text = reqwest::get(s.http("/metrics")).await.expect("metrics").text().await.expect("text");
+    let route = format!("route=\"{route}\"");
+    text.lines()
+        .filter(|l| l.starts_with("idalloc_http_requests_total{"))
+        .filter(|l| l.contains(&route) && l.contains("method=\"GET\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Opening a pool reads the pools' specs, not the pool's usage: `GET /v1/pools/{pool}` counts
+/// every key and ID record of the pool in etcd (an index walk per call), which every agent paid
+/// on every (re)start of a storm (issue 21 item 4). A missing pool still answers the service's
+/// own error. Fails on the old client: each open was one `GET /v1/pools/{pool}`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn opening_a_pool_does_not_ask_the_service_to_count_its_bindings() {
+    let Some(etcd) = idalloc_testkit::etcd::test_etcd_endpoint().await else { return };
+    let s = start_serve(&etcd.endpoint(), &unique_prefix());
+    let c = client(&[&s]);
+    c.ensure_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
+    let (by_name, listed) = (gets_on(&s, "/v1/pools/{pool}").await, gets_on(&s, "/v1/pools").await);
+
+    let agent = client(&[&s]);
+    for _ in 0..3 {
+        let pool = agent.pool("p").await.expect("open");
+        assert_eq!(pool.spec(), &PoolSpec::new("p", 1, 1000));
+    }
+    assert_eq!(gets_on(&s, "/v1/pools/{pool}").await, by_name, "no usage read to open a pool");
+    assert_eq!(gets_on(&s, "/v1/pools").await, listed + 3, "one spec listing per open");
+
+    match agent.pool("absent").await {
+        Err(Error::PoolNotFound { pool }) => assert_eq!(pool, "absent"),
+        other => panic!("a missing pool: {:?}", other.map(|p| p.spec().clone())),
+    }
+}
