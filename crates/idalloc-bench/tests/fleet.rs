@@ -3,7 +3,6 @@
 //! failed, the churn and the probe did work and etcd's counters moved. Speed is never asserted.
 //! Direct agents (each its own etcd client) and agents through real `idalloc serve` replicas.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use idalloc_bench::fleet::{run, FleetOptions, FleetRun};
@@ -76,22 +75,6 @@ async fn a_tiny_fleet_restores_every_key_after_a_close_storm() {
     tiny(true).await;
 }
 
-/// The `idalloc` binary (built with the workspace, next to this test's directory).
-fn idalloc_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("IDALLOC_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("this test's path: {e}"));
-    match exe.parent().and_then(|d| d.parent()).map(|d| d.join("idalloc")) {
-        Some(b) if b.is_file() => b,
-        _ => panic!(
-            "the through-serve fleet runs `idalloc serve` and did not find the binary next to \
-             {}: build it (`cargo build -p idalloc-cli`) or set IDALLOC_BIN",
-            exe.display()
-        ),
-    }
-}
-
 /// Agents through `serve` replicas: every restarted agent (a new client, a new session) gets its
 /// keys back with their IDs, also when replica 0 is killed at the storm's start; etcd sees one
 /// watcher per replica, not one per agent.
@@ -99,7 +82,12 @@ async fn tiny_through_serve(replicas: usize, kill_replica: bool) {
     if !idalloc_testkit::etcd::etcd_or_skip("the through-serve fleet check") {
         return;
     }
-    let mode = ServeMode { bin: idalloc_bin(), replicas, kill_replica, views: true };
+    let mode = ServeMode {
+        bin: idalloc_testkit::serve::workspace_bin(),
+        replicas,
+        kill_replica,
+        views: true,
+    };
     let r = tiny_run(&tiny_shape(false, Some(mode))).await;
     check_common(&r, &["restart storm", "storm sync (views)"]);
     let phase = |n: &str| r.phase(n).unwrap_or_else(|| panic!("no phase {n}"));

@@ -7,7 +7,6 @@
 //! copied the rest of its buffer at every line, so a chunk of n lines cost O(n²) bytes copied
 //! (each copy a fresh allocation). A linear parser allocates a few times the snapshot's bytes.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use idalloc::PoolSpec;
@@ -18,28 +17,12 @@ use idalloc_testkit::serve::Serve;
 #[global_allocator]
 static HEAP: idalloc_bench::heap::Counting = idalloc_bench::heap::Counting;
 
-/// The `idalloc` binary (built with the workspace, next to this test's directory).
-fn idalloc_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("IDALLOC_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("this test's path: {e}"));
-    match exe.parent().and_then(|d| d.parent()).map(|d| d.join("idalloc")) {
-        Some(b) if b.is_file() => b,
-        _ => panic!(
-            "this test runs `idalloc serve` and did not find the binary next to {}: build it \
-             (`cargo build -p idalloc-cli`) or set IDALLOC_BIN",
-            exe.display()
-        ),
-    }
-}
-
 const BINDINGS: usize = 20_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_views_sync_allocates_a_few_times_the_snapshot_not_a_copy_per_line() {
     idalloc_bench::heap::installed();
-    let bin = idalloc_bin();
+    let bin = idalloc_testkit::serve::workspace_bin();
     let serve = Serve::start(&bin.to_string_lossy(), &["--store", "memory:"], &[]);
     let url = serve.http("");
     let opts = || ClientOptions { session_ttl: Duration::from_secs(120), ..Default::default() };

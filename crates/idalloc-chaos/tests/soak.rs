@@ -24,7 +24,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -264,23 +263,6 @@ impl Drop for StopOnDrop {
     }
 }
 
-/// The `idalloc` binary (built by the CLI's tests, next to this test's directory).
-fn idalloc_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("IDALLOC_BIN") {
-        return PathBuf::from(p);
-    }
-    let exe = std::env::current_exe().expect("this test's path");
-    let bin = exe.parent().and_then(|d| d.parent()).map(|d| d.join("idalloc"));
-    match bin {
-        Some(b) if b.is_file() => b,
-        _ => panic!(
-            "the soak runs `idalloc serve` and did not find the binary next to {}: \
-             build it (`cargo build -p idalloc-cli`) or set IDALLOC_BIN",
-            exe.display()
-        ),
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soak_with_faults_holds_every_resource_flat() {
     if !etcd_or_skip("the soak") {
@@ -290,7 +272,7 @@ async fn soak_with_faults_holds_every_resource_flat() {
     let every = env_secs("IDALLOC_SOAK_SAMPLE_SECS", (secs / 60).clamp(2, 60));
     assert!(secs >= 60, "IDALLOC_SOAK_SECS={secs}: a soak of under 60 s cannot show a trend");
     eprintln!("soak: {secs} s, a sample every {every} s");
-    let bin = idalloc_bin();
+    let bin = idalloc_testkit::serve::workspace_bin();
     let mut cluster = EtcdCluster::start(3).await.expect("3-member etcd cluster");
     let endpoints = cluster.endpoints();
     let serve = Serve::start(

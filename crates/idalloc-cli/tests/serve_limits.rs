@@ -298,15 +298,7 @@ fn slow_header_and_idle_clients_are_cut() {
     let dir = tempfile::tempdir().expect("tempdir");
     let s = start(dir.path(), &["--header-timeout", "1s", "--idle-timeout", "2s"]);
     // Closed by the server: EOF or a reset, not our own 30 s read timeout.
-    let closed = |c: &mut std::net::TcpStream| {
-        c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-        let mut rest = Vec::new();
-        match c.read_to_end(&mut rest) {
-            Ok(_) => rest,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => rest,
-            Err(e) => panic!("not closed by the server: {e}"),
-        }
-    };
+    let closed = idalloc_testkit::serve::read_until_closed;
     let mut slow = std::net::TcpStream::connect(s.addr()).expect("connect");
     write!(slow, "GET /healthz HTTP/1.1\r\nhost: x\r\n").expect("half a header");
     closed(&mut slow);

@@ -2,12 +2,12 @@
 //! protocol is chosen before hyper reads from it, by a peek of the HTTP/2 preface on plain TCP and
 //! by ALPN under TLS). Real processes, real sockets, certificates made at test time.
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
 use idalloc_testkit::secure::TestPki;
-use idalloc_testkit::serve::Serve;
+use idalloc_testkit::serve::{read_until_closed, Serve};
 use reqwest::Version;
 use serde_json::{json, Value};
 
@@ -108,18 +108,6 @@ fn tls_serves_http2_by_alpn_and_http1_without_it() {
     assert_eq!(s.terminate(), Some(0));
 }
 
-/// Reads until the server closes `c` (EOF or a reset); panics if it is still open after 30 s,
-/// which is far below the idle timeout the tests set, so only the header timeout can close it.
-fn closed_by_server(c: &mut std::net::TcpStream) -> Vec<u8> {
-    c.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    let mut rest = Vec::new();
-    match c.read_to_end(&mut rest) {
-        Ok(_) => rest,
-        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => rest,
-        Err(e) => panic!("not closed by the server: {e}"),
-    }
-}
-
 /// A client that sends part of the HTTP/2 preface and stalls, or sends nothing, is closed after
 /// `--header-timeout` (not only after the much longer idle timeout); the service still answers
 /// both protocols afterwards.
@@ -129,13 +117,13 @@ fn a_stalled_preface_or_silence_is_cut_by_the_header_timeout() {
     let s = start(dir.path(), &["--header-timeout", "1s", "--idle-timeout", "600s"]);
     let mut partial = std::net::TcpStream::connect(s.addr()).expect("connect");
     partial.write_all(b"PRI * HTTP/2.0\r\n").expect("part of the preface");
-    assert!(closed_by_server(&mut partial).is_empty(), "closed without an answer");
+    assert!(read_until_closed(&mut partial).is_empty(), "closed without an answer");
     let mut silent = std::net::TcpStream::connect(s.addr()).expect("connect");
-    assert!(closed_by_server(&mut silent).is_empty(), "closed without an answer");
+    assert!(read_until_closed(&mut silent).is_empty(), "closed without an answer");
     // A slow HTTP/1 header is hyper's header timeout, after the protocol was chosen.
     let mut slow = std::net::TcpStream::connect(s.addr()).expect("connect");
     slow.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n").expect("half a header");
-    closed_by_server(&mut slow);
+    read_until_closed(&mut slow);
     runtime().block_on(async {
         let h2 = reqwest::Client::builder().http2_prior_knowledge().build().expect("client");
         let (v, st, _) = get(&h2, &s.http("/healthz")).await;

@@ -149,3 +149,35 @@ impl Drop for Serve {
         }
     }
 }
+
+/// The `idalloc` binary for tests of crates other than the CLI (where
+/// `env!("CARGO_BIN_EXE_idalloc")` does not exist): `IDALLOC_BIN` if set, else the binary the
+/// workspace build put beside this test's own directory (`target/<profile>/idalloc`). Panics with
+/// how to get it when there is none.
+pub fn workspace_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("IDALLOC_BIN") {
+        return PathBuf::from(p);
+    }
+    let exe = std::env::current_exe().unwrap_or_else(|e| panic!("this test's path: {e}"));
+    match exe.parent().and_then(|d| d.parent()).map(|d| d.join("idalloc")) {
+        Some(b) if b.is_file() => b,
+        _ => panic!(
+            "this test runs `idalloc serve` and did not find the binary next to {}: build it \
+             (`cargo build -p idalloc-cli`) or set IDALLOC_BIN",
+            exe.display()
+        ),
+    }
+}
+
+/// Reads `c` until the server closes it (EOF or a reset) and returns what came before; panics if
+/// it is still open after 30 s, far beyond the header and idle timeouts the tests set, so that
+/// only the server's own timeouts can pass it.
+pub fn read_until_closed(c: &mut std::net::TcpStream) -> Vec<u8> {
+    c.set_read_timeout(Some(Duration::from_secs(30))).expect("read timeout");
+    let mut rest = Vec::new();
+    match c.read_to_end(&mut rest) {
+        Ok(_) => rest,
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => rest,
+        Err(e) => panic!("not closed by the server: {e}"),
+    }
+}
