@@ -9,15 +9,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use axum::body::Body;
-use axum::http::Request as HttpRequest;
 use idalloc::store::embedded::EmbeddedStore;
 use idalloc::store::{Store, StoreResult};
 use idalloc::{Allocator, PoolSpec};
 use idalloc_server::{router, AppState, Config};
 use idalloc_testkit::hooked::{Hook, HookedStore, Request};
 use serde_json::{json, Value};
-use tower::ServiceExt;
+
+mod common;
+use common::call;
 
 /// Counts the store's txns.
 #[derive(Default)]
@@ -31,19 +31,6 @@ impl<S: Store> Hook<S> for Txns {
         }
         Ok(req)
     }
-}
-
-async fn call(app: &axum::Router, method: &str, path: &str, body: Value) -> (u16, Value) {
-    let req = HttpRequest::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("request");
-    let resp = app.clone().oneshot(req).await.expect("response");
-    let status = resp.status().as_u16();
-    let bytes = axum::body::to_bytes(resp.into_body(), 1 << 24).await.expect("body");
-    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
 /// The IDs of an acquire answer's results, in order.
@@ -65,12 +52,12 @@ async fn a_sessions_keys_go_many_per_txn_and_a_new_session_gets_the_same_ids() {
     let keys: Vec<String> = (0..KEYS).map(|i| format!("agent-7/key-{i}")).collect();
 
     let acquire_on_new_session = || async {
-        let (s, sess) = call(&app, "POST", "/v1/sessions", json!({"ttl": 60})).await;
+        let (s, sess) = call(&app, "POST", "/v1/sessions", &json!({"ttl": 60}).to_string()).await;
         assert_eq!(s, 201, "{sess}");
         let id = sess["session"].as_str().expect("session id").to_string();
         let before = store.hook().0.load(Ordering::SeqCst);
         let body = json!({"keys": keys, "session": id});
-        let (s, answer) = call(&app, "POST", "/v1/pools/p/acquire", body).await;
+        let (s, answer) = call(&app, "POST", "/v1/pools/p/acquire", &body.to_string()).await;
         assert_eq!(s, 200, "{answer}");
         (ids(&answer), store.hook().0.load(Ordering::SeqCst) - before)
     };

@@ -16,6 +16,9 @@ use idalloc::Allocator;
 use idalloc_server::{router, AppState, Config};
 use tower::ServiceExt;
 
+mod common;
+use common::call;
+
 fn service(watch_idle: Duration) -> (Arc<AppState>, axum::Router) {
     let store: Arc<dyn Store> = Arc::new(EmbeddedStore::memory());
     let alloc = Allocator::from_arc(store.clone(), Default::default()).expect("allocator");
@@ -23,16 +26,6 @@ fn service(watch_idle: Duration) -> (Arc<AppState>, axum::Router) {
     let st = AppState::new(alloc, store, "idalloc", config, None).expect("state");
     let app = router(st.clone());
     (st, app)
-}
-
-async fn call(app: &axum::Router, method: &str, uri: &str, body: &str) -> u16 {
-    let req = HttpRequest::builder()
-        .method(method)
-        .uri(uri)
-        .header("content-type", "application/json")
-        .body(Body::from(body.to_string()))
-        .expect("request");
-    app.clone().oneshot(req).await.expect("response").status().as_u16()
 }
 
 /// Opens a watch of `pool` (with `last_event_id` if given) and reads it until `until` is in it
@@ -89,10 +82,10 @@ async fn pools_created_watched_and_deleted_leave_no_watch_state_behind() {
     for i in 0..30 {
         let pool = format!("p{i}");
         let spec = format!(r#"{{"name":"{pool}","min":1,"max":100}}"#);
-        assert_eq!(call(&app, "POST", "/v1/pools", &spec).await, 200, "create {pool}");
+        assert_eq!(call(&app, "POST", "/v1/pools", &spec).await.0, 200, "create {pool}");
         let (status, _) = watch(&app, &pool, None, "event: synced").await;
         assert_eq!(status, 200);
-        assert_eq!(call(&app, "DELETE", &format!("/v1/pools/{pool}"), "").await, 200);
+        assert_eq!(call(&app, "DELETE", &format!("/v1/pools/{pool}"), "").await.0, 200);
     }
     // The grace (an hour) does not keep a deleted pool's state: nothing is left.
     assert_eq!(settle(&st, (0, 0)).await, (0, 0), "(hubs, shared reads) after 30 pools");
@@ -103,11 +96,11 @@ async fn an_unwatched_pool_is_forgotten_after_the_grace_and_resumes_exactly_with
     // Within the grace: a client that went away resumes exactly from the history.
     let (st, app) = service(Duration::from_secs(3600));
     let spec = r#"{"name":"p","min":1,"max":100}"#;
-    assert_eq!(call(&app, "POST", "/v1/pools", spec).await, 200);
+    assert_eq!(call(&app, "POST", "/v1/pools", spec).await.0, 200);
     let (_, text) = watch(&app, "p", None, "event: synced").await;
     let r = synced_revision(&text);
     let acquire = r#"{"key":"k1","holder":"h"}"#;
-    assert_eq!(call(&app, "POST", "/v1/pools/p/acquire", acquire).await, 200);
+    assert_eq!(call(&app, "POST", "/v1/pools/p/acquire", acquire).await.0, 200);
     // Every other pool's watch state goes (there is none), this one is kept.
     assert_eq!(settle(&st, (1, 0)).await, (1, 0));
     let (status, text) = watch(&app, "p", Some(r), "\"key\":\"k1\"").await;
@@ -115,7 +108,7 @@ async fn an_unwatched_pool_is_forgotten_after_the_grace_and_resumes_exactly_with
 
     // Without a grace: the pool's hub (and its history) goes with its last stream.
     let (st, app) = service(Duration::ZERO);
-    assert_eq!(call(&app, "POST", "/v1/pools", spec).await, 200);
+    assert_eq!(call(&app, "POST", "/v1/pools", spec).await.0, 200);
     let (status, _) = watch(&app, "p", None, "event: synced").await;
     assert_eq!(status, 200);
     assert_eq!(settle(&st, (0, 0)).await, (0, 0), "an unwatched pool keeps no watch state");
