@@ -666,20 +666,7 @@ impl Pool {
         if let Err(e) = validate_durable_holder(holder) {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
-        let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
-        self.many(&names, |distinct, at| async move {
-            let _guards = self.lock_keys(&distinct).await;
-            let args: Vec<(&str, Option<u64>)> = distinct.iter().map(|k| (*k, None)).collect();
-            let results = self
-                .inner
-                .bind_many(&self.state, &args, holder, RefLease::Durable, Hints::Lenient)
-                .await;
-            spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
-                id: a.id,
-                new: false,
-            })
-        })
-        .await
+        self.acquire_many_as(keys, holder, RefLease::Durable).await
     }
 
     /// A client session's references to many keys ([`crate::ClientSession::acquire_many`]),
@@ -693,11 +680,22 @@ impl Pool {
         holder: &str,
         lease: crate::store::LeaseId,
     ) -> Vec<Result<Acquired>> {
+        self.acquire_many_as(keys, holder, RefLease::Client(lease)).await
+    }
+
+    /// `holder`'s references to many keys on `target` (durable or a client session's lease): the
+    /// distinct keys locked and bound many per round trip, each result spread back to every
+    /// position its key had in `keys`.
+    async fn acquire_many_as<K: AsRef<str>>(
+        &self,
+        keys: &[K],
+        holder: &str,
+        target: RefLease,
+    ) -> Vec<Result<Acquired>> {
         let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
         self.many(&names, |distinct, at| async move {
             let _guards = self.lock_keys(&distinct).await;
             let args: Vec<(&str, Option<u64>)> = distinct.iter().map(|k| (*k, None)).collect();
-            let target = RefLease::Client(lease);
             let results =
                 self.inner.bind_many(&self.state, &args, holder, target, Hints::Lenient).await;
             spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
