@@ -92,7 +92,19 @@ fn run_child(test: &str, mode: &str, path: &Path, nobody: bool) -> std::process:
     if nobody {
         cmd.uid(NOBODY).gid(NOBODY);
     }
-    cmd.output().unwrap()
+    // The copy was written through a file descriptor; a child that another test thread forks
+    // while that descriptor is open holds it until its own exec, and exec of a file open for
+    // writing fails with ETXTBSY. The window is short, so retry (as Go's os/exec tests do).
+    let mut busy = 0;
+    loop {
+        match cmd.output() {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && busy < 200 => {
+                busy += 1;
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            r => return r.unwrap_or_else(|e| panic!("running {}: {e}", exe.display())),
+        }
+    }
 }
 
 /// Dispatches a child run; false if this is the parent.
