@@ -112,6 +112,7 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
             max_backoff: Duration::from_millis(500),
         },
         sweep_interval: Some(a.sweep_interval),
+        bulk_in_flight: a.bulk_in_flight as usize,
         // Client sessions are named in the namespace durable holders may not use.
         holder: Some(idalloc_server::sessions::service_holder()),
         ..AllocatorOptions::default()

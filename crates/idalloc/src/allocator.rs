@@ -51,7 +51,9 @@ pub use cluster_events::ClusterEvents;
 pub use events::{Events, Stamped, StampedEvents};
 pub use handle::Pool;
 pub use page::BindingsPage;
-pub use types::{Acquired, AllocatorOptions, Binding, Released, RetryPolicy};
+pub use types::{
+    Acquired, AllocatorOptions, Binding, Released, RetryPolicy, DEFAULT_BULK_IN_FLIGHT,
+};
 
 pub(crate) use bind::RefLease;
 use pool_state::lock;
@@ -109,6 +111,14 @@ impl Allocator {
                 "the session lease TTL is at least 1 s",
             ));
         }
+        if opts.bulk_in_flight == 0 {
+            return Err(Error::invalid(
+                Input::Options,
+                "bulk txns in flight",
+                "0",
+                "at least 1 txn of many-key calls in flight",
+            ));
+        }
         if opts.retry.max_attempts == 0 {
             return Err(Error::invalid(
                 Input::Options,
@@ -130,6 +140,7 @@ impl Allocator {
             opts.retry.clone(),
             opts.list_page,
             opts.fold_fences_above,
+            opts.bulk_in_flight,
         ));
         let inner = Arc::new(Inner {
             req,

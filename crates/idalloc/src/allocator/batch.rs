@@ -28,6 +28,7 @@ use super::handle::Pool;
 use super::pool_state::{lock, Held, KeyGuard, PoolState};
 use super::registry::{protocol_error, Inner};
 use super::repair_queue::Repair;
+use super::request::Class;
 use super::types::{Acquired, Released};
 use crate::batch::{self, Frame, MAX_BATCH_KEYS};
 use crate::error::{Error, Result};
@@ -71,6 +72,7 @@ impl Inner {
         holder: &str,
         leased: RefLease,
         hints: Hints,
+        class: Class,
     ) -> Vec<Result<Acquired>> {
         if let Err(e) = pool.live() {
             return keys.iter().map(|_| Err(e.clone())).collect();
@@ -239,7 +241,10 @@ impl Inner {
             let mut txns: Vec<Option<TxnRequest>> = txns.into_iter().map(Some).collect();
             let answers = futures::future::join_all(groups.iter().map(|g| {
                 let req = batch::assemble(&frame, g.iter().filter_map(|&j| txns[j].take()));
-                self.req.txn_noting_doubt(req)
+                async move {
+                    let _slot = self.req.admit(class).await;
+                    self.req.txn_noting_doubt(req).await
+                }
             }))
             .await;
             let mut newest = 0;
@@ -350,6 +355,7 @@ impl Inner {
         items: &[(&'k str, u64)],
         holder: &'k str,
         durable: bool,
+        class: Class,
     ) -> Vec<Result<Released>> {
         let name = pool.spec.name();
         let reclaim = pool.spec.idle_grace_duration().is_zero();
@@ -417,14 +423,18 @@ impl Inner {
                 let slots = &slots;
                 let pending = &pending;
                 let frame = &frame;
-                futures::future::join_all(groups.iter().map(|g| {
-                    self.req.txn_with_leases(pool, reclaim, session, move |lease| {
-                        batch::assemble(
-                            frame,
-                            g.iter()
-                                .map(|&j| plan(&slots[pending[j]], lease).txn(&self.layout, name)),
-                        )
-                    })
+                futures::future::join_all(groups.iter().map(|g| async move {
+                    let _slot = self.req.admit(class).await;
+                    self.req
+                        .txn_with_leases(pool, reclaim, session, move |lease| {
+                            batch::assemble(
+                                frame,
+                                g.iter().map(|&j| {
+                                    plan(&slots[pending[j]], lease).txn(&self.layout, name)
+                                }),
+                            )
+                        })
+                        .await
                 }))
                 .await
             };
@@ -634,7 +644,14 @@ impl Pool {
             let args: Vec<(&str, Option<u64>)> = to_bind.iter().map(|(_, a)| *a).collect();
             let results = self
                 .inner
-                .bind_many(&self.state, &args, &holder, RefLease::Session, Hints::Lenient)
+                .bind_many(
+                    &self.state,
+                    &args,
+                    &holder,
+                    RefLease::Session,
+                    Hints::Lenient,
+                    Class::Bulk,
+                )
                 .await;
             for ((d, (key, _)), r) in to_bind.into_iter().zip(results) {
                 match &r {
@@ -696,8 +713,10 @@ impl Pool {
         self.many(&names, |distinct, at| async move {
             let _guards = self.lock_keys(&distinct).await;
             let args: Vec<(&str, Option<u64>)> = distinct.iter().map(|k| (*k, None)).collect();
-            let results =
-                self.inner.bind_many(&self.state, &args, holder, target, Hints::Lenient).await;
+            let results = self
+                .inner
+                .bind_many(&self.state, &args, holder, target, Hints::Lenient, Class::Bulk)
+                .await;
             spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
                 id: a.id,
                 new: false,
@@ -743,7 +762,7 @@ impl Pool {
                 .collect();
             let args: Vec<(&str, u64)> = items.iter().map(|(_, a)| *a).collect();
             let holder = self.inner.holder.clone();
-            let results = self.inner.release_ref_many(&self.state, &args, &holder, false).await;
+            let results = self.inner.release_ref_many(&self.state, &args, &holder, false, Class::Bulk).await;
             for ((d, (key, id)), r) in items.into_iter().zip(results) {
                 let r = match r {
                     Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
@@ -805,7 +824,8 @@ impl Pool {
                 }
             }
             let args: Vec<(&str, u64)> = items.iter().map(|(_, a)| *a).collect();
-            let results = self.inner.release_ref_many(&self.state, &args, holder, true).await;
+            let results =
+                self.inner.release_ref_many(&self.state, &args, holder, true, Class::Bulk).await;
             for ((d, _), r) in items.into_iter().zip(results) {
                 out[d] = Some(r);
             }

@@ -38,6 +38,7 @@ use super::lanes::{self, Entry};
 use super::pool_state::{lock, OwnedKeyGuard, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
+use super::request::Class;
 use super::types::{Acquired, Released};
 use super::RefLease;
 use crate::error::{Error, Result};
@@ -129,7 +130,14 @@ impl Flight {
                         let keys: Vec<(&str, Option<u64>)> =
                             jobs.iter().map(|j| (j.key.as_str(), None)).collect();
                         inner
-                            .bind_many(&pool, &keys, &holder, RefLease::Session, Hints::Lenient)
+                            .bind_many(
+                                &pool,
+                                &keys,
+                                &holder,
+                                RefLease::Session,
+                                Hints::Lenient,
+                                Class::Interactive,
+                            )
                             .await
                     }
                 };
@@ -149,7 +157,9 @@ impl Flight {
                     _ => {
                         let items: Vec<(&str, u64)> =
                             jobs.iter().map(|j| (j.key.as_str(), j.id)).collect();
-                        inner.release_ref_many(&pool, &items, &holder, false).await
+                        inner
+                            .release_ref_many(&pool, &items, &holder, false, Class::Interactive)
+                            .await
                     }
                 };
                 for (job, r) in jobs.into_iter().zip(results) {

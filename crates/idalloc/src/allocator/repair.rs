@@ -13,6 +13,7 @@ use super::bind::Hints;
 use super::pool_state::{lock, PoolState};
 use super::registry::Inner;
 use super::repair_queue::Repair;
+use super::request::Class;
 use crate::cache::Event;
 use crate::error::{Error, Result};
 
@@ -98,7 +99,14 @@ impl Inner {
                 chunk.iter().filter_map(|k| held.get(k).map(|h| (k.as_str(), Some(h.id)))).collect()
             };
             let results = self
-                .bind_many(pool, &items, &holder, super::RefLease::Session, Hints::Strict)
+                .bind_many(
+                    pool,
+                    &items,
+                    &holder,
+                    super::RefLease::Session,
+                    Hints::Strict,
+                    Class::Bulk,
+                )
                 .await;
             for (&(key, old), r) in items.iter().zip(results) {
                 let old = old.unwrap_or_default();

@@ -22,6 +22,19 @@ use crate::store::{
     KeyRange, LeaseId, Revision, Store, StoreError, StoreResult, TxnRequest, TxnResponse,
 };
 
+/// Which kind of call a store request serves: what [`Requester::admit`] lets through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// A call for one key, or the coalesced flight of such calls (already bounded: two flights a
+    /// lane, `lanes::MAX_FLIGHTS`). Never waits for admission.
+    Interactive,
+    /// A call for many keys (`acquire_many`, `release_many` and their durable and session forms)
+    /// or the repair task's re-binding of held keys: at most
+    /// [`AllocatorOptions::bulk_in_flight`](super::AllocatorOptions::bulk_in_flight) such txns
+    /// of this process at the store at once, in the order they asked.
+    Bulk,
+}
+
 /// The store and how to talk to it: timeout, retries, page size.
 pub(crate) struct Requester {
     pub(crate) store: Arc<dyn Store>,
@@ -33,6 +46,15 @@ pub(crate) struct Requester {
     pub(crate) fold_fences_above: usize,
     /// The newest store revision seen in a response: the fence of this process's binds.
     seen: AtomicI64,
+    /// Admission of [`Class::Bulk`] txns. Why: the store applies txns one at a time in the
+    /// order they arrive (etcd's raft log), so a txn waits for every txn sent before it. Without
+    /// a bound, a restart storm through `idalloc serve` (1,000 sessions re-acquiring 100 keys
+    /// each, one txn of ~100 keys apiece) queued about a thousand txns at etcd, and one key's
+    /// acquire sent meanwhile waited behind all of them (p99 1.8 s, issue 21 item 4). Queued
+    /// here instead, bulk txns leave the store's queue short, single-key calls pass them, and
+    /// the store stays as busy: a few ~100-key txns in flight are as fast as many
+    /// (docs/benchmarks-findings.md, "Batching targets": 8 in flight as fast as 64).
+    bulk: tokio::sync::Semaphore,
 }
 
 impl Requester {
@@ -42,6 +64,7 @@ impl Requester {
         retry: RetryPolicy,
         list_page: i64,
         fold_fences_above: usize,
+        bulk_in_flight: usize,
     ) -> Requester {
         Requester {
             store,
@@ -50,6 +73,19 @@ impl Requester {
             list_page,
             fold_fences_above,
             seen: AtomicI64::new(0),
+            bulk: tokio::sync::Semaphore::new(bulk_in_flight.max(1)),
+        }
+    }
+
+    /// Waits until a txn of `class` may go to the store; the permit, if any, is its slot until
+    /// dropped (after the txn's answer, retries included). The request timeout starts after
+    /// admission: time in this queue is not the store's.
+    pub(crate) async fn admit(&self, class: Class) -> Option<tokio::sync::SemaphorePermit<'_>> {
+        match class {
+            Class::Interactive => None,
+            // The semaphore is never closed, so `acquire` fails never; if it did, the txn
+            // would go unbounded rather than not at all.
+            Class::Bulk => self.bulk.acquire().await.ok(),
         }
     }
 

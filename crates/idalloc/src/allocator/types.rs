@@ -66,7 +66,16 @@ pub struct AllocatorOptions {
     /// number of round trips whatever the pool's size. A long-lived process keeps the default
     /// (false): its watched view makes every bind one round trip and every read free.
     pub lazy_view: bool,
+    /// Txns of many-key calls (`acquire_many`, `release_many` and their durable and session
+    /// forms, and the repair task's) this allocator has at the store at once, at least 1; the
+    /// rest wait in this process, in order. Single-key calls never wait for them, so a key's
+    /// acquire is not queued at the store behind a bulk restore (docs/design-notes.md, "Bulk
+    /// admission"). Each txn carries up to ~100 keys.
+    pub bulk_in_flight: usize,
 }
+
+/// The default of [`AllocatorOptions::bulk_in_flight`].
+pub const DEFAULT_BULK_IN_FLIGHT: usize = 8;
 
 impl Default for AllocatorOptions {
     fn default() -> Self {
@@ -82,6 +91,7 @@ impl Default for AllocatorOptions {
             sweep_interval: None,
             fold_fences_above: DEFAULT_FOLD_FENCES_ABOVE,
             lazy_view: false,
+            bulk_in_flight: DEFAULT_BULK_IN_FLIGHT,
         }
     }
 }

@@ -1,0 +1,183 @@
+//! Bulk admission (docs/design-notes.md, "Bulk admission"): the txns of many-key calls
+//! (`acquire_many`, `release_many` and their forms) of one allocator go to the store at most
+//! `AllocatorOptions::bulk_in_flight` at a time and the rest wait in the process, while a
+//! single-key call never waits for them. Why it matters: the store applies txns in arrival order,
+//! so without the bound a key's acquire sent during a bulk restore waits behind every txn of it.
+//!
+//! On the embedded store in real time (a hook holds txns at the store; the paused clock would fire
+//! the request timeout of a held txn), through `HookedStore`, which watches every txn the
+//! allocator sends.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use idalloc::store::embedded::EmbeddedStore;
+use idalloc::store::{Store, TxnOp, TxnRequest};
+use idalloc::{Allocator, AllocatorOptions, Error, Input, PoolSpec};
+use idalloc_testkit::hooked::{send, Answer, Hook, HookedStore, Request};
+use tokio::sync::watch;
+
+/// True if any key `txn` compares, reads or writes (nested txns included) contains `needle`.
+fn touches(txn: &TxnRequest, needle: &[u8]) -> bool {
+    let has = |k: &[u8]| k.windows(needle.len()).any(|w| w == needle);
+    txn.compare.iter().any(|c| has(&c.range.key))
+        || txn.success.iter().chain(&txn.failure).any(|op| match op {
+            TxnOp::Get(g) => has(&g.range.key),
+            TxnOp::Put(p) => has(&p.key),
+            TxnOp::Delete(r) => has(&r.key),
+            TxnOp::Txn(t) => touches(t, needle),
+        })
+}
+
+/// Counts txns that touch `needle` while at the store (the most at once, and every one seen);
+/// each waits until `open` is true, then `hold` more, before it is sent.
+struct Gauge {
+    needle: &'static [u8],
+    now: AtomicUsize,
+    most: AtomicUsize,
+    seen: AtomicUsize,
+    open: watch::Receiver<bool>,
+    hold: Duration,
+}
+
+impl Gauge {
+    fn new(needle: &'static [u8], hold: Duration) -> (Gauge, watch::Sender<bool>) {
+        let (tx, rx) = watch::channel(true);
+        let g = Gauge {
+            needle,
+            now: AtomicUsize::new(0),
+            most: AtomicUsize::new(0),
+            seen: AtomicUsize::new(0),
+            open: rx,
+            hold,
+        };
+        (g, tx)
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Hook<S> for Gauge {
+    async fn call(&self, inner: &Arc<S>, req: Request) -> Answer {
+        let mine = matches!(&req, Request::Txn(t) if touches(t, self.needle));
+        if !mine {
+            return send(&**inner, req).await;
+        }
+        self.seen.fetch_add(1, Ordering::SeqCst);
+        let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most.fetch_max(now, Ordering::SeqCst);
+        let mut open = self.open.clone();
+        let _ = open.wait_for(|o| *o).await;
+        tokio::time::sleep(self.hold).await;
+        let r = send(&**inner, req).await;
+        self.now.fetch_sub(1, Ordering::SeqCst);
+        r
+    }
+}
+
+fn allocator(store: Arc<dyn Store>, bulk_in_flight: usize) -> Result<Allocator, Error> {
+    let opts = AllocatorOptions {
+        prefix: layout().prefix().to_string(),
+        holder: Some("a".into()),
+        session_ttl: Duration::from_secs(60),
+        // Far above the holds below: no attempt times out and is sent twice.
+        request_timeout: Duration::from_secs(60),
+        bulk_in_flight,
+        ..AllocatorOptions::default()
+    };
+    Allocator::from_arc(store, opts)
+}
+
+fn keys(prefix: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| format!("{prefix}{i}")).collect()
+}
+
+/// 1,000 keys are about ten txns of ~100 keys, sent together without the bound: with a bound of
+/// 2, never more than 2 of them are at the store, and 2 are (the bound is used, not 1).
+#[tokio::test]
+async fn a_bulk_call_keeps_at_most_its_bound_of_txns_at_the_store() {
+    let (gauge, _open) = Gauge::new(b"/bulk", Duration::from_millis(20));
+    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
+    let raw: Arc<dyn Store> = hooked.clone();
+    let a = allocator(raw.clone(), 2).expect("allocator");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm"); // the session lease exists from here on
+
+    let ks = keys("bulk", 1000);
+    let got = p.acquire_many(&ks).await;
+    let ids: Vec<u64> = got.iter().map(|r| r.as_ref().expect("acquired").id).collect();
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 1000, "distinct IDs");
+    let g = hooked.hook();
+    assert!(g.seen.load(Ordering::SeqCst) >= 10, "1,000 keys went in ~10 txns");
+    assert_eq!(g.most.load(Ordering::SeqCst), 2, "acquire_many: bulk txns at the store at once");
+
+    g.most.store(0, Ordering::SeqCst);
+    let rel = p.release_many(&ks).await;
+    assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)), "released");
+    assert_eq!(g.most.load(Ordering::SeqCst), 2, "release_many: bulk txns at the store at once");
+    for (k, _) in ks.iter().zip(&ids).step_by(97) {
+        assert_eq!(raw_binding_in(&*raw, &layout(), "p", k).await, None, "{k} reclaimed");
+    }
+    check_g1_in(&*raw, &layout(), "p").await;
+    a.close().await.expect("close");
+}
+
+/// While a bulk call's txns are held at the store (one, the bound) and queued in the process
+/// (the rest), a single-key acquire and release of another key go through: they are not queued
+/// behind the bulk work. The bulk call then completes whole.
+#[tokio::test]
+async fn a_single_key_call_passes_the_queued_bulk_txns() {
+    let (gauge, open) = Gauge::new(b"/bulk", Duration::ZERO);
+    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
+    let raw: Arc<dyn Store> = hooked.clone();
+    let a = allocator(raw.clone(), 1).expect("allocator");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm");
+
+    open.send_replace(false);
+    let bulk = tokio::spawn({
+        let p = p.clone();
+        async move { p.acquire_many(&keys("bulk", 500)).await }
+    });
+    let g = hooked.hook();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while g.seen.load(Ordering::SeqCst) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "the bulk call sent nothing in 30 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let single = tokio::time::timeout(Duration::from_secs(30), async {
+        let got = p.acquire("single").await.expect("single acquire");
+        p.release("single").await.expect("single release");
+        got
+    })
+    .await
+    .expect("a single-key acquire waited for the held bulk txns");
+    assert!(single.new);
+    assert_eq!(
+        g.seen.load(Ordering::SeqCst),
+        1,
+        "500 keys are 5 txns: 1 at the store, the other 4 wait in the process"
+    );
+    assert!(!bulk.is_finished(), "the bulk call is still held");
+
+    open.send_replace(true);
+    let got = bulk.await.expect("bulk task");
+    assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)), "every bulk key acquired");
+    assert!(g.seen.load(Ordering::SeqCst) >= 5);
+    assert_eq!(g.most.load(Ordering::SeqCst), 1);
+    check_g1_in(&*raw, &layout(), "p").await;
+    a.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn zero_bulk_txns_in_flight_is_refused_with_what_is_allowed() {
+    let raw: Arc<dyn Store> = Arc::new(EmbeddedStore::memory());
+    let Err(e) = allocator(raw, 0) else { panic!("bulk_in_flight 0 was accepted") };
+    assert!(matches!(e, Error::InvalidInput { input: Input::Options, .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("bulk") && msg.contains("at least 1"), "{msg}");
+}
