@@ -264,6 +264,24 @@ impl AppState {
         all.get(pool).map_or(0, |f| f.waiting())
     }
 
+    /// Forgets the handles of pools retired since they were opened: deleted (or re-created)
+    /// by another process, which this service learns from its watch of each pool. A handle
+    /// holds its pool's cache (every binding), so without this a replica kept a deleted pool's
+    /// cache for as long as it ran, and `/readyz` kept counting it. Run by `/readyz` and the
+    /// maintenance task; a later request for the name opens it afresh (or answers
+    /// `pool_not_found`).
+    pub fn prune_retired_pools(&self) {
+        self.opened().retain(|_, p| !p.is_retired());
+    }
+
+    /// The names of the pools this service holds a handle on, sorted (tests check that a pool
+    /// deleted elsewhere leaves none).
+    pub fn pools_opened(&self) -> Vec<String> {
+        let mut names: Vec<String> = self.opened().keys().cloned().collect();
+        names.sort();
+        names
+    }
+
     pub(crate) fn remember(&self, p: &Pool) {
         self.opened().insert(p.spec().name().to_string(), p.clone());
     }
@@ -439,6 +457,7 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
             .into_response()
         }
     };
+    st.prune_retired_pools();
     let pools: Vec<Pool> = st.opened().values().cloned().collect();
     let mut unsynced = Vec::new();
     for p in &pools {
@@ -475,7 +494,8 @@ async fn metrics_text(
 }
 
 /// Periodic upkeep: opens every pool of the store (so the allocator's background sweeper covers
-/// it), forgets sessions that are over, and drains the exporter's histogram buffers.
+/// it), forgets sessions that are over and handles of pools deleted elsewhere, and drains the
+/// exporter's histogram buffers.
 async fn maintenance(st: Arc<AppState>) {
     let mut stop = st.stop_signal();
     loop {
@@ -490,6 +510,7 @@ async fn maintenance(st: Arc<AppState>) {
             Err(e) => warn!(error = %e, "cannot list pools"),
         }
         st.sessions.prune();
+        st.prune_retired_pools();
         st.prune_watch_state();
         if let Some(h) = &st.metrics {
             h.run_upkeep();
