@@ -127,7 +127,12 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             )));
         }
     }
-    let alloc = open::allocator(&settings, store.clone(), one_key(&cli.command))?;
+    let bulk = match &cli.command {
+        Command::Acquire(a) => usize::from(a.concurrency),
+        Command::Release(a) => usize::from(a.concurrency),
+        _ => idalloc::allocator::DEFAULT_BULK_IN_FLIGHT,
+    };
+    let alloc = open::allocator(&settings, store.clone(), one_key(&cli.command), bulk)?;
     let result = dispatch(&cli, &settings, &layout, &alloc, store, opened.file_missing, out).await;
     // Closing revokes nothing (the CLI holds no lease) but stops background work at once, so the
     // store file is released before the process exits.

@@ -115,8 +115,15 @@ pub async fn open_store_bounded(
 /// The allocator on `store`: no session lease is ever granted (the CLI only makes durable
 /// references), requests bounded as the module docs say. `lazy`: pools are opened without
 /// listing them (`AllocatorOptions::lazy_view`), for commands that touch one key or ID: their
-/// cost must not grow with the pool (issue 21 item 0).
-pub fn allocator(s: &Settings, store: Arc<dyn Store>, lazy: bool) -> Result<Allocator, Failure> {
+/// cost must not grow with the pool (issue 21 item 0). `bulk_in_flight`: the batches of
+/// `acquire/release --from` in flight at once (`--concurrency`), so that the library's bound on
+/// bulk txns (`AllocatorOptions::bulk_in_flight`) is the flag's, not a second, hidden one.
+pub fn allocator(
+    s: &Settings,
+    store: Arc<dyn Store>,
+    lazy: bool,
+    bulk_in_flight: usize,
+) -> Result<Allocator, Failure> {
     let opts = AllocatorOptions {
         prefix: s.prefix.clone(),
         request_timeout: s.attempt_timeout(),
@@ -126,6 +133,7 @@ pub fn allocator(s: &Settings, store: Arc<dyn Store>, lazy: bool) -> Result<Allo
             max_backoff: Duration::from_millis(500),
         },
         lazy_view: lazy,
+        bulk_in_flight,
         ..AllocatorOptions::default()
     };
     Allocator::from_arc(store, opts).map_err(|e| match e {

@@ -186,7 +186,8 @@ pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(
 /// poll's CPU at 1M bindings; docs/scale.md, "Linear cost, quiet").
 async fn read_bindings(settings: &Settings, pool: &str) -> Result<BTreeMap<u64, String>, Failure> {
     let opened = open::open_store(settings, false).await?;
-    let alloc = open::allocator(settings, opened.store, false)?;
+    let alloc =
+        open::allocator(settings, opened.store, false, idalloc::allocator::DEFAULT_BULK_IN_FLIGHT)?;
     let result = async {
         let pool = alloc.pool(pool).await?;
         pool.wait_synced().await?;
