@@ -717,6 +717,14 @@ impl Pool {
                 .inner
                 .bind_many(&self.state, &args, holder, target, Hints::Lenient, Class::Bulk)
                 .await;
+            // Read-your-writes, as for one durable acquire: these references are not in `held`,
+            // so the bindings reach the cache only through the watch.
+            let bound: Vec<(&str, u64)> = distinct
+                .iter()
+                .zip(&results)
+                .filter_map(|(k, r)| r.as_ref().ok().map(|a| (*k, a.id)))
+                .collect();
+            self.until_cached_all(&bound, &[]).await;
             spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
                 id: a.id,
                 new: false,
@@ -826,6 +834,15 @@ impl Pool {
             let args: Vec<(&str, u64)> = items.iter().map(|(_, a)| *a).collect();
             let results =
                 self.inner.release_ref_many(&self.state, &args, holder, true, Class::Bulk).await;
+            // Read-your-writes, as for one durable release: the reclaimed bindings leave the
+            // cache only through the watch.
+            let freed: Vec<(&str, u64)> = items
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.as_ref().is_ok_and(|r| r.reclaimed))
+                .map(|((_, a), _)| *a)
+                .collect();
+            self.until_cached_all(&[], &freed).await;
             for ((d, _), r) in items.into_iter().zip(results) {
                 out[d] = Some(r);
             }

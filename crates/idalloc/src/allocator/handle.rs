@@ -134,7 +134,12 @@ impl Pool {
     ) -> Result<Acquired> {
         validate_key(key)?;
         let _key = self.state.lock_key(key).await;
-        self.inner.bind(&self.state, key, Some(holder), super::RefLease::Client(lease), None).await
+        let lease = super::RefLease::Client(lease);
+        let a = self.inner.bind(&self.state, key, Some(holder), lease, None).await?;
+        // Read-your-writes, as for a durable reference: a client session's reference is not in
+        // `held`, so the binding reaches the cache only through the watch.
+        self.until_cached_all(&[(key, a.id)], &[]).await;
+        Ok(a)
     }
 
     async fn acquire_durable_untimed(&self, key: &str, holder: &str) -> Result<Acquired> {
@@ -166,6 +171,24 @@ impl Pool {
         let bound = self.inner.opts.request_timeout.min(std::time::Duration::from_millis(500));
         let seen = |_: &_| shows(self.state.lock_cache().get(key));
         let _ = tokio::time::timeout(bound, applied.wait_for(seen)).await;
+    }
+
+    /// [`Pool::until_cached`] for many keys of one call (a batch, or a client session's
+    /// acquire, whose reference is not in `held` either): waits, with the same bound, until the
+    /// cache shows every `(key, id)` of `bound` bound to `id` and no key of `freed` bound to its
+    /// old ID. Checked on each change the cache applies, under its lock once per check.
+    pub(super) async fn until_cached_all(&self, bound: &[(&str, u64)], freed: &[(&str, u64)]) {
+        if (bound.is_empty() && freed.is_empty()) || self.inner.view_unloaded(&self.state) {
+            return;
+        }
+        let mut applied = self.state.applied.subscribe();
+        let limit = self.inner.opts.request_timeout.min(std::time::Duration::from_millis(500));
+        let seen = |_: &_| {
+            let cache = self.state.lock_cache();
+            bound.iter().all(|(k, id)| cache.get(k) == Some(*id))
+                && freed.iter().all(|(k, id)| cache.get(k) != Some(*id))
+        };
+        let _ = tokio::time::timeout(limit, applied.wait_for(seen)).await;
     }
 
     /// Drops one local use of `key`. The last local use removes this process's reference (one
