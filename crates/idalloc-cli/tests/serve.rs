@@ -691,12 +691,21 @@ fn sigterm_ends_watches_exits_zero_and_refuses_new_connections() {
         post(&s, "/v1/sessions", json!({"ttl": 30})).ok()["session"].as_str().unwrap().to_string();
     post(&s, "/v1/pools/p/acquire", json!({"key": "kept", "session": sid})).ok();
     let resp = agent().get(&s.http("/v1/pools/p/watch")).call().expect("watch");
+    // The reader says when the stream has shown `synced` (the watch is up and has sent its
+    // replay), and reads on until the server ends the stream.
+    let (synced_tx, synced_rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        let _ = resp.into_body().into_reader().read_to_string(&mut all);
-        all
+        let mut body = resp.into_body().into_reader();
+        let (mut all, mut buf) = (Vec::new(), [0u8; 4096]);
+        while let Ok(n @ 1..) = body.read(&mut buf) {
+            all.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&all).contains("event: synced") {
+                let _ = synced_tx.send(());
+            }
+        }
+        String::from_utf8_lossy(&all).into_owned()
     });
-    std::thread::sleep(Duration::from_millis(300));
+    synced_rx.recv_timeout(Duration::from_secs(30)).expect("`event: synced` within 30 s");
     assert_eq!(s.terminate(), Some(0));
     let streamed = reader.join().expect("reader");
     assert!(streamed.contains("event: synced"), "{streamed}");
