@@ -38,10 +38,35 @@ pub struct MemberHost {
     pub addr: String,
 }
 
+/// Raft timings of a test cluster's members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaftTimings {
+    /// 50 ms heartbeats, 500 ms election timeout: etcd's minimum lease TTL (1.5 election
+    /// timeouts rounded up to whole seconds) drops from 2 s to 1 s, for faster lease tests, and a
+    /// lost leader is replaced quickly. But on a busy machine (members inherit a niced test's
+    /// priority) a follower that misses heartbeats for 500 ms starts an election nobody caused.
+    /// For single members (which hold no elections) and the chaos tests, which cause leader
+    /// faults themselves and allow for elections.
+    Fast,
+    /// etcd's defaults, 100 ms heartbeats and a 1,000 ms election timeout: for multi-member
+    /// clusters of tests that expect the leader they saw to stay leader.
+    Steady,
+}
+
+impl RaftTimings {
+    fn args(self) -> [&'static str; 4] {
+        match self {
+            RaftTimings::Fast => ["--heartbeat-interval", "50", "--election-timeout", "500"],
+            RaftTimings::Steady => ["--heartbeat-interval", "100", "--election-timeout", "1000"],
+        }
+    }
+}
+
 /// One etcd member process, on loopback or in a network namespace.
 #[derive(Debug)]
 struct Member {
     name: String,
+    raft: RaftTimings,
     host: MemberHost,
     client_port: u16,
     peer_port: u16,
@@ -91,9 +116,7 @@ impl Member {
             .arg(token)
             .arg("--initial-cluster-state")
             .arg("new")
-            // Shorter raft timings: etcd's minimum lease TTL is 1.5 election timeouts rounded
-            // up to whole seconds, so this brings it from 2 s down to 1 s (faster lease tests).
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(self.raft.args())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -201,13 +224,25 @@ pub struct EtcdCluster {
 
 impl EtcdCluster {
     /// Starts `size` members forming one cluster and waits until every member answers a read.
+    /// One member runs with [`RaftTimings::Fast`], several with [`RaftTimings::Steady`].
     pub async fn start(size: usize) -> Result<EtcdCluster, String> {
+        let raft = if size > 1 { RaftTimings::Steady } else { RaftTimings::Fast };
+        Self::start_with(size, raft).await
+    }
+
+    /// [`EtcdCluster::start`] with [`RaftTimings::Fast`] whatever the size: for tests that
+    /// cause leader faults and allow for the elections.
+    pub async fn start_fast(size: usize) -> Result<EtcdCluster, String> {
+        Self::start_with(size, RaftTimings::Fast).await
+    }
+
+    async fn start_with(size: usize, raft: RaftTimings) -> Result<EtcdCluster, String> {
         if size == 0 {
             return Err("an etcd cluster needs at least one member, got size 0".into());
         }
         let mut last_err = String::new();
         for _ in 0..START_ATTEMPTS {
-            match Self::try_start(size).await {
+            match Self::try_start(size, raft).await {
                 Ok(c) => return Ok(c),
                 Err(e) => last_err = e,
             }
@@ -217,6 +252,7 @@ impl EtcdCluster {
 
     /// Starts one member per host, each inside its network namespace on its address (ports 2379
     /// and 2380: a namespace has ports of its own), and waits until every member answers a read.
+    /// [`RaftTimings::Fast`]: the network-namespace chaos test causes the leader faults.
     /// The caller's thread must reach those addresses (it runs in a namespace on the same
     /// network), and so must every later call that talks to the members.
     pub async fn start_on(hosts: Vec<MemberHost>) -> Result<EtcdCluster, String> {
@@ -225,7 +261,7 @@ impl EtcdCluster {
         }
         let mut last_err = String::new();
         for _ in 0..START_ATTEMPTS {
-            match Self::try_start_on(hosts.clone()).await {
+            match Self::try_start_on(hosts.clone(), RaftTimings::Fast).await {
                 Ok(c) => return Ok(c),
                 Err(e) => last_err = e,
             }
@@ -233,12 +269,15 @@ impl EtcdCluster {
         Err(format!("etcd did not start after {START_ATTEMPTS} attempts: {last_err}"))
     }
 
-    async fn try_start(size: usize) -> Result<EtcdCluster, String> {
+    async fn try_start(size: usize, raft: RaftTimings) -> Result<EtcdCluster, String> {
         let loopback = MemberHost { netns: None, addr: "127.0.0.1".into() };
-        Self::try_start_on(vec![loopback; size]).await
+        Self::try_start_on(vec![loopback; size], raft).await
     }
 
-    async fn try_start_on(hosts: Vec<MemberHost>) -> Result<EtcdCluster, String> {
+    async fn try_start_on(
+        hosts: Vec<MemberHost>,
+        raft: RaftTimings,
+    ) -> Result<EtcdCluster, String> {
         let dir = tempfile::Builder::new()
             .prefix("idalloc-etcd-")
             .tempdir()
@@ -255,6 +294,7 @@ impl EtcdCluster {
                 )
             };
             members.push(Member {
+                raft,
                 host,
                 client_port,
                 peer_port,
