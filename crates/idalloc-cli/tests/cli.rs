@@ -644,8 +644,12 @@ fn bad_input_is_exit_2_with_one_line() {
 
 #[test]
 fn unreachable_etcd_fails_with_exit_1() {
-    // A port nobody listens on: bound, then released.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // A port nobody listens on, held by a socket bound to it but not listening (connections are
+    // refused), so that no other process can take it and listen there during the test.
+    let held = tokio::net::TcpSocket::new_v4()
+        .and_then(|s| s.bind(([127, 0, 0, 1], 0).into()).map(|()| s))
+        .expect("bind a socket");
+    let port = held.local_addr().expect("its port").port();
     let t = Target::memory();
     let store = format!("etcd://127.0.0.1:{port}");
     let started = Instant::now();

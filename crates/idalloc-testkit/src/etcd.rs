@@ -28,6 +28,17 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// port between our probe and etcd's bind).
 const START_ATTEMPTS: usize = 3;
 
+/// Attempts at restarting a killed member on its old ports, [`RESTART_PAUSE`] apart: while it was
+/// down, another process's outgoing connection may have been given its port as an ephemeral
+/// one, which is free again once that connection closes.
+pub(crate) const RESTART_ATTEMPTS: usize = 20;
+pub(crate) const RESTART_PAUSE: Duration = Duration::from_millis(500);
+
+/// True if an etcd start failed (its log tail in `err`) because a port was taken.
+pub(crate) fn port_was_taken(err: &str) -> bool {
+    err.contains("address already in use")
+}
+
 /// Where a member runs: on loopback with free ports, or inside a network namespace on an address
 /// of its own (the network-namespace chaos test, `idalloc-chaos/tests/chaos_netns.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -407,10 +418,20 @@ impl EtcdCluster {
         if !m.exited() {
             return Ok(());
         }
-        m.kill(); // reap a process that exited on its own
-        m.spawn(&initial_cluster, &token)
-            .map_err(|e| format!("cannot restart etcd member {i}: {e}"))?;
-        self.wait_member_ready(i).await
+        let mut attempt = 1;
+        loop {
+            let m = self.member_mut(i)?;
+            m.kill(); // reap a process that exited on its own (or the last attempt)
+            m.spawn(&initial_cluster, &token)
+                .map_err(|e| format!("cannot restart etcd member {i}: {e}"))?;
+            match self.wait_member_ready(i).await {
+                Err(e) if port_was_taken(&e) && attempt < RESTART_ATTEMPTS => {
+                    attempt += 1;
+                    tokio::time::sleep(RESTART_PAUSE).await
+                }
+                done => return done,
+            }
+        }
     }
 
     /// Freezes member `i` with SIGSTOP: its connections stay open but it answers nothing, like a
@@ -561,4 +582,37 @@ fn unique_suffix() -> String {
 /// A key prefix no other test (in this or another process) uses: `/idalloc-test/<pid>-<ns>-<n>/`.
 pub fn unique_prefix() -> Vec<u8> {
     format!("/idalloc-test/{}/", unique_suffix()).into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While a member was down, another socket took its port (as an outgoing connection's
+    /// ephemeral port can): its restart fails to bind, and is retried until the port is free.
+    /// The port is freed only once a failed attempt is in the member's log, so the retry is
+    /// exercised on every run, whatever the machine's speed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_waits_until_its_port_is_free_again() {
+        if !etcd_or_skip("the restart test") {
+            return;
+        }
+        let mut cluster = EtcdCluster::start(1).await.expect("etcd");
+        cluster.kill_member(0).expect("kill");
+        let (port, log) = (cluster.members[0].client_port, cluster.members[0].log.clone());
+        let squatter = TcpListener::bind(("127.0.0.1", port)).expect("take the member's port");
+        let freed = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !port_was_taken(&std::fs::read_to_string(&log).unwrap_or_default()) {
+                assert!(Instant::now() < deadline, "no failed restart in the log within 60 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            drop(squatter);
+        });
+        let restarted = cluster.restart_member(0).await;
+        freed.join().expect("the squatter thread");
+        restarted.expect("restarted once the port was free");
+        let store = connect_test_store(&cluster.endpoints()[0]).await.expect("connect");
+        store.get(GetRequest::key("k")).await.expect("the restarted member answers");
+    }
 }
