@@ -9,6 +9,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # --- tools -------------------------------------------------------------------------------------
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+# etcdctl (Debian ships it apart from the server): serve_ready.rs, the chaos tests and the soak run it.
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # python3: the serve tests run the stdlib-only Python client (clients/python) against a real serve.
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
