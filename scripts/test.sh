@@ -49,6 +49,24 @@ if ! python3 -c 'import schemathesis' >/dev/null 2>&1 || ! command -v st >/dev/n
         || python3 -m pip install --quiet --break-system-packages schemathesis
 fi
 
+# --- open files --------------------------------------------------------------------------------
+# serve_watch.rs holds 1,000 watch streams and serve_limits.rs 2,000 sockets in one process (and
+# serve sizes its connection cap from the limit it inherits). Many systems start processes with a
+# soft limit of 1,024 under a far higher hard one: raise the soft limit (to 65,536 at most).
+soft="$(ulimit -Sn)"
+hard="$(ulimit -Hn)"
+if [ "$soft" != unlimited ] && [ "$soft" -lt 65536 ]; then
+    want=65536
+    if [ "$hard" != unlimited ] && [ "$hard" -lt "$want" ]; then
+        want="$hard"
+    fi
+    ulimit -Sn "$want" || echo "test.sh: cannot raise the open-files limit from $soft to $want" >&2
+fi
+if [ "$(ulimit -Sn)" != unlimited ] && [ "$(ulimit -Sn)" -lt 4096 ]; then
+    echo "test.sh: the open-files limit is $(ulimit -Sn) (hard $hard): the tests with 1,000 and" \
+        "2,000 sockets will fail; raise the hard limit (e.g. LimitNOFILE, or ulimit -Hn as root)" >&2
+fi
+
 # --- one etcd for the run ------------------------------------------------------------------------
 etcd_dir="$(mktemp -d -t idalloc-test-etcd.XXXXXX)"
 etcd_pid=""
