@@ -85,6 +85,8 @@ impl Target {
             .env("IDALLOC_PREFIX", &self.prefix)
             .env("USER", "alice")
             .env_remove("IDALLOC_LOCK_TIMEOUT")
+            // `ok()` wants an empty stderr: no log lines from a RUST_LOG the caller set.
+            .env_remove("RUST_LOG")
             .timeout(HARNESS_WAIT);
         c
     }
@@ -94,7 +96,8 @@ impl Target {
         c.current_dir(&self.cwd)
             .env("IDALLOC_STORE", &self.store)
             .env("IDALLOC_PREFIX", &self.prefix)
-            .env("USER", "alice");
+            .env("USER", "alice")
+            .env_remove("RUST_LOG");
         c
     }
 
