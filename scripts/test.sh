@@ -9,6 +9,8 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # --- tools -------------------------------------------------------------------------------------
 missing=()
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
+# etcdctl (Debian ships it apart from the server): serve_ready.rs, the chaos tests and the soak run it.
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # python3: the serve tests run the stdlib-only Python client (clients/python) against a real serve.
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
@@ -45,6 +47,24 @@ if ! python3 -c 'import schemathesis' >/dev/null 2>&1 || ! command -v st >/dev/n
     # A system Python that PEP 668 marks as externally managed (Debian's) refuses a plain install.
     python3 -m pip install --quiet schemathesis \
         || python3 -m pip install --quiet --break-system-packages schemathesis
+fi
+
+# --- open files --------------------------------------------------------------------------------
+# serve_watch.rs holds 1,000 watch streams and serve_limits.rs 2,000 sockets in one process (and
+# serve sizes its connection cap from the limit it inherits). Many systems start processes with a
+# soft limit of 1,024 under a far higher hard one: raise the soft limit (to 65,536 at most).
+soft="$(ulimit -Sn)"
+hard="$(ulimit -Hn)"
+if [ "$soft" != unlimited ] && [ "$soft" -lt 65536 ]; then
+    want=65536
+    if [ "$hard" != unlimited ] && [ "$hard" -lt "$want" ]; then
+        want="$hard"
+    fi
+    ulimit -Sn "$want" || echo "test.sh: cannot raise the open-files limit from $soft to $want" >&2
+fi
+if [ "$(ulimit -Sn)" != unlimited ] && [ "$(ulimit -Sn)" -lt 4096 ]; then
+    echo "test.sh: the open-files limit is $(ulimit -Sn) (hard $hard): the tests with 1,000 and" \
+        "2,000 sockets will fail; raise the hard limit (e.g. LimitNOFILE, or ulimit -Hn as root)" >&2
 fi
 
 # --- one etcd for the run ------------------------------------------------------------------------

@@ -66,7 +66,7 @@ impl Run {
 /// the background once per TTL/3 whatever it does (not per operation). The benchmark's sessions use
 /// a 60 s TTL, so none fall inside a measured run anyway; excluding them keeps the figure exact.
 pub fn per_op_requests(rt: &RoundTrips) -> u64 {
-    rt.total() - rt.lease_keep_alive
+    rt.excluding_keep_alives()
 }
 
 /// Resident set size of this process in bytes (from `/proc/self/statm`), or `None` off Linux.

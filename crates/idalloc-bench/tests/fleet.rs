@@ -1,6 +1,7 @@
 //! The fleet benchmark (issue 21 item 4) at a tiny size against a real etcd, so it never rots:
 //! every phase ran, every agent synced and restored every key with its previous ID, no call
-//! failed, the churn and the probe did work and etcd's counters moved. Speed is never asserted.
+//! failed, the churn and the probe did work and etcd's counters moved. Speed is never asserted,
+//! nor work in a window shorter than what measures it (a 50 ms probe step, a 10 ms CPU tick).
 //! Direct agents (each its own etcd client) and agents through real `idalloc serve` replicas.
 
 use std::time::Duration;
@@ -44,7 +45,10 @@ fn check_common(r: &FleetRun, storm_phases: &[&str]) {
     assert_eq!(phase("hold (acquire + fan-out)").ok, 20, "every agent acquired its keys");
     assert_eq!(phase("restart storm").ok, 20, "every key restored");
     assert!(phase("churn").ok > 0, "churn acquired nothing");
-    assert!(phase("restart storm").probe.ok > 0, "the probe acquired nothing during the storm");
+    // The probe steps every 50 ms and a tiny storm may be over sooner, so the probe is checked
+    // over the run (the 2 s churn alone spans dozens of steps), not within the storm.
+    let probe_ok: usize = r.phases.iter().map(|p| p.probe.ok).sum();
+    assert!(probe_ok > 0, "the probe acquired nothing in the whole run");
 }
 
 async fn tiny(close: bool) {
@@ -96,7 +100,10 @@ async fn tiny_through_serve(replicas: usize, kill_replica: bool) {
     // pool (and its spec), never one per agent (4 agents + the probe would be 5 or more).
     let watchers = phase("cold start").load.watchers();
     assert!(watchers >= 1.0 && watchers <= 2.0 * replicas as f64, "etcd watchers: {watchers}");
-    assert!(phase("restart storm").load.serve_cpu() > 0.0, "no serve CPU counted");
+    // CPU time comes from /proc in 10 ms ticks, which a tiny storm may not fill: checked over
+    // the run (start-up, the agents' syncs and the 2 s churn all go through the replicas).
+    let serve_cpu: f64 = r.phases.iter().map(|p| p.load.serve_cpu()).sum();
+    assert!(serve_cpu > 0.0, "no serve CPU counted in the whole run");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

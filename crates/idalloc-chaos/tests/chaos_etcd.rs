@@ -103,7 +103,7 @@ async fn chaos_on_a_3_member_etcd_cluster_is_linearizable() {
     }
     let chaos_secs: u64 =
         std::env::var("CHAOS_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(60);
-    let cluster = EtcdCluster::start(3).await.expect("3-member etcd cluster");
+    let cluster = EtcdCluster::start_fast(3).await.expect("3-member etcd cluster");
     // A fixed cycle, so every kind happens in every run of a minute or more.
     let cycle = [
         "kill-leader",

@@ -273,7 +273,7 @@ async fn soak_with_faults_holds_every_resource_flat() {
     assert!(secs >= 60, "IDALLOC_SOAK_SECS={secs}: a soak of under 60 s cannot show a trend");
     eprintln!("soak: {secs} s, a sample every {every} s");
     let bin = idalloc_testkit::serve::workspace_bin();
-    let mut cluster = EtcdCluster::start(3).await.expect("3-member etcd cluster");
+    let mut cluster = EtcdCluster::start_fast(3).await.expect("3-member etcd cluster");
     let endpoints = cluster.endpoints();
     let serve = Serve::start(
         bin.to_str().expect("utf-8 path"),

@@ -85,6 +85,8 @@ impl Target {
             .env("IDALLOC_PREFIX", &self.prefix)
             .env("USER", "alice")
             .env_remove("IDALLOC_LOCK_TIMEOUT")
+            // `ok()` wants an empty stderr: no log lines from a RUST_LOG the caller set.
+            .env_remove("RUST_LOG")
             .timeout(HARNESS_WAIT);
         c
     }
@@ -94,7 +96,8 @@ impl Target {
         c.current_dir(&self.cwd)
             .env("IDALLOC_STORE", &self.store)
             .env("IDALLOC_PREFIX", &self.prefix)
-            .env("USER", "alice");
+            .env("USER", "alice")
+            .env_remove("RUST_LOG");
         c
     }
 
@@ -441,16 +444,70 @@ fn etcd_parallel_processes_agree() {
     parallel_processes(&t);
 }
 
-/// Reads lines of a child's stdout until one satisfies `want`; the lines seen go to `seen`.
-fn read_until(r: &mut impl BufRead, seen: &mut Vec<String>, want: impl Fn(&str) -> bool) {
-    loop {
-        let mut line = String::new();
-        let n = r.read_line(&mut line).unwrap();
-        assert!(n > 0, "watch ended early; lines: {seen:?}");
-        let line = line.trim_end().to_string();
-        seen.push(line.clone());
-        if want(&line) {
-            return;
+/// A long-running child (`watch`) whose stdout lines are read on a thread of their own, so that
+/// waiting for a line is bounded (a hang fails the test naming the lines seen, instead of
+/// blocking it), and which is killed and reaped on every path, a failing test's included.
+struct Watched {
+    child: Option<Child>,
+    lines: std::sync::mpsc::Receiver<String>,
+    /// The lines read so far.
+    seen: Vec<String>,
+}
+
+impl Watched {
+    /// Spawns `cmd` with stdout piped (stderr as `cmd` says).
+    fn spawn(cmd: &mut StdCommand) -> Watched {
+        let mut child = cmd.stdout(Stdio::piped()).spawn().expect("spawn idalloc");
+        let out = child.stdout.take().expect("piped stdout");
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line.trim_end().to_string()).is_err() {
+                    break;
+                }
+            }
+        });
+        Watched { child: Some(child), lines, seen: Vec::new() }
+    }
+
+    fn id(&self) -> u32 {
+        self.child.as_ref().map_or(0, Child::id)
+    }
+
+    /// Reads lines until one satisfies `want` (each within [`HARNESS_WAIT`]).
+    fn read_until(&mut self, want: impl Fn(&str) -> bool) {
+        use std::sync::mpsc::RecvTimeoutError;
+        loop {
+            match self.lines.recv_timeout(HARNESS_WAIT) {
+                Ok(line) => {
+                    let done = want(&line);
+                    self.seen.push(line);
+                    if done {
+                        return;
+                    }
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    panic!("watch ended early; lines: {:?}", self.seen)
+                }
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no line for {HARNESS_WAIT:?}; lines: {:?}", self.seen)
+                }
+            }
+        }
+    }
+
+    /// Waits for the exit (bounded, see [`wait_with_output`]); stdout stays with the reader.
+    fn finish(mut self) -> std::process::Output {
+        wait_with_output(self.child.take().expect("not finished yet"))
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
         }
     }
 }
@@ -458,31 +515,26 @@ fn read_until(r: &mut impl BufRead, seen: &mut Vec<String>, want: impl Fn(&str) 
 fn watch_sees_changes(t: &Target) {
     t.run(&["pool", "create", "w", "--range", "1-100"]).ok();
     let pre = t.run(&["acquire", "w", "before"]).id();
-    let mut child = t
-        .std_cmd()
-        .args(["--json", "watch", "w", "--count", "2", "--interval", "100ms"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut seen = Vec::new();
-    read_until(&mut out, &mut seen, |l| l.contains("\"synced\""));
-    let synced: Value = serde_json::from_str(&seen[0]).unwrap();
+    let mut w = Watched::spawn(
+        t.std_cmd()
+            .args(["--json", "watch", "w", "--count", "2", "--interval", "100ms"])
+            .stderr(Stdio::piped()),
+    );
+    w.read_until(|l| l.contains("\"synced\""));
+    let synced: Value = serde_json::from_str(&w.seen[0]).unwrap();
     assert_eq!((synced["pool"].as_str(), synced["bindings"].as_u64()), (Some("w"), Some(1)));
     let id = t.run(&["acquire", "w", "during"]).id();
-    read_until(&mut out, &mut seen, |l| l.contains("\"upsert\""));
+    w.read_until(|l| l.contains("\"upsert\""));
     t.run(&["release", "w", "before"]).ok();
-    read_until(&mut out, &mut seen, |l| l.contains("\"delete\""));
-    let up: Value = serde_json::from_str(&seen[1]).unwrap();
+    w.read_until(|l| l.contains("\"delete\""));
+    let up: Value = serde_json::from_str(&w.seen[1]).unwrap();
     assert_eq!(up, serde_json::json!({"event": "upsert", "pool": "w", "id": id, "key": "during"}));
-    let del: Value = serde_json::from_str(&seen[2]).unwrap();
+    let del: Value = serde_json::from_str(&w.seen[2]).unwrap();
     assert_eq!(
         del,
         serde_json::json!({"event": "delete", "pool": "w", "id": pre, "key": "before"})
     );
-    drop(out);
-    let status = wait_with_output(child).status;
+    let status = w.finish().status;
     assert!(status.success(), "{status:?}");
 }
 
@@ -493,25 +545,17 @@ fn etcd_watch_of_a_deleted_pool_ends_with_not_found() {
     let Some(t) = Target::etcd() else { return };
     t.run(&["pool", "create", "gone", "--range", "1-100"]).ok();
     let id = t.run(&["acquire", "gone", "doomed"]).id();
-    let mut child = t
-        .std_cmd()
-        .args(["--json", "watch", "gone"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut seen = Vec::new();
-    read_until(&mut out, &mut seen, |l| l.contains("\"synced\""));
+    let mut w =
+        Watched::spawn(t.std_cmd().args(["--json", "watch", "gone"]).stderr(Stdio::piped()));
+    w.read_until(|l| l.contains("\"synced\""));
     t.run(&["pool", "delete", "gone", "--force"]).ok();
-    read_until(&mut out, &mut seen, |l| l.contains("\"delete\""));
-    let del: Value = serde_json::from_str(&seen[1]).unwrap();
+    w.read_until(|l| l.contains("\"delete\""));
+    let del: Value = serde_json::from_str(&w.seen[1]).unwrap();
     assert_eq!(
         del,
         serde_json::json!({"event": "delete", "pool": "gone", "id": id, "key": "doomed"})
     );
-    drop(out);
-    let done = wait_with_output(child);
+    let done = w.finish();
     assert_eq!(done.status.code(), Some(3), "{}", String::from_utf8_lossy(&done.stderr));
 }
 
@@ -530,15 +574,12 @@ fn etcd_watch() {
 fn watch_exits_zero_on_sigint() {
     let t = Target::file();
     t.run(&["pool", "create", "w", "--range", "1-100"]).ok();
-    let mut child = t.std_cmd().args(["watch", "w"]).stdout(Stdio::piped()).spawn().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut seen = Vec::new();
-    read_until(&mut out, &mut seen, |l| l.starts_with("synced"));
-    assert_eq!(seen, ["synced 0 bindings"]);
-    let sent = StdCommand::new("kill").arg("-INT").arg(child.id().to_string()).status().unwrap();
+    let mut w = Watched::spawn(t.std_cmd().args(["watch", "w"]));
+    w.read_until(|l| l.starts_with("synced"));
+    assert_eq!(w.seen, ["synced 0 bindings"]);
+    let sent = StdCommand::new("kill").arg("-INT").arg(w.id().to_string()).status().unwrap();
     assert!(sent.success());
-    drop(out);
-    let status = wait_with_output(child).status;
+    let status = w.finish().status;
     assert_eq!(status.code(), Some(0), "{status:?}");
 }
 
@@ -606,8 +647,12 @@ fn bad_input_is_exit_2_with_one_line() {
 
 #[test]
 fn unreachable_etcd_fails_with_exit_1() {
-    // A port nobody listens on: bound, then released.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    // A port nobody listens on, held by a socket bound to it but not listening (connections are
+    // refused), so that no other process can take it and listen there during the test.
+    let held = tokio::net::TcpSocket::new_v4()
+        .and_then(|s| s.bind(([127, 0, 0, 1], 0).into()).map(|()| s))
+        .expect("bind a socket");
+    let port = held.local_addr().expect("its port").port();
     let t = Target::memory();
     let store = format!("etcd://127.0.0.1:{port}");
     let started = Instant::now();
@@ -745,21 +790,16 @@ fn text_output_escapes_terminal_controls() {
     no_controls(&r);
 
     // gc shows the keys it reclaims; watch shows every change.
-    let mut child = t
-        .std_cmd()
-        .args(["watch", "e", "--count", "1", "--interval", "100ms"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut seen = Vec::new();
-    read_until(&mut out, &mut seen, |l| l.starts_with("synced"));
+    let mut w = Watched::spawn(
+        t.std_cmd()
+            .args(["watch", "e", "--count", "1", "--interval", "100ms"])
+            .stderr(Stdio::piped()),
+    );
+    w.read_until(|l| l.starts_with("synced"));
     t.run(&["release", "e", evil, "--holder", holder]).ok();
-    read_until(&mut out, &mut seen, |l| l.starts_with("unbound"));
-    assert_eq!(seen.last().unwrap(), &format!("unbound {id} {escaped_key}"));
-    drop(out);
-    assert!(wait_with_output(child).status.success());
+    w.read_until(|l| l.starts_with("unbound"));
+    assert_eq!(w.seen.last().unwrap(), &format!("unbound {id} {escaped_key}"));
+    assert!(w.finish().status.success());
 }
 
 /// Writes raw records into the target's store (a file or etcd), as an operator with `etcdctl

@@ -40,6 +40,7 @@ fn idalloc(store: &Path, args: &[&str]) -> std::process::Output {
         .arg(format!("file:{}", store.display()))
         .args(args)
         .env_remove("IDALLOC_STORE")
+        .env_remove("RUST_LOG")
         .env("RUST_BACKTRACE", "1")
         .timeout(Duration::from_secs(120))
         .output()

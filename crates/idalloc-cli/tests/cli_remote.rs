@@ -20,6 +20,7 @@ fn run(store: &str, args: &[&str]) -> Ran {
         .env("IDALLOC_STORE", store)
         .env("USER", "alice")
         .env_remove("IDALLOC_PREFIX")
+        .env_remove("RUST_LOG")
         .args(args)
         .output()
         .expect("run idalloc");
@@ -132,6 +133,7 @@ fn get_lookup_list_and_watch_answer_across_two_etcd_clusters() {
         .expect("binary")
         .env("IDALLOC_STORE", &a)
         .env_remove("IDALLOC_PREFIX")
+        .env_remove("RUST_LOG")
         .args(["--json", "watch", "ids", "--count", "2", "--remote", &remote_b])
         .stdout(Stdio::piped())
         .spawn()
@@ -230,6 +232,7 @@ fn watch_of_a_remote_larger_than_the_event_buffer_starts_with_synced() {
         .expect("binary")
         .env("IDALLOC_STORE", &a)
         .env_remove("IDALLOC_PREFIX")
+        .env_remove("RUST_LOG")
         .args(["--json", "watch", "ids", "--count", "1", "--remote", &remote_b])
         .stdout(Stdio::piped())
         .spawn()

@@ -83,6 +83,8 @@ fn idalloc(cwd: &Path, envs: &[(&str, &str)], args: &[&str]) -> Ran {
         "IDALLOC_PASSWORD_FILE",
         "IDALLOC_ETCD_CONFIG",
         "IDALLOC_INSECURE_SKIP_TLS_VERIFY",
+        // Stderr is asserted on: no log lines from a RUST_LOG the caller set.
+        "RUST_LOG",
     ] {
         c.env_remove(v);
     }

@@ -44,9 +44,10 @@ fn get(s: &Serve, path: &str) -> Resp {
     send("GET", &s.http(path), None)
 }
 
-/// GETs `path` until `done` holds for the answer (at most 5 s; a cached read follows the watch).
+/// GETs `path` until `done` holds for the answer (at most 30 s; a cached read follows the watch).
 fn get_until(s: &Serve, path: &str, done: impl Fn(&Resp) -> bool) -> Resp {
-    let deadline = Instant::now() + Duration::from_secs(5);
+    // A bound for a loaded machine (CI runs test binaries next to builds), not an expected delay.
+    let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let r = get(s, path);
         if done(&r) || Instant::now() > deadline {
@@ -155,8 +156,9 @@ fn every_endpoint(s: &Serve) {
     get(s, "/v1/pools/vni/ids/49").err(404, "not_found");
     get(s, "/v1/pools/vni/ids/x1").err(400, "invalid_input");
 
-    // Bindings, paginated: 4 bindings in pages of 3.
-    let p1 = get(s, "/v1/pools/vni/bindings?limit=3").ok();
+    // Bindings, paginated: 4 bindings in pages of 3. A page's IDs come from the cache, which
+    // follows the watch (as above): wait (bounded) until it shows the batch acquired above.
+    let p1 = get_until(s, "/v1/pools/vni/bindings?limit=3", |r| r.body["next_after"].is_u64()).ok();
     assert_eq!(p1["bindings"].as_array().unwrap().len(), 3);
     let after = p1["next_after"].as_u64().expect("a next page");
     let p2 = get(s, &format!("/v1/pools/vni/bindings?limit=3&after={after}")).ok();
@@ -195,8 +197,12 @@ fn every_endpoint(s: &Serve) {
     // Idempotent within the session (a retried request does not count twice).
     let a2 = post(s, "/v1/pools/vni/acquire", json!({"key": "s1", "session": sid})).ok();
     assert_eq!(a2["id"].as_u64(), Some(s1));
-    let b = get(s, "/v1/pools/vni/bindings").ok();
-    let s1b = b["bindings"].as_array().unwrap().iter().find(|x| x["key"] == "s1").cloned().unwrap();
+    // A session's reference is not the service process's own either: the cache follows the watch.
+    let in_cache = |r: &Resp| {
+        r.body["bindings"].as_array().and_then(|b| b.iter().find(|x| x["key"] == "s1")).cloned()
+    };
+    let b = get_until(s, "/v1/pools/vni/bindings", |r| in_cache(r).is_some());
+    let s1b = in_cache(&b).unwrap_or_else(|| panic!("s1 not in bindings: {}", b.text));
     assert_eq!(s1b["holders"], json!([holder]));
     assert_eq!(
         send("PUT", &s.http(&format!("/v1/sessions/{sid}/keepalive")), None).ok()["ttl"],
@@ -691,12 +697,21 @@ fn sigterm_ends_watches_exits_zero_and_refuses_new_connections() {
         post(&s, "/v1/sessions", json!({"ttl": 30})).ok()["session"].as_str().unwrap().to_string();
     post(&s, "/v1/pools/p/acquire", json!({"key": "kept", "session": sid})).ok();
     let resp = agent().get(&s.http("/v1/pools/p/watch")).call().expect("watch");
+    // The reader says when the stream has shown `synced` (the watch is up and has sent its
+    // replay), and reads on until the server ends the stream.
+    let (synced_tx, synced_rx) = std::sync::mpsc::channel();
     let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        let _ = resp.into_body().into_reader().read_to_string(&mut all);
-        all
+        let mut body = resp.into_body().into_reader();
+        let (mut all, mut buf) = (Vec::new(), [0u8; 4096]);
+        while let Ok(n @ 1..) = body.read(&mut buf) {
+            all.extend_from_slice(&buf[..n]);
+            if String::from_utf8_lossy(&all).contains("event: synced") {
+                let _ = synced_tx.send(());
+            }
+        }
+        String::from_utf8_lossy(&all).into_owned()
     });
-    std::thread::sleep(Duration::from_millis(300));
+    synced_rx.recv_timeout(Duration::from_secs(30)).expect("`event: synced` within 30 s");
     assert_eq!(s.terminate(), Some(0));
     let streamed = reader.join().expect("reader");
     assert!(streamed.contains("event: synced"), "{streamed}");

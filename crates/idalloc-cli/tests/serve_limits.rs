@@ -240,6 +240,7 @@ fn open_fds(pid: u32) -> usize {
 #[test]
 fn idle_sockets_cannot_lock_clients_out_and_extras_are_refused_as_json() {
     use std::io::{Read, Write};
+    common::need_open_files(2000 + 256, "2,000 idle sockets");
     let dir = tempfile::tempdir().expect("tempdir");
     let s = start(dir.path(), &["--max-connections", "100", "--header-timeout", "120s"]);
     call(&s, "POST", "/v1/pools", None, Some(json!({"name":"p","min":1,"max":10}))).ok();

@@ -157,18 +157,22 @@ fn a_real_prometheus_scrapes_serve_with_the_shipped_settings_and_loads_the_shipp
     std::fs::write(&config_path, config).expect("write config");
     let prom = Prometheus::start(dir.path(), &config_path);
 
+    // The figures are taken from one pass of the wait: a later scrape slower than the 1 s
+    // scrape timeout (a loaded machine) sets `up` to 0 and marks the series stale, so asking
+    // again after the wait could see that instead of the scrape that succeeded.
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut capacity = None;
+    let (mut capacity, mut up, mut requests) = (None, None, None);
     while Instant::now() < deadline {
         capacity = prom.query(r#"idalloc_pool_capacity{job="idalloc",pool="p"}"#);
-        if capacity.is_some() && prom.query(r#"up{job="idalloc"}"#) == Some(1.0) {
+        up = prom.query(r#"up{job="idalloc"}"#);
+        requests = prom.query(r#"sum(idalloc_http_requests_total{job="idalloc"})"#);
+        if capacity.is_some() && up == Some(1.0) && requests.is_some() {
             break;
         }
         std::thread::sleep(Duration::from_millis(250));
     }
     assert_eq!(capacity, Some(100.0), "Prometheus did not scrape serve's pool metrics");
-    assert_eq!(prom.query(r#"up{job="idalloc"}"#), Some(1.0));
-    let requests = prom.query(r#"sum(idalloc_http_requests_total{job="idalloc"})"#);
+    assert_eq!(up, Some(1.0));
     assert!(requests.is_some_and(|n| n >= 2.0), "{requests:?}");
     // The shipped rules are loaded, healthy, and none fires against a healthy service.
     let (_, v) = prom.get("/api/v1/rules").expect("rules");

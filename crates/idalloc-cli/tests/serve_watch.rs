@@ -279,6 +279,8 @@ fn private_etcd() -> Option<(tokio::runtime::Runtime, idalloc_testkit::etcd::Etc
 /// 1,000 subscribers on one pool add no etcd watcher: they share the pool's cache's watch.
 #[test]
 fn a_thousand_subscribers_on_one_pool_are_one_etcd_watch() {
+    // 1,000 streams here and in serve, whose connection cap is its limit less 128.
+    common::need_open_files(1000 + 512, "1,000 watch streams");
     let Some((_rt, etcd)) = private_etcd() else { return };
     let s = start_serve(&etcd.endpoint(), &[]);
     post(&s, "/v1/pools", json!({"name": "many", "min": 1, "max": 1000})).ok();

@@ -28,6 +28,17 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// port between our probe and etcd's bind).
 const START_ATTEMPTS: usize = 3;
 
+/// Attempts at restarting a killed member on its old ports, [`RESTART_PAUSE`] apart: while it was
+/// down, another process's outgoing connection may have been given its port as an ephemeral
+/// one, which is free again once that connection closes.
+pub(crate) const RESTART_ATTEMPTS: usize = 20;
+pub(crate) const RESTART_PAUSE: Duration = Duration::from_millis(500);
+
+/// True if an etcd start failed (its log tail in `err`) because a port was taken.
+pub(crate) fn port_was_taken(err: &str) -> bool {
+    err.contains("address already in use")
+}
+
 /// Where a member runs: on loopback with free ports, or inside a network namespace on an address
 /// of its own (the network-namespace chaos test, `idalloc-chaos/tests/chaos_netns.rs`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,10 +49,35 @@ pub struct MemberHost {
     pub addr: String,
 }
 
+/// Raft timings of a test cluster's members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RaftTimings {
+    /// 50 ms heartbeats, 500 ms election timeout: etcd's minimum lease TTL (1.5 election
+    /// timeouts rounded up to whole seconds) drops from 2 s to 1 s, for faster lease tests, and a
+    /// lost leader is replaced quickly. But on a busy machine (members inherit a niced test's
+    /// priority) a follower that misses heartbeats for 500 ms starts an election nobody caused.
+    /// For single members (which hold no elections) and the chaos tests, which cause leader
+    /// faults themselves and allow for elections.
+    Fast,
+    /// etcd's defaults, 100 ms heartbeats and a 1,000 ms election timeout: for multi-member
+    /// clusters of tests that expect the leader they saw to stay leader.
+    Steady,
+}
+
+impl RaftTimings {
+    fn args(self) -> [&'static str; 4] {
+        match self {
+            RaftTimings::Fast => ["--heartbeat-interval", "50", "--election-timeout", "500"],
+            RaftTimings::Steady => ["--heartbeat-interval", "100", "--election-timeout", "1000"],
+        }
+    }
+}
+
 /// One etcd member process, on loopback or in a network namespace.
 #[derive(Debug)]
 struct Member {
     name: String,
+    raft: RaftTimings,
     host: MemberHost,
     client_port: u16,
     peer_port: u16,
@@ -91,9 +127,7 @@ impl Member {
             .arg(token)
             .arg("--initial-cluster-state")
             .arg("new")
-            // Shorter raft timings: etcd's minimum lease TTL is 1.5 election timeouts rounded
-            // up to whole seconds, so this brings it from 2 s down to 1 s (faster lease tests).
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+            .args(self.raft.args())
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -201,13 +235,25 @@ pub struct EtcdCluster {
 
 impl EtcdCluster {
     /// Starts `size` members forming one cluster and waits until every member answers a read.
+    /// One member runs with [`RaftTimings::Fast`], several with [`RaftTimings::Steady`].
     pub async fn start(size: usize) -> Result<EtcdCluster, String> {
+        let raft = if size > 1 { RaftTimings::Steady } else { RaftTimings::Fast };
+        Self::start_with(size, raft).await
+    }
+
+    /// [`EtcdCluster::start`] with [`RaftTimings::Fast`] whatever the size: for tests that
+    /// cause leader faults and allow for the elections.
+    pub async fn start_fast(size: usize) -> Result<EtcdCluster, String> {
+        Self::start_with(size, RaftTimings::Fast).await
+    }
+
+    async fn start_with(size: usize, raft: RaftTimings) -> Result<EtcdCluster, String> {
         if size == 0 {
             return Err("an etcd cluster needs at least one member, got size 0".into());
         }
         let mut last_err = String::new();
         for _ in 0..START_ATTEMPTS {
-            match Self::try_start(size).await {
+            match Self::try_start(size, raft).await {
                 Ok(c) => return Ok(c),
                 Err(e) => last_err = e,
             }
@@ -217,6 +263,7 @@ impl EtcdCluster {
 
     /// Starts one member per host, each inside its network namespace on its address (ports 2379
     /// and 2380: a namespace has ports of its own), and waits until every member answers a read.
+    /// [`RaftTimings::Fast`]: the network-namespace chaos test causes the leader faults.
     /// The caller's thread must reach those addresses (it runs in a namespace on the same
     /// network), and so must every later call that talks to the members.
     pub async fn start_on(hosts: Vec<MemberHost>) -> Result<EtcdCluster, String> {
@@ -225,7 +272,7 @@ impl EtcdCluster {
         }
         let mut last_err = String::new();
         for _ in 0..START_ATTEMPTS {
-            match Self::try_start_on(hosts.clone()).await {
+            match Self::try_start_on(hosts.clone(), RaftTimings::Fast).await {
                 Ok(c) => return Ok(c),
                 Err(e) => last_err = e,
             }
@@ -233,12 +280,15 @@ impl EtcdCluster {
         Err(format!("etcd did not start after {START_ATTEMPTS} attempts: {last_err}"))
     }
 
-    async fn try_start(size: usize) -> Result<EtcdCluster, String> {
+    async fn try_start(size: usize, raft: RaftTimings) -> Result<EtcdCluster, String> {
         let loopback = MemberHost { netns: None, addr: "127.0.0.1".into() };
-        Self::try_start_on(vec![loopback; size]).await
+        Self::try_start_on(vec![loopback; size], raft).await
     }
 
-    async fn try_start_on(hosts: Vec<MemberHost>) -> Result<EtcdCluster, String> {
+    async fn try_start_on(
+        hosts: Vec<MemberHost>,
+        raft: RaftTimings,
+    ) -> Result<EtcdCluster, String> {
         let dir = tempfile::Builder::new()
             .prefix("idalloc-etcd-")
             .tempdir()
@@ -255,6 +305,7 @@ impl EtcdCluster {
                 )
             };
             members.push(Member {
+                raft,
                 host,
                 client_port,
                 peer_port,
@@ -367,10 +418,20 @@ impl EtcdCluster {
         if !m.exited() {
             return Ok(());
         }
-        m.kill(); // reap a process that exited on its own
-        m.spawn(&initial_cluster, &token)
-            .map_err(|e| format!("cannot restart etcd member {i}: {e}"))?;
-        self.wait_member_ready(i).await
+        let mut attempt = 1;
+        loop {
+            let m = self.member_mut(i)?;
+            m.kill(); // reap a process that exited on its own (or the last attempt)
+            m.spawn(&initial_cluster, &token)
+                .map_err(|e| format!("cannot restart etcd member {i}: {e}"))?;
+            match self.wait_member_ready(i).await {
+                Err(e) if port_was_taken(&e) && attempt < RESTART_ATTEMPTS => {
+                    attempt += 1;
+                    tokio::time::sleep(RESTART_PAUSE).await
+                }
+                done => return done,
+            }
+        }
     }
 
     /// Freezes member `i` with SIGSTOP: its connections stay open but it answers nothing, like a
@@ -521,4 +582,37 @@ fn unique_suffix() -> String {
 /// A key prefix no other test (in this or another process) uses: `/idalloc-test/<pid>-<ns>-<n>/`.
 pub fn unique_prefix() -> Vec<u8> {
     format!("/idalloc-test/{}/", unique_suffix()).into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// While a member was down, another socket took its port (as an outgoing connection's
+    /// ephemeral port can): its restart fails to bind, and is retried until the port is free.
+    /// The port is freed only once a failed attempt is in the member's log, so the retry is
+    /// exercised on every run, whatever the machine's speed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restart_waits_until_its_port_is_free_again() {
+        if !etcd_or_skip("the restart test") {
+            return;
+        }
+        let mut cluster = EtcdCluster::start(1).await.expect("etcd");
+        cluster.kill_member(0).expect("kill");
+        let (port, log) = (cluster.members[0].client_port, cluster.members[0].log.clone());
+        let squatter = TcpListener::bind(("127.0.0.1", port)).expect("take the member's port");
+        let freed = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !port_was_taken(&std::fs::read_to_string(&log).unwrap_or_default()) {
+                assert!(Instant::now() < deadline, "no failed restart in the log within 60 s");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            drop(squatter);
+        });
+        let restarted = cluster.restart_member(0).await;
+        freed.join().expect("the squatter thread");
+        restarted.expect("restarted once the port was free");
+        let store = connect_test_store(&cluster.endpoints()[0]).await.expect("connect");
+        store.get(GetRequest::key("k")).await.expect("the restarted member answers");
+    }
 }

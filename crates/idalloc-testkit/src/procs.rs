@@ -48,6 +48,16 @@ pub fn open_fds(p: Proc) -> Option<u64> {
 mod tests {
     use super::*;
 
+    /// A child killed and reaped however the test ends.
+    struct Reaped(std::process::Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
     #[test]
     fn memory_and_fds_of_this_process_and_of_a_child() {
         let me = memory(Proc::Myself).expect("this process's memory");
@@ -55,20 +65,36 @@ mod tests {
         let own = memory(Proc::Pid(std::process::id())).expect("by PID");
         assert!(own.peak >= me.peak, "the peak never falls: {own:?} after {me:?}");
 
-        // A file opened here is one more fd.
-        let before = open_fds(Proc::Myself).expect("this process's fds");
-        let f = std::fs::File::open("/proc/self/status").expect("open a file");
-        let with = open_fds(Proc::Myself).expect("fds");
-        drop(f);
-        assert!(with > before, "{with} fds with one more file open, {before} before");
+        assert!(open_fds(Proc::Myself).expect("this process's fds") >= 3);
 
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().expect("sleep");
-        let pid = child.id();
-        let m = memory(Proc::Pid(pid)).expect("a live child's memory");
+        // Files opened are counted: two children alike but for three more open files (fds 7-9,
+        // closed in the twin in case this process passed them on, as `flock` does). Compared
+        // on children, not on this process, whose count the other tests of this binary change
+        // (a runtime opens and closes its epoll and event fds) between any two reads. The count
+        // is waited for (bounded): while a child starts, its shell or `sleep`'s locale setup may
+        // hold a file for a moment.
+        let sleep = |script: &str| {
+            std::process::Command::new("sh")
+                .args(["-c", script])
+                .stdin(std::process::Stdio::null())
+                .spawn()
+                .map(Reaped)
+                .expect("sh")
+        };
+        let plain = sleep("exec 7<&- 8<&- 9<&-; exec sleep 300");
+        let more = sleep("exec 7</dev/null 8</dev/null 9</dev/null; exec sleep 300");
+        let fds = |c: &Reaped| open_fds(Proc::Pid(c.0.id())).expect("a live child's fds");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let (mut a, mut b) = (fds(&plain), fds(&more));
+        while b != a + 3 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            (a, b) = (fds(&plain), fds(&more));
+        }
+        assert_eq!(b, a + 3, "a child with 3 more files open has {b} fds, its twin {a}");
+        assert!(a >= 3, "stdin, stdout and stderr at least: {a}");
+        let m = memory(Proc::Pid(plain.0.id())).expect("a live child's memory");
         assert!(m.rss > 0, "{m:?}");
-        assert!(open_fds(Proc::Pid(pid)).expect("a live child's fds") >= 3);
-        child.kill().expect("kill");
-        child.wait().expect("reap");
+        drop((plain, more));
         // No process 0 in /proc; a PID past i32 is none of Linux's.
         for p in [Proc::Pid(0), Proc::Pid(u32::MAX)] {
             assert_eq!((memory(p), open_fds(p)), (None, None), "{p:?}");

@@ -450,10 +450,21 @@ impl SecureEtcd {
 
     /// Kills etcd (by PID) and starts it again on the same data and ports, then waits until it
     /// answers (as root when auth is on). Every token it had issued is gone after this.
+    /// Retried while its port is taken (see [`crate::etcd`]'s restart of a member).
     pub async fn restart(&mut self) -> Result<(), String> {
-        self.kill();
-        self.spawn()?;
-        self.wait_ready(self.spec.auth).await
+        use crate::etcd::{port_was_taken, RESTART_ATTEMPTS, RESTART_PAUSE};
+        let mut attempt = 1;
+        loop {
+            self.kill();
+            self.spawn()?;
+            match self.wait_ready(self.spec.auth).await {
+                Err(e) if port_was_taken(&e) && attempt < RESTART_ATTEMPTS => {
+                    attempt += 1;
+                    tokio::time::sleep(RESTART_PAUSE).await
+                }
+                done => return done,
+            }
+        }
     }
 
     /// The directory of its data, certificates and log (kept as evidence by failing tests).

@@ -15,6 +15,10 @@ use std::time::{Duration, Instant};
 /// How long a SIGTERMed server may take to drain and exit.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// How long a server may take to print its listening line: a bound for a hang (a loaded machine
+/// starts it in well under a second), not a statement about speed.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// A running `idalloc serve`.
 pub struct Serve {
     child: Child,
@@ -61,10 +65,21 @@ impl Serve {
             .stderr(err)
             .spawn()
             .expect("spawn idalloc serve");
+        // The first line is read on a thread, so that a server that never prints it fails the
+        // test (killed, with its log) instead of blocking it.
         let mut stdout = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
-        stdout.read_line(&mut line).expect("read the listening line");
-        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            let read = stdout.read_line(&mut line);
+            let _ = tx.send((read.map(|_| line), stdout));
+        });
+        let (line, stdout) = match rx.recv_timeout(START_TIMEOUT) {
+            Ok((Ok(line), stdout)) => (line, Some(stdout)),
+            Ok((Err(e), _)) => (format!("(unreadable: {e})"), None),
+            Err(_) => (format!("(none within {START_TIMEOUT:?})"), None),
+        };
+        let (Some(addr), Some(stdout)) = (line.trim().strip_prefix("listening on "), stdout) else {
             let _ = child.kill();
             let _ = child.wait();
             let log = stderr.map(|p| std::fs::read_to_string(p).unwrap_or_default());
@@ -73,8 +88,10 @@ impl Serve {
                 log.unwrap_or_default()
             );
         };
-        assert!(addr.starts_with("127.0.0.1:"), "{addr}");
-        Serve { addr: addr.to_string(), child, stdout, stderr }
+        let serve = Serve { addr: addr.to_string(), child, stdout, stderr };
+        // Checked once the handle exists, so that a failure still kills the server.
+        assert!(serve.addr.starts_with("127.0.0.1:"), "{}", serve.addr);
+        serve
     }
 
     /// `127.0.0.1:PORT`.

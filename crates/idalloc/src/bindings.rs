@@ -494,9 +494,18 @@ mod tests {
         }
 
         proptest! {
+            #![proptest_config(ProptestConfig {
+                // A fixed seed: a run is repeatable, so a failure in CI is one a rerun shows again
+                // (the fuzz crate's properties explore further, also from fixed seeds).
+                rng_seed: proptest::test_runner::RngSeed::Fixed(496),
+                failure_persistence: None,
+                ..ProptestConfig::default()
+            })]
+
             #[test]
             fn matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..400)) {
-                check::<foldhash::fast::RandomState>(&ops)?;
+                // A fixed hasher too, so that the buckets are the same in every run.
+                check::<foldhash::fast::FixedState>(&ops)?;
             }
 
             #[test]

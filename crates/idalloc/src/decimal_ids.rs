@@ -133,6 +133,14 @@ mod tests {
     }
 
     proptest! {
+        #![proptest_config(ProptestConfig {
+            // A fixed seed: a run is repeatable, so a failure in CI is one a rerun shows again
+            // (the fuzz crate's properties explore further, also from fixed seeds).
+            rng_seed: proptest::test_runner::RngSeed::Fixed(135),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
         #[test]
         fn any_set_comes_back_sorted(set in proptest::collection::btree_set(any::<u64>(), 0..200)) {
             let mut names: Vec<String> = set.iter().map(u64::to_string).collect();

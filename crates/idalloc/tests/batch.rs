@@ -53,7 +53,11 @@ async fn one_round_trip_per_batch(backend: Backend) {
     let ks = keys("k", 50);
     counted.reset();
     let got = p.acquire_many(&ks).await;
-    assert_eq!(counted.counts().total(), 1, "50 new keys: one batch, one round trip");
+    assert_eq!(
+        counted.counts().excluding_keep_alives(),
+        1,
+        "50 new keys: one batch, one round trip"
+    );
     let ids: Vec<u64> = got.iter().map(|r| r.as_ref().expect("acquired").id).collect();
     assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)));
     assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 50, "distinct IDs");
@@ -62,7 +66,7 @@ async fn one_round_trip_per_batch(backend: Backend) {
     }
     counted.reset();
     let again = p.acquire_many(&ks).await;
-    assert_eq!(counted.counts().total(), 0, "held keys only count up");
+    assert_eq!(counted.counts().excluding_keep_alives(), 0, "held keys only count up");
     assert!(again.iter().zip(&ids).all(|(r, id)| r.as_ref().is_ok_and(|a| a.id == *id && !a.new)));
 
     // 250 keys: three batches of at most 100, sent together.
@@ -70,17 +74,21 @@ async fn one_round_trip_per_batch(backend: Backend) {
     counted.reset();
     assert!(p.acquire_many(&many).await.iter().all(Result::is_ok));
     assert_eq!(counted.counts().txn, 3);
-    assert_eq!(counted.counts().total(), 3);
+    assert_eq!(counted.counts().excluding_keep_alives(), 3);
 
     // Duplicates: one write, counted twice.
     counted.reset();
     let dup = p.acquire_many(&["d", "e", "d"]).await;
-    assert_eq!(counted.counts().total(), 1);
+    assert_eq!(counted.counts().excluding_keep_alives(), 1);
     let (d0, d2) = (dup[0].clone().expect("d"), dup[2].clone().expect("d again"));
     assert_eq!((d0.id, d0.new, d2.id, d2.new), (d0.id, true, d0.id, false));
     counted.reset();
     let rel = p.release_many(&["d", "e", "d"]).await;
-    assert_eq!(counted.counts().total(), 1, "one batch for the releases that reach the store");
+    assert_eq!(
+        counted.counts().excluding_keep_alives(),
+        1,
+        "one batch for the releases that reach the store"
+    );
     let rel: Vec<(bool, bool)> =
         rel.into_iter().map(|r| r.map(|r| (r.held, r.reclaimed)).expect("released")).collect();
     assert_eq!(rel, vec![(true, false), (true, true), (true, true)]);
@@ -90,10 +98,10 @@ async fn one_round_trip_per_batch(backend: Backend) {
     // takes one round trip and reclaims every binding.
     counted.reset();
     let rel = p.release_many(&ks).await;
-    assert_eq!(counted.counts().total(), 0);
+    assert_eq!(counted.counts().excluding_keep_alives(), 0);
     assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && !r.reclaimed)));
     let rel = p.release_many(&ks).await;
-    assert_eq!(counted.counts().total(), 1);
+    assert_eq!(counted.counts().excluding_keep_alives(), 1);
     assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)));
     for k in &ks {
         assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, None, "{k}");
@@ -104,12 +112,12 @@ async fn one_round_trip_per_batch(backend: Backend) {
     wait_until(|| ks.iter().all(|k| p.get(k).is_none())).await;
     counted.reset();
     let dur = p.acquire_many_durable(&ks, "owner").await;
-    assert_eq!(counted.counts().total(), 1);
+    assert_eq!(counted.counts().excluding_keep_alives(), 1);
     let last = dur[49].as_ref().expect("durable").id;
     wait_until(|| p.get("k49") == Some(last)).await;
     counted.reset();
     let rel = p.release_many_durable(&ks, "owner").await;
-    assert_eq!(counted.counts().total(), 1);
+    assert_eq!(counted.counts().excluding_keep_alives(), 1);
     assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && r.reclaimed)));
 
     // A lone operation keeps its budget.
@@ -123,10 +131,10 @@ async fn one_round_trip_per_batch(backend: Backend) {
 async fn lone_calls_keep_their_budget(p: &idalloc::Pool, counted: &CountingStore<Arc<dyn Store>>) {
     counted.reset();
     p.acquire("lone").await.expect("lone");
-    assert_eq!(counted.counts().total(), 1, "lone acquire");
+    assert_eq!(counted.counts().excluding_keep_alives(), 1, "lone acquire");
     counted.reset();
     p.release("lone").await.expect("lone");
-    assert_eq!(counted.counts().total(), 1, "lone release");
+    assert_eq!(counted.counts().excluding_keep_alives(), 1, "lone release");
 }
 
 async fn some_keys_lose_races_and_others_win(backend: Backend) {
@@ -193,7 +201,7 @@ async fn keys_at_the_size_limit_split_into_requests_etcd_accepts(backend: Backen
         let id = r.as_ref().unwrap_or_else(|e| panic!("{} bytes: {e}", k.len())).id;
         assert_eq!(raw_binding_in(&*raw, &l, "p", k).await, Some(id));
     }
-    let round_trips = counted.counts().total();
+    let round_trips = counted.counts().excluding_keep_alives();
     assert!(round_trips > 1, "40 keys of 4 KiB do not fit one request");
     assert!(round_trips < 41, "but they share requests: {round_trips}");
     let rel = p.release_many(&ks).await;
@@ -322,7 +330,11 @@ impl Restarted {
             self.checkpoint.iter().map(|(k, id)| (k.as_str(), Some(*id))).collect();
         let got = self.p.acquire_many_with_hints(&hints).await;
         let n = self.checkpoint.len();
-        assert_eq!(self.counted.counts().total(), 1, "{n} keys restored in one round trip");
+        assert_eq!(
+            self.counted.counts().excluding_keep_alives(),
+            1,
+            "{n} keys restored in one round trip"
+        );
         got
     }
 
@@ -419,7 +431,7 @@ async fn concurrent_single_calls_share_round_trips(backend: Backend) {
     counted.reset();
     let got = futures::future::join_all(ks.iter().map(|k| p.acquire(k))).await;
     assert_eq!(
-        counted.counts().total(),
+        counted.counts().excluding_keep_alives(),
         2,
         "64 concurrent acquires: the first alone, then one batch"
     );
@@ -437,7 +449,7 @@ async fn concurrent_single_calls_share_round_trips(backend: Backend) {
     // The same keys again, concurrently: held, so no round trip at all.
     counted.reset();
     let again = futures::future::join_all(ks.iter().map(|k| p.acquire(k))).await;
-    assert_eq!(counted.counts().total(), 0);
+    assert_eq!(counted.counts().excluding_keep_alives(), 0);
     assert!(again.iter().zip(&ids).all(|(r, id)| r.as_ref().is_ok_and(|a| a.id == *id)));
     // Two releases per key: the first only counts down, the second reclaims, coalesced.
     let first = futures::future::join_all(ks.iter().map(|k| p.release(k))).await;
@@ -445,7 +457,7 @@ async fn concurrent_single_calls_share_round_trips(backend: Backend) {
     counted.reset();
     let rel = futures::future::join_all(ks.iter().map(|k| p.release(k))).await;
     assert_eq!(
-        counted.counts().total(),
+        counted.counts().excluding_keep_alives(),
         2,
         "64 concurrent releases: the first alone, then one batch"
     );
@@ -521,7 +533,7 @@ async fn cancelled_coalesced_callers_leave_nothing_and_others_finish() {
     counted.reset();
     let after = tokio::time::timeout(Duration::from_secs(5), p.acquire("after")).await;
     after.expect("not stuck in the lane").expect("after");
-    assert_eq!(counted.counts().total(), 1, "lone acquire");
+    assert_eq!(counted.counts().excluding_keep_alives(), 1, "lone acquire");
     check_g1_in(&*raw, &l, "p").await;
     a.close().await.expect("close");
 }

@@ -62,6 +62,22 @@ async fn connect(endpoint: &str) -> EtcdStore {
     EtcdStore::connect(o).await.expect("connect")
 }
 
+/// A client for watching a remote in a test that exercises no outage: timeouts and keep-alives a
+/// loaded machine does not run into, so the view never takes a slow answer for an outage and
+/// re-lists (which would add a second `Synced` and replayed events).
+async fn connect_patient(endpoint: &str) -> EtcdStore {
+    let mut o = EtcdOptions::new([endpoint.to_string()]);
+    o.request_timeout = Duration::from_secs(30);
+    o.keep_alive_interval = Duration::from_secs(10);
+    o.keep_alive_timeout = Duration::from_secs(30);
+    EtcdStore::connect(o).await.expect("connect")
+}
+
+/// [`RemoteOptions`] to go with [`connect_patient`].
+fn patient_remote_opts() -> RemoteOptions {
+    RemoteOptions { request_timeout: Duration::from_secs(30), ..RemoteOptions::default() }
+}
+
 fn remote_opts() -> RemoteOptions {
     RemoteOptions {
         probe_interval: Duration::from_millis(300),
@@ -537,11 +553,8 @@ async fn late_subscribers_on_other_threads_see_replay_one_synced_then_live_event
     for k in 0..50 {
         b.pool.acquire_durable(&format!("k{k}"), "o").await.expect("b");
     }
-    let view = a
-        .pool
-        .watch_remote("b", Arc::new(connect(&b.etcd.endpoints()[0]).await), remote_opts())
-        .await
-        .expect("watch");
+    let remote = Arc::new(connect_patient(&b.etcd.endpoints()[0]).await);
+    let view = a.pool.watch_remote("b", remote, patient_remote_opts()).await.expect("watch");
     // Churn in b (and locally) while subscribers arrive on other threads at different times.
     let churn = {
         let b = b.clone();
@@ -556,37 +569,62 @@ async fn late_subscribers_on_other_threads_see_replay_one_synced_then_live_event
             }
         })
     };
+    // Once the churn is over and the view shows the final bindings, the test sends them to the
+    // subscribers, who read on until their events describe them (then take what else is queued,
+    // so an extra event still fails the checks below). A quiet period is no sign of the end: a
+    // loaded machine can pause the churn for longer than any.
+    let (fin_tx, fin_rx) = tokio::sync::watch::channel(None::<BTreeMap<u64, String>>);
     let mut subs = Vec::new();
     for s in 0..6 {
         let v = view.clone();
         let p = a.pool.clone();
+        let mut fin_rx = fin_rx.clone();
         subs.push(tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(40 * s)).await;
             let (mut ev, mut all) = (v.events(), p.cluster_events());
             let mut got = Vec::new();
             let mut got_all = Vec::new();
-            // Read until quiet for a while after the churn ends.
-            while let Ok(Some(e)) = tokio::time::timeout(Duration::from_secs(3), ev.recv()).await {
-                got.push(e);
+            let b_part = |all: &[ClusterEvent]| {
+                all.iter()
+                    .filter(|e| e.cluster == Cluster::Remote("b".into()))
+                    .map(|e| e.event.clone())
+                    .collect::<Vec<_>>()
+            };
+            let shows = |events: &[Event], fin: &Option<BTreeMap<u64, String>>| {
+                let mut m = BTreeMap::new();
+                apply(&mut m, events);
+                fin.as_ref() == Some(&m)
+            };
+            loop {
+                let fin = fin_rx.borrow_and_update().clone();
+                if shows(&got, &fin) && shows(&b_part(&got_all), &fin) {
+                    break;
+                }
+                tokio::select! {
+                    e = ev.recv() => got.push(e.expect("view events open")),
+                    e = all.recv() => got_all.push(e.expect("cluster events open")),
+                    r = fin_rx.changed() => r.expect("the test sends the final bindings"),
+                    _ = tokio::time::sleep(Duration::from_secs(60)) => {
+                        panic!("no event for 60 s; view {got:?}; final {fin:?}")
+                    }
+                }
             }
-            while let Ok(Some(e)) =
-                tokio::time::timeout(Duration::from_millis(200), all.recv()).await
-            {
-                got_all.push(e);
-            }
+            got.extend(std::iter::from_fn(|| ev.try_recv()));
+            got_all.extend(std::iter::from_fn(|| all.try_recv()));
             (got, got_all)
         }));
     }
     churn.await.expect("churn");
-    let mut results = Vec::new();
-    for s in subs {
-        results.push(s.await.expect("subscriber"));
-    }
     let want = truth(&*b.store).await;
     eventually("view caught up", || {
         view.snapshot().into_iter().collect::<BTreeMap<_, _>>() == want
     })
     .await;
+    fin_tx.send_replace(Some(want.clone()));
+    let mut results = Vec::new();
+    for s in subs {
+        results.push(s.await.expect("subscriber"));
+    }
     let fin = want;
     for (got, got_all) in results {
         // Shape: Upserts (the replay), then exactly one Synced per listing (one here), then live

@@ -89,3 +89,16 @@ pub fn request(
     let body = serde_json::from_str(&text).unwrap_or(Value::Null);
     Ok(Resp { status, body, text, www_authenticate })
 }
+
+/// Fails with what to do if this process's soft open-files limit is below `n`: a test that holds
+/// many sockets (and the `serve` it starts, which inherits the limit and sizes its connection cap
+/// from it) would otherwise fail somewhere in the middle with "too many open files".
+/// `scripts/test.sh` raises the soft limit to the hard one.
+pub fn need_open_files(n: u64, what: &str) {
+    let limit = idalloc_server::limits::open_files_limit();
+    assert!(
+        limit.is_none_or(|l| l >= n),
+        "{what} needs an open-files limit of at least {n}, this process has {limit:?}: raise it \
+         (`ulimit -n {n}`, as scripts/test.sh does up to the hard limit)"
+    );
+}

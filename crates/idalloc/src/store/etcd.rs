@@ -1023,11 +1023,12 @@ mod tests {
     /// Nothing listens on the port: the store must not hang, and must say Unavailable.
     #[tokio::test]
     async fn unreachable_endpoint_is_unavailable_not_a_hang() {
-        // Find a port nobody listens on: bind, note it, close.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.port())
+        // A port nobody listens on, held by a socket bound to it but not listening (connections
+        // are refused), so that no other process can take it and listen there during the test.
+        let held = tokio::net::TcpSocket::new_v4()
+            .and_then(|s| s.bind(([127, 0, 0, 1], 0).into()).map(|()| s))
             .unwrap();
+        let port = held.local_addr().unwrap().port();
         let mut opts = EtcdOptions::new([format!("http://127.0.0.1:{port}")]);
         opts.connect_timeout = Duration::from_millis(200);
         opts.request_timeout = Duration::from_millis(500);
