@@ -465,6 +465,10 @@ impl Sim {
             // deletes in every seed (issue 19 item 8).
             fold_fences_above: i % 3,
             lazy_view: self.variant == Variant::LazyNodes && i >= FIRST_LAZY_NODE,
+            // Bulk admission (design notes) at its tightest on every other node: that node's
+            // batched calls and repairs queue behind one another, each holding the one slot
+            // through its timeouts and retries, while faults and the other nodes race them.
+            bulk_in_flight: if i % 2 == 0 { 1 } else { 2 },
             ..Default::default()
         };
         n.alloc = Some(Allocator::from_arc(n.fault.clone(), opts).expect("valid options"));
