@@ -724,7 +724,7 @@ impl Pool {
                 .zip(&results)
                 .filter_map(|(k, r)| r.as_ref().ok().map(|a| (*k, a.id)))
                 .collect();
-            self.until_cached_all(&bound, &[]).await;
+            self.until_cached(&bound, &[]).await;
             spread(results.into_iter().map(Some).collect(), &at, |a| Acquired {
                 id: a.id,
                 new: false,
@@ -770,7 +770,8 @@ impl Pool {
                 .collect();
             let args: Vec<(&str, u64)> = items.iter().map(|(_, a)| *a).collect();
             let holder = self.inner.holder.clone();
-            let results = self.inner.release_ref_many(&self.state, &args, &holder, false, Class::Bulk).await;
+            let results =
+                self.inner.release_ref_many(&self.state, &args, &holder, false, Class::Bulk).await;
             for ((d, (key, id)), r) in items.into_iter().zip(results) {
                 let r = match r {
                     Ok(r) => Ok(Released { held: true, reclaimed: r.reclaimed }),
@@ -842,7 +843,7 @@ impl Pool {
                 .filter(|(_, r)| r.as_ref().is_ok_and(|r| r.reclaimed))
                 .map(|((_, a), _)| *a)
                 .collect();
-            self.until_cached_all(&[], &freed).await;
+            self.until_cached(&[], &freed).await;
             for ((d, _), r) in items.into_iter().zip(results) {
                 out[d] = Some(r);
             }

@@ -138,7 +138,7 @@ impl Pool {
         let a = self.inner.bind(&self.state, key, Some(holder), lease, None).await?;
         // Read-your-writes, as for a durable reference: a client session's reference is not in
         // `held`, so the binding reaches the cache only through the watch.
-        self.until_cached_all(&[(key, a.id)], &[]).await;
+        self.until_cached(&[(key, a.id)], &[]).await;
         Ok(a)
     }
 
@@ -148,36 +148,24 @@ impl Pool {
         let _key = self.state.lock_key(key).await;
         let a =
             self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, None).await?;
-        self.until_cached(key, |now| now == Some(a.id)).await;
+        self.until_cached(&[(key, a.id)], &[]).await;
         Ok(a)
     }
 
-    /// Read-your-writes for durable references: waits, briefly and bounded (as
-    /// `Inner::wait_applied`: the request timeout, at most 500 ms), until the pool's cache shows
-    /// what this handle's write just did to `key`. A leased hold is in `held` at once, but a
-    /// durable one reaches the cache only through the store's watch, so `get` right after
-    /// `acquire_durable` answered `None` until the watch brought the write back (found under
-    /// paused time in a test; with real time it is a race lost by a caller that reads at once).
-    /// Waiting keeps the watch the cache's only writer (`sync.rs`). It costs one watch delay per
-    /// durable acquire or release on a followed pool; a pool opened lazily has no follower, and
-    /// its `get` reads its own keys differently (see [`Pool::get`]), so it does not wait. When the
-    /// bound passes (a follower cut off from the store), the write still stands: only the read
-    /// may lag, as before.
-    async fn until_cached(&self, key: &str, shows: impl Fn(Option<u64>) -> bool) {
-        if self.inner.view_unloaded(&self.state) {
-            return;
-        }
-        let mut applied = self.state.applied.subscribe();
-        let bound = self.inner.opts.request_timeout.min(std::time::Duration::from_millis(500));
-        let seen = |_: &_| shows(self.state.lock_cache().get(key));
-        let _ = tokio::time::timeout(bound, applied.wait_for(seen)).await;
-    }
-
-    /// [`Pool::until_cached`] for many keys of one call (a batch, or a client session's
-    /// acquire, whose reference is not in `held` either): waits, with the same bound, until the
-    /// cache shows every `(key, id)` of `bound` bound to `id` and no key of `freed` bound to its
-    /// old ID. Checked on each change the cache applies, under its lock once per check.
-    pub(super) async fn until_cached_all(&self, bound: &[(&str, u64)], freed: &[(&str, u64)]) {
+    /// Read-your-writes for references that are not in `held` (durable ones, and a client
+    /// session's): waits, briefly and bounded (as `Inner::wait_applied`: the request timeout, at
+    /// most 500 ms), until the pool's cache shows every `(key, id)` of `bound` bound to `id` and
+    /// no key of `freed` bound to its old ID, i.e. what this handle's call just did. A leased
+    /// hold of this process is in `held` at once, but these reach the cache only through the
+    /// store's watch, so `get` right after `acquire_durable` answered `None` until the watch
+    /// brought the write back (found under paused time in a test; with real time it is a race
+    /// lost by a caller that reads at once). Waiting keeps the watch the cache's only writer
+    /// (`sync.rs`). It costs one watch delay per call on a followed pool, checked on each change
+    /// the cache applies (under its lock once per check); a pool opened lazily has no follower,
+    /// and its `get` reads its own keys differently (see [`Pool::get`]), so it does not wait.
+    /// When the bound passes (a follower cut off from the store), the writes still stand: only
+    /// the read may lag, as before.
+    pub(super) async fn until_cached(&self, bound: &[(&str, u64)], freed: &[(&str, u64)]) {
         if (bound.is_empty() && freed.is_empty()) || self.inner.view_unloaded(&self.state) {
             return;
         }
@@ -316,7 +304,7 @@ impl Pool {
                 Some(id) => {
                     let r = self.inner.release_ref(&self.state, key, id, holder, true).await?;
                     if r.reclaimed {
-                        self.until_cached(key, |now| now != Some(id)).await;
+                        self.until_cached(&[], &[(key, id)]).await;
                     }
                     Ok(r)
                 }
