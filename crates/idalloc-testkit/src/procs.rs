@@ -44,19 +44,20 @@ pub fn open_fds(p: Proc) -> Option<u64> {
     u64::try_from(open(p)?.fd_count().ok()?).ok()
 }
 
+/// A child process killed and reaped however the test that started it ends (a failed assertion
+/// too), so that no test leaves a process behind.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A child killed and reaped however the test ends.
-    struct Reaped(std::process::Child);
-
-    impl Drop for Reaped {
-        fn drop(&mut self) {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
 
     #[test]
     fn memory_and_fds_of_this_process_and_of_a_child() {
@@ -78,12 +79,12 @@ mod tests {
                 .args(["-c", script])
                 .stdin(std::process::Stdio::null())
                 .spawn()
-                .map(Reaped)
+                .map(KillOnDrop)
                 .expect("sh")
         };
         let plain = sleep("exec 7<&- 8<&- 9<&-; exec sleep 300");
         let more = sleep("exec 7</dev/null 8</dev/null 9</dev/null; exec sleep 300");
-        let fds = |c: &Reaped| open_fds(Proc::Pid(c.0.id())).expect("a live child's fds");
+        let fds = |c: &KillOnDrop| open_fds(Proc::Pid(c.0.id())).expect("a live child's fds");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let (mut a, mut b) = (fds(&plain), fds(&more));
         while b != a + 3 && std::time::Instant::now() < deadline {

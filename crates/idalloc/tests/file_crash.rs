@@ -13,23 +13,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::{GetRequest, Store, TxnOp, TxnRequest};
+use idalloc_testkit::procs::KillOnDrop;
 
 const CHILD_ENV: &str = "IDALLOC_FILE_CRASH_CHILD";
 const TEST_NAME: &str = "acknowledged_txns_survive_sigkill_and_none_is_torn";
-
-/// Kills and reaps the child however the test ends.
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn txn_for(i: u64) -> TxnRequest {
     let v = i.to_string();
