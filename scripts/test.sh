@@ -154,6 +154,10 @@ cargo clippy --all-targets -- -D warnings
 # architecture). The self-test first: the check must be able to fail on planted cycles.
 python3 scripts/check-imports.py --self-test
 python3 scripts/check-imports.py
+# Docs, comments, test names and generated pages speak of the project, not of how it was built
+# (no work sessions, tracker numbers, branch names or team roles). Self-test first, as above.
+python3 scripts/check-words.py --self-test
+python3 scripts/check-words.py
 # The API docs build without broken or private links (the crate docs carry the guarantee map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # The model checker (docs/model-checking.md) with its output, so that the state
