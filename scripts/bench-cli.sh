@@ -2,7 +2,7 @@
 # Benchmark (not a test) of the idalloc CLI end to end: one `idalloc acquire` process (median of
 # RUNS runs, each a new key, process start to exit) and `acquire --from` of KEYS keys (keys per
 # second), on the file store and on etcd. etcd: $IDALLOC_BENCH_ETCD if set, else one started here on
-# free loopback ports and killed (by PID) at the end. Results go to stdout; docs/cli.md quotes them.
+# free loopback ports and killed (by PID) at the end. Results go to stdout; docs/guide/cli.md quotes them.
 #
 #   scripts/bench-cli.sh            # RUNS=50 KEYS=100000
 #   RUNS=20 KEYS=10000 scripts/bench-cli.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes the hand-made seed inputs of fuzz/corpus/<target>/ (docs/fuzzing.md).
+"""Writes the hand-made seed inputs of fuzz/corpus/<target>/ (docs/design/fuzzing.md).
 
 Seeds are named `seed-NN`; inputs that a fuzzer found failing are kept beside them as
 `crash-<what>` and are never rewritten by this script. Input formats are those of the property

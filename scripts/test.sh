@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's test command (README): installs etcd, protoc, python3 and prometheus if missing, starts ONE etcd on a
+# The project's test command (README): installs etcd, protoc, python3, prometheus and mdbook if missing, starts ONE etcd on a
 # free loopback port for the whole run, then runs fmt, clippy and every test of the workspace.
 # Extra arguments go to `cargo test`. Works non-interactively (CI=true, no terminal, as root).
 set -euo pipefail
@@ -47,6 +47,13 @@ if ! python3 -c 'import schemathesis' >/dev/null 2>&1 || ! command -v st >/dev/n
     # A system Python that PEP 668 marks as externally managed (Debian's) refuses a plain install.
     python3 -m pip install --quiet schemathesis \
         || python3 -m pip install --quiet --break-system-packages schemathesis
+fi
+# mdbook (crates.io): the book in docs/ (book.toml) is built below with warnings as errors. Only the
+# search feature: no `mdbook serve` or `watch` dependencies to compile.
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+if ! command -v mdbook >/dev/null 2>&1; then
+    echo "test.sh: installing mdbook (cargo install)" >&2
+    cargo install --locked --version 0.5.4 mdbook --no-default-features --features search
 fi
 
 # --- open files --------------------------------------------------------------------------------
@@ -158,9 +165,18 @@ python3 scripts/check-imports.py
 # (no work sessions, tracker numbers, branch names or team roles). Self-test first, as above.
 python3 scripts/check-words.py --self-test
 python3 scripts/check-words.py
+# The book (docs/, book.toml) builds with no warning, and every internal link and anchor of it and of
+# the README leads somewhere (mdbook checks neither anchors nor pages outside SUMMARY.md).
+python3 scripts/check-links.py --self-test
+python3 scripts/check-links.py
+book_log="$(mdbook build 2>&1)" || { echo "$book_log" >&2; exit 1; }
+if grep -E 'WARN|ERROR' <<<"$book_log" >&2; then
+    echo "test.sh: mdbook build printed warnings (above)" >&2
+    exit 1
+fi
 # The API docs build without broken or private links (the crate docs carry the guarantee map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-# The model checker (docs/model-checking.md) with its output, so that the state
+# The model checker (docs/design/model-checking.md) with its output, so that the state
 # counts and the sabotage traces are in the log. `--workspace` resolves features as the workspace
 # run below does, so nothing is compiled twice; that run leaves the model's crate out (its only
 # tests are these), so nothing runs twice either.

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A small idalloc client for Python, standard library only.
 
-Talks to `idalloc serve` (see docs/api.md). A Session holds IDs for as long as it is kept alive:
+Talks to `idalloc serve` (see docs/guide/api.md). A Session holds IDs for as long as it is kept alive:
 if this process dies, its references vanish after the session's TTL, exactly as they would for a
 process linking the Rust library.
 
@@ -13,7 +13,7 @@ process linking the Rust library.
         ...
         s.release("vni", "tenant-blue")
 
-A service run with --auth-tokens and TLS (docs/security.md) takes a bearer token and a CA file:
+A service run with --auth-tokens and TLS (docs/guide/security.md) takes a bearer token and a CA file:
 
     c = Client("https://idalloc.example:7379", token=open("/run/secrets/idalloc-token").read().strip(),
                cafile="/etc/idalloc/ca.crt")       # certfile/keyfile too when it wants a client cert

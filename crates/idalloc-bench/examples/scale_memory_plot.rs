@@ -1,8 +1,8 @@
-//! Draws `docs/scale-memory.svg`: peak resident memory per binding of the
-//! commands measured for docs/scale.md, against the pool's size, from a CSV of measurements.
+//! Draws `docs/benchmarks/scale-memory.svg`: peak resident memory per binding of the
+//! commands measured for docs/benchmarks/scale.md, against the pool's size, from a CSV of measurements.
 //!
 //! ```text
-//! cargo run --release -p idalloc-bench --example scale_memory_plot -- docs/scale-memory.csv docs/scale-memory.svg
+//! cargo run --release -p idalloc-bench --example scale_memory_plot -- docs/benchmarks/scale-memory.csv docs/benchmarks/scale-memory.svg
 //! ```
 //!
 //! CSV columns: `what,store,bindings,peak_kib` (a header line first). One bar per row: the peak

@@ -48,7 +48,7 @@ pub struct Shape {
 /// durable as `acquire --from` writes them, 8 requests in flight. A sweep over keys per txn (25 to
 /// 124, the most etcd's 128-op level budget allows with 4 compares per key), nesting (up to 800
 /// keys per request), hoisted shared compares and 1 to 64 requests in flight
-/// (`--ceiling-sweep`, docs/benchmarks-findings.md "Batching targets") found no shape faster
+/// (`--ceiling-sweep`, docs/benchmarks/findings.md "Batching targets") found no shape faster
 /// than this one beyond the run-to-run noise: past 2 to 8 requests in flight etcd's serial apply is
 /// the queue, and more keys per request save only its per-request cost (a few µs of etcd CPU per key).
 pub const CEILING: Shape = Shape {
@@ -181,7 +181,7 @@ fn won(responses: &[OpResponse], grouped: bool) -> usize {
         .sum()
 }
 
-/// Restart restoration (docs/batching.md) of `n` held keys on a fresh etcd: process A acquires
+/// Restart restoration (docs/design/batching.md) of `n` held keys on a fresh etcd: process A acquires
 /// them (leased), checkpoints `held()`, closes (its references go with its lease); process B opens
 /// the pool (timed separately: the initial sync) and re-acquires every key with its old ID as the
 /// hint in one `acquire_many_with_hints` call. Returns (restore seconds, sync seconds); every key

@@ -131,7 +131,7 @@ impl Counters {
     /// A `/metrics` read that fails (etcd busy past the read timeout under a storm) does not
     /// fail the sample: the sample says so ([`Counters::metrics_failed`]), the reason goes to
     /// the log, and the run goes on. It used to end the whole run, losing every phase measured
-    /// so far (a through-serve run at 100 agents, docs/scale.md). `Err` only if the sampling
+    /// so far (a through-serve run at 100 agents, docs/benchmarks/scale.md). `Err` only if the sampling
     /// task itself died.
     pub async fn read(m: &Meter) -> Result<Counters, String> {
         let host = m.endpoint.trim_start_matches("http://").trim_end_matches('/').to_string();

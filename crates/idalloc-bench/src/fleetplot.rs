@@ -1,7 +1,7 @@
-//! The fleet chart of docs/scale.md: time until all agents are synced
+//! The fleet chart of docs/benchmarks/scale.md: time until all agents are synced
 //! (cold start) and restored (restart storm) against the number of agents, one panel per pool
 //! size, one line per phase and mode (direct agents, agents through `serve`), with the 30 s
-//! target. Drawn from a CSV kept by hand (`docs/scale-fleet.csv`) rather than from one bench run:
+//! target. Drawn from a CSV kept by hand (`docs/benchmarks/scale-fleet.csv`) rather than from one bench run:
 //! the figures come from several `--fleet` runs (direct and through serve, by different people,
 //! each at its own load), and a series is added by adding its rows.
 //!
@@ -127,7 +127,7 @@ pub fn svg(title: &str, points: &[Point]) -> String {
     let failed: u64 = points.iter().map(|p| p.failed).sum();
     if failed > 0 {
         s.push_str(&format!(
-            "<text x=\"10\" y=\"{:.0}\" font-size=\"10\">Where agents gave up (docs/scale.md \
+            "<text x=\"10\" y=\"{:.0}\" font-size=\"10\">Where agents gave up (docs/benchmarks/scale.md \
              says how many), a point is the time of those that did not.</text>\n",
             ph + 50.0
         ));

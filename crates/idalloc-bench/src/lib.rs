@@ -1,7 +1,7 @@
 //! Protocol comparison harness: idalloc against the etcd ceiling and replicas of
 //! Cilium v1.6's and Contiv's allocator protocols, on the same etcd, in one run, plus in-process
-//! micro-benchmarks and scale figures. `main.rs` runs it and writes `docs/benchmarks.md` and
-//! `docs/benchmarks.svg`; `tests/quick.rs` runs the quick mode so the harness never rots.
+//! micro-benchmarks and scale figures. `main.rs` runs it and writes `docs/benchmarks/protocol.md` and
+//! `docs/benchmarks/protocol.svg`; `tests/quick.rs` runs the quick mode so the harness never rots.
 //!
 //! Every store scenario starts its own single-member etcd on 127.0.0.1 (fresh data dir per
 //! contender and scenario, so no contender inherits another's database), and every node counts

@@ -462,7 +462,7 @@ pub async fn sync_child(url: &str, page: i64, etcd_pid: &str) -> Result<(), Stri
     let store: Arc<dyn Store> = counting.clone();
     // `wait_synced` gives up after one request budget without listing progress; applying a
     // 1M-binding listing takes longer than the default budget (10 s × 2) on a loaded machine,
-    // so the budget is raised here (docs/scale.md says how long the apply took).
+    // so the budget is raised here (docs/benchmarks/scale.md says how long the apply took).
     let opts = AllocatorOptions {
         list_page: page,
         request_timeout: Duration::from_secs(120),
@@ -596,7 +596,7 @@ pub async fn etcd_scale(
     // at once and then walks every revision in the background (batches of 1,000, a commit and a
     // 10 ms pause each: 1 min 46 s at 1M bindings on the loaded machine); a sync measured during
     // that walk paid for it (etcd's CPU during the sync 24.2 s against 9.4 s for the same listing
-    // after it, docs/scale.md).
+    // after it, docs/benchmarks/scale.md).
     etcd.etcdctl(&["compaction", &rev.to_string(), "--physical"])?;
     let db_bytes_defrag = if db_bytes < DEFRAG_MAX {
         etcd.etcdctl(&["defrag"])?;
@@ -661,7 +661,7 @@ fn load_average() -> String {
         .unwrap_or_else(|_| "unknown".into())
 }
 
-/// The Markdown of a scale run (sections of docs/scale.md).
+/// The Markdown of a scale run (sections of docs/benchmarks/scale.md).
 pub fn markdown(
     cache: &[CacheMemory],
     etcd: &[EtcdScale],

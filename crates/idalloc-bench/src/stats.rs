@@ -183,7 +183,7 @@ mod tests {
 /// Where the CPU of one bulk run went: the client process and the etcd server, in seconds, over
 /// `wall` seconds for `keys` keys. The batching targets are ratios against etcd ceilings, and on a
 /// 2-core machine the client and etcd share the cores, so the client's CPU per key is what a
-/// missed ratio is made of (docs/benchmarks-batching.md).
+/// missed ratio is made of (docs/benchmarks/batching.md).
 #[derive(Clone, Debug, Default)]
 pub struct CpuSplit {
     pub keys: usize,

@@ -6,7 +6,7 @@
 //!
 //! The test itself (`tests/chaos_etcd.rs`) starts a 3-member etcd cluster and several
 //! `chaos-client` processes (`src/bin/chaos_client.rs`), injects faults, and then runs these
-//! checks on what the clients recorded. See `docs/chaos.md`.
+//! checks on what the clients recorded. See `docs/design/chaos.md`.
 
 pub mod delay;
 pub mod history;

@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn phantom_reference_fails() {
         // Released twice with "held" and no acquire between: a reference came back from nowhere
-        // (a late commit of an acquire's timed-out first attempt, docs/chaos.md).
+        // (a late commit of an acquire's timed-out first attempt, docs/design/chaos.md).
         assert!(!ok(&[
             acq(1, 5, true, 0, 1),
             acq(2, 5, false, 2, 3),

@@ -1,5 +1,5 @@
 //! A private network of hosts in Linux network namespaces, for the network-namespace chaos test
-//! (`tests/chaos_netns.rs`, docs/chaos.md "Network nemeses").
+//! (`tests/chaos_netns.rs`, docs/design/chaos.md "Network nemeses").
 //!
 //! Every host is a namespace of its own with one veth interface on `10.231.0.0/24`; the other
 //! ends of the veth pairs sit on a bridge in one more namespace (the switch). Nothing is created

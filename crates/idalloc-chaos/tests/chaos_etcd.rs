@@ -1,4 +1,4 @@
-//! Chaos on a real 3-member etcd cluster (docs/chaos.md).
+//! Chaos on a real 3-member etcd cluster (docs/design/chaos.md).
 //!
 //! Several `chaos-client` processes (one holder each) acquire and release durable references on a
 //! small shared key set while this test kills (SIGKILL) and restarts etcd members one at a time —
@@ -17,7 +17,7 @@
 //!
 //! Member pauses alternate, pass by pass of the fault cycle, between shorter and longer than the
 //! clients' request timeout (DESIGN §11: a request frozen in a paused member is retried elsewhere and
-//! applied late). `CHAOS_SECS` sets the chaos duration (default 60; docs/chaos.md has the long run),
+//! applied late). `CHAOS_SECS` sets the chaos duration (default 60; docs/design/chaos.md has the long run),
 //! `CHAOS_PAUSE_MAX_MS` the longest pause.
 //!
 //! The same run, shorter (`CHAOS_SECURE_SECS`, default 20), on a locked-down etcd: one

@@ -1,6 +1,6 @@
-//! The soak run (docs/chaos.md "Soak"): steady load with faults for
+//! The soak run (docs/design/chaos.md "Soak"): steady load with faults for
 //! `IDALLOC_SOAK_SECS` (default 120, CI's version; the hour-long run's figures are in
-//! docs/chaos.md), sampling every `IDALLOC_SOAK_SAMPLE_SECS` (default: a 60th of the run, 2–60 s)
+//! docs/design/chaos.md), sampling every `IDALLOC_SOAK_SAMPLE_SECS` (default: a 60th of the run, 2–60 s)
 //! what every process it started holds, and failing on growth and on any violation.
 //!
 //! Load and faults: the chaos test's run (`common::run_chaos_with`) on a 3-member loopback etcd

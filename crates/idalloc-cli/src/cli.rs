@@ -16,7 +16,7 @@ credentials, permissions; pool exhausted, spec mismatch, conflict); 2 invalid in
 Errors go to stderr as one line starting with 'error: '.
 
 --json gives one JSON document on stdout (JSON lines for `watch` and `acquire --from`); the shapes
-are listed in docs/cli.md and in each command's --help.
+are listed in docs/guide/cli.md and in each command's --help.
 
 Examples:
   idalloc pool create vni --range 4096-16777215
@@ -121,7 +121,7 @@ Examples:
 JSON: {\"pool\":\"vni\",\"key\":\"tenant-blue\",\"id\":4242}
 
 With --remote NAME=URL (repeatable): one CLUSTER<TAB>ID line per cluster where KEY has an ID
-(local first); JSON adds \"clusters\":[{\"cluster\":\"local\",\"id\":4242},...]. See docs/multi-cluster.md.
+(local first); JSON adds \"clusters\":[{\"cluster\":\"local\",\"id\":4242},...]. See docs/guide/multi-cluster.md.
 
 Example:
   idalloc get vni tenant-blue
@@ -226,9 +226,9 @@ Example:
 Listens on 127.0.0.1:7379 unless --listen says otherwise (never on all interfaces unless asked).
 Sweeps every pool of the store in the background. On SIGTERM/SIGINT it refuses new requests with
 503, lets in-flight ones finish (up to --drain-timeout) and exits 0; client sessions are not ended,
-their leases run out on their own TTL unless a client renews them elsewhere. API: docs/api.md.
+their leases run out on their own TTL unless a client renews them elsewhere. API: docs/guide/api.md.
 
-Security (docs/security.md): --tls-cert/--tls-key serve HTTPS; --client-ca requires client
+Security (docs/guide/security.md): --tls-cert/--tls-key serve HTTPS; --client-ca requires client
 certificates; --auth-tokens requires a bearer token of a named client whose scope (read, allocate,
 admin) covers the endpoint, and namespaces its durable holders by its name. A non-loopback --listen
 is refused without TLS and one of --client-ca/--auth-tokens, unless --insecure-listen.
@@ -244,7 +244,7 @@ Examples:
     /// Print a completion script for SHELL (bash, zsh or fish) on stdout. Needs no store.
     #[command(after_help = "\
 Generated from the same definitions as the parser, so it knows every command and flag of this
-build. Installed by nothing. Examples, installing for one user (docs/cli.md has more):
+build. Installed by nothing. Examples, installing for one user (docs/guide/cli.md has more):
   idalloc completions bash > ~/.local/share/bash-completion/completions/idalloc
   idalloc completions zsh  > ~/.zfunc/_idalloc      # with fpath+=(~/.zfunc) before compinit
   idalloc completions fish > ~/.config/fish/completions/idalloc.fish")]
@@ -253,7 +253,7 @@ build. Installed by nothing. Examples, installing for one user (docs/cli.md has 
     /// Print the man page (roff) on stdout, or with --dir write one page per command there.
     /// Needs no store.
     #[command(after_help = "\
-Generated from the same definitions as --help. Installed by nothing. Examples (docs/cli.md):
+Generated from the same definitions as --help. Installed by nothing. Examples (docs/guide/cli.md):
   idalloc man --dir /usr/local/share/man/man1      # idalloc.1, idalloc-acquire.1, ...
   idalloc man | man -l -                           # read it without installing")]
     Man(ManArgs),
@@ -323,7 +323,7 @@ pub struct ServeArgs {
     pub client_ca: Option<PathBuf>,
     /// Bearer tokens of named clients with scopes (read, allocate, admin), one
     /// `NAME SCOPE sha256:HEX|file:PATH` per line; every endpoint but /healthz and /readyz then
-    /// needs a token. See docs/security.md.
+    /// needs a token. See docs/guide/security.md.
     #[arg(long, env = "IDALLOC_AUTH_TOKENS", value_name = "FILE")]
     pub auth_tokens: Option<PathBuf>,
     /// Allow --listen on a non-loopback address without TLS and client authentication (tokens or
@@ -467,7 +467,7 @@ pub struct AcquireArgs {
     pub range: Option<IdRange>,
     /// Batches of keys (up to 100 keys, one store request each) in flight at once with --from.
     /// etcd applies requests one at a time, so more only queue there: 8 was as fast as 64 in the
-    /// benchmark (docs/benchmarks-findings.md, "Batching targets"), and 64 × 100 queued keys came
+    /// benchmark (docs/benchmarks/findings.md, "Batching targets"), and 64 × 100 queued keys came
     /// near the request timeout on a loaded etcd.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=4096))]
     pub concurrency: u16,

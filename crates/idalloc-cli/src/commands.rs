@@ -141,7 +141,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
 }
 
 /// Commands that open their pool lazily, never listing it unless they need to
-/// (docs/design-notes.md): those that touch one key or ID, `list` (which streams the
+/// (docs/design/lazy-binds.md): those that touch one key or ID, `list` (which streams the
 /// store's records, not the view), `gc` (which reads the records it sweeps), and `acquire --from`, whose
 /// batches guess candidates in a `random` pool as a lone acquire does (so its memory does not
 /// grow with the pool it fills; a `lowest` pool still loads the view). `release --from` and
@@ -157,7 +157,7 @@ fn one_key(command: &Command) -> bool {
         Command::List(a) => !a.remote.any(),
         // A sweep reads the pool's records itself and decides from them alone; a listed view
         // would be a second whole read of the pool, running beside it for nothing (half of
-        // `gc`'s CPU at 1M bindings; docs/scale.md, "Linear cost, quiet").
+        // `gc`'s CPU at 1M bindings; docs/benchmarks/scale.md, "Linear cost, quiet").
         Command::Gc(_) => true,
         _ => false,
     }

@@ -1,6 +1,6 @@
 //! Shell completions and man pages, generated from the clap definitions the
 //! parser itself uses (`Cli::command()`), so they cannot drift from the commands: a new command
-//! or flag shows up in both with no second list to keep. Nothing installs them; docs/cli.md and
+//! or flag shows up in both with no second list to keep. Nothing installs them; docs/guide/cli.md and
 //! each command's --help say where they go.
 
 use std::path::Path;

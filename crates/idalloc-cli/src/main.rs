@@ -1,5 +1,5 @@
 //! `idalloc`: the command-line front of the idalloc library. See `idalloc --help` and
-//! docs/cli.md.
+//! docs/guide/cli.md.
 
 #![forbid(unsafe_code)]
 

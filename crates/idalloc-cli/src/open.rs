@@ -86,7 +86,7 @@ pub async fn open_store_bounded(
                      (--lock-timeout); retry, or raise --lock-timeout",
                     waited.as_secs_f64()
                 ))),
-                // A damaged file, not a store, or a newer format: exit 4 (docs/cli.md), like
+                // A damaged file, not a store, or a newer format: exit 4 (docs/guide/cli.md), like
                 // corrupt records, since a person must look at it; the message names the file.
                 Err(e @ StoreError::Corrupt { .. }) => Err(Failure {
                     code: crate::fail::CORRUPT,

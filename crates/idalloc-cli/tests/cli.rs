@@ -984,7 +984,7 @@ fn etcd_check_finds_and_repairs() {
 /// Deployment B at `--prefix pa/data/vni` lives inside A's (`pa`) pool `vni`.
 /// A's `pool delete vni --force` used to wipe all of B. Both directions are refused now: B's
 /// commands refuse a prefix inside A's; A's delete refuses to touch B's records.
-/// The setup docs/multi-cluster.md recommends (prefix bits, idle grace) is
+/// The setup docs/guide/multi-cluster.md recommends (prefix bits, idle grace) is
 /// healthy after an acquire and a release: `check` finds nothing (it compares IDs without their
 /// prefix), `--repair` removes nothing, and the key comes back inside its grace to the same ID. A
 /// tombstone in a prefixed pool with a reuse delay survives `--repair` too (G5).

@@ -1,5 +1,5 @@
 //! A damaged store file: every command that opens it exits 4 with one `error:`
-//! line naming the file (docs/cli.md, exit codes), and nothing panics (G6).
+//! line naming the file (docs/guide/cli.md, exit codes), and nothing panics (G6).
 //!
 //! The patterns are 8-byte writes found by corrupting the store below at random offsets (seeded)
 //! and running `idalloc list`. Before the fix, the ones marked `panic` made redb 4.6 panic while

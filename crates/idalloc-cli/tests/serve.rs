@@ -144,7 +144,7 @@ fn every_endpoint(s: &Serve) {
     assert!(!ids.contains(&blue) && ids.iter().all(|id| !(5..=9).contains(id)), "{ids:?}");
 
     // Reads: cached and consistent, by key (with a '/') and by ID. A durable reference is not
-    // held by the service's process, so its cached read follows the watch (docs/api.md): it may
+    // held by the service's process, so its cached read follows the watch (docs/guide/api.md): it may
     // lag the acquire by the watch delay, and must converge within a bound.
     let g = get_until(s, "/v1/pools/vni/keys/tenant/blue", |r| r.status == 200).ok();
     assert_eq!(g["id"].as_u64(), Some(blue));

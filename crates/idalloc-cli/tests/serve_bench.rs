@@ -1,7 +1,7 @@
 //! The HTTP-vs-library benchmark (`idalloc-bench --serve-only`) runs end to end in a tiny size, so
 //! the harness never rots: the real `serve` binary of this build on a private etcd, both sides do
 //! their operations without failures, and the cached lookups answer. Speed is not asserted here
-//! (figures come from release builds, docs/benchmarks-serve.md).
+//! (figures come from release builds, docs/benchmarks/serve.md).
 
 use std::path::Path;
 use std::time::Duration;

@@ -92,7 +92,7 @@ fn the_openapi_document_holds_under_schemathesis_with_and_without_tokens() {
     fuzz(st, &locked, Some(token), dir.path());
 }
 
-/// `printf %s TOKEN | sha256sum`, as docs/security.md tells operators.
+/// `printf %s TOKEN | sha256sum`, as docs/guide/security.md tells operators.
 fn ring_free_sha256(token: &str) -> String {
     use std::io::Write;
     let mut child = Command::new("sha256sum")

@@ -192,7 +192,7 @@ fn mutual_tls_refuses_clients_without_a_certificate_of_the_client_ca() {
 }
 
 fn sha256_hex(token: &str) -> String {
-    // As docs/security.md tells operators: `printf %s TOKEN | sha256sum`.
+    // As docs/guide/security.md tells operators: `printf %s TOKEN | sha256sum`.
     let mut child = Command::new("sha256sum")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())

@@ -1,4 +1,4 @@
-//! The service's request and answer bodies (docs/api.md): the wire types of `idalloc-wire`,
+//! The service's request and answer bodies (docs/guide/api.md): the wire types of `idalloc-wire`,
 //! which the service itself uses, and the client's conversion of a spec body to and from the
 //! library's spec (validated by the library, so a spec the service shows is checked here too).
 

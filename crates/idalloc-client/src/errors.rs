@@ -1,4 +1,4 @@
-//! The service's errors (`{"kind","message"}` with a status, docs/api.md) as the library's
+//! The service's errors (`{"kind","message"}` with a status, docs/guide/api.md) as the library's
 //! [`idalloc::Error`], so that code written against the library ports over: the same variants
 //! where the service's kind has one, and retryable exactly when the library's would be.
 //!
@@ -60,7 +60,7 @@ pub fn from_answer(status: u16, body: Option<ApiError>, cx: &Context<'_>) -> Err
             format!("{message}; open a new session"),
         ),
         kind::HOLDER_RESERVED => Error::invalid(Input::Holder, "holder", "", message),
-        // 409 invalid_input is the library's `PoolInUse` (docs/api.md); 400 is the request.
+        // 409 invalid_input is the library's `PoolInUse` (docs/guide/api.md); 400 is the request.
         kind::INVALID_INPUT if status == 409 => {
             Error::invalid(Input::PoolInUse, "pool to delete", pool(), message)
         }

@@ -1,4 +1,4 @@
-//! A Rust client for `idalloc serve` (docs/api.md) with the library's [`idalloc::Pool`] API, for
+//! A Rust client for `idalloc serve` (docs/guide/api.md) with the library's [`idalloc::Pool`] API, for
 //! agents that should not each load etcd: N agents cost etcd one watch per pool
 //! per `serve` replica, the way Kubernetes puts its API server in front of etcd.
 //!

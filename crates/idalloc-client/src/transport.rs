@@ -6,7 +6,7 @@
 //! (`unavailable`, `overloaded`, or a proxy's 502/503/504), 429 `rate_limited` (not before its
 //! `Retry-After`) and 409 `pool_replaced` (the service re-opens the pool). Every call the client
 //! makes is safe to repeat: acquire is idempotent per holder and per session, a repeated release
-//! answers `held: false`, pool create is idempotent for an equal spec (docs/api.md, "A write
+//! answers `held: false`, pool create is idempotent for an equal spec (docs/guide/api.md, "A write
 //! answered 503 may have been applied"). Nothing else is retried: `quota_exceeded`,
 //! `access_denied`, 4xx input errors, `exhausted`, `corrupt`, `internal`.
 //!

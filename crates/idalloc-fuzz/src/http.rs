@@ -5,7 +5,7 @@
 //! Properties: no body makes the service answer 5xx or panic; every refusal is a JSON error with
 //! a `kind` and a `message`; a pool created from a body is shown with the same spec; an acquire
 //! answered 200 gives each requested key an ID, and the key then has that ID (read with
-//! `?consistent=true`: the cached read may lag a write by the watch delay, docs/api.md).
+//! `?consistent=true`: the cached read may lag a write by the watch delay, docs/guide/api.md).
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The fuzz properties on stable Rust, as CI runs them (docs/fuzzing.md): each target's stored
+//! The fuzz properties on stable Rust, as CI runs them (docs/design/fuzzing.md): each target's stored
 //! corpus (`fuzz/corpus/<target>/`, seeds and every input that ever failed) replayed, then a
 //! bounded number of `proptest` cases from a fixed seed, so a run is repeatable and takes seconds.
 //! cargo-fuzz (nightly) runs the same functions coverage-guided.

@@ -1,5 +1,5 @@
 //! The explicit state machine: the store, the processes, the network, and the events that move
-//! them (see docs/model-checking.md for what is modelled and what is abstracted).
+//! them (see docs/design/model-checking.md for what is modelled and what is abstracted).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -77,7 +77,7 @@ pub struct Scope {
 }
 
 impl Default for Scope {
-    /// The CI scope (about 51,000 states; docs/model-checking.md has the wider ones).
+    /// The CI scope (about 51,000 states; docs/design/model-checking.md has the wider ones).
     fn default() -> Self {
         Scope {
             procs: 2,

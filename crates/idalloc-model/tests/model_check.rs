@@ -1,4 +1,4 @@
-//! The model checker in CI (docs/model-checking.md): every state of the CI scope
+//! The model checker in CI (docs/design/model-checking.md): every state of the CI scope
 //! satisfies G1–G3, every quiescent one G4; each sabotage of the protocol is found, with a
 //! shortest trace. `scripts/test.sh` runs this file with `--nocapture` so the state counts are
 //! in the log. `MODEL_SCOPE=wide` widens the clean run (see the docs for its figures).

@@ -6,7 +6,7 @@
 //! certificates are generated with `rcgen` into the server's temporary directory, which is
 //! removed (after the process is killed by its PID) when the [`SecureEtcd`] is dropped.
 //!
-//! The auth setup is the one docs/security.md tells operators to make: a `root` user (required by
+//! The auth setup is the one docs/guide/security.md tells operators to make: a `root` user (required by
 //! `auth enable`), and an `idalloc` user whose role `idalloc` has readwrite on
 //! [`SecureEtcd::PREFIX`] only.
 

@@ -1,4 +1,4 @@
-//! The body of every error answer, and the error kinds the service sends (docs/api.md, the
+//! The body of every error answer, and the error kinds the service sends (docs/guide/api.md, the
 //! table under "Conventions"; `kind` in the OpenAPI document's `Error` schema).
 
 use serde::{Deserialize, Serialize};
@@ -39,7 +39,7 @@ pub mod kind {
     pub const INTERNAL: &str = "internal";
     /// A request the service gave up on (the status of a layer's timeout).
     pub const TIMEOUT: &str = "timeout";
-    /// Only in a watch stream's last `error` event: the stream fell behind (docs/api.md, Watch).
+    /// Only in a watch stream's last `error` event: the stream fell behind (docs/guide/api.md, Watch).
     pub const LAGGED: &str = "lagged";
 
     /// Every kind an error answer may carry (not [`LAGGED`], which is only an event's).

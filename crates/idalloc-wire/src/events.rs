@@ -1,5 +1,5 @@
 //! The data of the watch stream's Server-Sent Events (`GET /v1/pools/{pool}/watch`,
-//! docs/api.md "Watch"). The event's name says which type its data is: `upsert` and `delete`
+//! docs/guide/api.md "Watch"). The event's name says which type its data is: `upsert` and `delete`
 //! carry a [`Change`], `synced` a [`Synced`], `error` an [`ErrorEvent`].
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! The JSON bodies of `idalloc serve`'s `/v1` API (docs/api.md), as one set of types for both
+//! The JSON bodies of `idalloc serve`'s `/v1` API (docs/guide/api.md), as one set of types for both
 //! sides: the service (`idalloc-server`) writes and reads them, the Rust client
 //! (`idalloc-client`) reads and writes them. Before this crate the client re-declared them, and
 //! nothing but the end-to-end tests noticed when the two drifted apart.
@@ -15,7 +15,7 @@
 //! used to build with `serde_json::json!` came out with their keys sorted (serde_json's map is
 //! ordered by key), so those types declare their fields in alphabetical order; the ones it always
 //! serialized from structs keep their order. The JSON of every type is pinned by `tests/golden.rs`
-//! against the strings docs/api.md shows.
+//! against the strings docs/guide/api.md shows.
 //!
 //! [`idalloc`'s `PoolSpec`]: https://docs.rs/idalloc
 

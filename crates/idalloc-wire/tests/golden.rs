@@ -1,4 +1,4 @@
-//! Every wire type against the exact JSON the service sends (docs/api.md's shapes, with the keys
+//! Every wire type against the exact JSON the service sends (docs/guide/api.md's shapes, with the keys
 //! in the order the service writes them): parsed, then written back byte for byte. For the
 //! answers the service used to build with `json!`, the value built that way must be the same JSON
 //! (the same fields, names and values), so moving the service onto these types changed nothing a
@@ -133,7 +133,7 @@ fn sessions_health_and_readiness() {
 
 #[test]
 fn watch_events() {
-    // docs/api.md's example stream.
+    // docs/guide/api.md's example stream.
     let c: Change = round_trip(r#"{"id":4242,"key":"tenant-blue","revision":17}"#);
     same_as_json(&c, json!({"id": 4242, "key": "tenant-blue", "revision": 17}));
     let s: Synced = round_trip(r#"{"bindings":1,"revision":17}"#);

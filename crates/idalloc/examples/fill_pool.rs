@@ -1,5 +1,5 @@
 //! Fills a pool on etcd (or in a store file) with N durable bindings quickly, for the scale
-//! measurements of docs/scale.md ("One key"): creates the pool through the library, then writes
+//! measurements of docs/benchmarks/scale.md ("One key"): creates the pool through the library, then writes
 //! each binding's exact records (`id/<ID>` bound to the key, `key/<key>` naming the ID,
 //! `ref/<key>/<holder>`) in large txns, several in flight. The keys are 40 bytes. The IDs are
 //! spread evenly over the range (a `random` pool at that fill), or with `--strategy lowest` packed

@@ -8,7 +8,7 @@
 //! ```
 //!
 //! Starts its own etcd on loopback (needs `etcd` on `PATH`) unless `--stores` leaves it out. To
-//! compare another store, add one line to `stores` in `main`. Prints a Markdown table (figures go to docs/store-benchmarks.md).
+//! compare another store, add one line to `stores` in `main`. Prints a Markdown table (figures go to docs/benchmarks/store.md).
 //! This is a benchmark, not a test: it asserts only that every txn succeeded.
 
 use std::sync::Arc;

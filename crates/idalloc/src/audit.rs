@@ -751,7 +751,7 @@ mod tests {
         assert_eq!(plan(cx(&l, &s), &sn, &Finding::UnreadableIdValue { id: 1 }), None);
     }
 
-    /// The setup docs/multi-cluster.md recommends: prefix bits, idle grace, reuse delay.
+    /// The setup docs/guide/multi-cluster.md recommends: prefix bits, idle grace, reuse delay.
     fn prefixed() -> PoolSpec {
         PoolSpec::new(P, 1, 65535)
             .reserve(50..=50)

@@ -26,7 +26,7 @@
 //! record's value).
 //!
 //! The price is one more dependent load per lookup than before: `get` reads a control byte, a
-//! position, then the record; `key_of` the same. Measured in docs/scale.md ("Cache memory").
+//! position, then the record; `key_of` the same. Measured in docs/benchmarks/scale.md ("Cache memory").
 //!
 //! If the store binds one key to two IDs (only after data loss, DESIGN §7), `get` answers the
 //! newest binding; the older one moves to a side map (`shadowed`), empty in normal operation.
@@ -37,7 +37,7 @@ use std::hash::BuildHasher;
 use hashbrown::HashTable;
 
 /// foldhash (hashbrown's default, per-process random seed): hashing the key is a large part of a
-/// cached `get`, and SipHash was several times slower (docs/benchmarks-findings.md).
+/// cached `get`, and SipHash was several times slower (docs/benchmarks/findings.md).
 type Hasher = foldhash::fast::RandomState;
 
 /// Dead bytes below this never trigger a compaction (small caches do not churn their arena).

@@ -185,7 +185,7 @@ impl Layout {
     /// `P/data/p/holder/<enc(h)>`: holder `h`'s fence record in pool `p`. Its mod revision is
     /// bumped by releases of `h`, and every create or join of `h` requires it unchanged since a
     /// revision `h` had seen before sending, so a bind that the store applies late (after `h`
-    /// released the key again) fails (docs/design-notes.md, "Late commits").
+    /// released the key again) fails (docs/design/fences.md, "Late commits").
     pub fn holder_key(&self, pool: &str, holder: &str) -> Vec<u8> {
         let mut s = format!("{}/data/{pool}/holder/", self.prefix);
         enc_into(&mut s, holder);
@@ -196,7 +196,7 @@ impl Layout {
     /// it (deletes them all and puts this record, in one txn), and every create or join with a
     /// holder requires it unchanged since the sender's seen revision, as it requires the holder's
     /// own record: a bind decided before a fold and applied after it fails, whatever record the
-    /// fold removed (docs/design-notes.md). Outside `holder/`, so the fold's range
+    /// fold removed (docs/design/fences.md). Outside `holder/`, so the fold's range
     /// delete and its put never touch one key twice.
     pub fn fence_floor_key(&self, pool: &str) -> Vec<u8> {
         format!("{}/data/{pool}/fence", self.prefix).into_bytes()

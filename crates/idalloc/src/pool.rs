@@ -202,7 +202,7 @@ pub fn validate_key_bytes(key: &[u8]) -> Result<&str> {
 /// Why: a holder's fence record (`holder/<h>`) is keyed by the name alone, so a durable holder
 /// named like a process's leased holder shares that process's record; a leased release of an
 /// in-doubt key can put the record on the session lease, where it vanishes with the lease without
-/// raising the pool's floor (docs/design-notes.md). Keeping the two kinds of
+/// raising the pool's floor (docs/design/protocol.md). Keeping the two kinds of
 /// names apart closes that without changing the store's layout.
 pub const LEASED_HOLDER_PREFIX: &str = "lease:";
 

@@ -216,7 +216,7 @@ impl BindPlan {
     ///   release rewrites or deletes it, so a join the store applies late fails;
     /// - with a holder, the holder's fence record is unchanged since `seen`: releases of that
     ///   holder bump it, so a create applied late — after the key's last release deleted every
-    ///   record it compares — fails too (docs/design-notes.md, "Late commits"); and so is the
+    ///   record it compares — fails too (docs/design/fences.md, "Late commits"); and so is the
     ///   pool's fence floor, which a fold of the holder records bumps (see `fold_fences_txn`).
     ///
     /// The else branch reads back the key and ID records (and the moved-from ID, the spec and the

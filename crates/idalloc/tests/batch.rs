@@ -276,7 +276,7 @@ async fn pool_deleted_mid_batch_stops_the_rest(backend: Backend) {
     assert!(matches!(a.pool("p").await, Err(Error::PoolNotFound { .. })));
 }
 
-/// A restart of docs/batching.md, up to the restore: process "node" acquires `n` keys of a pool
+/// A restart of docs/design/batching.md, up to the restore: process "node" acquires `n` keys of a pool
 /// with `spec` and checkpoints `held()`, dies (its references go with its session), "other"
 /// sweeps the bindings, a key "intruder" takes the old ID of checkpoint entry `moved` (a free ID
 /// now), and "node" restarts on a counting store and syncs until it sees the intruder.
@@ -344,7 +344,7 @@ impl Restarted {
     }
 }
 
-/// Restart restoration (docs/batching.md): a process checkpoints `held()`, dies, its bindings are
+/// Restart restoration (docs/design/batching.md): a process checkpoints `held()`, dies, its bindings are
 /// reclaimed, and the restarted process re-acquires every key in one batched pass with its old ID
 /// as the hint: the same IDs where still free, a normal pick where another key took the ID.
 async fn restart_restores_held_keys_with_their_ids_in_one_pass(backend: Backend) {

@@ -1,4 +1,4 @@
-//! Bulk admission (docs/design-notes.md, "Bulk admission"): the txns of many-key calls
+//! Bulk admission (docs/design/bulk-admission.md, "Bulk admission"): the txns of many-key calls
 //! (`acquire_many`, `release_many` and their forms) of one allocator go to the store at most
 //! `AllocatorOptions::bulk_in_flight` at a time and the rest wait in the process, while a
 //! single-key call never waits for them. Why it matters: the store applies txns in arrival order,

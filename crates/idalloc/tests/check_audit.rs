@@ -29,7 +29,7 @@ async fn check_of_a_prefixed_pool_finds_nothing_and_repair_keeps_idle_keys_and_t
     let store = Arc::new(EmbeddedStore::memory());
     let l = layout();
     let a = allocator(store.clone(), "node-a");
-    // The setup docs/multi-cluster.md recommends, and a pool whose reclaims leave tombstones.
+    // The setup docs/guide/multi-cluster.md recommends, and a pool whose reclaims leave tombstones.
     let ids = PoolSpec::new("ids", 1, 65535).prefix(0x10000).idle_grace(HOUR);
     let quar = PoolSpec::new("quar", 1, 65535).prefix(0x20000).reuse_delay(HOUR);
     let pi = a.ensure_pool(&ids).await.unwrap();

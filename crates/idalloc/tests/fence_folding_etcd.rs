@@ -4,7 +4,7 @@
 //! §11) and a sweeper folds fence records above a small threshold. Afterwards: nothing leaked (no
 //! reference, no binding: every late create failed its fences, the fold's floor included), G1 holds,
 //! and the fence records left are at most the threshold, plus the one floor, instead of one per
-//! name (docs/design-notes.md).
+//! name (docs/design/fences.md).
 //!
 //! Why here and not in `idalloc-chaos`: that crate's run drives separate client processes whose
 //! histories a linearizability checker replays per key; this property is about record counts, not

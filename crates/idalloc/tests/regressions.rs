@@ -1,4 +1,4 @@
-//! Regression tests for bugs the chaos test on a real etcd cluster found (docs/chaos.md). Each is
+//! Regression tests for bugs the chaos test on a real etcd cluster found (docs/design/chaos.md). Each is
 //! named after its bug and reproduces it deterministically on the embedded store.
 //! DESIGN §11 (late commits, pool lifetime), §7 (recovery), G1/G2/G4.
 
@@ -61,7 +61,7 @@ async fn durable_release_with_a_stale_cache_still_reclaims() {
     wait_until(|| pb.get("k").is_none()).await;
 }
 
-/// Found by simulation seed 30 (docs/simulation.md): a node whose cache still showed an ID under
+/// Found by simulation seed 30 (docs/design/simulation.md): a node whose cache still showed an ID under
 /// the key it used to belong to moved a key that another node had just bound to that ID onto a
 /// second ID, leaving two ID records for one key (G1) and the other holders with a `Conflict`
 /// without any data loss. Bites with both defences removed (the bind trusting a cached "not ours",

@@ -5,7 +5,7 @@
 //! reads the raw store and every allocator's answers and checks G1, G2, G3, G5 and G6; at the end,
 //! after releasing and closing everything and letting time pass, G4.
 //!
-//! Commands (see `docs/simulation.md`):
+//! Commands (see `docs/design/simulation.md`):
 //! - CI: `cargo test -p idalloc --test simulation` (500 seeds, `SIM_SEEDS` to change);
 //! - one seed: `SEED=1234 cargo test -p idalloc --test simulation -- --nocapture simulation_seeds`;
 //! - long batch: `SIM_SEEDS=100000 cargo test --release -p idalloc --test simulation -- --nocapture`.
@@ -46,7 +46,7 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// Which pools a run uses. `Standard`: the three pools of [`pool_spec`]. `PrefixedIdle`: the same,
 /// but `idle` also carries prefix bits (`0x200`), so one pool combines prefix bits, idle grace and
-/// reuse delay: the setup docs/multi-cluster.md recommends, where `check` once reported every ID
+/// reuse delay: the setup docs/guide/multi-cluster.md recommends, where `check` once reported every ID
 /// as out of range. A variant rather than a change of `idle`, so the standard
 /// seeds (and the regression and sabotage tests pinned to them) keep their histories.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -465,7 +465,7 @@ impl Sim {
             // deletes in every seed.
             fold_fences_above: i % 3,
             lazy_view: self.variant == Variant::LazyNodes && i >= FIRST_LAZY_NODE,
-            // Bulk admission (design notes) at its tightest on every other node: that node's
+            // Bulk admission (docs/design/bulk-admission.md) at its tightest on every other node: that node's
             // batched calls and repairs queue behind one another, each holding the one slot
             // through its timeouts and retries, while faults and the other nodes race them.
             bulk_in_flight: if i % 2 == 0 { 1 } else { 2 },
@@ -1607,7 +1607,7 @@ impl Sim {
         let (kvs, _) =
             list_all(&*self.raw, &KeyRange::prefix("idalloc/"), 1000).await.expect("list");
         let pools = layout().pools_prefix();
-        // G4 as amended (docs/design-notes.md, "Late commits"): a durable
+        // G4 as amended (docs/design/fences.md, "Late commits"): a durable
         // holder's fence record stays, one per durable holder name and pool, not on any lease,
         // and so does a pool's fence floor. Nothing else.
         let durable_fence = |kv: &idalloc::store::KeyValue| {

@@ -1,4 +1,4 @@
-//! The chaos run shared by the chaos tests (docs/chaos.md): client processes, a fault cycle
+//! The chaos run shared by the chaos tests (docs/design/chaos.md): client processes, a fault cycle
 //! against a [`Target`] etcd, the checks of G1 (scans), linearizability per key, G3 and G6 on
 //! what the clients recorded, and the report. `chaos_etcd.rs` runs it on loopback clusters,
 //! `chaos_netns.rs` on a cluster in network namespaces with network nemeses.

@@ -10,7 +10,7 @@
 //!
 //! Releases share one thing between keys: the holder's fence record. etcd refuses a key written
 //! twice in one txn tree, so the per-key plans are built without their bump and the batch bumps the
-//! record once, at the outer level, guarded by the pool's spec (docs/design-notes.md, "Batched
+//! record once, at the outer level, guarded by the pool's spec (docs/design/coalescing.md, "Batched
 //! operations").
 //!
 //! One file (about 800 lines) because batched bind and batched release share the packing frame, the

@@ -31,12 +31,12 @@ pub(crate) struct PoolState {
     pub(crate) spec_rev: Revision,
     /// Keys with a bind attempt of this process's leased holder whose outcome is unknown (timed
     /// out): it may still be applied late, so the next release of the key bumps the holder's
-    /// fence record, which makes such an attempt fail (docs/design-notes.md, "Late commits").
+    /// fence record, which makes such an attempt fail (docs/design/fences.md, "Late commits").
     pub(super) doubt: Mutex<HashSet<String>>,
     pub(super) cache: Mutex<PoolCache>,
     /// Keys this process holds. Asked first by every `Pool::get`, so it hashes with foldhash (as the
     /// cache's bindings do: per-process random seed) rather than SipHash, which cost about 3× more
-    /// on a 55-byte key (26 against 8–10 ns a lookup in a 1,000-key map, docs/benchmarks-findings.md).
+    /// on a 55-byte key (26 against 8–10 ns a lookup in a 1,000-key map, docs/benchmarks/findings.md).
     pub(super) held: Mutex<HashMap<String, Held, foldhash::fast::RandomState>>,
     pub(super) key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The pool's event channel; `None` once the state retired, which ends every subscription
@@ -86,7 +86,7 @@ pub(crate) struct PoolState {
     pub(super) lanes: super::lanes::Lanes<OwnedKeyGuard>,
     /// Set once a write found the pool deleted or re-created (or this allocator deleted it): the
     /// error every later operation on this state returns. A retired state never comes back; the
-    /// caller opens the pool again (docs/design-notes.md, "Pool handles outlive their pool").
+    /// caller opens the pool again (docs/design/protocol.md, "Pool handles outlive their pool").
     pub(super) retired: Mutex<Option<crate::error::Error>>,
     /// The pool's own background tasks (sync, sweeper), stopped when it retires.
     pub(super) tasks: Mutex<Vec<tokio::task::AbortHandle>>,
@@ -205,7 +205,7 @@ impl PoolState {
 
     /// Why a write found this pool's spec changed, from the spec there now (`spec_now`, read back
     /// by the write's else branch): `PoolNotFound` (deleted), `RangeMismatch` (re-created with
-    /// another spec) or `PoolReplaced` (re-created with the same spec; docs/design-notes.md,
+    /// another spec) or `PoolReplaced` (re-created with the same spec; docs/design/protocol.md,
     /// "Pool handles outlive their pool").
     pub(crate) fn gone_error(&self, spec_now: Option<Vec<u8>>) -> crate::error::Error {
         use crate::error::Error;
@@ -239,7 +239,7 @@ impl PoolState {
             // Subscribers mirror the pool from its events: tell them every binding is gone (a
             // pool deleted by another process shows the same `Delete`s through the watch, for
             // whatever the watch delivered first) and then end their streams, under the cache
-            // lock so that no event of the old view follows (docs/design-notes.md).
+            // lock so that no event of the old view follows (docs/design/protocol.md).
             let mut cache = self.lock_cache();
             let deletes: Vec<Event> =
                 cache.snapshot().into_iter().map(|(id, key)| Event::Delete { id, key }).collect();

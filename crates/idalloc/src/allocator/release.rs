@@ -1,6 +1,6 @@
 //! Release (DESIGN §5, §8): removes a holder's reference and, with the last one, reclaims the
 //! binding (G4) behind a tombstone on the quarantine lease (G5); fenced against this holder's own
-//! binds applied late (docs/design-notes.md, "Late commits").
+//! binds applied late (docs/design/fences.md, "Late commits").
 
 use tracing::debug;
 

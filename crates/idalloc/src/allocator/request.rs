@@ -2,7 +2,7 @@
 //! bounds each attempt by the request timeout and retries `Unavailable` with ONE backoff policy
 //! ([`Backoff`], from [`RetryPolicy`]; whole listings through [`Requester::pages`], which bounds
 //! and retries each page the same way). It also keeps the newest store revision seen in a response
-//! (the fence of binds, docs/design-notes.md "Late commits") and the per-pool quarantine lease for
+//! (the fence of binds, docs/design/fences.md "Late commits") and the per-pool quarantine lease for
 //! tombstones (DESIGN §8, G5). It knows nothing of pools' registry, sessions or repairs, so the sync
 //! task and the sweeper can use it without reaching into the allocator.
 
@@ -53,7 +53,7 @@ pub(crate) struct Requester {
     /// acquire sent meanwhile waited behind all of them (p99 1.8 s). Queued
     /// here instead, bulk txns leave the store's queue short, single-key calls pass them, and
     /// the store stays as busy: a few ~100-key txns in flight are as fast as many
-    /// (docs/benchmarks-findings.md, "Batching targets": 8 in flight as fast as 64).
+    /// (docs/benchmarks/findings.md, "Batching targets": 8 in flight as fast as 64).
     bulk: tokio::sync::Semaphore,
 }
 

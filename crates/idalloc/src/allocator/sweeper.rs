@@ -154,7 +154,7 @@ pub(crate) async fn sweep(
         let Some(done) = sweep_outcome(&resp, batch.len()).map_err(Error::from)? else {
             // The spec is not the one the sweep was decided for: the pool was deleted or
             // re-created. The else branch read the spec back; retire the pool's state as a
-            // failed bind would (docs/design-notes.md, "Pool handles outlive their pool").
+            // failed bind would (docs/design/protocol.md, "Pool handles outlive their pool").
             let spec_now = match resp.responses.first() {
                 Some(crate::store::OpResponse::Get(g)) => g.kvs.first().map(|kv| kv.value.clone()),
                 _ => None,

@@ -52,7 +52,7 @@ pub struct AllocatorOptions {
     pub sweep_interval: Option<Duration>,
     /// A sweep that finds more holder fence records than this in a pool folds them all into the
     /// pool's fence floor (one txn), so a pool keeps at most this many fence records after each
-    /// sweep, however many holder names ever released in it (DESIGN §13, docs/design-notes.md).
+    /// sweep, however many holder names ever released in it (DESIGN §13, docs/design/fences.md).
     /// Each fold makes the binds in flight at that moment fail once and be
     /// decided again, so folding rarely is cheaper; 0 folds on every sweep that finds one.
     pub fold_fences_above: usize,
@@ -69,7 +69,7 @@ pub struct AllocatorOptions {
     /// Txns of many-key calls (`acquire_many`, `release_many` and their durable and session
     /// forms, and the repair task's) this allocator has at the store at once, at least 1; the
     /// rest wait in this process, in order. Single-key calls never wait for them, so a key's
-    /// acquire is not queued at the store behind a bulk restore (docs/design-notes.md, "Bulk
+    /// acquire is not queued at the store behind a bulk restore (docs/design/bulk-admission.md, "Bulk
     /// admission"). Each txn carries up to ~100 keys.
     pub bulk_in_flight: usize,
 }

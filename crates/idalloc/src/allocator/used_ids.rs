@@ -7,7 +7,7 @@
 //! far to hold about a page), because etcd 3.4 walks its index over the whole requested range on
 //! every read whatever the limit: paging 1M names through one open range walked the index O(n)
 //! times per page (4.6 s for a 100,000-binding pool where the full view took 1.1 s, with the
-//! fixed-size windows the listing used before; docs/scale.md, "One key").
+//! fixed-size windows the listing used before; docs/benchmarks/scale.md, "One key").
 
 use super::request::Requester;
 use crate::store::{KeyRange, KeyValue, Revision, StoreResult};

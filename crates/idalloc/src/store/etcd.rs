@@ -15,7 +15,7 @@
 //!   authenticate, when a user is configured), so an unreachable endpoint shows up as
 //!   [`StoreError::Unavailable`] on the first request, within the timeouts.
 //!
-//! Security (DESIGN §12, docs/security.md): `https://` endpoints with a CA, a client certificate
+//! Security (DESIGN §12, docs/guide/security.md): `https://` endpoints with a CA, a client certificate
 //! and key ([`EtcdTls`]); a user and password ([`EtcdAuth`]), whose token etcd-client renews when
 //! etcd says it expired or is unknown (after `--auth-token-ttl` idle seconds, or an etcd
 //! restart). A refusal (TLS, credentials, permissions) is [`StoreError::Access`], not
@@ -480,7 +480,7 @@ fn access_error(
     let detail = match (cause, &diag.user) {
         (AccessCause::Permission, Some(user)) => format!(
             "user {user:?} lacks a role for this request ({detail}); idalloc needs readwrite on \
-             its prefix, see docs/security.md"
+             its prefix, see docs/guide/security.md"
         ),
         (AccessCause::Permission, None) => format!("{detail} (no user given: --user)"),
         (AccessCause::Authentication, Some(user)) => format!("user {user:?}: {detail}"),

@@ -6,7 +6,7 @@
 //! start to the end of the requested range on each read (its index walk for `count`; 3.4 even
 //! collects all of their revisions), whatever the limit. Paging a range of n records by asking
 //! for `[last, end)` each time therefore costs n²/page: `check` on 100k bindings read for 28 s
-//! on the file store and `list` on 200k for over 5 min (docs/scale.md, "Linear cost and bounded
+//! on the file store and `list` on 200k for over 5 min (docs/benchmarks/scale.md, "Linear cost and bounded
 //! memory"). Reading `[start, window_end)` instead makes each read cost what the window holds.
 //!
 //! How big a window: about one page. The keys of the last page tell how densely keys sit just

@@ -124,7 +124,7 @@ pub async fn count_refs_in<S: Store + ?Sized>(store: &S, l: &Layout, pool: &str)
 }
 
 /// A durable holder's fence record (`P/data/<pool>/holder/<h>`) or a pool's fence floor
-/// (`P/data/<pool>/fence`): G4 as amended in docs/design-notes.md lets these stay (at most the
+/// (`P/data/<pool>/fence`): G4 as amended in docs/design/fences.md lets these stay (at most the
 /// fold threshold's fence records per pool after a sweep, and one floor; gone with the pool).
 pub fn is_holder_fence(l: &Layout, record: &[u8]) -> bool {
     let data = format!("{}/data/", l.prefix());

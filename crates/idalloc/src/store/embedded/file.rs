@@ -129,7 +129,7 @@ enum Db {
 /// state when dropped, reading the file's freed-page tree, and on a damaged file whose open went
 /// through (the damage was in pages open never reads) that panicked inside redb
 /// (`btree_cursor.rs:167`, "entered unreachable code"; found by the `damaged_file` fuzz target,
-/// docs/fuzzing.md). So the close runs under [`guarded`] too; a drop cannot return an error,
+/// docs/design/fuzzing.md). So the close runs under [`guarded`] too; a drop cannot return an error,
 /// so a failed close is logged, naming the file. The acknowledged txns are durable already:
 /// what is lost is only redb's bookkeeping of free pages, which its next open rebuilds.
 impl Drop for FileStore {
@@ -177,7 +177,7 @@ thread_local! {
 /// type name that is not UTF-8, slice indexes out of range in `table_tree_base.rs` and
 /// `btree_base.rs`). Those bytes are redb's own page structures, read inside `Database::create`
 /// and `open_table`, before any value of ours: there is nothing this file could validate first.
-/// G6 says bad input never panics, and `docs/cli.md` promises exit 4 naming the file, so the
+/// G6 says bad input never panics, and `docs/guide/cli.md` promises exit 4 naming the file, so the
 /// boundary to redb is where the panic stops. A redb that panicked half-way may hold state
 /// nobody should trust: the caller drops it (the open fails; a write marks the store broken).
 ///
@@ -362,9 +362,9 @@ impl FileStore {
         // database commits its allocator state when closed, reading its freed-page tree; on a
         // file damaged there that panicked inside redb, twice over in one case (a panic while
         // unwinding from a panic aborts the process). Found by the `damaged_file` fuzz target
-        // (docs/fuzzing.md); the check made such a file `Corrupt` at open. Without the check, a
+        // (docs/design/fuzzing.md); the check made such a file `Corrupt` at open. Without the check, a
         // cleanly closed file with that damage is met at close, under `guarded` (see
-        // `docs/design-notes.md`). A read-only database writes nothing at close
+        // `docs/design/file-format.md`). A read-only database writes nothing at close
         // and is not checked.
         let mut checked = false;
         if check || repaired || matches!(db, Db::Copy { .. }) {

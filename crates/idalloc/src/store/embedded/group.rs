@@ -2,7 +2,7 @@
 //! fsync.
 //!
 //! With one fsync per txn under one lock, 64 concurrent callers waited for each other's fsyncs in
-//! whatever order the mutex let them in (p99 1.2 s against a p50 of 0.5 ms, docs/benchmarks.md).
+//! whatever order the mutex let them in (p99 1.2 s against a p50 of 0.5 ms, docs/benchmarks/protocol.md).
 //! Here every txn of a file store is a [`Job`] on one FIFO queue, served by one writer at a time:
 //! it takes the first job, locks the state, adds every job that queued meanwhile (up to
 //! [`MAX_GROUP_JOBS`] / [`MAX_GROUP_BYTES`]), applies them **one by one, in queue order**, to the

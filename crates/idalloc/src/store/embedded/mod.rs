@@ -16,7 +16,7 @@
 //!   writer (a blocking task), which applies everything queued one txn after another and commits them with
 //!   one redb write transaction and one fsync, then answers each caller. Each txn keeps its own
 //!   compares, revision and response, and returns only once durable; concurrent writers share
-//!   fsyncs instead of queueing for them one by one (docs/store-benchmarks.md).
+//!   fsyncs instead of queueing for them one by one (docs/benchmarks/store.md).
 //! - **Time is tokio's clock.** Lease deadlines are `tokio::time::Instant`s. Expiry runs in a
 //!   background task (it holds only a `Weak` reference, so dropping the store stops it) *and*
 //!   lazily at the start of every operation, so a `start_paused` test that advances time sees the
