@@ -11,12 +11,16 @@ sources (`docs/**/*.md` and `README.md`):
   digit, `-` or `_` dropped; a repeated heading gets `-1`, `-2`…), or an explicit `id="..."` /
   `{#id}` on the page;
 * every Markdown page under `docs/` is in `docs/SUMMARY.md`, so no page is left out of the book
-  (and so out of its search).
+  (and so out of its search);
+* every path `docs/….md` (or `.svg`, `.csv`) that code, tests, scripts, deployment files or clients
+  name (in a comment, a message, a generated page's text) exists, so a moved page cannot leave
+  them pointing at nothing.
 
 URLs with a scheme (`https:`, `mailto:`) are not followed. Code blocks and inline code are skipped.
 
 Usage: `python3 scripts/check-links.py` (exit 1 listing each broken link as `page:line: link:
-why`); `--self-test` plants broken links, anchors and an orphan page in a temporary tree and fails
+why`); `--self-test` plants broken links, anchors, an orphan page and a code comment naming a
+missing page in a temporary tree and fails
 unless exactly those are reported, so the check is proven able to fail.
 """
 import os
@@ -114,6 +118,22 @@ def markdown_pages(root):
     return pages
 
 
+DOCS_PATH = re.compile(r"(?<![\w/.-])docs/[\w./-]*?\.(?:md|svg|csv)(?![\w-])")
+CODE_DIRS = ["crates", "scripts", "deploy", "clients", "fuzz"]
+# The two checkers plant made-up paths in their self-tests.
+SELF_TESTED = {"check-links.py", "check-words.py"}
+CODE_EXT = {".rs", ".py", ".sh", ".toml", ".yaml", ".yml", ".json", ".service", ".conf", ".txt"}
+
+
+def code_files(root):
+    for d in CODE_DIRS:
+        for dirpath, dirnames, filenames in os.walk(os.path.join(root, d)):
+            dirnames[:] = sorted(x for x in dirnames if x not in {"target", "corpus", "artifacts"})
+            for f in sorted(filenames):
+                if os.path.splitext(f)[1] in CODE_EXT and f not in SELF_TESTED:
+                    yield os.path.join(dirpath, f)
+
+
 def check(root):
     problems = []
     texts = {}
@@ -148,6 +168,17 @@ def check(root):
                 if anchor not in anchors(dest):
                     problems.append(f"{rel_page}:{n}: {target}: no heading or id '{anchor}' in "
                                     f"{os.path.relpath(dest, root)}")
+    for path in code_files(root):
+        rel = os.path.relpath(path, root)
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except UnicodeDecodeError:
+            continue
+        for n, line in enumerate(lines, 1):
+            for m in DOCS_PATH.finditer(line):
+                if not os.path.exists(os.path.join(root, m.group(0))):
+                    problems.append(f"{rel}:{n}: {m.group(0)}: no such file")
     summary = os.path.join(root, "docs", "SUMMARY.md")
     if os.path.isfile(summary):
         listed = set()
@@ -176,6 +207,7 @@ PLANTED = {
     "docs/guide/a.md": "# Pools, keys and holders\n[up](../intro.md#introduction) [bad](../intro.md#intro)\n",
     "docs/guide/pic.svg": "<svg/>\n",
     "docs/guide/orphan.md": "# Orphan\n",
+    "crates/x/src/lib.rs": "//! See docs/guide/a.md and docs/cli.md.\nconst P: &str = \"docs/guide/pic.svg\";\n",
 }
 
 EXPECTED = {
@@ -185,6 +217,7 @@ EXPECTED = {
     "docs/intro.md:16: guide/none.svg: no such file",
     "docs/guide/a.md:2: ../intro.md#intro: no heading or id 'intro' in docs/intro.md",
     "docs/guide/orphan.md: not in docs/SUMMARY.md",
+    "crates/x/src/lib.rs:1: docs/cli.md: no such file",
 }
 
 
