@@ -37,7 +37,6 @@ use tokio::time::Instant;
 use crate::store::{
     Compare, CompareOp, CompareTarget, GetRequest, GetResponse, KeyRange, KeyValue, Lease, LeaseId,
     OpResponse, Revision, StoreError, StoreResult, TxnOp, TxnRequest, TxnResponse, WatchEvent,
-    MAX_REQUEST_BYTES, MAX_TXN_OPS,
 };
 
 mod compaction;

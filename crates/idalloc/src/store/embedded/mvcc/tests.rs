@@ -1,7 +1,7 @@
 //! Unit tests of the embedded store's state machine.
 
 use super::*;
-use crate::store::PutRequest;
+use crate::store::{PutRequest, MAX_REQUEST_BYTES};
 
 fn put(m: &mut Mvcc, k: &str, v: &str) -> TxnResponse {
     m.txn(&TxnRequest::new().and_then([TxnOp::put(k, v)])).expect("put")

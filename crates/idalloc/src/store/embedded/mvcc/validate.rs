@@ -1,7 +1,12 @@
 //! Validation of requests (etcd's v3rpc checks, before a request reaches the state machine):
 //! empty keys, duplicate keys in one txn, too many ops, too large.
 
-use super::*;
+use std::collections::BTreeSet;
+
+use crate::store::{
+    CompareTarget, KeyRange, StoreError, StoreResult, TxnOp, TxnRequest, MAX_REQUEST_BYTES,
+    MAX_TXN_OPS,
+};
 
 fn show(key: &[u8]) -> String {
     format!("{:?}", String::from_utf8_lossy(key))
