@@ -81,7 +81,12 @@ fn read_failure(from: &Path, e: std::io::Error) -> Failure {
 /// Copies `input` to an unnamed temporary file (removed when closed) and returns it rewound.
 fn spool(input: &mut impl std::io::Read, what: &str) -> Result<File, Failure> {
     let fail = |e: std::io::Error| {
-        Failure::runtime(format!("reading keys from {what} into a temporary file: {e}"))
+        let dir = std::env::temp_dir();
+        Failure::runtime(format!(
+            "reading keys from {what} into a temporary file in {} (the directory TMPDIR names, \
+             /tmp when it is unset): {e}",
+            dir.display()
+        ))
     };
     let mut f = tempfile::tempfile().map_err(fail)?;
     std::io::copy(input, &mut f).map_err(fail)?;
@@ -210,6 +215,18 @@ where
         let mut chunk = Vec::with_capacity(KEYS_PER_CALL);
         while chunk.len() < KEYS_PER_CALL {
             match keys.next() {
+                // Only the keys counted and checked are acted on: a file that grew since (still
+                // being written) stops the batch there, and the summary's counts stay right.
+                Some(Ok(_)) if next_first + chunk.len() >= total => {
+                    if let Ok(mut r) = reread.lock() {
+                        *r = Some(format!(
+                            "the input grew after its {total} keys were checked; the keys past \
+                             them were not tried"
+                        ));
+                    }
+                    stop.store(true, Ordering::Relaxed);
+                    break;
+                }
                 Some(Ok(k)) => chunk.push(k),
                 Some(Err(e)) => {
                     let why = match e {
@@ -257,7 +274,7 @@ where
                 }
                 Err(e) => {
                     tally.failed += 1;
-                    if matches!(e, idalloc::Error::Unavailable { .. }) {
+                    if e.store_did_not_answer() {
                         tally.unanswered += 1;
                     }
                     if tally.first.is_none() {
@@ -313,7 +330,9 @@ impl Tally {
         if self.failed > 1 {
             message.push_str(&format!("; {} more keys failed", self.failed - 1));
         }
-        let untried = total - self.tried;
+        // Checked: an input that grew between the passes (`--from` a file still being written)
+        // has more keys tried than counted at first.
+        let untried = total.saturating_sub(self.tried);
         if untried > 0 {
             message.push_str(&format!("; {untried} keys not tried"));
         }
@@ -349,6 +368,11 @@ mod tests {
             f.message,
             "released 9 of 10 keys (each printed above), then stopped at line 3 (key \"k\"): gone"
         );
+        // More keys tried than counted (an input that grew between its passes): no wrapped
+        // count.
+        let t = Tally { tried: 1200, done: 1199, failed: 1, unanswered: 0, first: None };
+        let f = t.failure("acquired", 1000, 1200, "k", Failure::runtime("gone"));
+        assert!(!f.message.contains("not tried"), "{}", f.message);
         let t = Tally { tried: 10, done: 8, failed: 2, unanswered: 2, first: None };
         let f = t.failure("acquired", 10, 3, "k", Failure::runtime("timed out"));
         assert!(

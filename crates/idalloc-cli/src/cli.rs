@@ -10,6 +10,12 @@ use crate::connect::EtcdArgs;
 use crate::parse::{self, IdRange, StoreUrl};
 use crate::remotes::RemoteArgs;
 
+/// The most store requests of many keys (up to ~100 keys each) one process keeps in flight at
+/// once (`--bulk-in-flight`, `--concurrency`): etcd applies requests one at a time, so more only
+/// queue there, and 64 of them from 16 clients drove etcd to "too many requests", gigabytes of
+/// memory and an apply backlog that failed calls for minutes after the load stopped.
+pub const MAX_IN_FLIGHT: i64 = 32;
+
 const TOP_HELP: &str = "\
 Exit codes: 0 success; 1 runtime error (store unavailable, locked or refusing access: TLS,
 credentials, permissions; pool exhausted, spec mismatch, conflict); 2 invalid input or usage; 3 not found (pool, key or ID).
@@ -304,9 +310,11 @@ pub struct ServeArgs {
     #[arg(long, env = "IDALLOC_WATCH_WAKE_BUDGET", value_name = "PER_SEC", default_value_t = idalloc_server::fanout::WAKE_BUDGET, value_parser = clap::value_parser!(u64).range(1..))]
     pub watch_wake_budget: u64,
     /// Store txns of many-key requests (a list of keys, up to ~100 keys a txn) in flight at
-    /// once, at most; the rest wait in the service, in order. Single-key requests never wait for
-    /// them, so one key's acquire is not queued at etcd behind a restart storm's restores.
-    #[arg(long, env = "IDALLOC_BULK_IN_FLIGHT", value_name = "TXNS", default_value_t = idalloc::allocator::DEFAULT_BULK_IN_FLIGHT as u32, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    /// once, at most (1 to 32: more only queue at etcd, and 64 of them from 16 clients drove it
+    /// to "too many requests"); the rest wait in the service, in order. Single-key requests never
+    /// wait for them, so one key's acquire is not queued at etcd behind a restart storm's
+    /// restores.
+    #[arg(long, env = "IDALLOC_BULK_IN_FLIGHT", value_name = "TXNS", default_value_t = idalloc::allocator::DEFAULT_BULK_IN_FLIGHT as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_IN_FLIGHT))]
     pub bulk_in_flight: u32,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
     #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
@@ -465,11 +473,11 @@ pub struct AcquireArgs {
     /// Create the pool with this range first if it does not exist.
     #[arg(long, value_parser = parse::id_range, value_name = "MIN-MAX")]
     pub range: Option<IdRange>,
-    /// Batches of keys (up to 100 keys, one store request each) in flight at once with --from.
-    /// etcd applies requests one at a time, so more only queue there: 8 was as fast as 64 in the
-    /// benchmark (docs/benchmarks/findings.md, "Batching targets"), and 64 × 100 queued keys came
-    /// near the request timeout on a loaded etcd.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    /// Batches of keys (up to 100 keys, one store request each) in flight at once with --from,
+    /// 1 to 32. etcd applies requests one at a time, so more only queue there: 8 was as fast as
+    /// 64 in the benchmark (docs/benchmarks/findings.md, "Batching targets"), and 64 × 100 queued
+    /// keys came near the request timeout on a loaded etcd.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_IN_FLIGHT))]
     pub concurrency: u16,
 }
 
@@ -486,10 +494,10 @@ pub struct ReleaseArgs {
     /// Owner of the reference [default: $USER, else $LOGNAME, else "idalloc"].
     #[arg(long, value_name = "H")]
     pub holder: Option<String>,
-    /// Batches of keys in flight at once with --from. Lower than acquire's default: a release
-    /// txn is heavier (range compares on the references), and 64 batches of 100 releases queued
-    /// on a loaded etcd outlasted the request timeout in a 100,000-key run.
-    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=4096))]
+    /// Batches of keys in flight at once with --from, 1 to 32. A release txn is heavier than an
+    /// acquire's (range compares on the references), and 64 batches of 100 releases queued on a
+    /// loaded etcd outlasted the request timeout in a 100,000-key run.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_IN_FLIGHT))]
     pub concurrency: u16,
 }
 

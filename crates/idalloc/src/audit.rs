@@ -21,7 +21,7 @@ use serde::Serialize;
 mod guard;
 mod suspects;
 
-pub use guard::{removes_protected, RepairContext};
+pub use guard::{contradicts_holders, held_id, removes_protected, RepairContext};
 pub use suspects::Suspects;
 
 use crate::layout::{encode_id, IdRecord};
@@ -341,11 +341,76 @@ fn is_reserved_id(spec: &PoolSpec, id: u64) -> bool {
 }
 
 /// The safe repair of `finding`, or `None` when it needs a person: anything about specs, foreign
-/// or unreadable record names, references whose holders believe in an ID other than the key's,
-/// every fix that would change the ID a holder was given, and every fix that would delete a record
-/// the pool's reclaim rules still protect ([`removes_protected`]).
+/// or unreadable record names, references whose holders believe in an ID other than the one the
+/// key's records agree on, every fix that would change the ID a holder was given or free an ID
+/// something still names ([`contradicts_holders`]), and every fix that would delete a record the
+/// pool's reclaim rules still protect ([`removes_protected`]).
+///
+/// Where a key's records disagree, the evidence is weighed in this order: the references (what
+/// holders were told), then a key record and ID record that name each other, then whichever of
+/// the two records is left. A lone reference against a binding whose records agree is left to a
+/// person: one of them was edited, and nothing shows which.
 pub fn plan(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Option<Repair> {
-    plan_fix(cx, snap, finding).filter(|r| !removes_protected(cx, snap, &r.txn))
+    plan_fix(cx, snap, finding)
+        .filter(|r| !removes_protected(cx, snap, &r.txn) && !contradicts_holders(cx, snap, &r.txn))
+}
+
+/// The compares and writes that make held `key`'s records agree with its references: the key
+/// record and the ID record of the ID every reference names ([`held_id`]), each re-written where
+/// it says otherwise, with the ID. `None` when the references disagree or name an ID the pool
+/// never hands out, another key's references or key record name that ID, another key's
+/// records bind it to that key, or neither of the key's own records backs the references.
+fn restore_held(
+    cx: RepairContext<'_>,
+    snap: &PoolSnapshot,
+    key: &str,
+) -> Option<(Vec<Compare>, Vec<TxnOp>, u64)> {
+    let (l, p) = (cx.layout, snap.pool.as_str());
+    let x = held_id(snap, key)?;
+    if !id_is_allocatable(cx.spec, x) {
+        return None;
+    }
+    let others_ref =
+        snap.refs.iter().any(|(k, hs)| k != key && hs.values().any(|r| r.id == Some(x)));
+    let others_key = snap.keys.iter().any(|(k, e)| k != key && e.id == Some(x));
+    if others_ref || others_key {
+        return None;
+    }
+    let key_rec = snap.keys.get(key).and_then(|e| e.id);
+    let id_entry = snap.ids.get(&x);
+    let id_rec = id_entry.and_then(|e| e.record.as_ref());
+    let id_ours = matches!(id_rec, Some(IdRecord::Bound(k)) if k == key);
+    if key_rec != Some(x) && !id_ours {
+        return None;
+    }
+    if let Some(y) = key_rec.filter(|y| *y != x) {
+        // The key record names another ID whose record binds the key back: two bindings of
+        // the key, one backed by the references. A person decides.
+        if matches!(snap.ids.get(&y).and_then(|e| e.record.as_ref()),
+                    Some(IdRecord::Bound(k)) if k == key)
+        {
+            return None;
+        }
+    }
+    let mut c = vec![
+        Compare::mod_revision_is(
+            l.key_key(p, key),
+            snap.keys.get(key).map_or(0, |e| e.mod_revision),
+        ),
+        Compare::mod_revision_is(l.id_key(p, x), id_entry.map_or(0, |e| e.mod_revision)),
+    ];
+    c.extend(
+        snap.holders(key)
+            .map(|(h, r)| Compare::mod_revision_is(l.ref_key(p, key, h), r.mod_revision)),
+    );
+    let mut ops = Vec::new();
+    if key_rec != Some(x) {
+        ops.push(TxnOp::put(l.key_key(p, key), encode_id(x)));
+    }
+    if !id_ours {
+        ops.push(TxnOp::put(l.id_key(p, x), IdRecord::Bound(key.to_string()).encode()));
+    }
+    (!ops.is_empty()).then_some((c, ops, x))
 }
 
 fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Option<Repair> {
@@ -361,11 +426,50 @@ fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
         c.extend(compares);
         TxnRequest::new().when(c).and_then(ops)
     };
+    // The held key's records re-written from its references.
+    let restore = |key: &str| {
+        restore_held(cx, snap, key).map(|(c, ops, x)| Repair {
+            action: format!("restore the binding of {key:?} to ID {x}, which its holders hold"),
+            txn: txn(c, ops),
+        })
+    };
+    // The ID records binding `k`.
+    let ids_of =
+        |k: &str| -> Vec<u64> { snap.bound().filter(|(_, b)| *b == k).map(|(i, _)| i).collect() };
+    // Unheld `key`'s ID record for `id`, which its key record names, re-written to bind it.
+    let rebind = |key: &str, id: u64, other: Option<&str>| {
+        let mut c = vec![
+            Compare::mod_revision_is(l.id_key(p, id), id_rev(id)),
+            Compare::mod_revision_is(l.key_key(p, key), key_rev(key)),
+            unheld(key),
+        ];
+        if let Some(o) = other {
+            c.push(Compare::mod_revision_is(l.key_key(p, o), key_rev(o)));
+        }
+        Repair {
+            action: format!("re-bind ID record {id} to key {key:?}, whose key record names it"),
+            txn: txn(
+                c,
+                vec![TxnOp::put(l.id_key(p, id), IdRecord::Bound(key.to_string()).encode())],
+            ),
+        }
+    };
     match finding {
         Finding::UnreadableIdValue { id } => {
             // Free the ID only if no key record and no reference claims it.
             let claimed = snap.keys.values().any(|e| e.id == Some(*id))
                 || snap.refs.values().flat_map(|m| m.values()).any(|r| r.id == Some(*id));
+            if claimed {
+                // Claimed by exactly one key record: the ID record is re-written to bind it.
+                let claimers: Vec<&String> =
+                    snap.keys.iter().filter(|(_, e)| e.id == Some(*id)).map(|(k, _)| k).collect();
+                let [k] = claimers[..] else { return None };
+                if referenced(k) {
+                    return restore(k);
+                }
+                return (ids_of(k).is_empty() && id_is_allocatable(cx.spec, *id))
+                    .then(|| rebind(k, *id, None));
+            }
             (!claimed).then(|| Repair {
                 action: format!("delete unreadable ID record {id}"),
                 txn: txn(
@@ -396,22 +500,54 @@ fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
                 _ => return None,
             };
             let others: Vec<&String> = keys.iter().filter(|k| *k != owner).collect();
-            if others.iter().any(|k| referenced(k)) {
-                return None;
+            let [other] = others[..] else {
+                // Several keys beside the owner: each record alone, unheld ones only.
+                if others.iter().any(|k| referenced(k)) {
+                    return None;
+                }
+                let mut c = vec![Compare::mod_revision_is(l.id_key(p, *id), id_rev(*id))];
+                let mut ops = Vec::new();
+                for k in &others {
+                    c.push(Compare::mod_revision_is(l.key_key(p, k), key_rev(k)));
+                    c.push(unheld(k));
+                    ops.push(TxnOp::delete(l.key_key(p, k)));
+                }
+                return Some(Repair {
+                    action: format!(
+                        "delete the key records of {others:?}, which nobody holds (ID {id} is \
+                         {owner:?}'s)"
+                    ),
+                    txn: txn(c, ops),
+                });
+            };
+            if referenced(other) {
+                // Its holders were given another ID: the key record goes back to it.
+                return restore(other);
             }
-            let mut c = vec![Compare::mod_revision_is(l.id_key(p, *id), id_rev(*id))];
-            let mut ops = Vec::new();
-            for k in &others {
-                c.push(Compare::mod_revision_is(l.key_key(p, k), key_rev(k)));
-                c.push(unheld(k));
-                ops.push(TxnOp::delete(l.key_key(p, k)));
+            let mut c = vec![
+                Compare::mod_revision_is(l.id_key(p, *id), id_rev(*id)),
+                Compare::mod_revision_is(l.key_key(p, other), key_rev(other)),
+                unheld(other),
+            ];
+            if let [y] = ids_of(other)[..] {
+                if id_is_allocatable(cx.spec, y) {
+                    // Its own ID record binds it elsewhere: the key record goes back there.
+                    c.push(Compare::mod_revision_is(l.id_key(p, y), id_rev(y)));
+                    return Some(Repair {
+                        action: format!(
+                            "point the key record of {other:?} back at ID {y}, whose record binds \
+                             it (ID {id} is {owner:?}'s)"
+                        ),
+                        txn: txn(c, vec![TxnOp::put(l.key_key(p, other), encode_id(y))]),
+                    });
+                }
             }
             Some(Repair {
                 action: format!(
-                    "delete the key records of {:?}, which nobody holds (ID {id} is {owner:?}'s)",
-                    others
+                    "delete the key records of {others:?}, which nobody holds (ID {id} is \
+                     {owner:?}'s)"
                 ),
-                txn: txn(c, ops),
+                txn: txn(c, vec![TxnOp::delete(l.key_key(p, other))]),
             })
         }
         Finding::KeyBoundToTwoIds { key, ids } => {
@@ -420,9 +556,23 @@ fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
             if !ids.contains(&current) {
                 return None;
             }
+            if held_id(snap, key).is_some_and(|x| x != current) {
+                // The holders were given one of the others: they decide.
+                return restore(key);
+            }
+            // An ID another record names is left for that record's finding.
+            let named = |id: u64| {
+                snap.keys.values().any(|e| e.id == Some(id))
+                    || snap.refs.values().flat_map(|m| m.values()).any(|r| r.id == Some(id))
+            };
+            let strays: Vec<u64> =
+                ids.iter().copied().filter(|i| *i != current && !named(*i)).collect();
+            if strays.is_empty() {
+                return None;
+            }
             let mut c = vec![Compare::mod_revision_is(l.key_key(p, key), key_rev(key))];
             let mut ops = Vec::new();
-            for id in ids.iter().filter(|i| **i != current) {
+            for id in &strays {
                 c.push(Compare::mod_revision_is(l.id_key(p, *id), id_rev(*id)));
                 ops.push(TxnOp::delete(l.id_key(p, *id)));
             }
@@ -432,9 +582,16 @@ fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
             })
         }
         Finding::KeyWithoutIdRecord { key, id, .. } => {
+            if referenced(key) {
+                // The holders decide: the key record is re-pointed at their ID, or the ID
+                // record re-written for the key, or (references alone) a person decides.
+                return restore(key);
+            }
             let id_rec = snap.ids.get(id).and_then(|e| e.record.as_ref());
+            // Another ID record binding the key outweighs a key record naming a free ID: that
+            // case is the other record's finding (the key record goes back to it).
             let restorable = match id_rec {
-                None => !snap.ids.contains_key(id),
+                None => !snap.ids.contains_key(id) && ids_of(key).is_empty(),
                 Some(IdRecord::Tombstone(k)) => k == key,
                 Some(IdRecord::Bound(_)) => false,
             };
@@ -450,6 +607,14 @@ fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
                         vec![TxnOp::put(l.id_key(p, *id), IdRecord::Bound(key.clone()).encode())],
                     ),
                 });
+            }
+            if let Some(IdRecord::Bound(j)) = id_rec {
+                // The ID record binds a key that lives elsewhere (or nowhere): the ID is this
+                // key's, whose key record names it.
+                let j_lives_here = snap.keys.get(j).and_then(|e| e.id) == Some(*id);
+                if !j_lives_here && ids_of(key).is_empty() && id_is_allocatable(cx.spec, *id) {
+                    return Some(rebind(key, *id, Some(j)));
+                }
             }
             if matches!(id_rec, Some(IdRecord::Bound(_))) && !referenced(key) {
                 // The ID is another key's; nobody holds this one: drop its stale key record.
@@ -471,11 +636,39 @@ fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
             let id_guard = Compare::mod_revision_is(l.id_key(p, *id), id_rev(*id));
             let key_guard = Compare::mod_revision_is(l.key_key(p, key), key_rev(key));
             match key_record {
-                Some(_) => Some(Repair {
-                    // The key lives at another ID: this record is a leftover.
-                    action: format!("free ID {id}: key {key:?} lives at another ID"),
-                    txn: txn(vec![id_guard, key_guard], vec![TxnOp::delete(l.id_key(p, *id))]),
-                }),
+                Some(n)
+                    if matches!(snap.ids.get(n).and_then(|e| e.record.as_ref()),
+                                Some(IdRecord::Bound(k)) if k == key) =>
+                {
+                    // The key lives at another ID, whose record binds it back: this record is a
+                    // leftover (freed only if nothing else names it).
+                    let n_guard = Compare::mod_revision_is(l.id_key(p, *n), id_rev(*n));
+                    Some(Repair {
+                        action: format!("free ID {id}: key {key:?} lives at ID {n}"),
+                        txn: txn(
+                            vec![id_guard, key_guard, n_guard],
+                            vec![TxnOp::delete(l.id_key(p, *id))],
+                        ),
+                    })
+                }
+                Some(_) if referenced(key) => restore(key),
+                Some(n) => {
+                    // Nobody holds the key and its key record names an ID that does not bind it
+                    // back: the ID record that does is the evidence.
+                    (id_is_allocatable(cx.spec, *id) && ids_of(key).len() == 1).then(|| {
+                        let n_guard = Compare::mod_revision_is(l.id_key(p, *n), id_rev(*n));
+                        Repair {
+                            action: format!(
+                                "point the key record of {key:?} back at ID {id}, whose record \
+                                 binds it"
+                            ),
+                            txn: txn(
+                                vec![id_guard, key_guard, n_guard, unheld(key)],
+                                vec![TxnOp::put(l.key_key(p, key), encode_id(*id))],
+                            ),
+                        }
+                    })
+                }
                 None if !referenced(key) => Some(Repair {
                     action: format!("free ID {id}: key {key:?} has no key record and no holder"),
                     txn: txn(
@@ -528,6 +721,7 @@ fn plan_fix(cx: RepairContext<'_>, snap: &PoolSnapshot, finding: &Finding) -> Op
                 }
             })
         }
+        Finding::RefWithoutBinding { key, key_record: Some(_), .. } => restore(key),
         Finding::IdOutOfRange { id, key: Some(key), .. } if !referenced(key) => {
             // Nobody holds the key: remove its binding to the forbidden ID (both records, as
             // far as they name each other).
@@ -748,6 +942,13 @@ mod tests {
         let sn = snap(&kvs);
         let f = audit(Some(&s), &sn);
         assert!(f.contains(&Finding::UnreadableIdValue { id: 1 }), "{f:?}");
+        // Kept, and re-written to bind the key whose key record names it.
+        let r = plan(cx(&l, &s), &sn, &Finding::UnreadableIdValue { id: 1 }).expect("a repair");
+        assert_eq!(r.txn.success, vec![TxnOp::put(l.id_key(P, 1), b"a".to_vec())]);
+        // Held by a holder given another ID: a person decides.
+        let mut kvs = kvs;
+        kvs.push(kv(l.ref_key(P, "a", "h"), "2", 5));
+        let sn = snap(&kvs);
         assert_eq!(plan(cx(&l, &s), &sn, &Finding::UnreadableIdValue { id: 1 }), None);
     }
 

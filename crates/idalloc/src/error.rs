@@ -192,6 +192,13 @@ impl Error {
         matches!(self, Error::Unavailable { retryable: true, .. })
     }
 
+    /// True if a store request went unanswered (unreachable, timed out): the call may have taken
+    /// effect all the same. Failures the store did answer (a contended key, a view that would
+    /// not catch up, an answer of the wrong shape) are not: nothing was written for them.
+    pub fn store_did_not_answer(&self) -> bool {
+        matches!(self, Error::Unavailable { source: Some(StoreError::Unavailable(_)), .. })
+    }
+
     /// Builds [`Error::InvalidInput`] for a string value, quoting and truncating it with
     /// [`show_value`].
     pub fn invalid_str(
@@ -361,6 +368,10 @@ mod tests {
         }
         assert!(!e.is_retryable());
         assert!(Error::unavailable("timed out").is_retryable());
+        // Only a store that did not answer leaves the outcome unknown.
+        assert!(Error::from(StoreError::Unavailable("deadline".into())).store_did_not_answer());
+        assert!(!Error::unavailable("key \"k\" stayed contended").store_did_not_answer());
+        assert!(!Error::from(StoreError::InvalidRequest("x".into())).store_did_not_answer());
         assert!(!Error::unavailable_for_good("closed").is_retryable());
         assert!(!Error::PoolNotFound { pool: "p".into() }.is_retryable());
     }

@@ -304,11 +304,34 @@ impl Inner {
                     if let BindOutcome::Observed(obs) = &outcome {
                         debug!(pool = %name, key = s.bl.key(), ?obs, round, "batched bind compare failed; deciding again");
                     }
-                    let step = s.bl.next(Input::Answer(outcome), |_| None);
+                    let mut step = s.bl.next(Input::Answer(outcome), |_| None);
                     learn(&step);
+                    if step.action == Action::ReadUsage {
+                        // A probing loop that lost many guesses: the pool's usage decides
+                        // between `Exhausted` and loading the view.
+                        let key = s.bl.key();
+                        let input = match self.read_key_and_usage(pool, key).await {
+                            Ok((key_rec, used, revision)) => {
+                                Input::Usage { key_rec, used, revision }
+                            }
+                            Err(e) => {
+                                s.result = Some(Err(e));
+                                continue;
+                            }
+                        };
+                        step = s.bl.next(input, |_| None);
+                        learn(&step);
+                    }
                     match step.action {
                         Action::Done { id, new } => s.result = Some(Ok(Acquired { id, new })),
                         Action::Wait(revision) => newest = newest.max(revision),
+                        // The pool is not full: the view is loaded (once for the process) and
+                        // the key decides again in the next round.
+                        Action::LoadView if probing => {
+                            if let Err(e) = self.wait_synced(pool).await {
+                                s.result = Some(Err(e));
+                            }
+                        }
                         Action::Fail(Failure::PoolGone { spec_now }) => {
                             if gone.is_none() {
                                 gone = Some(self.pool_gone(pool, spec_now));

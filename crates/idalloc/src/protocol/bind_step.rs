@@ -34,6 +34,13 @@ pub const MAX_BIND_ATTEMPTS: usize = 64;
 /// ([`Action::LoadView`]) unless the store is full.
 pub const PROBE_COLLISIONS: u32 = 8;
 
+/// Usage reads in a row that find free IDs while the view, caught up to each read's revision,
+/// still has none, before the loop gives up as [`Failure::ViewBehind`]. Other writers taking
+/// the free IDs between a read and the view's catching up is a race, and every round of it
+/// fills the pool further (the next read says full: `Exhausted`); a view that stays full this
+/// many times over is not catching up.
+pub const VIEW_BEHIND_READS: u32 = 8;
+
 /// Where the loop's fresh candidates come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Candidates {
@@ -202,7 +209,8 @@ pub struct BindLoop<'a> {
     lost: u32,
     /// The `Usage` full check ran and found the store full / not full.
     full_confirmed: bool,
-    store_has_free: bool,
+    /// Usage reads that found free IDs while the view had none (see [`VIEW_BEHIND_READS`]).
+    store_had_free: u32,
     attempts: usize,
     phase: Phase,
 }
@@ -231,7 +239,7 @@ impl<'a> BindLoop<'a> {
             observed: HashMap::new(),
             lost: 0,
             full_confirmed: false,
-            store_has_free: false,
+            store_had_free: 0,
             attempts: 0,
             phase: Phase::Idle,
         }
@@ -286,12 +294,12 @@ impl<'a> BindLoop<'a> {
                     // newer than this read when it is done) and pick from it.
                     self.probing = false;
                     self.used_ids_wanted = false;
-                    self.store_has_free = true;
+                    self.store_had_free += 1;
                     self.phase = Phase::Idle;
                     act_step(Action::LoadView)
                 } else {
                     // Let the watch catch up with the store, then pick again.
-                    self.store_has_free = true;
+                    self.store_had_free += 1;
                     self.wait(None, revision)
                 }
             }
@@ -389,7 +397,13 @@ impl<'a> BindLoop<'a> {
             return self.read(Action::ReadUsage);
         }
         match self.full_check {
-            FullCheck::Usage if self.store_has_free => self.fail(None, Failure::ViewBehind),
+            // The store had free IDs at the last read, the view caught up to it and has none:
+            // others took them meanwhile, or the view is stuck. Only a new read tells which
+            // (full now: `Exhausted`), up to a bound.
+            FullCheck::Usage if self.store_had_free >= VIEW_BEHIND_READS => {
+                self.fail(None, Failure::ViewBehind)
+            }
+            FullCheck::Usage if self.store_had_free > 0 => self.read(Action::ReadUsage),
             FullCheck::Usage if self.full_confirmed => self.fail(None, Failure::Exhausted),
             FullCheck::KeyRecord if self.key_rec_read => self.fail(None, Failure::Exhausted),
             FullCheck::Usage => self.read(Action::ReadUsage),
@@ -911,7 +925,8 @@ mod tests {
     #[test]
     fn store_with_free_ids_waits_for_the_watch_then_reports_a_lagging_view() {
         // G6: a view that stays behind a store with free IDs is `Unavailable` (retryable), never
-        // `Exhausted`; the loop first lets the watch catch up to the read's revision.
+        // `Exhausted`; the loop first lets the watch catch up to the read's revision, and reads
+        // the usage again each time the caught-up view is still full.
         let spec = spec();
         let mut l = strict(&spec, None, None);
         l.next(Input::Resume, empty);
@@ -920,13 +935,49 @@ mod tests {
         assert_eq!(l.next(free, empty), act(Action::Wait(77)));
         assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
         assert_eq!(l.next(Input::Picked(Some(3)), empty), act(create(3)));
-        // Had the view still been full: no second read.
+        // Had the view stayed full while every read found free IDs: `ViewBehind` after
+        // `VIEW_BEHIND_READS` reads.
+        let mut l = strict(&spec, None, None);
+        l.next(Input::Resume, empty);
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        for i in 0..VIEW_BEHIND_READS {
+            let rev = 77 + i64::from(i);
+            let free = Input::Usage { key_rec: None, used: 1, revision: rev };
+            assert_eq!(l.next(free, empty), act(Action::Wait(rev)));
+            assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+            let want = if i + 1 < VIEW_BEHIND_READS {
+                act(Action::ReadUsage)
+            } else {
+                act(Action::Fail(Failure::ViewBehind))
+            };
+            assert_eq!(l.next(Input::Picked(None), empty), want);
+        }
+    }
+
+    #[test]
+    fn free_ids_taken_by_others_before_the_view_caught_up_is_exhausted() {
+        // G6: the store had free IDs at one read, others took them before the view caught up:
+        // the next read finds the pool full, and that is `Exhausted`, not `Unavailable`.
+        let spec = spec();
         let mut l = strict(&spec, None, None);
         l.next(Input::Resume, empty);
         l.next(Input::Picked(None), empty);
-        l.next(Input::Usage { key_rec: None, used: 1, revision: 77 }, empty);
+        let free = Input::Usage { key_rec: None, used: spec.capacity() - 2, revision: 77 };
+        assert_eq!(l.next(free, empty), act(Action::Wait(77)));
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        let full = Input::Usage { key_rec: None, used: spec.capacity(), revision: 80 };
+        assert_eq!(l.next(full, empty), act(Action::Fail(Failure::Exhausted)));
+        // The same for a probing loop, which loaded the view after its read found free IDs.
+        let mut l = strict(&spec, None, None).candidates(Candidates::Probe);
         l.next(Input::Resume, empty);
-        assert_eq!(l.next(Input::Picked(None), empty), act(Action::Fail(Failure::ViewBehind)));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        let free = Input::Usage { key_rec: None, used: spec.capacity() - 2, revision: 77 };
+        assert_eq!(l.next(free, empty), act(Action::LoadView));
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        let full = Input::Usage { key_rec: None, used: spec.capacity(), revision: 80 };
+        assert_eq!(l.next(full, empty), act(Action::Fail(Failure::Exhausted)));
     }
 
     #[test]
