@@ -87,9 +87,9 @@ pub fn record_process() {
             metrics::gauge!(RESIDENT_MEMORY).set(stat.rss_bytes().get() as f64);
             metrics::gauge!(VIRTUAL_MEMORY).set(stat.vsize as f64);
             let ticks = procfs::ticks_per_second();
-            if ticks > 0 {
-                // Whole seconds: the exporter's counters hold integers.
-                metrics::counter!(CPU_SECONDS).absolute((stat.utime + stat.stime) / ticks);
+            // Whole seconds: the exporter's counters hold integers.
+            if let Some(cpu) = (stat.utime + stat.stime).checked_div(ticks) {
+                metrics::counter!(CPU_SECONDS).absolute(cpu);
                 if let Ok(boot) = procfs::boot_time_secs() {
                     let start = boot as f64 + stat.starttime as f64 / ticks as f64;
                     metrics::gauge!(START_TIME).set(start);
