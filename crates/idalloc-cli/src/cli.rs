@@ -247,6 +247,19 @@ Examples:
   RUST_LOG=idalloc=debug idalloc --log-format json serve")]
     Serve(ServeArgs),
 
+    /// Print this client's version, git commit, API and record layout versions; with a store
+    /// named (--store, IDALLOC_STORE, --endpoints or --etcd-config), its server's version too.
+    #[command(after_help = "\
+Exit 1 if a named store does not answer (the client's versions are still printed).
+
+JSON: {\"version\":\"0.1.0\",\"git_sha\":\"0123456789ab\",\"api\":\"v1\",\"layout\":1,
+       \"store\":\"etcd 3.4.27\"}   (store: only with a store named; null if it did not answer)
+
+Examples:
+  idalloc version
+  idalloc --store etcd://127.0.0.1:2379 version")]
+    Version,
+
     /// Print a completion script for SHELL (bash, zsh or fish) on stdout. Needs no store.
     #[command(after_help = "\
 Generated from the same definitions as the parser, so it knows every command and flag of this
@@ -319,6 +332,11 @@ pub struct ServeArgs {
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
     #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
     pub drain_timeout: Duration,
+    /// After SIGTERM, how long /readyz answers 503 while every request is still served, before
+    /// the drain begins: the time a load balancer (a Kubernetes Service's endpoints) takes to
+    /// stop sending new connections here. 0: drain at once.
+    #[arg(long, env = "IDALLOC_SHUTDOWN_DELAY", value_parser = parse::duration, value_name = "DUR", default_value = "0s")]
+    pub shutdown_delay: Duration,
     /// Serve HTTPS with this certificate chain (PEM); needs --tls-key. Reloaded on SIGHUP and
     /// when the file changes.
     #[arg(long, env = "IDALLOC_TLS_CERT", value_name = "FILE", requires = "tls_key")]

@@ -75,6 +75,12 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         }
         _ => {}
     }
+    // The client's versions need no store; the store's server only when one is named.
+    let store_named =
+        cli.store.is_some() || cli.etcd.endpoints.is_some() || cli.etcd.etcd_config.is_some();
+    if matches!(cli.command, Command::Version) && !store_named {
+        return crate::version::print(None, Out { json: cli.json });
+    }
     // Which store and how to reach it (etcd flags, config file, URL credentials); a password
     // prompt, if any, happens here, before anything else.
     let (url, etcd) = crate::connect::resolve_here(cli.store.clone(), &cli.etcd)?;
@@ -86,6 +92,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         lock_timeout: cli.lock_timeout.unwrap_or(cli.timeout * 6),
         check_file: matches!(cli.command, Command::Check(_)),
     };
+    crate::unanswered::remember(&settings);
     let out = Out { json: cli.json };
     // Validate the prefix before touching any store, so a typo never creates a file.
     let layout =
@@ -97,12 +104,14 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             | Command::List(_)
             | Command::Watch(_)
             | Command::Status
+            | Command::Version
             | Command::Pool(PoolCommand::List | PoolCommand::Show(_))
             | Command::Gc(GcArgs { dry_run: true, .. })
             | Command::Check(CheckArgs { repair: false, .. })
     );
     if let Command::Serve(a) = &cli.command {
-        return crate::serve::run(&settings, a).await;
+        return crate::serve::run(&settings, a, cli.log_format == crate::cli::LogFormat::Json)
+            .await;
     }
     if let Command::Watch(w) = &cli.command {
         if let crate::parse::StoreUrl::File(_) = settings.url {
@@ -117,6 +126,9 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     }
     let opened = open::open_store(&settings, writes).await?;
     let store = opened.store.clone();
+    if matches!(cli.command, Command::Version) {
+        return crate::version::with_store(&settings, &*store, opened.file_missing, out).await;
+    }
     // Refuse a prefix nested with another deployment's before touching anything; `status` and
     // `check` report it instead.
     if !matches!(cli.command, Command::Status | Command::Check(_)) {
@@ -227,8 +239,8 @@ async fn dispatch(
         Command::Status => status(settings, layout, alloc, &*store, file_missing, out).await,
         Command::Check(a) => check(settings, layout, &*store, a, out).await,
         Command::Serve(_) => Err(Failure::usage("serve is run before a store is opened")),
-        Command::Completions(_) | Command::Man(_) => {
-            Err(Failure::usage("completions and man are run before a store is opened"))
+        Command::Completions(_) | Command::Man(_) | Command::Version => {
+            Err(Failure::usage("completions, man and version are run before the allocator opens"))
         }
     }
 }

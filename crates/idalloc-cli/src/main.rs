@@ -17,6 +17,8 @@ mod reach;
 mod remotes;
 mod render;
 mod serve;
+mod unanswered;
+mod version;
 mod watch;
 
 use std::process::ExitCode;
@@ -59,7 +61,14 @@ fn main() -> ExitCode {
             return ExitCode::from(fail::RUNTIME);
         }
     };
-    let code = match runtime.block_on(commands::run(cli)) {
+    let started = std::time::Instant::now();
+    let ran = runtime.block_on(async {
+        match commands::run(cli).await {
+            Err(f) => Err(unanswered::explain(f, started.elapsed()).await),
+            ok => ok,
+        }
+    });
+    let code = match ran {
         Ok(code) => code,
         Err(f) => {
             eprintln!("{}", f.line());

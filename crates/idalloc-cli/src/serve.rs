@@ -69,7 +69,17 @@ fn limits(a: &ServeArgs) -> Result<idalloc_server::limits::Limits, Failure> {
     Ok(l)
 }
 
-pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
+/// The listening line as a JSON log line on stdout, in the shape of the JSON logs on stderr
+/// (`timestamp`, `level`, `fields.message`, `fields.addr`, `target`).
+fn listening_json(addr: std::net::SocketAddr) {
+    let stdout = tracing_subscriber::fmt().json().with_writer(std::io::stdout).finish();
+    tracing::subscriber::with_default(stdout, || {
+        tracing::info!(target: "idalloc::serve", %addr, "listening on {addr}");
+    });
+}
+
+/// Runs the service; `json_logs`: `--log-format json`.
+pub async fn run(settings: &Settings, a: &ServeArgs, json_logs: bool) -> Result<u8, Failure> {
     // Configuration errors first, before anything connects: each names its file.
     let tokens = a.auth_tokens.as_deref().map(Tokens::load).transpose().map_err(Failure::usage)?;
     let tls = match (&a.tls_cert, &a.tls_key) {
@@ -124,6 +134,7 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
         probe_timeout: settings.timeout,
         maintenance_interval: a.sweep_interval,
         drain_timeout: a.drain_timeout,
+        shutdown_delay: a.shutdown_delay,
         tokens,
         limits: limits(a)?,
         watch_history: a.watch_history as usize,
@@ -139,8 +150,13 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
         .local_addr()
         .map_err(|e| Failure::runtime(format!("cannot read the listening address: {e}")))?;
     // One line on stdout that scripts (and the tests) can wait for: the real address, also when
-    // --listen asked for port 0.
-    crate::commands::Out { json: false }.text(&format!("listening on {addr}\n"))?;
+    // --listen asked for port 0. Under --log-format json it is a log line like every other (with
+    // an `addr` field), so that a collector reading both streams gets JSON only.
+    if json_logs {
+        listening_json(addr);
+    } else {
+        crate::commands::Out { json: false }.text(&format!("listening on {addr}\n"))?;
+    }
     let served = match tls {
         Some(tls) => {
             idalloc_server::serve_tls(state, listener, tls, idalloc_server::shutdown_signal()).await

@@ -814,8 +814,18 @@ fn the_kubernetes_deployment_is_consistent_with_serve() {
     );
     let drain = arg("--drain-timeout").expect("--drain-timeout");
     let drain: u64 = drain.trim_end_matches('s').parse().expect("seconds");
+    let delay =
+        arg("--shutdown-delay").expect("--shutdown-delay: readiness fails before the drain");
+    let delay: u64 = delay.trim_end_matches('s').parse().expect("seconds");
+    assert!(delay > 0, "a shutdown delay of 0 drains before the endpoints are updated");
     let grace = pod["terminationGracePeriodSeconds"].as_u64().expect("grace period");
-    assert!(grace > drain, "terminationGracePeriodSeconds {grace} must exceed the drain {drain}");
+    assert!(
+        grace > delay + drain,
+        "terminationGracePeriodSeconds {grace} must exceed the delay {delay} plus the drain {drain}"
+    );
+    // The Service must not pin clients to a pod: any instance serves any session.
+    let svc = docs.iter().find(|d| d["kind"] == "Service").expect("a Service");
+    assert!(svc["spec"]["sessionAffinity"].is_null(), "stale sessionAffinity: {svc}");
 
     let env = c["env"].as_array().expect("env");
     let mounts: Vec<(String, String)> = c["volumeMounts"]

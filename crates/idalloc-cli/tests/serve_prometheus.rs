@@ -195,3 +195,57 @@ fn a_real_prometheus_scrapes_serve_with_the_shipped_settings_and_loads_the_shipp
     drop(prom);
     drop(s);
 }
+
+/// `promtool check metrics` (which also lints: a family without HELP, a counter without
+/// `_total`) finds nothing in a live `/metrics` after traffic and a watch stream; the build info,
+/// the process metrics and the watch-lag counter (at zero, before any stream lagged) are in it.
+#[test]
+fn promtool_check_metrics_finds_nothing_in_a_live_scrape() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    let s = Serve::start(env!("CARGO_BIN_EXE_idalloc"), &["--store", &store], &[]);
+    let agent = plain_agent(Duration::from_secs(30));
+    let body = json!({"name":"p","min":1,"max":100}).to_string();
+    request(&agent, "POST", &s.http("/v1/pools"), None, Some(&body)).expect("create").ok();
+    let body = json!({"keys":["a","b"],"holder":"h"}).to_string();
+    request(&agent, "POST", &s.http("/v1/pools/p/acquire"), None, Some(&body)).expect("acq").ok();
+    request(&agent, "GET", &s.http("/v1/pools/p/keys/a"), None, None).expect("get").ok();
+    request(&agent, "GET", &s.http("/v1/pools/p/keys/zz"), None, None).expect("miss");
+    let w = request(&agent, "GET", &s.http("/v1/pools/p/watch"), None, None).expect("watch");
+    assert_eq!(w.status, 200);
+    let r = request(&agent, "GET", &s.http("/metrics"), None, None).expect("scrape");
+    assert_eq!(r.status, 200);
+    let text = r.text;
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool (Debian package prometheus; scripts/test.sh installs it)");
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(text.as_bytes()).expect("write the scrape to promtool");
+    }
+    let out = child.wait_with_output().expect("promtool");
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && said.trim().is_empty(), "promtool check metrics: {said}");
+    let sha = text
+        .lines()
+        .find_map(|l| l.strip_prefix("idalloc_build_info{"))
+        .unwrap_or_else(|| panic!("no idalloc_build_info in {text}"));
+    assert!(sha.contains(&format!("version=\"{}\"", env!("CARGO_PKG_VERSION"))), "{sha}");
+    assert!(sha.contains("git_sha=\"") && sha.ends_with("} 1"), "{sha}");
+    for series in [
+        "process_resident_memory_bytes ",
+        "process_cpu_seconds_total ",
+        "process_open_fds ",
+        "process_max_fds ",
+        "process_start_time_seconds ",
+        "idalloc_watch_lagged_total{pool=\"p\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l.starts_with(series)), "{series} missing from\n{text}");
+    }
+}

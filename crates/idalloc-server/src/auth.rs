@@ -292,7 +292,7 @@ pub fn classify(method: &Method, route: &str) -> Option<Access> {
     let read_only = *method == Method::GET || *method == Method::HEAD;
     Some(match route {
         "/healthz" | "/readyz" => Access::Open,
-        "/metrics" | "/v1/openapi.json" => Access::Needs(Scope::Read),
+        "/metrics" | "/v1/openapi.json" | "/v1/version" => Access::Needs(Scope::Read),
         "/v1/pools" | "/v1/pools/{pool}" if read_only => Access::Needs(Scope::Read),
         "/v1/pools" | "/v1/pools/{pool}" | "/v1/pools/{pool}/sweep" => Access::Needs(Scope::Admin),
         "/v1/pools/{pool}/keys/{*key}"

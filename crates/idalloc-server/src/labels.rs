@@ -19,6 +19,7 @@ pub const ROUTES: &[&str] = &[
     "/readyz",
     "/metrics",
     "/v1/openapi.json",
+    "/v1/version",
     "/v1/pools",
     "/v1/pools/{pool}",
     "/v1/pools/{pool}/acquire",

@@ -12,6 +12,7 @@
 pub mod api;
 pub mod audit;
 pub mod auth;
+pub mod build_info;
 pub mod conn;
 pub mod error;
 pub mod fanout;
@@ -75,6 +76,9 @@ pub struct Config {
     pub maintenance_interval: Duration,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
     pub drain_timeout: Duration,
+    /// After SIGTERM and before the drain, how long `/readyz` fails while every request is still
+    /// served ([`AppState::begin_leaving`]): load balancers stop sending new requests meanwhile.
+    pub shutdown_delay: Duration,
     /// Bearer tokens of the named clients; `None`: no authentication (every request is served,
     /// holders are used as given).
     pub tokens: Option<auth::Tokens>,
@@ -101,6 +105,7 @@ impl Default for Config {
             probe_timeout: Duration::from_secs(2),
             maintenance_interval: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(10),
+            shutdown_delay: Duration::ZERO,
             tokens: None,
             limits: limits::Limits::default(),
             watch_history: 10_000,
@@ -123,6 +128,8 @@ pub struct AppState {
     /// Per watched pool, the shared read of its newest change ([`AppState::newest_change`]).
     newest: Mutex<std::collections::HashMap<String, Arc<flight::SingleFlight<i64, ApiError>>>>,
     shutting_down: AtomicBool,
+    /// Set when the shutdown delay begins: readiness fails, requests are still served.
+    leaving: AtomicBool,
     /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
     stop: signal::Sender<bool>,
     metrics: Option<PrometheusHandle>,
@@ -153,6 +160,7 @@ impl AppState {
             hubs: Mutex::new(Default::default()),
             newest: Mutex::new(Default::default()),
             shutting_down: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
             ref_locks: Default::default(),
@@ -294,6 +302,11 @@ impl AppState {
         self.prune_watch_state();
     }
 
+    /// Starts the shutdown delay: readiness fails, every request is still served.
+    pub fn begin_leaving(&self) {
+        self.leaving.store(true, Ordering::Release);
+    }
+
     /// Starts the shutdown: new API requests get 503, readiness fails, watch streams end.
     pub fn begin_shutdown(&self) {
         self.shutting_down.store(true, Ordering::Release);
@@ -315,17 +328,20 @@ pub fn install_prometheus() -> Result<PrometheusHandle, String> {
     // Buckets (seconds) from 0.5 ms to 10 s: local file-store operations to slow etcd retries.
     let buckets =
         [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
-    PrometheusBuilder::new()
+    let handle = PrometheusBuilder::new()
         .set_buckets(&buckets)
         .map_err(|e| e.to_string())?
         .install_recorder()
-        .map_err(|e| format!("cannot install the metrics recorder: {e}"))
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+    build_info::describe();
+    Ok(handle)
 }
 
 /// The whole HTTP service.
 pub fn router(state: Arc<AppState>) -> Router {
     let v1 = Router::new()
         .route("/v1/openapi.json", get(openapi))
+        .route("/v1/version", get(version))
         .route("/v1/pools", get(handlers::list_pools).post(handlers::create_pool))
         .route("/v1/pools/{pool}", get(handlers::show_pool).delete(handlers::delete_pool))
         .route("/v1/pools/{pool}/acquire", post(handlers::acquire))
@@ -360,6 +376,13 @@ pub fn router(state: Arc<AppState>) -> Router {
         // Outermost: sees every answer, including the refusals of the layers above.
         .layer(middleware::from_fn(unread::close_if_body_unread))
         .with_state(state)
+}
+
+/// This build and its store's server (`store` is left out when the store does not answer within
+/// the probe timeout: the version of the service itself never depends on the store).
+async fn version(State(st): State<Arc<AppState>>) -> Response {
+    let store = tokio::time::timeout(st.config.probe_timeout, st.store.server_version()).await;
+    Json(build_info::version(store.ok().and_then(Result::ok).flatten())).into_response()
 }
 
 async fn openapi(State(st): State<Arc<AppState>>) -> Response {
@@ -440,6 +463,13 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     if st.is_shutting_down() {
         return ApiError::unavailable("shutting down").into_response();
     }
+    if st.leaving.load(Ordering::Acquire) {
+        return ApiError::unavailable(format!(
+            "shutting down: leaving the load balancer for {:?} before draining",
+            st.config.shutdown_delay
+        ))
+        .into_response();
+    }
     let probe =
         tokio::time::timeout(st.config.probe_timeout, ready::probe(&*st.store, &st.layout)).await;
     let revision = match probe {
@@ -481,6 +511,7 @@ async fn metrics_text(
 ) -> Response {
     match &st.metrics {
         Some(h) => {
+            build_info::record_process();
             let mut text = h.render();
             // A client sees the per-pool samples of the pools it may read only.
             if let Some(axum::Extension(c)) = client {
@@ -581,6 +612,17 @@ where
         // Returns only after the stop signal, which only begin_shutdown sends.
         _ = &mut server => {}
         _ = shutdown => {}
+    }
+    let delay = state.config.shutdown_delay;
+    if !delay.is_zero() {
+        info!(?delay, "shutdown requested: not ready, still serving until the delay ends");
+        state.begin_leaving();
+        // The accept loop is polled meanwhile: new connections are still served. It returns
+        // only after the stop signal, which only begin_shutdown sends.
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = &mut server => {}
+        }
     }
     info!("shutdown requested: refusing new requests, finishing in-flight ones");
     state.begin_shutdown();

@@ -207,6 +207,9 @@ struct Subscriber {
 impl Subscriber {
     fn new(st: Arc<AppState>, hub: Arc<Hub>, cursor: u64, last_id: i64, first: Bytes) -> Self {
         metrics::gauge!(WATCH_SUBSCRIBERS, "pool" => hub.pool.clone()).increment(1.0);
+        // At zero from the first stream on, so that the series exists (and alerts on its rate
+        // work) before any stream ever lags.
+        metrics::counter!(WATCH_LAGGED, "pool" => hub.pool.clone()).increment(0);
         let tick = hub.subscribe();
         let keep_alive = tick.borrow().keep_alive;
         Subscriber {

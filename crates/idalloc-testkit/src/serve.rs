@@ -79,7 +79,7 @@ impl Serve {
             Ok((Err(e), _)) => (format!("(unreadable: {e})"), None),
             Err(_) => (format!("(none within {START_TIMEOUT:?})"), None),
         };
-        let (Some(addr), Some(stdout)) = (line.trim().strip_prefix("listening on "), stdout) else {
+        let (Some(addr), Some(stdout)) = (listening_addr(&line), stdout) else {
             let _ = child.kill();
             let _ = child.wait();
             let log = stderr.map(|p| std::fs::read_to_string(p).unwrap_or_default());
@@ -197,4 +197,15 @@ pub fn read_until_closed(c: &mut std::net::TcpStream) -> Vec<u8> {
         Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => rest,
         Err(e) => panic!("not closed by the server: {e}"),
     }
+}
+
+/// The address of serve's first stdout line: `listening on ADDR`, or under `--log-format json`
+/// the JSON log line whose `addr` field holds it.
+pub fn listening_addr(line: &str) -> Option<&str> {
+    let line = line.trim();
+    if let Some(addr) = line.strip_prefix("listening on ") {
+        return Some(addr);
+    }
+    let rest = &line[line.find("\"addr\":\"")? + "\"addr\":\"".len()..];
+    rest.split('"').next()
 }

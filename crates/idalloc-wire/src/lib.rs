@@ -33,5 +33,5 @@ pub use keys::{
 };
 pub use pools::{Deleted, PoolInfo, PoolSpecBody, Pools, Reclaimed, Swept};
 pub use sessions::{
-    Ended, Health, Keepalive, Ready, SessionBody, SessionInfo, SessionSummary, Sessions,
+    Ended, Health, Keepalive, Ready, SessionBody, SessionInfo, SessionSummary, Sessions, Version,
 };

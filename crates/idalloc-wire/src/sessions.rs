@@ -57,6 +57,22 @@ pub struct Health {
     pub status: String,
 }
 
+/// `GET /v1/version`: what the service is and what its store is.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct Version {
+    /// The service's version ("0.1.0").
+    pub version: String,
+    /// The git commit it was built from (12 hex digits), or "unknown".
+    pub git_sha: String,
+    /// The HTTP API version ("v1").
+    pub api: String,
+    /// The version of the record layout in the store.
+    pub layout: u32,
+    /// What serves the store and its version ("etcd 3.4.27"), if the store said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store: Option<String>,
+}
+
 /// `GET /readyz` when ready.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Ready {

@@ -301,12 +301,25 @@ impl Allocator {
                     ),
                 ));
             }
-            let records: i64 = (2..5).map(count_at).sum();
+            // Counted as users count them: a binding is one key record (its ID record and
+            // references are part of it); an ID record without a key is a quarantined ID.
+            let (ids, bound, refs) = (count_at(2), count_at(3), count_at(4));
+            let quarantined = (ids - bound).max(0);
+            let plural =
+                |n: i64, one: &str, many: &str| format!("{n} {}", if n == 1 { one } else { many });
+            let mut held = plural(bound, "binding", "bindings");
+            held.push_str(&format!(" ({})", plural(refs, "reference", "references")));
+            if quarantined > 0 {
+                held.push_str(&format!(
+                    " and {}",
+                    plural(quarantined, "quarantined ID", "quarantined IDs")
+                ));
+            }
             return Err(Error::invalid(
                 Input::PoolInUse,
                 "pool to delete",
                 name,
-                format!("the pool still has {records} records (bindings, references, tombstones); release them or delete with force"),
+                format!("the pool still has {held}; release them or delete with force"),
             ));
         }
         let removed = lock(&inner.pools).remove(name);

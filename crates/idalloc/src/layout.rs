@@ -22,6 +22,11 @@ use std::fmt::Write as _;
 
 use crate::error::{Error, Input, Result};
 
+/// The version of this record layout (DESIGN §4), shown by `idalloc version` and
+/// `GET /v1/version`: processes that share a store must agree on it. A change that older
+/// processes would misread increments it.
+pub const LAYOUT_VERSION: u32 = 1;
+
 /// The store prefix used when none is configured.
 pub const DEFAULT_PREFIX: &str = "idalloc";
 

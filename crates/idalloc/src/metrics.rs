@@ -347,4 +347,7 @@ impl Store for MeteredStore {
     async fn compact(&self, revision: Revision) -> StoreResult<()> {
         Self::record("compact", self.inner.compact(revision)).await
     }
+    async fn server_version(&self) -> StoreResult<Option<String>> {
+        self.inner.server_version().await
+    }
 }

@@ -812,6 +812,18 @@ struct WatchState {
 
 #[async_trait::async_trait]
 impl Store for EtcdStore {
+    /// etcd's `Status` of the member that answers: "etcd VERSION".
+    async fn server_version(&self) -> StoreResult<Option<String>> {
+        let send = || {
+            let mut m = self.client.maintenance_client();
+            async move { m.status().await }
+        };
+        match self.bounded("status", send).await {
+            Ok(resp) => Ok(Some(format!("etcd {}", resp.version()))),
+            Err(f) => Err(self.resolve(f, ErrCtx { revision: 0, lease: 0, key: Vec::new() }).await),
+        }
+    }
+
     async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
         let send = || {
             let mut kv = self.client.kv_client();

@@ -533,6 +533,13 @@ pub trait Store: Send + Sync + 'static {
     /// Discards history before `revision`. Reads and watches at older revisions then fail with
     /// `Compacted`.
     async fn compact(&self, revision: Revision) -> StoreResult<()>;
+
+    /// What serves the data and its version, for `idalloc version` and `GET /v1/version`
+    /// ("etcd 3.4.27", "idalloc file store, format 2"); `None` when there is nothing to name (a
+    /// wrapper that does not say).
+    async fn server_version(&self) -> StoreResult<Option<String>> {
+        Ok(None)
+    }
 }
 
 #[async_trait::async_trait]
@@ -557,6 +564,9 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     async fn compact(&self, revision: Revision) -> StoreResult<()> {
         (**self).compact(revision).await
+    }
+    async fn server_version(&self) -> StoreResult<Option<String>> {
+        (**self).server_version().await
     }
 }
 

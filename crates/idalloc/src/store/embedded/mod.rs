@@ -519,6 +519,15 @@ async fn reap(weak: Weak<Inner>, mut wake: watch::Receiver<()>) {
 
 #[async_trait::async_trait]
 impl Store for EmbeddedStore {
+    /// "idalloc file store, format N" for a file, "idalloc memory store" in memory.
+    async fn server_version(&self) -> StoreResult<Option<String>> {
+        let file = self.inner.lock().file.is_some();
+        Ok(Some(if file {
+            format!("idalloc file store, format {}", file::FORMAT_VERSION)
+        } else {
+            "idalloc memory store".to_string()
+        }))
+    }
     async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {
         match &self.inner.writer {
             Some(writer) => {

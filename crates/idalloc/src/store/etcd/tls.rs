@@ -250,9 +250,23 @@ impl Target {
     }
 
     pub async fn tcp(&self, timeout: Duration) -> Result<TcpStream, String> {
-        match tokio::time::timeout(timeout, TcpStream::connect((self.host.as_str(), self.port)))
-            .await
-        {
+        // Resolved apart from the connect, so that a name that does not resolve is said to be
+        // a DNS failure, not a connection that failed.
+        let connect = async {
+            let addrs: Vec<std::net::SocketAddr> =
+                tokio::net::lookup_host((self.host.as_str(), self.port))
+                    .await
+                    .map_err(|e| {
+                        std::io::Error::other(format!(
+                            "cannot resolve {} (DNS lookup failed: {e})",
+                            self.host
+                        ))
+                    })?
+                    .collect();
+            TcpStream::connect(&addrs[..]).await
+        };
+        match tokio::time::timeout(timeout, connect).await {
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::Other => Err(e.to_string()),
             Ok(Ok(s)) => Ok(s),
             Ok(Err(e)) => Err(format!("cannot connect: {e}")),
             Err(_) => Err(format!("cannot connect within {timeout:?}")),
