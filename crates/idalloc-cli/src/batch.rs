@@ -270,7 +270,7 @@ where
     }
     drop(results);
     progress.finish();
-    let write_err = |e: std::io::Error| Failure::runtime(format!("writing to stdout: {e}"));
+    let write_err = crate::fail::stdout_error;
     if let Some(e) = write_failed {
         return Err(write_err(e));
     }

@@ -10,9 +10,16 @@ use crate::connect::EtcdArgs;
 use crate::parse::{self, IdRange, StoreUrl};
 use crate::remotes::RemoteArgs;
 
-const TOP_HELP: &str = "\
-Exit codes: 0 success; 1 runtime error (store unavailable, locked or refusing access: TLS,
-credentials, permissions; pool exhausted, spec mismatch, conflict); 2 invalid input or usage; 3 not found (pool, key or ID).
+pub(crate) const TOP_HELP: &str = "\
+Exit codes:
+  0    success
+  1    runtime error: spec mismatch, conflict, pool still has bindings, access refused (TLS, credentials, permissions)
+  2    invalid input or usage
+  3    not found (pool, key or ID)
+  4    corrupt data in the store (run `idalloc check`)
+  5    the store or server did not answer (unreachable, timed out, file busy): retrying may succeed
+  6    pool exhausted
+  141  stdout closed by its reader (e.g. `head`): stopped quietly
 Errors go to stderr as one line starting with 'error: '.
 
 --json gives one JSON document on stdout (JSON lines for `watch` and `acquire --from`); the shapes
@@ -55,7 +62,7 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
-    /// Bound on store requests: each command gives up with exit 1 after about this long when the
+    /// Bound on store requests: each command gives up with exit 5 after about this long when the
     /// store does not answer (3 attempts of a third each). Also sets the default wait for a busy
     /// file store (--lock-timeout): 6 times this.
     #[arg(long, global = true, default_value = "5s", value_parser = parse::duration, value_name = "DUR")]

@@ -26,22 +26,17 @@ pub struct Out {
 }
 
 impl Out {
-    /// Writes `text` (which ends with a newline) to stdout. A closed stdout (`| head`) is a
-    /// runtime failure, not a panic.
+    /// Writes `text` (which ends with a newline) to stdout. A closed stdout (`| head`) ends the
+    /// command quietly with exit 141 (`fail::stdout_error`), never a panic.
     pub fn text(&self, text: &str) -> Result<(), Failure> {
         let mut o = std::io::stdout().lock();
-        o.write_all(text.as_bytes())
-            .and_then(|_| o.flush())
-            .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))
+        o.write_all(text.as_bytes()).and_then(|_| o.flush()).map_err(crate::fail::stdout_error)
     }
 
     /// Writes raw bytes (a generated script or page) to stdout; exit 0.
     pub fn bytes(&self, b: &[u8]) -> Result<u8, Failure> {
         let mut o = std::io::stdout().lock();
-        o.write_all(b)
-            .and_then(|_| o.flush())
-            .map(|_| 0)
-            .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))
+        o.write_all(b).and_then(|_| o.flush()).map(|_| 0).map_err(crate::fail::stdout_error)
     }
 
     /// Writes one JSON document on its own line.
@@ -115,7 +110,26 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             return watch::poll_file(&settings, w, out).await.map(|_| 0);
         }
     }
-    let opened = open::open_store(&settings, writes).await?;
+    let opened = match open::open_store(&settings, writes).await {
+        Ok(o) => o,
+        // `status` prints what it knows also when the store cannot be opened (a file another
+        // process holds, an etcd that does not answer), then exits with the failure's code.
+        Err(f) if matches!(cli.command, Command::Status) && f.code != crate::fail::USAGE => {
+            let report = StatusReport {
+                kind: settings.url.kind(),
+                endpoint: settings.url.endpoint(),
+                prefix: settings.prefix.clone(),
+                revision: None,
+                pools: None,
+                broken: Vec::new(),
+                error: Some(f.message.clone()),
+                reachable: false,
+            };
+            report.print(out)?;
+            return Ok(f.code);
+        }
+        Err(f) => return Err(f),
+    };
     let store = opened.store.clone();
     // Refuse a prefix nested with another deployment's before touching anything (issue 9,
     // item 9); `status` and `check` report it instead.
@@ -134,10 +148,49 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     };
     let alloc = open::allocator(&settings, store.clone(), one_key(&cli.command), bulk)?;
     let result = dispatch(&cli, &settings, &layout, &alloc, store, opened.file_missing, out).await;
+    let result = match result {
+        Err(f) if f.code == crate::fail::NOT_FOUND => {
+            let names = alloc
+                .pool_listing()
+                .await
+                .map(|l| l.pools.iter().map(|s| s.name().to_string()).collect::<Vec<_>>());
+            Err(suggest_pool(&cli.command, f, names.ok()))
+        }
+        r => r,
+    };
     // Closing revokes nothing (the CLI holds no lease) but stops background work at once, so the
     // store file is released before the process exits.
     let _ = alloc.close().await;
     result
+}
+
+/// The pool a command names, if it names one.
+pub fn named_pool(command: &Command) -> Option<&str> {
+    match command {
+        Command::Pool(PoolCommand::Show(p)) => Some(&p.pool),
+        Command::Pool(PoolCommand::Delete(a)) => Some(&a.name),
+        Command::Acquire(a) => Some(&a.pool),
+        Command::Release(a) => Some(&a.pool),
+        Command::Get(a) => Some(&a.pool),
+        Command::Lookup(a) => Some(&a.pool),
+        Command::List(a) => Some(&a.pool),
+        Command::Watch(a) => Some(&a.pool),
+        Command::Gc(a) => a.pool.as_deref(),
+        Command::Check(a) => a.pool.as_deref(),
+        _ => None,
+    }
+}
+
+/// A "not found" failure with the closest existing pool appended when the pool the command names
+/// is the one missing (`pool "vnii" not found…; did you mean "vni"?`). `names`: the pools, if
+/// they could be listed (if not, the failure is left as it is).
+pub fn suggest_pool(command: &Command, f: Failure, names: Option<Vec<String>>) -> Failure {
+    let (Some(missing), Some(names)) = (named_pool(command), names) else { return f };
+    if names.iter().any(|n| n == missing) {
+        // The pool is there: the key or ID is what was not found.
+        return f;
+    }
+    Failure { message: crate::suggest::pool_message(&f.message, missing, &names), ..f }
 }
 
 /// Commands that open their pool lazily, never listing it unless they need to (issue 21 items 0
@@ -454,7 +507,10 @@ async fn lookup(alloc: &Allocator, a: &LookupArgs, out: Out) -> Result<u8, Failu
 /// clean for scripts and the problem is still seen.
 fn warn_broken(broken: &[idalloc::records::SpecProblem]) {
     for p in broken {
-        eprintln!("warning: {}; run `idalloc check` for details", render::controls(&p.to_string()));
+        crate::fail::say(&format!(
+            "warning: {}; run `idalloc check` for details",
+            render::controls(&p.to_string())
+        ));
     }
 }
 
@@ -521,7 +577,6 @@ async fn status(
     file_missing: bool,
     out: Out,
 ) -> Result<u8, Failure> {
-    let kind = settings.url.kind();
     let mut endpoint = settings.url.endpoint();
     if file_missing {
         endpoint.push_str(" (not created yet)");
@@ -531,10 +586,18 @@ async fn status(
         store.get(GetRequest::new(KeyRange::prefix(layout.pools_prefix())).count_only()),
     )
     .await;
-    let (revision, error) = match probe {
-        Ok(Ok(r)) => (Some(r.revision), None),
-        Ok(Err(e)) => (None, Some(e.to_string())),
-        Err(_) => (None, Some(format!("no answer within {:?}", settings.timeout))),
+    // The exit code when the store does not answer: 5 if a retry may help, else 1.
+    let (revision, error, unreachable_code) = match probe {
+        Ok(Ok(r)) => (Some(r.revision), None, crate::fail::OK),
+        Ok(Err(e)) => {
+            let code = Failure::from(idalloc::Error::from(e.clone())).code;
+            (None, Some(e.to_string()), code)
+        }
+        Err(_) => (
+            None,
+            Some(format!("no answer within {:?}", settings.timeout)),
+            crate::fail::UNAVAILABLE,
+        ),
     };
     let reachable = error.is_none();
     // `None`: the pools could not be listed (said as such, never as "none").
@@ -550,40 +613,86 @@ async fn status(
     } else {
         (None, Vec::new(), None)
     };
-    let error = error.or(list_error);
-    let broken_names: Vec<String> =
-        broken.iter().map(|p| p.pool.clone().unwrap_or_else(|| p.record.clone())).collect();
-    out.either(
-        || {
-            json!({"store": kind, "endpoint": endpoint, "prefix": settings.prefix,
-                   "reachable": reachable, "revision": revision, "pools": pools,
-                   "broken": render::broken_json(&broken), "error": error})
-        },
-        || {
-            let pools_line = match &pools {
-                None => "unknown".to_string(),
-                Some(p) if p.is_empty() && broken.is_empty() => "none".to_string(),
-                Some(p) => {
-                    let mut parts: Vec<String> = p.clone();
-                    parts.extend(broken_names.iter().map(|b| format!("{} (broken spec)", render::text(b))));
-                    parts.join(", ")
+    let code = match (&error, &list_error) {
+        (Some(_), _) => unreachable_code,
+        (None, Some(_)) => crate::fail::RUNTIME,
+        (None, None) => crate::fail::OK,
+    };
+    let report = StatusReport {
+        kind: settings.url.kind(),
+        endpoint,
+        prefix: settings.prefix.clone(),
+        reachable,
+        revision,
+        pools,
+        broken,
+        error: error.or(list_error),
+    };
+    report.print(out)?;
+    warn_broken(&report.broken);
+    Ok(code)
+}
+
+/// What `status` knows, printed the same way whether the store was opened or not.
+pub struct StatusReport {
+    pub kind: &'static str,
+    pub endpoint: String,
+    pub prefix: String,
+    pub reachable: bool,
+    pub revision: Option<i64>,
+    /// `None`: the pools could not be listed (said as such, never as "none").
+    pub pools: Option<Vec<String>>,
+    pub broken: Vec<idalloc::records::SpecProblem>,
+    pub error: Option<String>,
+}
+
+impl StatusReport {
+    pub fn print(&self, out: Out) -> Result<(), Failure> {
+        let broken_names: Vec<String> = self
+            .broken
+            .iter()
+            .map(|p| p.pool.clone().unwrap_or_else(|| p.record.clone()))
+            .collect();
+        out.either(
+            || {
+                json!({"store": self.kind, "endpoint": self.endpoint, "prefix": self.prefix,
+                       "reachable": self.reachable, "revision": self.revision, "pools": self.pools,
+                       "broken": render::broken_json(&self.broken), "error": self.error})
+            },
+            || {
+                let pools_line = match &self.pools {
+                    None => "unknown".to_string(),
+                    Some(p) if p.is_empty() && self.broken.is_empty() => "none".to_string(),
+                    Some(p) => {
+                        let mut parts: Vec<String> = p.clone();
+                        parts.extend(
+                            broken_names
+                                .iter()
+                                .map(|b| format!("{} (broken spec)", render::text(b))),
+                        );
+                        parts.join(", ")
+                    }
+                };
+                let mut t = format!(
+                    "store:      {}\nendpoint:   {}\nprefix:     {}\nreachable:  {}\nrevision:   {}\npools:      {}\n",
+                    self.kind,
+                    self.endpoint,
+                    self.prefix,
+                    if self.reachable {
+                        "yes".to_string()
+                    } else {
+                        format!("no ({})", render::controls(self.error.as_deref().unwrap_or_default()))
+                    },
+                    self.revision.map_or("-".to_string(), |r| r.to_string()),
+                    pools_line,
+                );
+                if self.reachable {
+                    if let Some(e) = &self.error {
+                        t.push_str(&format!("error:      {}\n", render::controls(e)));
+                    }
                 }
-            };
-            let mut t = format!(
-                "store:      {kind}\nendpoint:   {endpoint}\nprefix:     {}\nreachable:  {}\nrevision:   {}\npools:      {}\n",
-                settings.prefix,
-                if reachable { "yes".to_string() } else { format!("no ({})", error.clone().unwrap_or_default()) },
-                revision.map_or("-".to_string(), |r| r.to_string()),
-                pools_line,
-            );
-            if reachable {
-                if let Some(e) = &error {
-                    t.push_str(&format!("error:      {}\n", render::controls(e)));
-                }
-            }
-            t
-        },
-    )?;
-    warn_broken(&broken);
-    Ok(if error.is_none() { 0 } else { crate::fail::RUNTIME })
+                t
+            },
+        )
+    }
 }

@@ -51,7 +51,7 @@ struct Printer {
 }
 
 fn write_failed(e: std::io::Error) -> Failure {
-    Failure::runtime(format!("writing to stdout: {e}"))
+    crate::fail::stdout_error(e)
 }
 
 impl Printer {
@@ -83,7 +83,7 @@ impl Printer {
                 }
                 self.any = true;
                 serde_json::to_writer(&mut self.w, &render::binding_json(b))
-                    .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))?;
+                    .map_err(|e| write_failed(std::io::Error::from(e)))?;
             }
             return Ok(());
         }

@@ -17,6 +17,7 @@ mod reach;
 mod remotes;
 mod render;
 mod serve;
+mod suggest;
 mod watch;
 
 use std::process::ExitCode;
@@ -45,7 +46,7 @@ fn main() -> ExitCode {
                     )
                 }
                 _ => {
-                    eprintln!("error: {}", fail::clap_line(&e.render().to_string()));
+                    fail::say(&format!("error: {}", fail::clap_line(&e.render().to_string())));
                     ExitCode::from(fail::USAGE)
                 }
             };
@@ -55,14 +56,17 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            fail::say(&format!("error: cannot start the async runtime: {e}"));
             return ExitCode::from(fail::RUNTIME);
         }
     };
     let code = match runtime.block_on(commands::run(cli)) {
         Ok(code) => code,
         Err(f) => {
-            eprintln!("{}", f.line());
+            // A closed stdout (`| head`) is not worth a line: the reader asked for no more.
+            if !f.is_quiet() {
+                fail::say(&f.line());
+            }
             f.code
         }
     };

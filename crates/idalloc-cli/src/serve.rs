@@ -94,10 +94,10 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
         && !a.listen.ip().is_loopback()
         && !(tls.is_some() && (tokens.is_some() || a.client_ca.is_some()))
     {
-        eprintln!(
+        crate::fail::say(&format!(
             "warning: --insecure-listen: serving {} without TLS and client authentication",
             a.listen
-        );
+        ));
     }
     // The recorder first, so the library registers its metric descriptions with it.
     let metrics = idalloc_server::install_prometheus().map_err(Failure::runtime)?;
