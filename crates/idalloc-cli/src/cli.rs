@@ -33,7 +33,8 @@ Examples:
   idalloc --endpoints https://10.0.0.1:2379 --cacert ca.pem --cert me.pem --key me-key.pem \\
           --user idalloc pool list           # password: IDALLOC_PASSWORD, --password-file or prompt
   idalloc --etcd-config /var/lib/etcd-config/etcd.config status   # Cilium's etcd client config
-  IDALLOC_STORE=memory: idalloc acquire p k --range 1-100";
+  IDALLOC_STORE=memory: idalloc acquire p k --range 1-100
+  IDALLOC_SERVER=http://127.0.0.1:7379 idalloc pool list   # through a running idalloc serve";
 
 /// idalloc: small numeric IDs for string keys, the same in every process, on etcd or a local file.
 #[derive(Parser, Debug)]
@@ -47,6 +48,23 @@ pub struct Cli {
 
     #[command(flatten)]
     pub etcd: EtcdArgs,
+
+    /// Run the command through `idalloc serve` at URL (several comma-separated: replicas, tried
+    /// in turn) instead of opening a store; --cacert, --cert and --key then apply to it. For a
+    /// file store that a running serve holds, and for hosts without store credentials.
+    #[arg(
+        long,
+        global = true,
+        env = "IDALLOC_SERVER",
+        value_delimiter = ',',
+        value_name = "URL",
+        conflicts_with = "store"
+    )]
+    pub server: Option<Vec<String>>,
+
+    /// Bearer token for --server (a service with --auth-tokens): the first line of FILE.
+    #[arg(long, global = true, env = "IDALLOC_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 
     /// Root of every store key (several independent allocators can share one etcd).
     #[arg(

@@ -70,6 +70,10 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         }
         _ => {}
     }
+    // Through `idalloc serve`: no store is opened, no etcd credentials are asked for.
+    if let Some(endpoints) = &cli.server {
+        return crate::through::run(&cli, endpoints).await;
+    }
     // Which store and how to reach it (etcd flags, config file, URL credentials); a password
     // prompt, if any, happens here, before anything else.
     let (url, etcd) = crate::connect::resolve_here(cli.store.clone(), &cli.etcd)?;
@@ -360,7 +364,7 @@ async fn check(
     Ok(if after.report.breaches() == 0 { 0 } else { crate::fail::RUNTIME })
 }
 
-fn holder_of(h: &Option<String>) -> String {
+pub fn holder_of(h: &Option<String>) -> String {
     h.clone().unwrap_or_else(|| {
         default_holder(std::env::var("USER").ok(), std::env::var("LOGNAME").ok())
     })
@@ -376,7 +380,7 @@ async fn pool_create(alloc: &Allocator, a: &CreateArgs, out: Out) -> Result<u8, 
     Ok(0)
 }
 
-fn build_spec(a: &CreateArgs) -> Result<PoolSpec, Failure> {
+pub fn build_spec(a: &CreateArgs) -> Result<PoolSpec, Failure> {
     let mut spec = PoolSpec::new(a.name.clone(), a.range.min, a.range.max)
         .strategy(match a.strategy {
             StrategyArg::Random => Strategy::Random,
@@ -457,20 +461,31 @@ async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Fai
     idalloc::pool::validate_key(key)?;
     // A pool that does not exist holds nothing: a no-op, like any release of what is not held.
     let r = alloc.release_durable(&a.pool, key, &holder).await?;
+    print_release(&a.pool, key, &holder, r, out)?;
+    Ok(0)
+}
+
+/// The output of one `release` (store or `--server`).
+pub fn print_release(
+    pool: &str,
+    key: &str,
+    holder: &str,
+    r: idalloc::Released,
+    out: Out,
+) -> Result<(), Failure> {
     out.either(
         || {
-            json!({"pool": a.pool, "key": key, "holder": holder,
+            json!({"pool": pool, "key": key, "holder": holder,
                    "released": r.held, "reclaimed": r.reclaimed})
         },
         || match (r.held, r.reclaimed) {
             (false, _) => {
-                format!("{} held nothing for {:?} in {}\n", render::text(&holder), key, a.pool)
+                format!("{} held nothing for {:?} in {}\n", render::text(holder), key, pool)
             }
             (true, true) => format!("released; {:?} was reclaimed\n", key),
             (true, false) => "released\n".to_string(),
         },
-    )?;
-    Ok(0)
+    )
 }
 
 async fn get(alloc: &Allocator, a: &GetArgs, out: Out) -> Result<u8, Failure> {

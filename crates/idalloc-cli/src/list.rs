@@ -36,6 +36,18 @@ pub async fn print(pool: &Pool, name: &str, out: Out) -> Result<u8, Failure> {
     }
 }
 
+/// Prints `bindings` (all of a pool named `name`, in ID order, read by the caller: the listing of
+/// `idalloc serve`) exactly as [`print`] prints a store's pool.
+pub async fn print_all(bindings: &[Binding], name: &str, out: Out) -> Result<u8, Failure> {
+    let mut p = Printer::new(out.json, name);
+    p.start()?;
+    for page in bindings.chunks(BLOCK) {
+        p.page(page)?;
+    }
+    p.finish()?;
+    Ok(0)
+}
+
 /// The output being written.
 struct Printer {
     json: bool,

@@ -18,6 +18,7 @@ mod remotes;
 mod render;
 mod serve;
 mod suggest;
+mod through;
 mod watch;
 
 use std::process::ExitCode;
