@@ -80,6 +80,10 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
+    /// Tables (pool list, list) without their header line, for scripts.
+    #[arg(long, global = true)]
+    pub no_headers: bool,
+
     /// Bound on store requests: each command gives up with exit 5 after about this long when the
     /// store does not answer (3 attempts of a third each). Also sets the default wait for a busy
     /// file store (--lock-timeout): 6 times this.
@@ -556,6 +560,12 @@ pub struct WatchArgs {
 pub struct ListArgs {
     /// Pool name: [a-z0-9][a-z0-9._-]{0,62}.
     pub pool: String,
+    /// Only the bindings this holder references.
+    #[arg(long, value_name = "H", conflicts_with = "remotes")]
+    pub holder: Option<String>,
+    /// Only the keys that start with P.
+    #[arg(long, value_name = "P", conflicts_with = "remotes")]
+    pub key_prefix: Option<String>,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }

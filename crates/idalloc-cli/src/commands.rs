@@ -23,6 +23,8 @@ use crate::{batch, docgen, remotes, watch};
 #[derive(Clone, Copy)]
 pub struct Out {
     pub json: bool,
+    /// Tables without their header line (`--no-headers`).
+    pub no_headers: bool,
 }
 
 impl Out {
@@ -63,10 +65,12 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     // Completions and man pages come from the command definitions alone: no store, no
     // credentials, no prompt.
     match &cli.command {
-        Command::Completions(a) => return Out { json: false }.bytes(&docgen::completions(a.shell)),
+        Command::Completions(a) => {
+            return Out { json: false, no_headers: false }.bytes(&docgen::completions(a.shell))
+        }
         Command::Man(ManArgs { dir: Some(dir) }) => return docgen::man_pages_to(dir).map(|_| 0),
         Command::Man(ManArgs { dir: None }) => {
-            return Out { json: false }.bytes(&docgen::man_page()?)
+            return Out { json: false, no_headers: false }.bytes(&docgen::man_page()?)
         }
         _ => {}
     }
@@ -85,7 +89,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         lock_timeout: cli.lock_timeout.unwrap_or(cli.timeout * 6),
         check_file: matches!(cli.command, Command::Check(_)),
     };
-    let out = Out { json: cli.json };
+    let out = Out { json: cli.json, no_headers: cli.no_headers };
     // Validate the prefix before touching any store, so a typo never creates a file.
     let layout =
         Layout::new(&settings.prefix).map_err(|e| Failure::usage(format!("--prefix: {e}")))?;
@@ -242,7 +246,7 @@ async fn dispatch(
                     json!({"pools": usages.iter().map(Usage::to_json).collect::<Vec<_>>(),
                            "broken": render::broken_json(&listing.broken)})
                 },
-                || render::pools_table(&usages),
+                || render::pools_table(&usages, !out.no_headers),
             )?;
             warn_broken(&listing.broken);
             Ok(0)
@@ -277,7 +281,7 @@ async fn dispatch(
         Command::Lookup(a) => lookup(alloc, a, out).await,
         Command::List(p) => {
             let pool = alloc.pool(&p.pool).await?;
-            crate::list::print(&pool, &p.pool, out).await
+            crate::list::print(&pool, &p.pool, &crate::list::Filter::of(p), out).await
         }
         Command::Watch(w) => watch::follow(alloc, w, out).await.map(|_| 0),
         Command::Gc(a) => gc(alloc, a, out).await,

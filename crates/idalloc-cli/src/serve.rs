@@ -140,7 +140,8 @@ pub async fn run(settings: &Settings, a: &ServeArgs) -> Result<u8, Failure> {
         .map_err(|e| Failure::runtime(format!("cannot read the listening address: {e}")))?;
     // One line on stdout that scripts (and the tests) can wait for: the real address, also when
     // --listen asked for port 0.
-    crate::commands::Out { json: false }.text(&format!("listening on {addr}\n"))?;
+    crate::commands::Out { json: false, no_headers: false }
+        .text(&format!("listening on {addr}\n"))?;
     let served = match tls {
         Some(tls) => {
             idalloc_server::serve_tls(state, listener, tls, idalloc_server::shutdown_signal()).await

@@ -156,7 +156,7 @@ pub async fn run(cli: &Cli, endpoints: &[String]) -> Result<u8, Failure> {
         return Err(Failure::usage(why));
     }
     let server = Server::new(cli, endpoints)?;
-    let out = Out { json: cli.json };
+    let out = Out { json: cli.json, no_headers: cli.no_headers };
     let result = dispatch(cli, &server, out).await;
     match result {
         Err(f) if f.code == crate::fail::NOT_FOUND => {
@@ -199,7 +199,7 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
                     json!({"pools": usages.iter().map(Usage::to_json).collect::<Vec<_>>(),
                            "broken": render::broken_json(&[])})
                 },
-                || render::pools_table(&usages),
+                || render::pools_table(&usages, !out.no_headers),
             )?;
             Ok(0)
         }
@@ -339,7 +339,7 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
         Command::List(a) => {
             let pool = client.pool(&a.pool).await?;
             let bindings = pool.list().await?;
-            crate::list::print_all(&bindings, &a.pool, out).await
+            crate::list::print_all(&bindings, &a.pool, &crate::list::Filter::of(a), out).await
         }
         Command::Watch(w) => {
             let pool = client.pool(&w.pool).await?;
