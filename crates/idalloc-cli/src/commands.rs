@@ -122,7 +122,8 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         Ok(o) => o,
         // `status` prints what it knows also when the store cannot be opened (a file another
         // process holds, an etcd that does not answer), then exits with the failure's code.
-        Err(f) if matches!(cli.command, Command::Status) && f.code != crate::fail::USAGE => {
+        // A damaged file (exit 4) or a bad command line (2) stays the one error line.
+        Err(f) if matches!(cli.command, Command::Status) && f.code == crate::fail::UNAVAILABLE => {
             let report = StatusReport {
                 kind: settings.url.kind(),
                 endpoint: settings.url.endpoint(),
