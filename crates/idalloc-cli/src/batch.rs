@@ -105,26 +105,39 @@ pub async fn acquire_from(
     concurrency: usize,
     out: Out,
 ) -> Result<(), Failure> {
-    let input = Input::open(from)?;
     let name = pool.spec().name().to_string();
-    run_batched(
-        input,
-        "acquired",
-        concurrency,
-        |chunk| {
-            let pool = pool.clone();
-            let holder = holder.to_string();
-            async move { pool.acquire_many_durable(&chunk, &holder).await }
-        },
-        |w, key, got: &idalloc::Acquired| {
-            if out.json {
-                let line = json!({"pool": name, "key": key, "id": got.id, "new": got.new, "holder": holder});
-                writeln!(w, "{line}")
-            } else {
-                writeln!(w, "{}\t{}", got.id, crate::render::text(key))
-            }
-        },
-    )
+    acquire_from_with(&name, from, holder, concurrency, out, |chunk| {
+        let pool = pool.clone();
+        let holder = holder.to_string();
+        async move { pool.acquire_many_durable(&chunk, &holder).await }
+    })
+    .await
+}
+
+/// [`acquire_from`] with the acquire of a chunk of keys given (a store's pool, or a pool of
+/// `idalloc serve` through its client): one result per key, in order.
+pub async fn acquire_from_with<F, Fut>(
+    name: &str,
+    from: &Path,
+    holder: &str,
+    concurrency: usize,
+    out: Out,
+    call: F,
+) -> Result<(), Failure>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = Vec<idalloc::Result<idalloc::Acquired>>>,
+{
+    let input = Input::open(from)?;
+    run_batched(input, "acquired", concurrency, call, |w, key, got: &idalloc::Acquired| {
+        if out.json {
+            let line =
+                json!({"pool": name, "key": key, "id": got.id, "new": got.new, "holder": holder});
+            writeln!(w, "{line}")
+        } else {
+            writeln!(w, "{}\t{}", got.id, crate::render::text(key))
+        }
+    })
     .await
 }
 
@@ -138,44 +151,55 @@ pub async fn release_from(
     concurrency: usize,
     out: Out,
 ) -> Result<(), Failure> {
+    release_from_with(pool_name, from, holder, concurrency, out, |chunk| {
+        let pool = pool.cloned();
+        let holder = holder.to_string();
+        async move {
+            match pool {
+                Some(pool) => pool.release_many_durable(&chunk, &holder).await,
+                None => chunk
+                    .iter()
+                    .map(|_| Ok(idalloc::Released { held: false, reclaimed: false }))
+                    .collect(),
+            }
+        }
+    })
+    .await
+}
+
+/// [`release_from`] with the release of a chunk of keys given: one result per key, in order.
+pub async fn release_from_with<F, Fut>(
+    pool_name: &str,
+    from: &Path,
+    holder: &str,
+    concurrency: usize,
+    out: Out,
+    call: F,
+) -> Result<(), Failure>
+where
+    F: Fn(Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = Vec<idalloc::Result<idalloc::Released>>>,
+{
     let input = Input::open(from)?;
-    run_batched(
-        input,
-        "released",
-        concurrency,
-        |chunk| {
-            let pool = pool.cloned();
-            let holder = holder.to_string();
-            async move {
-                match pool {
-                    Some(pool) => pool.release_many_durable(&chunk, &holder).await,
-                    None => chunk
-                        .iter()
-                        .map(|_| Ok(idalloc::Released { held: false, reclaimed: false }))
-                        .collect(),
-                }
-            }
-        },
-        |w, key, r: &idalloc::Released| {
-            if out.json {
-                let line = json!({"pool": pool_name, "key": key, "holder": holder,
+    run_batched(input, "released", concurrency, call, |w, key, r: &idalloc::Released| {
+        if out.json {
+            let line = json!({"pool": pool_name, "key": key, "holder": holder,
                                   "released": r.held, "reclaimed": r.reclaimed});
-                writeln!(w, "{line}")
-            } else {
-                match (r.held, r.reclaimed) {
-                    (false, _) => writeln!(
-                        w,
-                        "{} held nothing for {key:?} in {pool_name}",
-                        crate::render::text(holder)
-                    ),
-                    (true, true) => writeln!(w, "released; {key:?} was reclaimed"),
-                    // Unlike a single `release`, name the key: after a stopped batch not every
-                    // input line has an output line.
-                    (true, false) => writeln!(w, "released {key:?}"),
-                }
+            writeln!(w, "{line}")
+        } else {
+            match (r.held, r.reclaimed) {
+                (false, _) => writeln!(
+                    w,
+                    "{} held nothing for {key:?} in {pool_name}",
+                    crate::render::text(holder)
+                ),
+                (true, true) => writeln!(w, "released; {key:?} was reclaimed"),
+                // Unlike a single `release`, name the key: after a stopped batch not every
+                // input line has an output line.
+                (true, false) => writeln!(w, "released {key:?}"),
             }
-        },
-    )
+        }
+    })
     .await
 }
 
@@ -287,7 +311,7 @@ where
     }
     drop(results);
     progress.finish();
-    let write_err = |e: std::io::Error| Failure::runtime(format!("writing to stdout: {e}"));
+    let write_err = crate::fail::stdout_error;
     if let Some(e) = write_failed {
         return Err(write_err(e));
     }

@@ -16,9 +16,16 @@ use crate::remotes::RemoteArgs;
 /// memory and an apply backlog that failed calls for minutes after the load stopped.
 pub const MAX_IN_FLIGHT: i64 = 32;
 
-const TOP_HELP: &str = "\
-Exit codes: 0 success; 1 runtime error (store unavailable, locked or refusing access: TLS,
-credentials, permissions; pool exhausted, spec mismatch, conflict); 2 invalid input or usage; 3 not found (pool, key or ID).
+pub(crate) const TOP_HELP: &str = "\
+Exit codes:
+  0    success
+  1    runtime error: spec mismatch, conflict, pool still has bindings, access refused (TLS, credentials, permissions)
+  2    invalid input or usage
+  3    not found (pool, key or ID)
+  4    corrupt data in the store (run `idalloc check`)
+  5    the store or server did not answer (unreachable, timed out, file busy): retrying may succeed
+  6    pool exhausted
+  141  stdout closed by its reader (e.g. `head`): stopped quietly
 Errors go to stderr as one line starting with 'error: '.
 
 --json gives one JSON document on stdout (JSON lines for `watch` and `acquire --from`); the shapes
@@ -32,7 +39,8 @@ Examples:
   idalloc --endpoints https://10.0.0.1:2379 --cacert ca.pem --cert me.pem --key me-key.pem \\
           --user idalloc pool list           # password: IDALLOC_PASSWORD, --password-file or prompt
   idalloc --etcd-config /var/lib/etcd-config/etcd.config status   # Cilium's etcd client config
-  IDALLOC_STORE=memory: idalloc acquire p k --range 1-100";
+  IDALLOC_STORE=memory: idalloc acquire p k --range 1-100
+  IDALLOC_SERVER=http://127.0.0.1:7379 idalloc pool list   # through a running idalloc serve";
 
 /// idalloc: small numeric IDs for string keys, the same in every process, on etcd or a local file.
 #[derive(Parser, Debug)]
@@ -46,6 +54,23 @@ pub struct Cli {
 
     #[command(flatten)]
     pub etcd: EtcdArgs,
+
+    /// Run the command through `idalloc serve` at URL (several comma-separated: replicas, tried
+    /// in turn) instead of opening a store; --cacert, --cert and --key then apply to it. For a
+    /// file store that a running serve holds, and for hosts without store credentials.
+    #[arg(
+        long,
+        global = true,
+        env = "IDALLOC_SERVER",
+        value_delimiter = ',',
+        value_name = "URL",
+        conflicts_with = "store"
+    )]
+    pub server: Option<Vec<String>>,
+
+    /// Bearer token for --server (a service with --auth-tokens): the first line of FILE.
+    #[arg(long, global = true, env = "IDALLOC_TOKEN_FILE", value_name = "FILE")]
+    pub token_file: Option<std::path::PathBuf>,
 
     /// Root of every store key (several independent allocators can share one etcd).
     #[arg(
@@ -61,7 +86,11 @@ pub struct Cli {
     #[arg(long, global = true)]
     pub json: bool,
 
-    /// Bound on store requests: each command gives up with exit 1 after about this long when the
+    /// Tables (pool list, list) without their header line, for scripts.
+    #[arg(long, global = true)]
+    pub no_headers: bool,
+
+    /// Bound on store requests: each command gives up with exit 5 after about this long when the
     /// store does not answer (3 attempts of a third each). Also sets the default wait for a busy
     /// file store (--lock-timeout): 6 times this.
     #[arg(long, global = true, default_value = "5s", value_parser = parse::duration, value_name = "DUR")]
@@ -557,6 +586,12 @@ pub struct WatchArgs {
 pub struct ListArgs {
     /// Pool name: [a-z0-9][a-z0-9._-]{0,62}.
     pub pool: String,
+    /// Only the bindings this holder references.
+    #[arg(long, value_name = "H", conflicts_with = "remotes")]
+    pub holder: Option<String>,
+    /// Only the keys that start with P.
+    #[arg(long, value_name = "P", conflicts_with = "remotes")]
+    pub key_prefix: Option<String>,
     #[command(flatten)]
     pub remote: RemoteArgs,
 }

@@ -23,25 +23,22 @@ use crate::{batch, docgen, remotes, watch};
 #[derive(Clone, Copy)]
 pub struct Out {
     pub json: bool,
+    /// Tables without their header line (`--no-headers`).
+    pub no_headers: bool,
 }
 
 impl Out {
-    /// Writes `text` (which ends with a newline) to stdout. A closed stdout (`| head`) is a
-    /// runtime failure, not a panic.
+    /// Writes `text` (which ends with a newline) to stdout. A closed stdout (`| head`) ends the
+    /// command quietly with exit 141 (`fail::stdout_error`), never a panic.
     pub fn text(&self, text: &str) -> Result<(), Failure> {
         let mut o = std::io::stdout().lock();
-        o.write_all(text.as_bytes())
-            .and_then(|_| o.flush())
-            .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))
+        o.write_all(text.as_bytes()).and_then(|_| o.flush()).map_err(crate::fail::stdout_error)
     }
 
     /// Writes raw bytes (a generated script or page) to stdout; exit 0.
     pub fn bytes(&self, b: &[u8]) -> Result<u8, Failure> {
         let mut o = std::io::stdout().lock();
-        o.write_all(b)
-            .and_then(|_| o.flush())
-            .map(|_| 0)
-            .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))
+        o.write_all(b).and_then(|_| o.flush()).map(|_| 0).map_err(crate::fail::stdout_error)
     }
 
     /// Writes one JSON document on its own line.
@@ -68,10 +65,12 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     // Completions and man pages come from the command definitions alone: no store, no
     // credentials, no prompt.
     match &cli.command {
-        Command::Completions(a) => return Out { json: false }.bytes(&docgen::completions(a.shell)),
+        Command::Completions(a) => {
+            return Out { json: false, no_headers: false }.bytes(&docgen::completions(a.shell))
+        }
         Command::Man(ManArgs { dir: Some(dir) }) => return docgen::man_pages_to(dir).map(|_| 0),
         Command::Man(ManArgs { dir: None }) => {
-            return Out { json: false }.bytes(&docgen::man_page()?)
+            return Out { json: false, no_headers: false }.bytes(&docgen::man_page()?)
         }
         _ => {}
     }
@@ -79,7 +78,11 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     let store_named =
         cli.store.is_some() || cli.etcd.endpoints.is_some() || cli.etcd.etcd_config.is_some();
     if matches!(cli.command, Command::Version) && !store_named {
-        return crate::version::print(None, Out { json: cli.json });
+        return crate::version::print(None, Out { json: cli.json, no_headers: cli.no_headers });
+    }
+    // Through `idalloc serve`: no store is opened, no etcd credentials are asked for.
+    if let Some(endpoints) = &cli.server {
+        return crate::through::run(&cli, endpoints).await;
     }
     // Which store and how to reach it (etcd flags, config file, URL credentials); a password
     // prompt, if any, happens here, before anything else.
@@ -93,7 +96,7 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         check_file: matches!(cli.command, Command::Check(_)),
     };
     crate::unanswered::remember(&settings);
-    let out = Out { json: cli.json };
+    let out = Out { json: cli.json, no_headers: cli.no_headers };
     // Validate the prefix before touching any store, so a typo never creates a file.
     let layout =
         Layout::new(&settings.prefix).map_err(|e| Failure::usage(format!("--prefix: {e}")))?;
@@ -124,7 +127,27 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             return watch::poll_file(&settings, w, out).await.map(|_| 0);
         }
     }
-    let opened = open::open_store(&settings, writes).await?;
+    let opened = match open::open_store(&settings, writes).await {
+        Ok(o) => o,
+        // `status` prints what it knows also when the store cannot be opened (a file another
+        // process holds, an etcd that does not answer), then exits with the failure's code.
+        // A damaged file (exit 4) or a bad command line (2) stays the one error line.
+        Err(f) if matches!(cli.command, Command::Status) && f.code == crate::fail::UNAVAILABLE => {
+            let report = StatusReport {
+                kind: settings.url.kind(),
+                endpoint: settings.url.endpoint(),
+                prefix: settings.prefix.clone(),
+                revision: None,
+                pools: None,
+                broken: Vec::new(),
+                error: Some(f.message.clone()),
+                reachable: false,
+            };
+            report.print(out)?;
+            return Ok(f.code);
+        }
+        Err(f) => return Err(f),
+    };
     let store = opened.store.clone();
     if matches!(cli.command, Command::Version) {
         return crate::version::with_store(&settings, &*store, opened.file_missing, out).await;
@@ -146,10 +169,49 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     };
     let alloc = open::allocator(&settings, store.clone(), one_key(&cli.command), bulk)?;
     let result = dispatch(&cli, &settings, &layout, &alloc, store, opened.file_missing, out).await;
+    let result = match result {
+        Err(f) if f.code == crate::fail::NOT_FOUND => {
+            let names = alloc
+                .pool_listing()
+                .await
+                .map(|l| l.pools.iter().map(|s| s.name().to_string()).collect::<Vec<_>>());
+            Err(suggest_pool(&cli.command, f, names.ok()))
+        }
+        r => r,
+    };
     // Closing revokes nothing (the CLI holds no lease) but stops background work at once, so the
     // store file is released before the process exits.
     let _ = alloc.close().await;
     result
+}
+
+/// The pool a command names, if it names one.
+pub fn named_pool(command: &Command) -> Option<&str> {
+    match command {
+        Command::Pool(PoolCommand::Show(p)) => Some(&p.pool),
+        Command::Pool(PoolCommand::Delete(a)) => Some(&a.name),
+        Command::Acquire(a) => Some(&a.pool),
+        Command::Release(a) => Some(&a.pool),
+        Command::Get(a) => Some(&a.pool),
+        Command::Lookup(a) => Some(&a.pool),
+        Command::List(a) => Some(&a.pool),
+        Command::Watch(a) => Some(&a.pool),
+        Command::Gc(a) => a.pool.as_deref(),
+        Command::Check(a) => a.pool.as_deref(),
+        _ => None,
+    }
+}
+
+/// A "not found" failure with the closest existing pool appended when the pool the command names
+/// is the one missing (`pool "vnii" not found…; did you mean "vni"?`). `names`: the pools, if
+/// they could be listed (if not, the failure is left as it is).
+pub fn suggest_pool(command: &Command, f: Failure, names: Option<Vec<String>>) -> Failure {
+    let (Some(missing), Some(names)) = (named_pool(command), names) else { return f };
+    if names.iter().any(|n| n == missing) {
+        // The pool is there: the key or ID is what was not found.
+        return f;
+    }
+    Failure { message: crate::suggest::pool_message(&f.message, missing, &names), ..f }
 }
 
 /// Commands that open their pool lazily, never listing it unless they need to
@@ -197,7 +259,7 @@ async fn dispatch(
                     json!({"pools": usages.iter().map(Usage::to_json).collect::<Vec<_>>(),
                            "broken": render::broken_json(&listing.broken)})
                 },
-                || render::pools_table(&usages),
+                || render::pools_table(&usages, !out.no_headers),
             )?;
             warn_broken(&listing.broken);
             Ok(0)
@@ -232,7 +294,7 @@ async fn dispatch(
         Command::Lookup(a) => lookup(alloc, a, out).await,
         Command::List(p) => {
             let pool = alloc.pool(&p.pool).await?;
-            crate::list::print(&pool, &p.pool, out).await
+            crate::list::print(&pool, &p.pool, &crate::list::Filter::of(p), out).await
         }
         Command::Watch(w) => watch::follow(alloc, w, out).await.map(|_| 0),
         Command::Gc(a) => gc(alloc, a, out).await,
@@ -319,7 +381,7 @@ async fn check(
     Ok(if after.report.breaches() == 0 { 0 } else { crate::fail::RUNTIME })
 }
 
-fn holder_of(h: &Option<String>) -> String {
+pub fn holder_of(h: &Option<String>) -> String {
     h.clone().unwrap_or_else(|| {
         default_holder(std::env::var("USER").ok(), std::env::var("LOGNAME").ok())
     })
@@ -335,7 +397,7 @@ async fn pool_create(alloc: &Allocator, a: &CreateArgs, out: Out) -> Result<u8, 
     Ok(0)
 }
 
-fn build_spec(a: &CreateArgs) -> Result<PoolSpec, Failure> {
+pub fn build_spec(a: &CreateArgs) -> Result<PoolSpec, Failure> {
     let mut spec = PoolSpec::new(a.name.clone(), a.range.min, a.range.max)
         .strategy(match a.strategy {
             StrategyArg::Random => Strategy::Random,
@@ -416,20 +478,31 @@ async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Fai
     idalloc::pool::validate_key(key)?;
     // A pool that does not exist holds nothing: a no-op, like any release of what is not held.
     let r = alloc.release_durable(&a.pool, key, &holder).await?;
+    print_release(&a.pool, key, &holder, r, out)?;
+    Ok(0)
+}
+
+/// The output of one `release` (store or `--server`).
+pub fn print_release(
+    pool: &str,
+    key: &str,
+    holder: &str,
+    r: idalloc::Released,
+    out: Out,
+) -> Result<(), Failure> {
     out.either(
         || {
-            json!({"pool": a.pool, "key": key, "holder": holder,
+            json!({"pool": pool, "key": key, "holder": holder,
                    "released": r.held, "reclaimed": r.reclaimed})
         },
         || match (r.held, r.reclaimed) {
             (false, _) => {
-                format!("{} held nothing for {:?} in {}\n", render::text(&holder), key, a.pool)
+                format!("{} held nothing for {:?} in {}\n", render::text(holder), key, pool)
             }
             (true, true) => format!("released; {:?} was reclaimed\n", key),
             (true, false) => "released\n".to_string(),
         },
-    )?;
-    Ok(0)
+    )
 }
 
 async fn get(alloc: &Allocator, a: &GetArgs, out: Out) -> Result<u8, Failure> {
@@ -466,7 +539,10 @@ async fn lookup(alloc: &Allocator, a: &LookupArgs, out: Out) -> Result<u8, Failu
 /// clean for scripts and the problem is still seen.
 fn warn_broken(broken: &[idalloc::records::SpecProblem]) {
     for p in broken {
-        eprintln!("warning: {}; run `idalloc check` for details", render::controls(&p.to_string()));
+        crate::fail::say(&format!(
+            "warning: {}; run `idalloc check` for details",
+            render::controls(&p.to_string())
+        ));
     }
 }
 
@@ -533,7 +609,6 @@ async fn status(
     file_missing: bool,
     out: Out,
 ) -> Result<u8, Failure> {
-    let kind = settings.url.kind();
     let mut endpoint = settings.url.endpoint();
     if file_missing {
         endpoint.push_str(" (not created yet)");
@@ -543,10 +618,18 @@ async fn status(
         store.get(GetRequest::new(KeyRange::prefix(layout.pools_prefix())).count_only()),
     )
     .await;
-    let (revision, error) = match probe {
-        Ok(Ok(r)) => (Some(r.revision), None),
-        Ok(Err(e)) => (None, Some(e.to_string())),
-        Err(_) => (None, Some(format!("no answer within {:?}", settings.timeout))),
+    // The exit code when the store does not answer: 5 if a retry may help, else 1.
+    let (revision, error, unreachable_code) = match probe {
+        Ok(Ok(r)) => (Some(r.revision), None, crate::fail::OK),
+        Ok(Err(e)) => {
+            let code = Failure::from(idalloc::Error::from(e.clone())).code;
+            (None, Some(e.to_string()), code)
+        }
+        Err(_) => (
+            None,
+            Some(format!("no answer within {:?}", settings.timeout)),
+            crate::fail::UNAVAILABLE,
+        ),
     };
     let reachable = error.is_none();
     // `None`: the pools could not be listed (said as such, never as "none").
@@ -562,40 +645,86 @@ async fn status(
     } else {
         (None, Vec::new(), None)
     };
-    let error = error.or(list_error);
-    let broken_names: Vec<String> =
-        broken.iter().map(|p| p.pool.clone().unwrap_or_else(|| p.record.clone())).collect();
-    out.either(
-        || {
-            json!({"store": kind, "endpoint": endpoint, "prefix": settings.prefix,
-                   "reachable": reachable, "revision": revision, "pools": pools,
-                   "broken": render::broken_json(&broken), "error": error})
-        },
-        || {
-            let pools_line = match &pools {
-                None => "unknown".to_string(),
-                Some(p) if p.is_empty() && broken.is_empty() => "none".to_string(),
-                Some(p) => {
-                    let mut parts: Vec<String> = p.clone();
-                    parts.extend(broken_names.iter().map(|b| format!("{} (broken spec)", render::text(b))));
-                    parts.join(", ")
+    let code = match (&error, &list_error) {
+        (Some(_), _) => unreachable_code,
+        (None, Some(_)) => crate::fail::RUNTIME,
+        (None, None) => crate::fail::OK,
+    };
+    let report = StatusReport {
+        kind: settings.url.kind(),
+        endpoint,
+        prefix: settings.prefix.clone(),
+        reachable,
+        revision,
+        pools,
+        broken,
+        error: error.or(list_error),
+    };
+    report.print(out)?;
+    warn_broken(&report.broken);
+    Ok(code)
+}
+
+/// What `status` knows, printed the same way whether the store was opened or not.
+pub struct StatusReport {
+    pub kind: &'static str,
+    pub endpoint: String,
+    pub prefix: String,
+    pub reachable: bool,
+    pub revision: Option<i64>,
+    /// `None`: the pools could not be listed (said as such, never as "none").
+    pub pools: Option<Vec<String>>,
+    pub broken: Vec<idalloc::records::SpecProblem>,
+    pub error: Option<String>,
+}
+
+impl StatusReport {
+    pub fn print(&self, out: Out) -> Result<(), Failure> {
+        let broken_names: Vec<String> = self
+            .broken
+            .iter()
+            .map(|p| p.pool.clone().unwrap_or_else(|| p.record.clone()))
+            .collect();
+        out.either(
+            || {
+                json!({"store": self.kind, "endpoint": self.endpoint, "prefix": self.prefix,
+                       "reachable": self.reachable, "revision": self.revision, "pools": self.pools,
+                       "broken": render::broken_json(&self.broken), "error": self.error})
+            },
+            || {
+                let pools_line = match &self.pools {
+                    None => "unknown".to_string(),
+                    Some(p) if p.is_empty() && self.broken.is_empty() => "none".to_string(),
+                    Some(p) => {
+                        let mut parts: Vec<String> = p.clone();
+                        parts.extend(
+                            broken_names
+                                .iter()
+                                .map(|b| format!("{} (broken spec)", render::text(b))),
+                        );
+                        parts.join(", ")
+                    }
+                };
+                let mut t = format!(
+                    "store:      {}\nendpoint:   {}\nprefix:     {}\nreachable:  {}\nrevision:   {}\npools:      {}\n",
+                    self.kind,
+                    self.endpoint,
+                    self.prefix,
+                    if self.reachable {
+                        "yes".to_string()
+                    } else {
+                        format!("no ({})", render::controls(self.error.as_deref().unwrap_or_default()))
+                    },
+                    self.revision.map_or("-".to_string(), |r| r.to_string()),
+                    pools_line,
+                );
+                if self.reachable {
+                    if let Some(e) = &self.error {
+                        t.push_str(&format!("error:      {}\n", render::controls(e)));
+                    }
                 }
-            };
-            let mut t = format!(
-                "store:      {kind}\nendpoint:   {endpoint}\nprefix:     {}\nreachable:  {}\nrevision:   {}\npools:      {}\n",
-                settings.prefix,
-                if reachable { "yes".to_string() } else { format!("no ({})", error.clone().unwrap_or_default()) },
-                revision.map_or("-".to_string(), |r| r.to_string()),
-                pools_line,
-            );
-            if reachable {
-                if let Some(e) = &error {
-                    t.push_str(&format!("error:      {}\n", render::controls(e)));
-                }
-            }
-            t
-        },
-    )?;
-    warn_broken(&broken);
-    Ok(if error.is_none() { 0 } else { crate::fail::RUNTIME })
+                t
+            },
+        )
+    }
 }

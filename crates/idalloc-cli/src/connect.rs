@@ -192,7 +192,7 @@ pub fn resolve_here(
             .is_terminal()
             .then(|| rpassword::prompt_password(format!("Password for etcd user {user}: ")))
     };
-    let mut warn = |w: String| eprintln!("warning: {w}");
+    let mut warn = |w: String| crate::fail::say(&format!("warning: {w}"));
     resolve(store, args, Environment { var: &var, prompt: &prompt, warn: &mut warn })
 }
 

@@ -1,15 +1,18 @@
 //! Exit codes and the one-line error every failure becomes.
 //!
 //! Scripts branch on the exit code, so each library error maps to exactly one code: 1 for "the
-//! world is not as needed" (store down, pool full, specs disagree), 2 for "the command is wrong"
-//! (fix the input), 3 for "not there" (lets `get`/`lookup` double as existence checks), 4 for
-//! "the store holds data idalloc cannot use" (a person must look: `idalloc check`).
+//! world is not as needed" (specs disagree, a conflict, access refused), 2 for "the command is
+//! wrong" (fix the input), 3 for "not there" (lets `get`/`lookup` double as existence checks), 4
+//! for "the store holds data idalloc cannot use" (a person must look: `idalloc check`), 5 for
+//! "the store or server did not answer: retrying may succeed", 6 for "the pool is exhausted"
+//! (only a release helps), and 141 (as a process killed by SIGPIPE) when stdout was closed
+//! before everything was written (`| head`): quietly, the reader asked for no more.
 
 use idalloc::{Error, Input};
 
 /// Exit code of a successful command.
 pub const OK: u8 = 0;
-/// Runtime failure: store unavailable or locked, exhausted, spec mismatch, conflict.
+/// Runtime failure: spec mismatch, conflict, access refused, pool in use.
 pub const RUNTIME: u8 = 1;
 /// Invalid input or usage.
 pub const USAGE: u8 = 2;
@@ -17,7 +20,42 @@ pub const USAGE: u8 = 2;
 pub const NOT_FOUND: u8 = 3;
 /// Corrupt data: a record or store file idalloc cannot use (see `idalloc check`).
 pub const CORRUPT: u8 = 4;
+/// The store or server did not answer (unreachable, timed out, file busy): a retry may succeed.
+pub const UNAVAILABLE: u8 = 5;
+/// The pool is exhausted: every allocatable ID is bound or waiting out its reuse delay.
+pub const EXHAUSTED: u8 = 6;
+/// stdout was closed by its reader (128 + SIGPIPE, what a shell reports for a process SIGPIPE
+/// killed): the command stops quietly, since its output is no longer wanted.
+pub const PIPE_CLOSED: u8 = 141;
 
+/// The exit-code table of `--help` and docs/cli.md, one place for both (a test compares them).
+#[cfg(test)]
+pub const TABLE: &[(u8, &str)] = &[
+    (OK, "success"),
+    (RUNTIME, "runtime error: spec mismatch, conflict, pool still has bindings, access refused (TLS, credentials, permissions)"),
+    (USAGE, "invalid input or usage"),
+    (NOT_FOUND, "not found (pool, key or ID)"),
+    (CORRUPT, "corrupt data in the store (run `idalloc check`)"),
+    (UNAVAILABLE, "the store or server did not answer (unreachable, timed out, file busy): retrying may succeed"),
+    (EXHAUSTED, "pool exhausted"),
+    (PIPE_CLOSED, "stdout closed by its reader (e.g. `head`): stopped quietly"),
+];
+
+/// Writes `line` and a newline to stderr, ignoring a failure (`eprintln!` panics when stderr is
+/// closed, and a panic is exit 101).
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
+/// A failed write to stdout: quiet exit 141 if the reader closed it, else exit 1 naming the error.
+pub fn stdout_error(e: std::io::Error) -> Failure {
+    if e.kind() == std::io::ErrorKind::BrokenPipe {
+        Failure { code: PIPE_CLOSED, message: String::new() }
+    } else {
+        Failure::runtime(format!("writing to stdout: {e}"))
+    }
+}
 /// A failed command: its exit code and the message printed after `error: `.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
@@ -32,8 +70,16 @@ impl Failure {
     pub fn runtime(message: impl Into<String>) -> Self {
         Failure { code: RUNTIME, message: message.into() }
     }
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        Failure { code: UNAVAILABLE, message: message.into() }
+    }
     pub fn not_found(message: impl Into<String>) -> Self {
         Failure { code: NOT_FOUND, message: message.into() }
+    }
+
+    /// A failure with nothing to say (stdout closed): main prints no line for it.
+    pub fn is_quiet(&self) -> bool {
+        self.message.is_empty()
     }
 
     /// The line for stderr: `error: ` and the message on one line (newlines a store might put in a
@@ -60,10 +106,12 @@ impl From<Error> for Failure {
             Error::InvalidInput { .. } => USAGE,
             Error::PoolNotFound { .. } => NOT_FOUND,
             Error::Corrupt { .. } => CORRUPT,
+            Error::Exhausted { .. } => EXHAUSTED,
+            // Retryable: unreachable, timed out, contended. Not: closed, read-only, a bad answer.
+            Error::Unavailable { retryable: true, .. } => UNAVAILABLE,
             Error::RangeMismatch { .. }
             | Error::PoolReplaced { .. }
-            | Error::Exhausted { .. }
-            | Error::Unavailable { .. }
+            | Error::Unavailable { retryable: false, .. }
             | Error::Conflict { .. }
             | Error::AccessDenied { .. } => RUNTIME,
         };
@@ -104,14 +152,38 @@ pub fn clap_line(rendered: &str) -> String {
             &joined
         }
     };
+    // clap's suggestions ("tip: a similar subcommand exists: 'pool'") are the fix for a typo.
+    let tips: Vec<&str> =
+        rendered.lines().map(str::trim).filter(|l| l.starts_with("tip: ")).collect();
+    let mut first = first.to_string();
+    for tip in tips {
+        first.push_str("; ");
+        first.push_str(tip);
+    }
     // clap quotes the offending value: never a password from an etcd:// URL.
-    let first = crate::parse::redact_urls(first);
+    let first = crate::parse::redact_urls(&first);
     format!("{first} (see 'idalloc --help')")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The table of `--help` and the one of docs/cli.md say what `TABLE` says, code by code.
+    #[test]
+    fn exit_code_tables_agree() {
+        let help = crate::cli::TOP_HELP;
+        let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/cli.md");
+        let doc = std::fs::read_to_string(doc_path).expect("docs/cli.md");
+        for (code, meaning) in TABLE {
+            let line = format!("  {code:<4} {meaning}\n");
+            assert!(help.contains(&line), "--help lacks {line:?}");
+            let row = format!("| {code} | {} |\n", meaning.replace('|', "\\|"));
+            assert!(doc.contains(&row), "docs/cli.md lacks {row:?}");
+        }
+        let listed = help.lines().skip_while(|l| !l.starts_with("Exit codes:")).skip(1);
+        assert_eq!(listed.take_while(|l| l.starts_with("  ")).count(), TABLE.len());
+    }
 
     #[test]
     fn codes() {
@@ -120,7 +192,9 @@ mod tests {
         let f: Failure = Error::PoolNotFound { pool: "p".into() }.into();
         assert_eq!(f.code, NOT_FOUND);
         let f: Failure = Error::unavailable("x").into();
-        assert_eq!(f.code, RUNTIME);
+        assert_eq!(f.code, UNAVAILABLE);
+        let f: Failure = Error::Exhausted { pool: "p".into(), min: 1, max: 2, capacity: 2 }.into();
+        assert_eq!(f.code, EXHAUSTED);
         let f: Failure = Error::unavailable_for_good("x").into();
         assert_eq!(f.code, RUNTIME);
         // The code follows the typed input kind, whatever the message says.
@@ -157,8 +231,12 @@ mod tests {
         let f = Failure::runtime("store said \x1b[2J \"k\\n\"");
         assert_eq!(f.line(), "error: store said \\u{1b}[2J \"k\\n\"");
         assert_eq!(
-            clap_line("error: unexpected argument '--x' found\n\n  tip: ...\n\nUsage: idalloc"),
+            clap_line("error: unexpected argument '--x' found\n\nUsage: idalloc"),
             "unexpected argument '--x' found (see 'idalloc --help')"
+        );
+        assert_eq!(
+            clap_line("error: unrecognized subcommand 'poool'\n\n  tip: a similar subcommand exists: 'pool'\n\nUsage: idalloc"),
+            "unrecognized subcommand 'poool'; tip: a similar subcommand exists: 'pool' (see 'idalloc --help')"
         );
     }
 }

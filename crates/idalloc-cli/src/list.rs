@@ -18,9 +18,28 @@ use crate::render;
 /// Rows per aligned block of the text table.
 pub const BLOCK: usize = 1000;
 
-/// Prints every binding of `pool` (named `name`) to stdout.
-pub async fn print(pool: &Pool, name: &str, out: Out) -> Result<u8, Failure> {
-    let mut p = Printer::new(out.json, name);
+/// Which bindings `list` prints (`--holder`, `--key-prefix`).
+#[derive(Debug, Default, Clone)]
+pub struct Filter {
+    pub holder: Option<String>,
+    pub key_prefix: Option<String>,
+}
+
+impl Filter {
+    pub fn of(a: &crate::cli::ListArgs) -> Filter {
+        Filter { holder: a.holder.clone(), key_prefix: a.key_prefix.clone() }
+    }
+
+    /// Whether `b` is printed.
+    pub fn keeps(&self, b: &Binding) -> bool {
+        self.holder.as_ref().is_none_or(|h| b.holders.iter().any(|x| x == h))
+            && self.key_prefix.as_ref().is_none_or(|p| b.key.starts_with(p.as_str()))
+    }
+}
+
+/// Prints every binding of `pool` (named `name`) that `filter` keeps to stdout.
+pub async fn print(pool: &Pool, name: &str, filter: &Filter, out: Out) -> Result<u8, Failure> {
+    let mut p = Printer::new(out, name, filter.clone());
     p.start()?;
     let listed = pool.list_each(|page| p.page(page)).await;
     match listed {
@@ -36,9 +55,29 @@ pub async fn print(pool: &Pool, name: &str, out: Out) -> Result<u8, Failure> {
     }
 }
 
+/// Prints `bindings` (all of a pool named `name`, in ID order, read by the caller: the listing of
+/// `idalloc serve`) exactly as [`print`] prints a store's pool.
+pub async fn print_all(
+    bindings: &[Binding],
+    name: &str,
+    filter: &Filter,
+    out: Out,
+) -> Result<u8, Failure> {
+    let mut p = Printer::new(out, name, filter.clone());
+    p.start()?;
+    for page in bindings.chunks(BLOCK) {
+        p.page(page)?;
+    }
+    p.finish()?;
+    Ok(0)
+}
+
 /// The output being written.
 struct Printer {
     json: bool,
+    /// `--no-headers`: the text table without its header line.
+    no_headers: bool,
+    filter: Filter,
     w: std::io::BufWriter<std::io::Stdout>,
     /// Text: the rows of the block not yet printed.
     rows: Vec<Vec<String>>,
@@ -51,14 +90,16 @@ struct Printer {
 }
 
 fn write_failed(e: std::io::Error) -> Failure {
-    Failure::runtime(format!("writing to stdout: {e}"))
+    crate::fail::stdout_error(e)
 }
 
 impl Printer {
-    fn new(json: bool, pool: &str) -> Self {
+    fn new(out: Out, pool: &str, filter: Filter) -> Self {
         let (head, tail) = render::bindings_json_frame(pool);
         Printer {
-            json,
+            json: out.json,
+            no_headers: out.no_headers,
+            filter,
             w: std::io::BufWriter::new(std::io::stdout()),
             rows: Vec::new(),
             header: false,
@@ -76,6 +117,13 @@ impl Printer {
     }
 
     fn page(&mut self, page: &[Binding]) -> Result<(), Failure> {
+        let kept: Vec<Binding>;
+        let page = if self.filter.holder.is_none() && self.filter.key_prefix.is_none() {
+            page
+        } else {
+            kept = page.iter().filter(|b| self.filter.keeps(b)).cloned().collect();
+            &kept
+        };
         if self.json {
             for b in page {
                 if self.any {
@@ -83,7 +131,7 @@ impl Printer {
                 }
                 self.any = true;
                 serde_json::to_writer(&mut self.w, &render::binding_json(b))
-                    .map_err(|e| Failure::runtime(format!("writing to stdout: {e}")))?;
+                    .map_err(|e| write_failed(std::io::Error::from(e)))?;
             }
             return Ok(());
         }
@@ -96,7 +144,11 @@ impl Printer {
 
     /// Text: prints the pending rows as one aligned block (the header with the first).
     fn block(&mut self) -> Result<(), Failure> {
-        let t = render::table_block(&render::BINDINGS_HEADER, &self.rows, !self.header);
+        let t = render::table_block(
+            &render::BINDINGS_HEADER,
+            &self.rows,
+            !self.header && !self.no_headers,
+        );
         self.header = true;
         self.rows.clear();
         self.w.write_all(t.as_bytes()).and_then(|_| self.w.flush()).map_err(write_failed)

@@ -17,6 +17,8 @@ mod reach;
 mod remotes;
 mod render;
 mod serve;
+mod suggest;
+mod through;
 mod unanswered;
 mod version;
 mod watch;
@@ -47,7 +49,7 @@ fn main() -> ExitCode {
                     )
                 }
                 _ => {
-                    eprintln!("error: {}", fail::clap_line(&e.render().to_string()));
+                    fail::say(&format!("error: {}", fail::clap_line(&e.render().to_string())));
                     ExitCode::from(fail::USAGE)
                 }
             };
@@ -57,7 +59,7 @@ fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
+            fail::say(&format!("error: cannot start the async runtime: {e}"));
             return ExitCode::from(fail::RUNTIME);
         }
     };
@@ -71,7 +73,10 @@ fn main() -> ExitCode {
     let code = match ran {
         Ok(code) => code,
         Err(f) => {
-            eprintln!("{}", f.line());
+            // A closed stdout (`| head`) is not worth a line: the reader asked for no more.
+            if !f.is_quiet() {
+                fail::say(&f.line());
+            }
             f.code
         }
     };

@@ -71,6 +71,7 @@ pub async fn open_store_bounded(
             Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: false })
         }
         StoreUrl::File(path) => {
+            missing_directory(path).map_or(Ok(()), Err)?;
             if !writes && !Path::new(path).exists() {
                 return Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: true });
             }
@@ -81,7 +82,8 @@ pub async fn open_store_bounded(
             };
             match EmbeddedStore::open(path, opts).await {
                 Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
-                Err(StoreError::Locked { path, waited }) => Err(Failure::runtime(format!(
+                // Busy, not broken: the other process may finish (exit 5, retry may succeed).
+                Err(StoreError::Locked { path, waited }) => Err(Failure::unavailable(format!(
                     "store file {path} is still in use by another process after waiting {:.1}s \
                      (--lock-timeout); retry, or raise --lock-timeout",
                     waited.as_secs_f64()
@@ -105,11 +107,32 @@ pub async fn open_store_bounded(
                 Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
                 // Bad endpoints, unreadable certificate files: the command line is wrong.
                 Err(StoreError::InvalidRequest(m)) => Err(Failure::usage(m)),
-                // Refusals (TLS, credentials) and outages: exit 1, the message names the cause.
+                // Outages: exit 5 (retry may succeed); refusals (TLS, credentials): exit 1. The
+                // message names the cause.
+                Err(e) if e.is_retryable() => Err(Failure::unavailable(e.to_string())),
                 Err(e) => Err(Failure::runtime(e.to_string())),
             }
         }
     }
+}
+
+/// The error for a store file whose directory does not exist (a typo in the path must not look
+/// like an empty store, and no command creates directories), or `None`.
+pub fn missing_directory(path: &str) -> Option<Failure> {
+    let dir = match Path::new(path).parent() {
+        // `file:ids.redb`: the current directory, which exists.
+        None => return None,
+        Some(d) if d.as_os_str().is_empty() => return None,
+        Some(d) => d,
+    };
+    if dir.is_dir() {
+        return None;
+    }
+    Some(Failure::usage(format!(
+        "store file {path:?}: its directory {:?} does not exist (or is not a directory); \
+         create it first, or fix --store",
+        dir.display().to_string()
+    )))
 }
 
 /// The allocator on `store`: no session lease is ever granted (the CLI only makes durable

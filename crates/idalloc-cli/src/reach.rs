@@ -18,7 +18,7 @@ use idalloc::remote::{check_overlap, id_space, RemoteReader};
 use idalloc::{Cluster, Pool, RemoteOptions, RemotePool};
 use tokio::time::Instant;
 
-use crate::fail::{Failure, NOT_FOUND, RUNTIME};
+use crate::fail::{Failure, NOT_FOUND, RUNTIME, UNAVAILABLE};
 use crate::open::{self, Settings};
 use crate::parse::StoreUrl;
 
@@ -55,12 +55,12 @@ impl Budget {
         let waited = self.start.elapsed().as_secs_f64();
         match r {
             Ok(Ok(v)) => Ok(v),
-            Ok(Err(f)) if f.code == RUNTIME => Err(Failure {
+            Ok(Err(f)) if f.code == RUNTIME || f.code == UNAVAILABLE => Err(Failure {
                 message: format!("--remote {name}: {} (after {waited:.1}s)", f.message),
                 ..f
             }),
             Ok(Err(f)) => Err(Failure { message: format!("--remote {name}: {}", f.message), ..f }),
-            Err(_) => Err(Failure::runtime(format!(
+            Err(_) => Err(Failure::unavailable(format!(
                 "--remote {name}: no answer after {waited:.1}s (--timeout {:?}: each remote has \
                  that long for everything a command asks it)",
                 self.limit
@@ -167,7 +167,7 @@ pub async fn route(
             // The remote has no such pool: it holds no ID of it.
             Err(f) if f.code == NOT_FOUND => {}
             // Unreachable, or no answer in time: its ID space is unknown, it might hold `id`.
-            Err(f) if f.code == RUNTIME => unanswered.push(f),
+            Err(f) if f.code == RUNTIME || f.code == UNAVAILABLE => unanswered.push(f),
             // The command is wrong (a bad URL, an overlapping remote) or a remote's data is
             // unusable: say so now.
             Err(f) => return Err(f),

@@ -209,7 +209,7 @@ pub fn table_block(header: &[&str], rows: &[Vec<String>], show_header: bool) -> 
     out
 }
 
-pub fn pools_table(usages: &[Usage]) -> String {
+pub fn pools_table(usages: &[Usage], header: bool) -> String {
     let rows: Vec<Vec<String>> = usages
         .iter()
         .map(|u| {
@@ -222,7 +222,7 @@ pub fn pools_table(usages: &[Usage]) -> String {
             ]
         })
         .collect();
-    table(&["NAME", "RANGE", "BOUND", "FREE", "USED"], &rows)
+    table_block(&["NAME", "RANGE", "BOUND", "FREE", "USED"], &rows, header)
 }
 
 /// `pool show`: the spec one field per line, then the figures.
@@ -356,7 +356,7 @@ mod tests {
         assert_eq!(j["pool"], "p");
         assert_eq!(j["spec"]["min"], 1);
         assert_eq!(j["free"], 4);
-        let t = pools_table(&[u]);
+        let t = pools_table(&[u], true);
         assert_eq!(t, "NAME  RANGE  BOUND  FREE  USED\np     1-10   3      4     50.0%\n");
     }
 

@@ -104,10 +104,10 @@ pub async fn run(settings: &Settings, a: &ServeArgs, json_logs: bool) -> Result<
         && !a.listen.ip().is_loopback()
         && !(tls.is_some() && (tokens.is_some() || a.client_ca.is_some()))
     {
-        eprintln!(
+        crate::fail::say(&format!(
             "warning: --insecure-listen: serving {} without TLS and client authentication",
             a.listen
-        );
+        ));
     }
     // The recorder first, so the library registers its metric descriptions with it.
     let metrics = idalloc_server::install_prometheus().map_err(Failure::runtime)?;
@@ -155,7 +155,7 @@ pub async fn run(settings: &Settings, a: &ServeArgs, json_logs: bool) -> Result<
     if json_logs {
         listening_json(addr);
     } else {
-        crate::commands::Out { json: false }.text(&format!("listening on {addr}\n"))?;
+        crate::commands::Out { json: false, no_headers: false }.text(&format!("listening on {addr}\n"))?;
     }
     let served = match tls {
         Some(tls) => {

@@ -77,12 +77,76 @@ impl Printer {
     }
 }
 
+/// What [`follow`] needs of a pool: the library's (on a store) or `idalloc-client`'s (through
+/// `--server`), which give the same events.
+#[allow(async_fn_in_trait)]
+pub trait Followed {
+    type Events;
+    fn subscribe(&self) -> Self::Events;
+    async fn next(events: &mut Self::Events) -> Option<Event>;
+    async fn synced(&self) -> idalloc::Result<()>;
+    fn bindings(&self) -> Vec<(u64, String)>;
+    /// Whether the pool was deleted (its event stream then ends).
+    fn retired(&self) -> bool;
+}
+
+impl Followed for idalloc::Pool {
+    type Events = idalloc::Events;
+    fn subscribe(&self) -> Self::Events {
+        self.events()
+    }
+    async fn next(events: &mut Self::Events) -> Option<Event> {
+        events.recv().await
+    }
+    async fn synced(&self) -> idalloc::Result<()> {
+        self.wait_synced().await
+    }
+    fn bindings(&self) -> Vec<(u64, String)> {
+        self.snapshot()
+    }
+    fn retired(&self) -> bool {
+        self.is_retired()
+    }
+}
+
+impl Followed for idalloc_client::Pool {
+    type Events = idalloc_client::Events;
+    fn subscribe(&self) -> Self::Events {
+        self.events()
+    }
+    async fn next(events: &mut Self::Events) -> Option<Event> {
+        events.recv().await
+    }
+    async fn synced(&self) -> idalloc::Result<()> {
+        self.wait_synced().await
+    }
+    fn bindings(&self) -> Vec<(u64, String)> {
+        self.snapshot()
+    }
+    fn retired(&self) -> bool {
+        false
+    }
+}
+
 /// Follows the pool's events (etcd, memory).
 pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Failure> {
     let pool = alloc.pool(&w.pool).await?;
-    let mut events = pool.events();
-    pool.wait_synced().await?;
-    let mut known: BTreeMap<u64, String> = pool.snapshot().into_iter().collect();
+    follow_pool(&pool, w, out).await
+}
+
+/// Follows the events of a pool of `idalloc serve` (`--server`), printed as [`follow`] does.
+pub async fn follow_client(
+    pool: &idalloc_client::Pool,
+    w: &WatchArgs,
+    out: Out,
+) -> Result<(), Failure> {
+    follow_pool(pool, w, out).await
+}
+
+async fn follow_pool<P: Followed>(pool: &P, w: &WatchArgs, out: Out) -> Result<(), Failure> {
+    let mut events = pool.subscribe();
+    pool.synced().await?;
+    let mut known: BTreeMap<u64, String> = pool.bindings().into_iter().collect();
     let mut p = Printer { pool: w.pool.clone(), out, printed: 0, limit: w.count };
     p.synced(known.len())?;
     if w.count == Some(0) {
@@ -92,12 +156,12 @@ pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Fa
     tokio::pin!(ctrl_c);
     loop {
         let ev = tokio::select! {
-            ev = events.recv() => ev,
+            ev = P::next(&mut events) => ev,
             _ = &mut ctrl_c => return Ok(()),
         };
         let Some(ev) = ev else {
             // The stream ends after a `Delete` per binding when the pool is deleted (by anyone).
-            if pool.is_retired() {
+            if pool.retired() {
                 return Err(idalloc::Error::PoolNotFound { pool: w.pool.clone() }.into());
             }
             return Err(Failure::runtime(format!("the event stream of pool {:?} ended", w.pool)));
@@ -130,7 +194,7 @@ pub async fn follow(alloc: &Allocator, w: &WatchArgs, out: Out) -> Result<(), Fa
                     || json!({"event": "lagged", "pool": w.pool, "missed": missed}),
                     || format!("lagged: {missed} events missed, re-reading the pool\n"),
                 )?;
-                let now: BTreeMap<u64, String> = pool.snapshot().into_iter().collect();
+                let now: BTreeMap<u64, String> = pool.bindings().into_iter().collect();
                 diff(&known, &now)
             }
         };

@@ -648,7 +648,7 @@ fn bad_input_is_exit_2_with_one_line() {
 }
 
 #[test]
-fn unreachable_etcd_fails_with_exit_1() {
+fn unreachable_etcd_fails_with_exit_5() {
     // A port nobody listens on, held by a socket bound to it but not listening (connections are
     // refused), so that no other process can take it and listen there during the test.
     let held = tokio::net::TcpSocket::new_v4()
@@ -659,16 +659,16 @@ fn unreachable_etcd_fails_with_exit_1() {
     let store = format!("etcd://127.0.0.1:{port}");
     let started = Instant::now();
     t.run(&["--store", &store, "--timeout", "1s", "acquire", "p", "k", "--range", "1-10"])
-        .fails(1)
+        .fails(5)
         .err_has("unavailable");
     let r = t.run(&["--store", &store, "--timeout", "1s", "--json", "status"]);
-    assert_eq!(r.code, 1, "{r:?}");
+    assert_eq!(r.code, 5, "{r:?}");
     let j = r.json();
     assert_eq!((j["reachable"].as_bool(), j["store"].as_str()), (Some(false), Some("etcd")));
     assert!(j["error"].is_string());
     // The reason is said once.
     let r = t.run(&["--store", &store, "--timeout", "1s", "get", "p", "k"]);
-    r.fails(1);
+    r.fails(5);
     assert_eq!(r.stderr.matches("store unavailable").count(), 1, "{r:?}");
     // Not a speed assertion: only that both commands returned at all (the harness bound holds).
     assert!(started.elapsed() < HARNESS_WAIT * 2);
@@ -685,7 +685,7 @@ fn busy_file_store_is_waited_for_then_reported() {
         EmbeddedStore::open(&path, EmbeddedOptions::default()).await.unwrap()
     });
     t.run(&["--lock-timeout", "300ms", "acquire", "p", "k"])
-        .fails(1)
+        .fails(5)
         .err_has("in use by another process")
         .err_has("--lock-timeout");
     drop(held);

@@ -25,6 +25,18 @@ pub struct Client {
     shared: Arc<Shared>,
 }
 
+/// A pool's spec and how many of its IDs are taken, counted at one revision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PoolUsage {
+    /// The pool's spec.
+    pub spec: PoolSpec,
+    /// Keys with an ID.
+    pub bound: u64,
+    /// IDs waiting out their reuse delay.
+    pub quarantined: u64,
+}
+
 /// What a client's handles share.
 pub(crate) struct Shared {
     pub t: Arc<Transport>,
@@ -188,6 +200,28 @@ impl Client {
         let p: api::Pools =
             self.shared.t.expect(Method::GET, "/v1/pools", None, "a pool listing", &cx).await?;
         p.pools.iter().map(to_spec).collect()
+    }
+
+    /// A pool's spec and usage (`GET /v1/pools/{pool}`): what `idalloc pool show` prints. Costs
+    /// the store a count of the pool's records (see [`Client::pool`] on why handles do not).
+    pub async fn pool_usage(&self, name: &str) -> idalloc::Result<PoolUsage> {
+        idalloc::pool::validate_pool_name(name)?;
+        let path = format!("/v1/pools/{}", encode_segment(name, false));
+        let cx = Context { pool: Some(name), spec: None };
+        let info: api::PoolInfo =
+            self.shared.t.expect(Method::GET, &path, None, "a pool read", &cx).await?;
+        Ok(PoolUsage {
+            spec: to_spec(&info.spec)?,
+            bound: info.bound,
+            quarantined: info.quarantined,
+        })
+    }
+
+    /// The service's build and what serves its store (`GET /v1/version`): what `idalloc version
+    /// --server` prints beside the client's own.
+    pub async fn server_version(&self) -> idalloc::Result<idalloc_wire::Version> {
+        let cx = Context::default();
+        self.shared.t.expect(Method::GET, "/v1/version", None, "a version read", &cx).await
     }
 
     /// Deletes a pool (with `force`, also its bindings); false if there was none.

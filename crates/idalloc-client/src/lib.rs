@@ -47,7 +47,7 @@ mod transport;
 mod view;
 mod watch;
 
-pub use client::Client;
+pub use client::{Client, PoolUsage};
 pub use options::ClientOptions;
 pub use pool::{Events, Pool};
 pub use session::Session;
