@@ -348,3 +348,80 @@ fn restricted_admins_and_allocate_clients_act_only_on_their_own_sessions() {
     call(&s, "DELETE", &format!("/v1/sessions/{b_holder}"), root, None).ok();
     assert!(listed(root).is_empty());
 }
+
+/// A pool whose references are past etcd's 4 MiB answer limit (1,100 references of 4,000-byte
+/// keys): a quota-limited acquire and release, `GET /v1/sessions` (with its reference counts)
+/// and every other endpoint still answer.
+#[test]
+fn every_endpoint_answers_on_a_pool_past_the_store_answer_limit() {
+    let rt = rt();
+    let Some(etcd) = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint()) else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tokens, tk) = tokens_file(
+        dir.path(),
+        &[
+            "bulk allocate file:bulk.token write=big",
+            "q allocate file:q.token write=big sessions=2 refs=5",
+            "root admin file:root.token",
+        ],
+    );
+    let (bulk, q, root) = (token(&tk, "bulk"), token(&tk, "q"), token(&tk, "root"));
+    let prefix = unique_prefix();
+    let s = start(&etcd.endpoint(), &prefix, &["--auth-tokens", &tokens]);
+    call(&s, "POST", "/v1/pools", root, Some(json!({"name":"big","min":1,"max":100000}))).ok();
+    let long = "k".repeat(4000);
+    for chunk in 0..11 {
+        let keys: Vec<String> = (0..100).map(|i| format!("{long}{:05}", chunk * 100 + i)).collect();
+        call(&s, "POST", "/v1/pools/big/acquire", bulk, Some(json!({"keys":keys,"holder":"h"})))
+            .ok();
+    }
+    // The pool's references alone are past 4 MiB.
+    let bytes = rt.block_on(async {
+        let store =
+            idalloc_testkit::etcd::connect_test_store(&etcd.endpoint()).await.expect("store");
+        let mut n = 0usize;
+        let range = KeyRange::prefix(format!("{prefix}/data/big/ref/"));
+        let mut pages = idalloc::store::Pages::at(&store, &range, 100, 0).keys_only();
+        while let Some(kvs) = pages.next_page().await.expect("page") {
+            n += kvs.iter().map(|kv| kv.key.len()).sum::<usize>();
+        }
+        n
+    });
+    assert!(bytes > 4 << 20, "the references' names take {bytes} bytes");
+
+    let sess = call(&s, "POST", "/v1/sessions", q, Some(json!({"ttl":30}))).ok();
+    let sid = sess["session"].as_str().expect("session").to_string();
+    let holder = sess["holder"].as_str().expect("holder").to_string();
+    let a =
+        call(&s, "POST", "/v1/pools/big/acquire", q, Some(json!({"key":"s1","session":sid}))).ok();
+    let id = a["id"].as_u64().expect("id");
+    call(&s, "POST", "/v1/pools/big/acquire", q, Some(json!({"keys":["d1","d2"],"holder":"x"})))
+        .ok();
+    let listed = call(&s, "GET", "/v1/sessions", root, None).ok();
+    let mine = listed["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .find(|x| x["holder"] == holder.as_str())
+        .cloned()
+        .expect("listed");
+    assert_eq!(mine["references"], 1, "{listed}");
+    call(&s, "GET", "/v1/sessions", q, None).ok();
+    call(&s, "GET", "/v1/pools", q, None).ok();
+    let info = call(&s, "GET", "/v1/pools/big", q, None).ok();
+    assert_eq!(info["bound"], 1103, "{info}");
+    let page = call(&s, "GET", "/v1/pools/big/bindings?limit=5", q, None).ok();
+    assert_eq!(page["bindings"].as_array().map(Vec::len), Some(5), "{page}");
+    call(&s, "GET", "/v1/pools/big/keys/s1?consistent=true", q, None).ok();
+    call(&s, "GET", &format!("/v1/pools/big/ids/{id}?consistent=true"), q, None).ok();
+    // The quota still counts: 3 held, 2 more fit, the 6th is refused.
+    call(&s, "POST", "/v1/pools/big/acquire", q, Some(json!({"keys":["d3","d4"],"holder":"x"})))
+        .ok();
+    let msg = call(&s, "POST", "/v1/pools/big/acquire", q, Some(json!({"key":"d5","holder":"x"})))
+        .err(429, "quota_exceeded");
+    assert!(msg.contains("holds 5") && msg.contains("refs=5"), "{msg}");
+    call(&s, "POST", "/v1/pools/big/release", q, Some(json!({"key":"d1","holder":"x"}))).ok();
+    call(&s, "POST", "/v1/pools/big/acquire", q, Some(json!({"key":"d5","holder":"x"}))).ok();
+    call(&s, "DELETE", &format!("/v1/sessions/{holder}"), q, None).ok();
+    call(&s, "POST", "/v1/pools/big/sweep", root, None).ok();
+}
