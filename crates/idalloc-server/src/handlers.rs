@@ -252,8 +252,11 @@ pub async fn acquire(
         Owner::Holder(h) => pool.acquire_many_durable(&keys, h).await,
     };
     if let (Some(rs), Some(taken)) = (&slots, &taken) {
+        // Only a definite failure gives its slot back: after `Unavailable` (a timeout) the bind
+        // may still be applied, and its reference must then hold the slot.
+        let definite = |a: &idalloc::Result<idalloc::Acquired>| matches!(a, Err(e) if !matches!(e, idalloc::Error::Unavailable { .. }));
         let failed: Vec<&str> =
-            keys.iter().zip(&got).filter(|(_, a)| a.is_err()).map(|(k, _)| k.as_str()).collect();
+            keys.iter().zip(&got).filter(|(_, a)| definite(a)).map(|(k, _)| k.as_str()).collect();
         if !failed.is_empty() {
             rs.give_back(taken, &failed).await;
         }
