@@ -93,6 +93,15 @@ impl Client {
         Client { name: name.into(), scope, policy: Arc::new(Policy::default()), rate: None }
     }
 
+    /// Whether this client acts on every client's sessions (lists them all, ends any): an
+    /// administrator whose tokens-file line grants no pools by name (no `read=`, no `write=`),
+    /// that is, one that may administer every pool. Every other client lists and ends only the
+    /// sessions it opened: an administrator restricted to some pools could otherwise end a
+    /// session holding references in pools outside its grants.
+    pub fn administers_all(&self) -> bool {
+        self.scope == Scope::Admin && !self.policy.restricted
+    }
+
     /// The durable holder name `holder` of this client stands for in the store.
     pub fn holder(&self, holder: &str) -> String {
         format!("{}{HOLDER_SEPARATOR}{holder}", self.name)
@@ -299,8 +308,9 @@ pub fn classify(method: &Method, route: &str) -> Option<Access> {
         | "/v1/pools/{pool}/ids/{id}"
         | "/v1/pools/{pool}/bindings"
         | "/v1/pools/{pool}/watch" => Access::Needs(Scope::Read),
-        // The list of every client's sessions: operators only.
-        "/v1/sessions" if read_only => Access::Needs(Scope::Admin),
+        // The sessions list: an unrestricted administrator's shows every client's, anyone
+        // else's its own (`handlers::list_sessions`).
+        "/v1/sessions" if read_only => Access::Needs(Scope::Allocate),
         "/v1/pools/{pool}/acquire"
         | "/v1/pools/{pool}/release"
         | "/v1/sessions"
@@ -512,7 +522,7 @@ mod tests {
             (&get, Some("/v1/pools/{pool}/bindings"), Needs(Scope::Read)),
             (&get, Some("/v1/pools/{pool}/watch"), Needs(Scope::Read)),
             (&post, Some("/v1/sessions"), Needs(Scope::Allocate)),
-            (&get, Some("/v1/sessions"), Needs(Scope::Admin)),
+            (&get, Some("/v1/sessions"), Needs(Scope::Allocate)),
             (&del, Some("/v1/sessions/{id}"), Needs(Scope::Allocate)),
             (&put, Some("/v1/sessions/{id}/keepalive"), Needs(Scope::Allocate)),
             (&get, Some("/v1/some-new-route"), Needs(Scope::Admin)),

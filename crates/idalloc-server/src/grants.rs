@@ -73,6 +73,9 @@ pub struct Policy {
     pub refs: Option<u64>,
     /// Requests per second and burst.
     pub rate: Option<(NonZeroU32, NonZeroU32)>,
+    /// Whether the line grants pools (`read=` or `write=`): an administrator with grants acts
+    /// only on its own sessions ([`crate::auth::Client::administers_all`]).
+    pub restricted: bool,
 }
 
 impl Default for Policy {
@@ -84,6 +87,7 @@ impl Default for Policy {
             sessions: None,
             refs: None,
             rate: None,
+            restricted: false,
         }
     }
 }
@@ -133,6 +137,7 @@ impl Policy {
             }
         }
         if read.is_some() || write.is_some() {
+            p.restricted = true;
             p.read = read.unwrap_or_default();
             p.write = write.unwrap_or_default();
         }

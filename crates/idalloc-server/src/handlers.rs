@@ -139,7 +139,7 @@ async fn owner(
     holder: Option<String>,
 ) -> ApiResult<Owner> {
     match (session, holder) {
-        (Some(s), None) => Ok(Owner::Session(st.sessions.resolve(&st.alloc, &s, client).await?)),
+        (Some(s), None) => Ok(Owner::Session(st.sessions.resolve(st, &s, client).await?)),
         (None, Some(given)) => {
             idalloc::pool::validate_holder(&given)?;
             let h = match client {
@@ -230,42 +230,57 @@ pub async fn acquire(
 ) -> ApiResult {
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
-    // The reference quota, checked before writing; its lock is held until the write is done.
-    let holder = match &owner {
-        Owner::Session(s) => s.holder(),
-        Owner::Holder(h) => h.as_str(),
+    // The reference quota: slots in the store (crate::ref_slots), taken before the bind and
+    // given back for the keys whose bind failed.
+    let (holder, lease) = match &owner {
+        Owner::Session(s) => (s.holder(), Some(s.lease())),
+        Owner::Holder(h) => (h.as_str(), None),
     };
-    let _quota = crate::quota::check_refs(&st, caller(&client), &name, &keys, holder).await?;
-    let mut out = Vec::with_capacity(keys.len());
-    match &owner {
-        Owner::Session(s) if single => {
-            let a = s.acquire(&pool, &keys[0]).await.map_err(|e| session_error(s, e))?;
-            out.extend(keys.into_iter().map(|key| Acquired { key, id: a.id, new: a.new }));
-        }
-        // A session's list goes in batched txns too (one txn per key made a
-        // restart storm cost etcd a write per key). The first failure answers the request, as
+    let slots = ref_slots(&st, caller(&client), &name);
+    let taken = match &slots {
+        Some(rs) => Some(rs.acquire(holder, lease, &keys).await?),
+        None => None,
+    };
+    let got = match &owner {
+        Owner::Session(s) if single => vec![s.acquire(&pool, &keys[0]).await],
+        // A session's list goes in batched txns too (one txn per key made a restart storm cost
+        // etcd a write per key). The first failure answers the request, as
         // before; acquiring in a session is idempotent, so the client retries the whole list.
-        Owner::Session(s) => {
-            let got = s.acquire_many(&pool, &keys).await;
-            for (key, a) in keys.into_iter().zip(got) {
-                let a = a.map_err(|e| session_error(s, e))?;
-                out.push(Acquired { key, id: a.id, new: a.new });
-            }
-        }
+        Owner::Session(s) => s.acquire_many(&pool, &keys).await,
         // A durable holder's list goes in batched txns: ~100 keys per round trip.
-        Owner::Holder(h) => {
-            let got = if single {
-                vec![pool.acquire_durable(&keys[0], h).await]
-            } else {
-                pool.acquire_many_durable(&keys, h).await
-            };
-            for (key, a) in keys.into_iter().zip(got) {
-                let a = a?;
-                out.push(Acquired { key, id: a.id, new: a.new });
-            }
+        Owner::Holder(h) if single => vec![pool.acquire_durable(&keys[0], h).await],
+        Owner::Holder(h) => pool.acquire_many_durable(&keys, h).await,
+    };
+    if let (Some(rs), Some(taken)) = (&slots, &taken) {
+        // Only a definite failure gives its slot back: after `Unavailable` (a timeout) the bind
+        // may still be applied, and its reference must then hold the slot.
+        let definite = |a: &idalloc::Result<idalloc::Acquired>| matches!(a, Err(e) if !matches!(e, idalloc::Error::Unavailable { .. }));
+        let failed: Vec<&str> =
+            keys.iter().zip(&got).filter(|(_, a)| definite(a)).map(|(k, _)| k.as_str()).collect();
+        if !failed.is_empty() {
+            rs.give_back(taken, &failed).await;
         }
     }
+    let mut out = Vec::with_capacity(keys.len());
+    for (key, a) in keys.into_iter().zip(got) {
+        let a = match &owner {
+            Owner::Session(s) => a.map_err(|e| session_error(s, e))?,
+            Owner::Holder(_) => a?,
+        };
+        out.push(Acquired { key, id: a.id, new: a.new });
+    }
     Ok(answer(out, single))
+}
+
+/// The reference-quota slots of `client` in `pool`, if it has `refs=`.
+fn ref_slots<'a>(
+    st: &'a AppState,
+    client: Option<&'a Client>,
+    pool: &'a str,
+) -> Option<crate::ref_slots::RefSlots<'a>> {
+    let c = client?;
+    let limit = c.policy.refs?;
+    Some(crate::ref_slots::RefSlots::new(&*st.store, &st.layout, &c.name, pool, limit))
 }
 
 pub async fn release(
@@ -297,6 +312,15 @@ pub async fn release(
                 out.push(Released { key, held: r.held, reclaimed: r.reclaimed });
             }
         }
+    }
+    // The released references give their quota slots back (crate::ref_slots).
+    if let Some(rs) = ref_slots(&st, caller(&client), &name) {
+        let holder = match &owner {
+            Owner::Session(s) => s.holder(),
+            Owner::Holder(h) => h.as_str(),
+        };
+        let released: Vec<&str> = out.iter().map(|r| r.key.as_str()).collect();
+        rs.release(holder, &released).await?;
     }
     Ok(answer(out, single))
 }
@@ -417,8 +441,12 @@ pub async fn open_session(
     client: Caller,
     ApiJson(body): ApiJson<SessionBody>,
 ) -> ApiResult {
-    // The `sessions=` quota: a slot reserved before the lease is granted.
-    let _slot = st.sessions.reserve(caller(&client))?;
+    // The `sessions=` quota: slots in the store (crate::slots), checked before the lease is
+    // granted and taken on the lease before the session is handed out.
+    let quota = caller(&client).and_then(|c| Some((c.name.clone(), c.policy.sessions? as u64)));
+    if let Some((name, limit)) = &quota {
+        crate::slots::precheck(&*st.store, &st.layout, name, *limit).await?;
+    }
     let sent = Instant::now();
     let owner = caller(&client).map(|c| c.name.clone());
     // The record any replica verifies the id against: a digest, never the secret.
@@ -426,6 +454,13 @@ pub async fn open_session(
     let ttl = std::time::Duration::from_secs(body.ttl);
     let prefix = crate::sessions::SHARED_HOLDER_PREFIX;
     let s = st.alloc.shared_client_session(ttl, prefix, &record).await?;
+    if let Some((name, limit)) = &quota {
+        if let Err(e) = crate::slots::claim(&*st.store, &st.layout, name, *limit, s.lease()).await {
+            // Never handed out: end it now rather than at its TTL (best effort).
+            let _ = s.end().await;
+            return Err(e);
+        }
+    }
     let id = crate::sessions::session_id(s.lease(), &secret);
     let info =
         SessionInfo { session: id.clone(), holder: s.holder().to_string(), ttl: s.ttl().as_secs() };
@@ -438,7 +473,7 @@ pub async fn keepalive(
     client: Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let s = st.sessions.resolve(&st.alloc, &id, caller(&client)).await?;
+    let s = st.sessions.resolve(&st, &id, caller(&client)).await?;
     let sent = Instant::now();
     if s.keep_alive().await? {
         st.sessions.renewed(&id, sent);
@@ -449,38 +484,49 @@ pub async fn keepalive(
     }
 }
 
-/// Ends a session. Its owner names it by id; an administrator (or anyone, without tokens) may
-/// also end any client's session, by id or by the holder name `GET /v1/sessions` lists.
+/// The client whose sessions `client` may list and end: `None` for every client's (an
+/// unrestricted administrator, or no tokens), else its own.
+fn sessions_scope(client: Option<&Client>) -> Option<&str> {
+    client.filter(|c| !c.administers_all()).map(|c| &*c.name)
+}
+
+/// Ends a session, named by its id or by the holder name `GET /v1/sessions` lists: any client's
+/// for an unrestricted administrator (or anyone, without tokens), else only the caller's own
+/// (another client's is `session_not_found`, as an unknown one).
 pub async fn end_session(
     State(st): State<Arc<AppState>>,
     client: Caller,
     Path(id): Path<String>,
 ) -> ApiResult {
-    let admin = caller(&client).is_none_or(|c| c.scope == crate::auth::Scope::Admin);
-    let (id, s) = match st.sessions.resolve(&st.alloc, &id, caller(&client)).await {
+    let (id, s) = match st.sessions.resolve(&st, &id, caller(&client)).await {
         Ok(s) => (id, s),
-        Err(e) if !admin => return Err(e),
-        Err(_) => st.sessions.get_any(&st.alloc, &id).await?,
+        Err(_) => {
+            let owner = sessions_scope(caller(&client));
+            st.sessions.get_any(&st.alloc, &id, owner).await?
+        }
     };
     s.end().await?;
     st.sessions.remove(&id);
     Ok(Json(Ended { ended: true }).into_response())
 }
 
-/// Every live session of this instance, for administrators: holder, client, TTL, age and the
-/// number of references it holds (counted from the store: one read of each pool's references).
-pub async fn list_sessions(State(st): State<Arc<AppState>>) -> ApiResult {
-    let sessions = st.sessions.list();
+/// The live sessions of this instance the caller may see (every client's for an unrestricted
+/// administrator, else its own): holder, client, TTL, age and the number of references each
+/// holds, counted from the store in bounded pages (keys only), so no read grows with the pool.
+pub async fn list_sessions(State(st): State<Arc<AppState>>, client: Caller) -> ApiResult {
+    let sessions = st.sessions.list(sessions_scope(caller(&client)));
     let mut refs: HashMap<String, u64> = sessions.iter().map(|s| (s.holder.clone(), 0)).collect();
     if !refs.is_empty() {
         for spec in st.alloc.list_pools().await? {
             let name = spec.name();
-            let prefix = st.layout.refs_prefix(name);
-            let got = st.store.get(GetRequest::new(KeyRange::prefix(prefix)).keys_only()).await?;
-            for kv in &got.kvs {
-                if let Some((_, holder)) = st.layout.parse_ref_key(name, &kv.key) {
-                    if let Some(n) = refs.get_mut(&holder) {
-                        *n += 1;
+            let range = KeyRange::prefix(st.layout.refs_prefix(name));
+            let mut pages = idalloc::store::Pages::at(&*st.store, &range, 1000, 0).keys_only();
+            while let Some(kvs) = pages.next_page().await? {
+                for kv in &kvs {
+                    if let Some((_, holder)) = st.layout.parse_ref_key(name, &kv.key) {
+                        if let Some(n) = refs.get_mut(&holder) {
+                            *n += 1;
+                        }
                     }
                 }
             }

@@ -24,8 +24,10 @@ pub mod limits;
 pub mod openapi;
 pub mod quota;
 pub mod ready;
+pub mod ref_slots;
 pub mod secret_files;
 pub mod sessions;
+pub mod slots;
 pub mod snapshot;
 pub mod sniff;
 pub mod tls;
@@ -133,8 +135,6 @@ pub struct AppState {
     /// Flips to true when shutdown begins: ends open watch streams so they do not hold the drain.
     stop: signal::Sender<bool>,
     metrics: Option<PrometheusHandle>,
-    /// The per-(client, pool) locks of the reference quota.
-    pub(crate) ref_locks: quota::RefLocks,
     /// Request slots, in total and per client.
     pub(crate) concurrency: limits::Concurrency,
     /// The OpenAPI document as served (security as configured, [`openapi::document`]).
@@ -163,7 +163,6 @@ impl AppState {
             leaving: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
-            ref_locks: Default::default(),
             openapi: openapi::document(config.tokens.is_some()),
             config,
         }))

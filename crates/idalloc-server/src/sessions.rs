@@ -144,27 +144,6 @@ fn holder_reserved(holder: &str, why: &str) -> ApiError {
 #[derive(Default)]
 pub struct Sessions {
     map: Mutex<HashMap<String, Entry>>,
-    /// Session slots reserved by opens in progress, by client (the `sessions=` quota).
-    pending: Mutex<HashMap<Arc<str>, usize>>,
-}
-
-/// A reserved session slot of a client ([`Sessions::reserve`]); freed when dropped (the session
-/// is registered, or its open failed).
-pub struct Slot<'a> {
-    sessions: &'a Sessions,
-    owner: Arc<str>,
-}
-
-impl Drop for Slot<'_> {
-    fn drop(&mut self) {
-        let mut p = self.sessions.pending.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = p.get_mut(&self.owner) {
-            *n -= 1;
-            if *n == 0 {
-                p.remove(&self.owner);
-            }
-        }
-    }
 }
 
 struct Entry {
@@ -229,10 +208,11 @@ impl Sessions {
     /// after.
     pub async fn resolve(
         &self,
-        alloc: &idalloc::Allocator,
+        st: &crate::AppState,
         id: &str,
         client: Option<&Client>,
     ) -> Result<Arc<ClientSession>, ApiError> {
+        let alloc = &st.alloc;
         if let Ok(s) = self.get(id, client) {
             return Ok(s);
         }
@@ -253,6 +233,10 @@ impl Sessions {
         let owner = client.map(|c| &*c.name);
         if !vouches(&record, secret, owner) {
             return Err(ApiError::session_not_found());
+        }
+        // Adopting takes a session slot, or finds the one the session holds (crate::slots).
+        if let Some((c, limit)) = client.and_then(|c| Some((c, c.policy.sessions?))) {
+            crate::slots::claim(&*st.store, &st.layout, &c.name, limit as u64, lease).await?;
         }
         let ttl = std::time::Duration::from_secs(record.ttl);
         let s = alloc.adopt_client_session(lease, ttl, SHARED_HOLDER_PREFIX)?;
@@ -281,19 +265,25 @@ impl Sessions {
         }
     }
 
-    /// The live session whose id or holder name is `id_or_holder`, whoever opened it (for an
-    /// administrator), with its id. A holder name of a session this instance does not know
-    /// (`session:lease-<hex>`, opened on another replica) is found through its store record; the
-    /// handle returned then has an empty id (nothing registered here).
+    /// The live session whose id or holder name is `id_or_holder`, with its id: opened by any
+    /// client (`owner` `None`: an unrestricted administrator, or no tokens) or by client `owner`
+    /// only. A holder name of a session this instance does not know (`session:lease-<hex>`,
+    /// opened on another replica) is found through its store record, whose owner is checked;
+    /// the handle returned then has an empty id (nothing registered here). Another client's
+    /// session is `session_not_found`, as an unknown one.
     pub async fn get_any(
         &self,
         alloc: &idalloc::Allocator,
         id_or_holder: &str,
+        owner: Option<&str>,
     ) -> Result<(String, Arc<ClientSession>), ApiError> {
+        let mine = |o: Option<&str>| owner.is_none() || o == owner;
         {
             let map = self.lock();
             let found = map.iter().find(|(id, e)| {
-                !e.over() && (id.as_str() == id_or_holder || e.session.holder() == id_or_holder)
+                !e.over()
+                    && mine(e.owner.as_deref())
+                    && (id.as_str() == id_or_holder || e.session.holder() == id_or_holder)
             });
             if let Some((id, e)) = found {
                 return Ok((id.clone(), e.session.clone()));
@@ -316,17 +306,21 @@ impl Sessions {
         };
         let record: SessionRecord =
             serde_json::from_slice(&raw).map_err(|_| ApiError::session_not_found())?;
+        if !mine(record.owner.as_deref()) {
+            return Err(ApiError::session_not_found());
+        }
         let ttl = std::time::Duration::from_secs(record.ttl);
         let s = alloc.adopt_client_session(lease, ttl, SHARED_HOLDER_PREFIX)?;
         Ok((String::new(), Arc::new(s)))
     }
 
-    /// Every live session, by holder name.
-    pub fn list(&self) -> Vec<SessionView> {
+    /// Every live session of this instance (opened by client `owner` only, if given), by holder
+    /// name.
+    pub fn list(&self, owner: Option<&str>) -> Vec<SessionView> {
         let map = self.lock();
         let mut out: Vec<SessionView> = map
             .values()
-            .filter(|e| !e.over())
+            .filter(|e| !e.over() && owner.is_none_or(|o| e.owner.as_deref() == Some(o)))
             .map(|e| SessionView {
                 holder: e.session.holder().to_string(),
                 client: e.owner.clone(),
@@ -372,27 +366,6 @@ impl Sessions {
             return Err(holder_reserved(given, "belongs to a client session"));
         }
         Ok(())
-    }
-
-    /// Reserves a session slot for `client` if it has a `sessions=` quota: refused with 429
-    /// `quota_exceeded` when its live sessions plus opens in progress reach the limit. Take it
-    /// before granting the lease and drop it after [`Sessions::insert`].
-    pub fn reserve(&self, client: Option<&Client>) -> Result<Option<Slot<'_>>, ApiError> {
-        let Some(c) = client else { return Ok(None) };
-        let Some(limit) = c.policy.sessions else { return Ok(None) };
-        let map = self.lock();
-        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
-        let live = map.values().filter(|e| !e.over() && e.owner.as_deref() == Some(&*c.name));
-        let open = live.count() + pending.get(&c.name).copied().unwrap_or(0);
-        if open >= limit {
-            return Err(crate::quota::quota_exceeded(format!(
-                "client {:?} has {open} sessions open: its limit is {limit} (sessions={limit} in \
-                 the tokens file); end one or wait for one to expire",
-                &*c.name
-            )));
-        }
-        *pending.entry(c.name.clone()).or_default() += 1;
-        Ok(Some(Slot { sessions: self, owner: c.name.clone() }))
     }
 
     /// The holder names of the live sessions client `owner` opened.

@@ -130,6 +130,14 @@ impl Layout {
         s.into_bytes()
     }
 
+    /// `P/data/p/quota/`: the reference-quota records of `idalloc serve`'s clients in pool `p`
+    /// (`quota/<client>/slot/<n>` and `quota/<client>/ref/<enc(h)>/<enc(k)>`: a slot per counted
+    /// reference and the mirror naming it). The allocator neither writes nor reads them; they
+    /// go with the pool's data.
+    pub fn quota_prefix(&self, pool: &str) -> Vec<u8> {
+        format!("{}/data/{pool}/quota/", self.prefix).into_bytes()
+    }
+
     /// `P/data/p/ref/`: every reference of the pool (the sweeper's snapshot).
     pub fn refs_prefix(&self, pool: &str) -> Vec<u8> {
         format!("{}/data/{pool}/ref/", self.prefix).into_bytes()

@@ -181,6 +181,9 @@ pub struct PoolSnapshot {
     pub fences: BTreeMap<String, Revision>,
     /// The pool's fence floor (`fence`, where the sweeper folds fence records): its mod revision.
     pub fence_floor: Option<Revision>,
+    /// Reference-quota records of the service (`quota/…`, [`Layout::quota_prefix`]): counted,
+    /// not audited by the allocator.
+    pub quota_records: usize,
     pub unreadable: Vec<Unreadable>,
 }
 
@@ -221,6 +224,8 @@ impl PoolSnapshot {
                 s.fences.insert(holder, kv.mod_revision);
             } else if kv.key == layout.fence_floor_key(pool) {
                 s.fence_floor = Some(kv.mod_revision);
+            } else if kv.key.starts_with(&layout.quota_prefix(pool)) {
+                s.quota_records += 1;
             } else {
                 s.unreadable.push(Unreadable {
                     name: kv.key.clone(),
