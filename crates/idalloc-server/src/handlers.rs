@@ -203,6 +203,19 @@ async fn keys_request(
     Ok(KeysRequest { keys, single, owner, pool })
 }
 
+/// A slot of the fair gate for a many-key request (none for a single key).
+async fn bulk_turn(
+    st: &AppState,
+    single: bool,
+    who: Option<&Extension<crate::limits::Who>>,
+) -> Option<crate::fair::Slot> {
+    if single {
+        return None;
+    }
+    let who = who.map_or("-", |Extension(w)| &*w.0);
+    Some(st.bulk.admit(who).await)
+}
+
 /// The answer of an acquire or release: the one result for the single-key form, else the list.
 fn answer<T: serde::Serialize>(mut out: Vec<T>, single: bool) -> Response {
     if single {
@@ -225,11 +238,14 @@ pub async fn acquire(
     State(st): State<Arc<AppState>>,
     client: Caller,
     note: Option<Extension<crate::audit::Note>>,
+    who: Option<Extension<crate::limits::Who>>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
+    // Many-key work is admitted fairly between clients ([`crate::fair`]).
+    let _turn = bulk_turn(&st, single, who.as_ref()).await;
     // The reference quota, checked before writing; its lock is held until the write is done.
     let holder = match &owner {
         Owner::Session(s) => s.holder(),
@@ -272,11 +288,14 @@ pub async fn release(
     State(st): State<Arc<AppState>>,
     client: Caller,
     note: Option<Extension<crate::audit::Note>>,
+    who: Option<Extension<crate::limits::Who>>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
+    // Many-key work is admitted fairly between clients ([`crate::fair`]).
+    let _turn = bulk_turn(&st, single, who.as_ref()).await;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
         Owner::Session(s) => {

@@ -13,7 +13,9 @@ pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod conn;
+mod deadline;
 pub mod error;
+pub mod fair;
 pub mod fanout;
 pub mod flight;
 pub mod grants;
@@ -92,6 +94,9 @@ pub struct Config {
     /// widens with a pool's streams to stay within it ([`fanout::window`]), trading delivery
     /// latency for the CPU each wake-up's writes cost.
     pub watch_wake_budget: u64,
+    /// Many-key acquires and releases in flight at once, admitted fairly between clients
+    /// ([`fair`]); the rest wait, the client served the longest ago first.
+    pub bulk_in_flight: usize,
 }
 
 impl Default for Config {
@@ -106,6 +111,7 @@ impl Default for Config {
             watch_history: 10_000,
             watch_idle: Duration::from_secs(60),
             watch_wake_budget: fanout::WAKE_BUDGET,
+            bulk_in_flight: 8,
         }
     }
 }
@@ -130,6 +136,10 @@ pub struct AppState {
     pub(crate) ref_locks: quota::RefLocks,
     /// Request slots, in total and per client.
     pub(crate) concurrency: limits::Concurrency,
+    /// Open watch streams per client ([`watch::WatchSlot`]).
+    pub(crate) watchers: Mutex<std::collections::HashMap<Arc<str>, usize>>,
+    /// The fair gate of many-key requests.
+    pub(crate) bulk: Arc<fair::FairGate>,
     /// The OpenAPI document as served (security as configured, [`openapi::document`]).
     openapi: String,
 }
@@ -156,6 +166,8 @@ impl AppState {
             stop: signal::channel(false).0,
             metrics,
             ref_locks: Default::default(),
+            watchers: Mutex::default(),
+            bulk: fair::FairGate::new(config.bulk_in_flight),
             openapi: openapi::document(config.tokens.is_some()),
             config,
         }))
