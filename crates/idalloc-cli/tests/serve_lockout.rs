@@ -363,3 +363,34 @@ fn now_revision(msg: &str) -> i64 {
         .and_then(|r| r.parse().ok())
         .unwrap_or_else(|| panic!("no current revision in {msg:?}"))
 }
+
+/// `rate=` charges by work: a 1,000-key acquire costs 11 tokens (1 per 100 keys beyond the
+/// first), so after it a client of `rate=1 burst=12` has about one cached read left, not 11; the
+/// refusal names the rate and the burst.
+#[test]
+fn the_request_rate_charges_by_work() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (tokens, tk) = tokens_file(
+        dir.path(),
+        &["w allocate file:w.token rate=1 burst=12", "boss admin file:boss.token"],
+    );
+    let s = start(dir.path(), &["--auth-tokens", tokens.to_str().expect("utf-8")]);
+    let (w, boss) = (token(&tk, "w"), token(&tk, "boss"));
+    call(&s, "POST", "/v1/pools", Some(boss), Some(json!({"name":"p","min":1,"max":5000}))).ok();
+    let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
+    let got =
+        call(&s, "POST", "/v1/pools/p/acquire", Some(w), Some(json!({"keys":keys,"holder":"h"})));
+    assert_eq!(got.ok()["results"].as_array().map(Vec::len), Some(1000));
+    let mut served = 0;
+    let msg = loop {
+        let r = call(&s, "GET", "/v1/pools/p/keys/k0", Some(w), None);
+        if r.status == 429 {
+            break r.err(429, "rate_limited");
+        }
+        assert_eq!(r.status, 200, "{}", r.text);
+        served += 1;
+        assert!(served < 12, "the 1,000-key acquire cost as much as a get");
+    };
+    assert!(served < 5, "{served} reads served after a 1,000-key acquire at burst 12");
+    assert!(msg.contains("rate=1"), "{msg}");
+}

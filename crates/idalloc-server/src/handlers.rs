@@ -244,6 +244,12 @@ pub async fn acquire(
 ) -> ApiResult {
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
+    let what = format!("a request of {} keys", keys.len());
+    if let Some(refused) =
+        crate::quota::charge(caller(&client), crate::quota::cost::keys(keys.len()), &what)
+    {
+        return Ok(refused);
+    }
     // Many-key work is admitted fairly between clients ([`crate::fair`]).
     let _turn = bulk_turn(&st, single, who.as_ref()).await;
     // The reference quota, checked before writing; its lock is held until the write is done.
@@ -294,6 +300,12 @@ pub async fn release(
 ) -> ApiResult {
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
+    let what = format!("a request of {} keys", keys.len());
+    if let Some(refused) =
+        crate::quota::charge(caller(&client), crate::quota::cost::keys(keys.len()), &what)
+    {
+        return Ok(refused);
+    }
     // Many-key work is admitted fairly between clients ([`crate::fair`]).
     let _turn = bulk_turn(&st, single, who.as_ref()).await;
     let mut out = Vec::with_capacity(keys.len());
@@ -328,16 +340,26 @@ pub struct ReadQuery {
     consistent: Option<String>,
 }
 
+/// The `rate=` charge of a consistent read (a cached one costs the one token every request does).
+fn charge_consistent(client: &Caller, consistent: bool) -> Option<Response> {
+    let cost = crate::quota::cost::CONSISTENT_READ;
+    consistent.then(|| crate::quota::charge(caller(client), cost, "a consistent read")).flatten()
+}
+
 async fn synced(pool: &Pool) -> ApiResult<()> {
     pool.wait_synced().await.map_err(ApiError::from)
 }
 
 pub async fn get_key(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     Path((name, key)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> ApiResult {
     let consistent = flag("consistent", q.consistent.as_deref())?;
+    if let Some(refused) = charge_consistent(&client, consistent) {
+        return Ok(refused);
+    }
     idalloc::pool::validate_key(&key)?;
     let pool = st.pool(&name).await?;
     let id = if consistent {
@@ -357,10 +379,14 @@ pub async fn get_key(
 
 pub async fn lookup_id(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     Path((name, id)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> ApiResult {
     let consistent = flag("consistent", q.consistent.as_deref())?;
+    if let Some(refused) = charge_consistent(&client, consistent) {
+        return Ok(refused);
+    }
     let id: u64 = param("ID", &id, "a decimal number from 0 to 18446744073709551615")?;
     let pool = st.pool(&name).await?;
     let key = if consistent {
@@ -391,6 +417,7 @@ pub const MAX_PAGE: usize = 10_000;
 
 pub async fn list_bindings(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     Path(name): Path<String>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult {
@@ -398,6 +425,12 @@ pub async fn list_bindings(
     let limit: usize = q.limit.as_deref().map_or(Ok(1000), |l| param("limit", l, limits))?;
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::invalid(format!("invalid limit {limit}: {limits}")));
+    }
+    let what = format!("a page of up to {limit} bindings");
+    if let Some(refused) =
+        crate::quota::charge(caller(&client), crate::quota::cost::page(limit), &what)
+    {
+        return Ok(refused);
     }
     let after: Option<u64> = q
         .after

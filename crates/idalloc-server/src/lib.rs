@@ -13,7 +13,7 @@ pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod conn;
-mod deadline;
+pub mod deadline;
 pub mod error;
 pub mod fair;
 pub mod fanout;
