@@ -613,6 +613,11 @@ async fn measure(
             "100000",
             "--max-requests-per-client",
             "100000",
+            // Every subscriber is one address: its per-client caps are the service's.
+            "--max-connections-per-client",
+            cap.as_str(),
+            "--max-watches-per-client",
+            cap.as_str(),
         ],
     )
     .await?;

@@ -386,9 +386,10 @@ pub struct ServeArgs {
     /// pools. For a trusted network or a TLS-terminating proxy only.
     #[arg(long, env = "IDALLOC_INSECURE_LISTEN")]
     pub insecure_listen: bool,
-    /// Most connections open at once; at the cap a new connection closes the one idle the
-    /// longest, or gets 503 `overloaded` if none is idle. Default: the open-files limit minus
-    /// 128, at most 10000 (so connections never run the process out of descriptors).
+    /// Most connections open at once; at the cap a new connection closes one of the client
+    /// holding the most (its idle one, else its newest), or gets 503 `overloaded` if that client
+    /// is its own and has none idle. Default: the open-files limit minus 128, at most 10000 (so
+    /// connections never run the process out of descriptors).
     #[arg(long, env = "IDALLOC_MAX_CONNECTIONS", value_name = "N",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_connections: Option<u32>,
@@ -401,7 +402,8 @@ pub struct ServeArgs {
     #[arg(long, env = "IDALLOC_IDLE_TIMEOUT", value_parser = parse::duration, value_name = "DUR",
           default_value = "60s")]
     pub idle_timeout: Duration,
-    /// The longest wait for the next part of a request body.
+    /// The longest a request body may take to arrive, whole (a deadline from the request's
+    /// head, however slowly the body trickles).
     #[arg(long, env = "IDALLOC_BODY_TIMEOUT", value_parser = parse::duration, value_name = "DUR",
           default_value = "30s")]
     pub body_timeout: Duration,
@@ -414,6 +416,18 @@ pub struct ServeArgs {
     #[arg(long, env = "IDALLOC_MAX_REQUESTS_PER_CLIENT", value_name = "N", default_value = "128",
           value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     pub max_requests_per_client: u32,
+    /// Connections one client (token name, or IP address without tokens) may hold; a request on
+    /// a connection over it gets 429 `rate_limited` and the connection is closed. /healthz,
+    /// /readyz and /metrics are never refused for it. Default: a quarter of --max-connections, at
+    /// least 16 (all of them below 16).
+    #[arg(long, env = "IDALLOC_MAX_CONNECTIONS_PER_CLIENT", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_connections_per_client: Option<u32>,
+    /// Watch streams one client may hold open at once (HTTP/1 and HTTP/2); more get 429
+    /// `rate_limited`.
+    #[arg(long, env = "IDALLOC_MAX_WATCHES_PER_CLIENT", value_name = "N", default_value = "1000",
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub max_watches_per_client: u32,
 }
 
 #[derive(Subcommand, Debug)]

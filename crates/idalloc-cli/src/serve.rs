@@ -66,6 +66,8 @@ fn limits(a: &ServeArgs) -> Result<idalloc_server::limits::Limits, Failure> {
     l.body_timeout = a.body_timeout;
     l.max_requests = a.max_requests as usize;
     l.max_requests_per_client = a.max_requests_per_client as usize;
+    l.max_connections_per_client = a.max_connections_per_client.map(|n| n as usize);
+    l.max_watches_per_client = a.max_watches_per_client as usize;
     Ok(l)
 }
 
@@ -139,6 +141,7 @@ pub async fn run(settings: &Settings, a: &ServeArgs, json_logs: bool) -> Result<
         limits: limits(a)?,
         watch_history: a.watch_history as usize,
         watch_wake_budget: a.watch_wake_budget,
+        bulk_in_flight: a.bulk_in_flight as usize,
         ..Config::default()
     };
     let state = AppState::new(alloc.clone(), store, &settings.prefix, config, Some(metrics))

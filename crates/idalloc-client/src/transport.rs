@@ -156,8 +156,9 @@ impl Transport {
                 Ok(o) => o,
                 Err(e) => {
                     // No answer: this endpoint is down or unreachable, or the answer was lost.
-                    last = format!("{} ({})", self.endpoints[i], describe(&e));
-                    debug!(endpoint = %self.endpoints[i], error = %describe(&e), what, "no answer, failing over");
+                    let why = describe(e);
+                    last = format!("{} ({why})", self.endpoints[i]);
+                    debug!(endpoint = %self.endpoints[i], error = %why, what, "no answer, failing over");
                     self.advance(i);
                     self.pause(attempt + 1, None).await;
                     continue;
@@ -203,10 +204,13 @@ pub(crate) fn retry_after(resp: &reqwest::Response) -> Option<Duration> {
     v.trim().parse::<u64>().ok().map(Duration::from_secs)
 }
 
-/// A transport error with its causes (reqwest's own message says little: "error sending request").
-pub(crate) fn describe(e: &reqwest::Error) -> String {
+/// A transport error with its causes (reqwest's own message says little: "error sending request"),
+/// without its URL: a session's URL holds the session id, a capability, and this text goes into
+/// errors and logs.
+pub(crate) fn describe(e: reqwest::Error) -> String {
+    let e = e.without_url();
     let mut s = e.to_string();
-    let mut src = std::error::Error::source(e);
+    let mut src = std::error::Error::source(&e);
     while let Some(c) = src {
         s.push_str(": ");
         s.push_str(&c.to_string());
@@ -233,6 +237,21 @@ pub(crate) fn encode_segment(s: &str, keep_slash: bool) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// reqwest's error text names the URL, and a session's URL holds its id: the description
+    /// that goes into errors and logs does not.
+    #[tokio::test]
+    async fn transport_errors_never_carry_the_url_and_its_session_id() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .expect("a free port");
+        let url = format!("http://127.0.0.1:{port}/v1/sessions/s3cr3t-5e55-10n/keepalive");
+        let e = reqwest::Client::new().put(&url).send().await.expect_err("nothing listens");
+        assert!(format!("{e} {e:?}").contains("s3cr3t-5e55-10n"), "reqwest itself names it: {e}");
+        let text = describe(e);
+        assert!(!text.contains("s3cr3t") && !text.is_empty(), "{text}");
+    }
 
     #[test]
     fn every_endpoint_is_tried_once_without_waiting_then_backoff_grows_to_its_cap() {

@@ -136,7 +136,7 @@ async fn stream_once(
     }
     let resp = match tokio::time::timeout(t.opts.request_timeout, rb.send()).await {
         Err(_) => return failed("no answer within the request timeout".into(), false),
-        Ok(Err(e)) => return failed(describe(&e), false),
+        Ok(Err(e)) => return failed(describe(e), false),
         Ok(Ok(r)) => r,
     };
     match resp.status().as_u16() {
@@ -221,7 +221,7 @@ fn idle_limited(
         match tokio::time::timeout(idle, s.next()).await {
             Err(_) => Some((Err(StreamError::Idle(idle)), (s, true))),
             Ok(None) => None,
-            Ok(Some(Err(e))) => Some((Err(StreamError::Transport(describe(&e))), (s, true))),
+            Ok(Some(Err(e))) => Some((Err(StreamError::Transport(describe(e))), (s, true))),
             Ok(Some(Ok(b))) => Some((Ok(b), (s, false))),
         }
     })

@@ -72,6 +72,62 @@ pub fn operation(method: &Method, route: Option<&str>) -> &'static str {
     }
 }
 
+/// The operation and pool of a mutating `method` on the concrete `path` (as [`operation`] for a
+/// matched route), for requests refused before any route was matched.
+pub fn operation_of_path(method: &str, path: &str) -> (&'static str, Option<String>) {
+    let path = path.split('?').next().unwrap_or("");
+    let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    // As sent (pool names need no escaping); cut so that a long path cannot make a long line.
+    let pool = |s: &str| Some(s.chars().take(128).collect::<String>());
+    match (method, segs.as_slice()) {
+        ("POST", ["v1", "pools"]) => ("pool_create", None),
+        ("DELETE", ["v1", "pools", p]) => ("pool_delete", pool(p)),
+        ("POST", ["v1", "pools", p, "acquire"]) => ("acquire", pool(p)),
+        ("POST", ["v1", "pools", p, "release"]) => ("release", pool(p)),
+        ("POST", ["v1", "pools", p, "sweep"]) => ("sweep", pool(p)),
+        ("POST", ["v1", "sessions"]) => ("session_open", None),
+        ("DELETE", ["v1", "sessions", _]) => ("session_end", None),
+        ("PUT", ["v1", "sessions", _, "keepalive"]) => ("session_keepalive", None),
+        _ => ("other", None),
+    }
+}
+
+/// The audit line of a connection refused at the connection cap (503 `overloaded`), from the
+/// request head it had sent (`head`, possibly partial or empty): written when that names a
+/// mutating request, as for any other refusal, with the client `-` (its token was not read) and
+/// its address. An HTTP/2 connection refused there sent no request yet and leaves no line.
+pub fn refused_at_connection_cap(head: &[u8], addr: &std::net::SocketAddr) {
+    let text = String::from_utf8_lossy(&head[..head.len().min(8192)]);
+    let mut first = text.lines().next().unwrap_or("").split(' ');
+    let (Some(method), Some(path)) = (first.next(), first.next()) else { return };
+    if matches!(method, "GET" | "HEAD" | "OPTIONS" | "PRI") || method.is_empty() {
+        return;
+    }
+    let id = text
+        .lines()
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .filter_map(|l| l.split_once(':'))
+        .find(|(k, _)| k.trim().eq_ignore_ascii_case(REQUEST_ID.as_str()))
+        .and_then(|(_, v)| HeaderValue::from_str(v.trim()).ok())
+        .and_then(|v| given_id(&v))
+        .unwrap_or_else(fresh_id);
+    let (operation, pool) = operation_of_path(method, path);
+    tracing::info!(
+        target: TARGET,
+        request_id = %String::from_utf8_lossy(id.as_bytes()),
+        client = "-",
+        address = %addr.ip(),
+        operation,
+        pool = pool.as_deref().unwrap_or("-"),
+        keys = 0,
+        status = 503,
+        outcome = "failed",
+        reason = "connection_cap",
+        "audit"
+    );
+}
+
 /// A request id the client sent, if usable: 1–128 visible ASCII characters.
 fn given_id(v: &HeaderValue) -> Option<HeaderValue> {
     let b = v.as_bytes();
@@ -141,5 +197,12 @@ mod tests {
         assert_eq!(fresh_id().len(), 32);
         assert_eq!(operation(&Method::POST, Some("/v1/pools/{pool}/acquire")), "acquire");
         assert_eq!(operation(&Method::from_bytes(b"BREW").expect("method"), None), "other");
+        assert_eq!(
+            operation_of_path("POST", "/v1/pools/ab/acquire?x=1"),
+            ("acquire", Some("ab".to_string()))
+        );
+        assert_eq!(operation_of_path("POST", "/v1/pools"), ("pool_create", None));
+        assert_eq!(operation_of_path("DELETE", "/v1/sessions/s"), ("session_end", None));
+        assert_eq!(operation_of_path("POST", "/nope"), ("other", None));
     }
 }

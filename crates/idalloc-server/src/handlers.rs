@@ -203,6 +203,19 @@ async fn keys_request(
     Ok(KeysRequest { keys, single, owner, pool })
 }
 
+/// A slot of the fair gate for a many-key request (none for a single key).
+async fn bulk_turn(
+    st: &AppState,
+    single: bool,
+    who: Option<&Extension<crate::limits::Who>>,
+) -> Option<crate::fair::Slot> {
+    if single {
+        return None;
+    }
+    let who = who.map_or("-", |Extension(w)| &*w.0);
+    Some(st.bulk.admit(who).await)
+}
+
 /// The answer of an acquire or release: the one result for the single-key form, else the list.
 fn answer<T: serde::Serialize>(mut out: Vec<T>, single: bool) -> Response {
     if single {
@@ -225,11 +238,20 @@ pub async fn acquire(
     State(st): State<Arc<AppState>>,
     client: Caller,
     note: Option<Extension<crate::audit::Note>>,
+    who: Option<Extension<crate::limits::Who>>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
+    let what = format!("a request of {} keys", keys.len());
+    if let Some(refused) =
+        crate::quota::charge(caller(&client), crate::quota::cost::keys(keys.len()), &what)
+    {
+        return Ok(refused);
+    }
+    // Many-key work is admitted fairly between clients ([`crate::fair`]).
+    let _turn = bulk_turn(&st, single, who.as_ref()).await;
     // The reference quota: slots in the store (crate::ref_slots), taken before the bind and
     // given back for the keys whose bind failed.
     let (holder, lease) = match &owner {
@@ -287,11 +309,20 @@ pub async fn release(
     State(st): State<Arc<AppState>>,
     client: Caller,
     note: Option<Extension<crate::audit::Note>>,
+    who: Option<Extension<crate::limits::Who>>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
+    let what = format!("a request of {} keys", keys.len());
+    if let Some(refused) =
+        crate::quota::charge(caller(&client), crate::quota::cost::keys(keys.len()), &what)
+    {
+        return Ok(refused);
+    }
+    // Many-key work is admitted fairly between clients ([`crate::fair`]).
+    let _turn = bulk_turn(&st, single, who.as_ref()).await;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
         Owner::Session(s) => {
@@ -333,16 +364,26 @@ pub struct ReadQuery {
     consistent: Option<String>,
 }
 
+/// The `rate=` charge of a consistent read (a cached one costs the one token every request does).
+fn charge_consistent(client: &Caller, consistent: bool) -> Option<Response> {
+    let cost = crate::quota::cost::CONSISTENT_READ;
+    consistent.then(|| crate::quota::charge(caller(client), cost, "a consistent read")).flatten()
+}
+
 async fn synced(pool: &Pool) -> ApiResult<()> {
     pool.wait_synced().await.map_err(ApiError::from)
 }
 
 pub async fn get_key(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     Path((name, key)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> ApiResult {
     let consistent = flag("consistent", q.consistent.as_deref())?;
+    if let Some(refused) = charge_consistent(&client, consistent) {
+        return Ok(refused);
+    }
     idalloc::pool::validate_key(&key)?;
     let pool = st.pool(&name).await?;
     let id = if consistent {
@@ -362,10 +403,14 @@ pub async fn get_key(
 
 pub async fn lookup_id(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     Path((name, id)): Path<(String, String)>,
     ApiQuery(q): ApiQuery<ReadQuery>,
 ) -> ApiResult {
     let consistent = flag("consistent", q.consistent.as_deref())?;
+    if let Some(refused) = charge_consistent(&client, consistent) {
+        return Ok(refused);
+    }
     let id: u64 = param("ID", &id, "a decimal number from 0 to 18446744073709551615")?;
     let pool = st.pool(&name).await?;
     let key = if consistent {
@@ -396,6 +441,7 @@ pub const MAX_PAGE: usize = 10_000;
 
 pub async fn list_bindings(
     State(st): State<Arc<AppState>>,
+    client: Caller,
     Path(name): Path<String>,
     ApiQuery(q): ApiQuery<ListQuery>,
 ) -> ApiResult {
@@ -403,6 +449,12 @@ pub async fn list_bindings(
     let limit: usize = q.limit.as_deref().map_or(Ok(1000), |l| param("limit", l, limits))?;
     if !(1..=MAX_PAGE).contains(&limit) {
         return Err(ApiError::invalid(format!("invalid limit {limit}: {limits}")));
+    }
+    let what = format!("a page of up to {limit} bindings");
+    if let Some(refused) =
+        crate::quota::charge(caller(&client), crate::quota::cost::page(limit), &what)
+    {
+        return Ok(refused);
     }
     let after: Option<u64> = q
         .after

@@ -14,7 +14,9 @@ pub mod audit;
 pub mod auth;
 pub mod build_info;
 pub mod conn;
+pub mod deadline;
 pub mod error;
+pub mod fair;
 pub mod fanout;
 pub mod flight;
 pub mod grants;
@@ -98,6 +100,9 @@ pub struct Config {
     /// widens with a pool's streams to stay within it ([`fanout::window`]), trading delivery
     /// latency for the CPU each wake-up's writes cost.
     pub watch_wake_budget: u64,
+    /// Many-key acquires and releases in flight at once, admitted fairly between clients
+    /// ([`fair`]); the rest wait, the client served the longest ago first.
+    pub bulk_in_flight: usize,
 }
 
 impl Default for Config {
@@ -113,6 +118,7 @@ impl Default for Config {
             watch_history: 10_000,
             watch_idle: Duration::from_secs(60),
             watch_wake_budget: fanout::WAKE_BUDGET,
+            bulk_in_flight: 8,
         }
     }
 }
@@ -137,6 +143,10 @@ pub struct AppState {
     metrics: Option<PrometheusHandle>,
     /// Request slots, in total and per client.
     pub(crate) concurrency: limits::Concurrency,
+    /// Open watch streams per client ([`watch::WatchSlot`]).
+    pub(crate) watchers: Mutex<std::collections::HashMap<Arc<str>, usize>>,
+    /// The fair gate of many-key requests.
+    pub(crate) bulk: Arc<fair::FairGate>,
     /// The OpenAPI document as served (security as configured, [`openapi::document`]).
     openapi: String,
 }
@@ -163,6 +173,8 @@ impl AppState {
             leaving: AtomicBool::new(false),
             stop: signal::channel(false).0,
             metrics,
+            watchers: Mutex::default(),
+            bulk: fair::FairGate::new(config.bulk_in_flight),
             openapi: openapi::document(config.tokens.is_some()),
             config,
         }))

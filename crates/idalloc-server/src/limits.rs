@@ -37,14 +37,32 @@ pub struct Limits {
     /// A connection with no request in flight for this long is closed (HTTP/1 keep-alive and
     /// HTTP/2 alike).
     pub idle_timeout: Duration,
-    /// The longest wait for the next piece of a request body.
+    /// The longest a request body may take to arrive, whole, from the request's head
+    /// ([`crate::deadline`]).
     pub body_timeout: Duration,
     /// Requests in flight at once, in total.
     pub max_requests: usize,
     /// Requests in flight at once per client (its token's name, or its IP address without
     /// tokens), HTTP/2 streams included; also each HTTP/2 connection's stream limit.
     pub max_requests_per_client: usize,
+    /// Connections one client (its token's name, or its IP address without tokens) may hold;
+    /// a request on a connection over it is refused 429 and the connection closed. `None`: a
+    /// quarter of `max_connections`, at least 16 ([`Limits::connections_per_client`]).
+    pub max_connections_per_client: Option<usize>,
+    /// Watch streams one client may hold open at once (HTTP/1 and HTTP/2 alike); a further one
+    /// is refused 429.
+    pub max_watches_per_client: usize,
 }
+
+/// The routes every client may always reach, whatever others hold: liveness, readiness and
+/// metrics are never refused for lack of a request slot, and never count for a client's
+/// connections (a probe must not be locked out by the clients it watches over).
+pub const PROBES: [&str; 3] = ["/healthz", "/readyz", "/metrics"];
+
+/// Whom a request counts for in the per-client limits: `client "NAME"` with tokens, else
+/// `address IP`. Put in the request's extensions by [`limit_concurrency`].
+#[derive(Clone, Debug)]
+pub struct Who(pub Arc<str>);
 
 /// Descriptors the process keeps for itself beyond its connections (store, log, listener, etcd).
 pub const FD_RESERVE: u64 = 128;
@@ -60,7 +78,19 @@ impl Default for Limits {
             body_timeout: Duration::from_secs(30),
             max_requests: 1024,
             max_requests_per_client: 128,
+            max_connections_per_client: None,
+            max_watches_per_client: 1000,
         }
+    }
+}
+
+impl Limits {
+    /// The per-client connection cap: as set, else a quarter of the connection cap, at least 16
+    /// (all of them under 16): one client cannot hold all of a large cap, and the eviction at
+    /// the cap ([`crate::conn::at_the_cap`]) covers the rest.
+    pub fn connections_per_client(&self) -> usize {
+        let default = (self.max_connections / 4).max(self.max_connections.min(16));
+        self.max_connections_per_client.unwrap_or(default).max(1)
     }
 }
 
@@ -115,18 +145,56 @@ impl Concurrency {
     }
 }
 
-/// The middleware (inside authentication, so it knows the client): takes a total slot and the
-/// client's slot for the time the request is handled. `/healthz` is not limited (liveness must
-/// answer under load).
+/// The middleware (inside authentication, so it knows the client): counts the request's
+/// connection for its client and refuses it over the client's connection cap, then takes a total
+/// slot and the client's slot for the time the request is handled. The [`PROBES`] are not
+/// limited (liveness, readiness and metrics must answer under load).
 pub async fn limit_concurrency(
     State(st): State<Arc<AppState>>,
-    req: Request,
+    mut req: Request,
     next: Next,
 ) -> Response {
-    if req.extensions().get::<MatchedPath>().is_some_and(|m| m.as_str() == "/healthz") {
+    if req.extensions().get::<MatchedPath>().is_some_and(|m| PROBES.contains(&m.as_str())) {
         return next.run(req).await;
     }
     let limits = &st.config.limits;
+    let who =
+        match (req.extensions().get::<Client>(), req.extensions().get::<ConnectInfo<SocketAddr>>())
+        {
+            (Some(c), _) => Some(format!("client {:?}", &*c.name)),
+            (None, Some(ConnectInfo(addr))) => Some(crate::conn::address_owner(addr)),
+            (None, None) => None,
+        };
+    if let (Some(who), Some(tag)) = (&who, req.extensions().get::<crate::conn::ConnTag>()) {
+        let held = tag.claim(who);
+        let cap = limits.connections_per_client();
+        if held > cap {
+            let mut resp = crate::quota::with_retry_after(
+                ApiError::new(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "rate_limited",
+                    format!(
+                        "{who} has {held} connections open, over its limit of {cap} \
+                         (--max-connections-per-client); send requests on the connections it \
+                         has, or close some"
+                    ),
+                ),
+                Duration::from_secs(1),
+            );
+            // This connection goes (HTTP/2 has no such header: its requests are refused alike
+            // while the client holds too many).
+            if req.version() < axum::http::Version::HTTP_2 {
+                resp.headers_mut().insert(
+                    axum::http::header::CONNECTION,
+                    axum::http::HeaderValue::from_static("close"),
+                );
+            }
+            return resp;
+        }
+    }
+    if let Some(w) = &who {
+        req.extensions_mut().insert(Who(w.as_str().into()));
+    }
     let Ok(_total) = st.concurrency.total.clone().try_acquire_owned() else {
         return ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -139,13 +207,6 @@ pub async fn limit_concurrency(
         )
         .into_response();
     };
-    let who =
-        match (req.extensions().get::<Client>(), req.extensions().get::<ConnectInfo<SocketAddr>>())
-        {
-            (Some(c), _) => Some(format!("client {:?}", &*c.name)),
-            (None, Some(ConnectInfo(addr))) => Some(format!("address {}", addr.ip())),
-            (None, None) => None,
-        };
     let _mine = match who {
         Some(who) => match st.concurrency.client_slot(&who, limits.max_requests_per_client) {
             Some(p) => Some(p),
@@ -183,6 +244,12 @@ mod tests {
         assert_eq!(default_max_connections(Some(100)), 16);
         assert_eq!(default_max_connections(Some(1 << 20)), DEFAULT_MAX_CONNECTIONS as usize);
         assert_eq!(default_max_connections(None), 1024 - FD_RESERVE as usize);
+        let per_client = |max, set| {
+            Limits { max_connections: max, max_connections_per_client: set, ..Limits::default() }
+                .connections_per_client()
+        };
+        assert_eq!((per_client(10_000, None), per_client(100, None)), (2_500, 25));
+        assert_eq!((per_client(20, None), per_client(2, None), per_client(9, Some(3))), (16, 2, 3));
         assert_eq!(parse_open_files("Max open files unlimited unlimited files"), Some(u64::MAX));
         assert_eq!(parse_open_files("nothing"), None);
         let own = open_files_limit().expect("a Linux /proc");

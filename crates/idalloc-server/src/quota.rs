@@ -25,6 +25,7 @@ use crate::error::ApiError;
 pub struct Rate {
     limiter: DefaultDirectRateLimiter,
     per_second: NonZeroU32,
+    burst: NonZeroU32,
 }
 
 impl std::fmt::Debug for Rate {
@@ -38,6 +39,18 @@ impl Rate {
         Rate {
             limiter: RateLimiter::direct(Quota::per_second(per_second).allow_burst(burst)),
             per_second,
+            burst,
+        }
+    }
+
+    /// Takes `n` more tokens (at most the burst, so that any request can pass once the bucket is
+    /// full); `Err` is how long until they are available.
+    pub fn take_n(&self, n: u32) -> Result<(), Duration> {
+        let Some(n) = NonZeroU32::new(n.min(self.burst.get())) else { return Ok(()) };
+        match self.limiter.check_n(n) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(not_until)) => Err(not_until.wait_time_from(DefaultClock::default().now())),
+            Err(_) => Err(Duration::from_secs(1)),
         }
     }
 
@@ -77,6 +90,51 @@ pub fn rate_limited(client: &str, per_second: u32, after: Duration) -> Response 
 pub fn check_rate(client: &Client) -> Option<Response> {
     let rate = client.rate.as_ref()?;
     rate.take().err().map(|after| rate_limited(&client.name, rate.per_second.get(), after))
+}
+
+/// What a request costs in `rate=` tokens: one, plus its work beyond a cached read.
+pub mod cost {
+    /// Keys of a many-key acquire or release per further token (a 1,000-key acquire costs 11).
+    pub const KEYS_PER_TOKEN: usize = 100;
+    /// Bindings of a page per further token (a 10,000-binding page costs 11, the default
+    /// 1,000-binding page 2).
+    pub const BINDINGS_PER_TOKEN: usize = 1000;
+    /// A consistent read (a store round trip instead of the cache) costs this many.
+    pub const CONSISTENT_READ: u32 = 2;
+
+    /// The cost of an acquire or release of `keys` keys.
+    pub fn keys(keys: usize) -> u32 {
+        u32::try_from(1 + keys / KEYS_PER_TOKEN).unwrap_or(u32::MAX)
+    }
+
+    /// The cost of a page of at most `limit` bindings.
+    pub fn page(limit: usize) -> u32 {
+        u32::try_from(1 + limit / BINDINGS_PER_TOKEN).unwrap_or(u32::MAX)
+    }
+}
+
+/// Charges the work of a request of `client` that costs `cost` tokens ([`cost`]) beyond the
+/// one the auth middleware took for every request: `Some(429)` (with the numbers that decided
+/// it) if the client's bucket lacks them. Nothing is charged without a `rate=`.
+pub fn charge(client: Option<&Client>, cost: u32, what: &str) -> Option<Response> {
+    let c = client?;
+    let rate = c.rate.as_ref()?;
+    let after = rate.take_n(cost.saturating_sub(1)).err()?;
+    Some(with_retry_after(
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limited",
+            format!(
+                "client {:?} is over its request rate: {what} costs {cost} (rate={} per second, \
+                 burst={} in the tokens file); retry after {} ms",
+                &*c.name,
+                rate.per_second,
+                rate.burst,
+                after.as_millis()
+            ),
+        ),
+        after,
+    ))
 }
 
 /// 429 `quota_exceeded`, naming the limit.

@@ -27,11 +27,14 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Path, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
+use idalloc::store::GetRequest;
 use serde::Deserialize;
 use serde_json::json;
 
 use crate::error::{param, ApiError, ApiQuery};
 use crate::fanout::{join, sse, Hub, Tick};
+use crate::limits::Who;
 use crate::snapshot::Encoded;
 use crate::AppState;
 
@@ -56,10 +59,17 @@ pub async fn watch(
     State(st): State<Arc<AppState>>,
     Path(name): Path<String>,
     ApiQuery(q): ApiQuery<WatchQuery>,
+    who: Option<Extension<Who>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
+    // Taken first and held by the stream: refused before any work when the client is at its cap.
+    let slot = match who {
+        Some(Extension(Who(who))) => Some(WatchSlot::take(&st, who)?),
+        None => None,
+    };
     let revisions = "a store revision: a whole number from 1";
     // The last revision the client has all of.
+    let from_revision = q.from_revision.clone();
     let seen = match (q.from_revision, headers.get("last-event-id")) {
         (Some(r), _) => {
             let r: i64 = param("from_revision", &r, revisions)?;
@@ -80,6 +90,26 @@ pub async fn watch(
     };
     let pool = st.pool(&name).await?;
     pool.wait_synced().await?;
+    if let Some(m) = seen {
+        // A revision the store has not reached yet is a client's mistake, not a wait: refused
+        // with the current revision (else the stream would wait, silent, for a revision that
+        // may never come).
+        let read = GetRequest::prefix(st.layout.id_prefix(&name)).keys_only().with_limit(1);
+        let current = st.store.get(read).await?.revision;
+        if m > current {
+            let asked = match &from_revision {
+                Some(r) => format!("from_revision {r}"),
+                None => format!("Last-Event-ID {m}"),
+            };
+            return Err(ApiError {
+                revision: Some(current),
+                ..ApiError::invalid(format!(
+                    "invalid {asked}: after the store's current revision {current}; resume from \
+                     a revision this service sent (an event's id, or a synced revision)"
+                ))
+            });
+        }
+    }
     let hub = st.hub(&pool);
     let (first, cursor, last_id) = match seen {
         Some(m) => {
@@ -114,7 +144,8 @@ pub async fn watch(
             snapshot(&hub, &pool).await?
         }
     };
-    let sub = Subscriber::new(st.clone(), hub, cursor, last_id, first);
+    let mut sub = Subscriber::new(st.clone(), hub, cursor, last_id, first);
+    sub.slot = slot;
     let stream = futures::stream::unfold(sub, |mut s| async move {
         s.next().await.map(|b| (Ok::<_, Infallible>(b), s))
     });
@@ -202,6 +233,48 @@ struct Subscriber {
     /// The hub's keep-alive count when this stream last sent something.
     keep_alive: u64,
     done: bool,
+    /// The client's watch-stream slot, freed with the stream.
+    slot: Option<WatchSlot>,
+}
+
+/// One of a client's watch streams (`--max-watches-per-client`), counted from the request until
+/// its stream is dropped (the client went, or the stream ended).
+pub(crate) struct WatchSlot {
+    st: Arc<AppState>,
+    who: Arc<str>,
+}
+
+impl WatchSlot {
+    fn take(st: &Arc<AppState>, who: Arc<str>) -> Result<WatchSlot, ApiError> {
+        let max = st.config.limits.max_watches_per_client;
+        let mut all = st.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        let open = all.entry(who.clone()).or_default();
+        if *open >= max {
+            let open = *open;
+            return Err(ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!(
+                    "{who} has {open} watch streams open, its limit (--max-watches-per-client \
+                     {max}); close one first (one stream per pool is enough)"
+                ),
+            ));
+        }
+        *open += 1;
+        Ok(WatchSlot { st: st.clone(), who })
+    }
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut all = self.st.watchers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = all.get_mut(&self.who) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                all.remove(&self.who);
+            }
+        }
+    }
 }
 
 impl Subscriber {
@@ -221,6 +294,7 @@ impl Subscriber {
             first: (!first.is_empty()).then_some(first),
             keep_alive,
             done: false,
+            slot: None,
         }
     }
 
