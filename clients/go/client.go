@@ -232,6 +232,9 @@ func (c *Client) call(ctx context.Context, op, method, path string, body, out in
 			}
 			lastErr, lastEp = errors.New(redact(describe(err), secret)), c.endpoints[i]
 			c.advance(i)
+			if attempt+1 == c.opts.Attempts {
+				break
+			}
 			if err := sleepCtx(ctx, backoffDelay(c.opts.BackoffBase, c.opts.BackoffMax, attempt+1, len(c.endpoints), 0, c.unit())); err != nil {
 				return err
 			}

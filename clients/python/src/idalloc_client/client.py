@@ -212,8 +212,9 @@ class Client:
                 reason = getattr(e, "reason", None) or e
                 last = (self.endpoints[i], _redact(f"{type(e).__name__}: {reason}", secret))
                 self._advance(i)
-                time.sleep(backoff_delay(self.backoff_base, self.backoff_max, attempt + 1,
-                                         len(self.endpoints), 0.0, self._unit()))
+                if attempt + 1 < self.attempts:
+                    time.sleep(backoff_delay(self.backoff_base, self.backoff_max, attempt + 1,
+                                             len(self.endpoints), 0.0, self._unit()))
         raise TransportError(op, last[0], last[1])
 
     # --- pools -------------------------------------------------------------------------------
