@@ -171,6 +171,14 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # run below does, so nothing is compiled twice; that run leaves the model's crate out (its only
 # tests are these), so nothing runs twice either.
 cargo test --workspace --test model_check -- --nocapture
+# idalloc-client speaks HTTP only: the library without its stores (cargo features `etcd` and
+# `embedded`) is all it takes, so nothing of etcd-client, tonic or prost is in its tree and it
+# builds without protoc.
+if cargo tree -p idalloc-client -e normal,build --prefix none | grep -E '^(tonic|tonic-build|prost|prost-build|etcd-client) '; then
+    echo "test.sh: idalloc-client depends on the crates above; it must not need etcd's gRPC stack" >&2
+    exit 1
+fi
+PROTOC=/nonexistent cargo build -p idalloc-client --quiet
 # The workspace run includes the 2-minute soak (crates/idalloc-chaos/tests/soak.rs;
 # IDALLOC_SOAK_SECS sets its length): chaos load and faults plus serve, failing on resource growth.
 # --no-fail-fast: one flaky or failing binary must not hide the results of the others.
