@@ -3,6 +3,7 @@ package idalloc
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"reflect"
 	"strings"
 	"testing"
@@ -173,5 +174,16 @@ func TestOptionsAreChecked(t *testing.T) {
 		if _, err := New(o); !errors.Is(err, ErrInvalidInput) {
 			t.Errorf("%+v: %v", o, err)
 		}
+	}
+}
+
+func TestATransportErrorNeverQuotesTheRequestURL(t *testing.T) {
+	secret := "00000000000000ab" + strings.Repeat("f", 64)
+	err := &url.Error{Op: "Put", URL: "http://127.0.0.1:9/v1/sessions/" + secret + "/keepalive", Err: errors.New("connection refused")}
+	if got := describe(err); strings.Contains(got, secret) || !strings.Contains(got, "connection refused") {
+		t.Fatal(got)
+	}
+	if got := redact("session "+secret+" is gone", secret); strings.Contains(got, secret) {
+		t.Fatal(got)
 	}
 }
