@@ -14,6 +14,12 @@ command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 # python3: the serve tests run the stdlib-only Python client (clients/python) against a real serve.
 command -v python3 >/dev/null 2>&1 || missing+=(python3)
+# go (1.19 or newer, standard library only: no module is downloaded): the Go client's tests
+# (clients/go) run `go vet` and `go test` against a real serve. openssl: the Python client's tests
+# make their TLS certificates with it. pip: the Python client is installed from its directory.
+command -v go >/dev/null 2>&1 || missing+=(golang-go)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 # prometheus and promtool: the serve tests scrape a real serve with a real Prometheus and unit-test
 # the shipped alert rules (deploy/prometheus). The package may start a system Prometheus on 9090;
 # the tests run their own on a free port.
@@ -181,7 +187,35 @@ RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # run below does, so nothing is compiled twice; that run leaves the model's crate out (its only
 # tests are these), so nothing runs twice either.
 cargo test --workspace --test model_check -- --nocapture
+# idalloc-client speaks HTTP only: the library without its stores (cargo features `etcd` and
+# `embedded`) is all it takes, so nothing of etcd-client, tonic or prost is in its tree and it
+# builds without protoc.
+if cargo tree -p idalloc-client -e normal,build --prefix none | grep -E '^(tonic|tonic-build|prost|prost-build|etcd-client) '; then
+    echo "test.sh: idalloc-client depends on the crates above; it must not need etcd's gRPC stack" >&2
+    exit 1
+fi
+PROTOC=/nonexistent cargo build -p idalloc-client --quiet
 # The workspace run includes the 2-minute soak (crates/idalloc-chaos/tests/soak.rs;
 # IDALLOC_SOAK_SECS sets its length): chaos load and faults plus serve, failing on resource growth.
 # --no-fail-fast: one flaky or failing binary must not hide the results of the others.
-cargo test --workspace --exclude idalloc-model --no-fail-fast "$@"
+status=0
+cargo test --workspace --exclude idalloc-model --no-fail-fast "$@" || status=$?
+
+# --- the Go and Python clients --------------------------------------------------------------------
+# Both against a real serve (the idalloc binary the run above built) on this run's etcd, failover
+# included; then the example agents of the Go, Python and Rust clients against one serve, which
+# must agree on every key's ID (clients/go/agents_test.go). Their caches and installs stay under
+# target/, so a fresh clone needs nothing else.
+cargo build --workspace --examples --quiet
+root="$PWD"
+export IDALLOC_BIN="$root/target/debug/idalloc" IDALLOC_RUST_AGENT="$root/target/debug/examples/agent"
+export GOCACHE="$root/target/go/cache" GOPATH="$root/target/go/path" GOPROXY=off
+(cd clients/go && go vet ./... && go test -count=1 ./...) || status=$?
+# The Python package, installed from its directory with pytest into a directory of its own (the
+# system's Python is not changed); its tests import the installed package.
+pydir="$root/target/python-client"
+rm -rf "$pydir"
+python3 -m pip install --quiet --target "$pydir" pytest ./clients/python \
+    || python3 -m pip install --quiet --break-system-packages --target "$pydir" pytest ./clients/python
+(cd clients/python && PYTHONPATH="$pydir" python3 -m pytest -q -p no:cacheprovider tests) || status=$?
+exit "$status"

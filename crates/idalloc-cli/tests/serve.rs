@@ -731,9 +731,7 @@ fn the_shipped_python_client_runs_against_serve() {
         return;
     }
     let client: PathBuf =
-        [env!("CARGO_MANIFEST_DIR"), "..", "..", "clients", "python", "idalloc_client.py"]
-            .iter()
-            .collect();
+        [env!("CARGO_MANIFEST_DIR"), "..", "..", "clients", "python", "src"].iter().collect();
     if !client.exists() {
         panic!("{} is missing", client.display());
     }
@@ -741,8 +739,8 @@ fn the_shipped_python_client_runs_against_serve() {
     let store = format!("file:{}", dir.path().join("ids.redb").display());
     let s = start_serve(&store, "idalloc", &[]);
     let out = Command::new("python3")
-        .arg(&client)
-        .args(["--demo", &s.http("")])
+        .env("PYTHONPATH", &client)
+        .args(["-m", "idalloc_client", "--demo", &s.http("")])
         .output()
         .expect("run the python client");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -480,15 +480,13 @@ fn the_python_client_speaks_https_with_a_token() {
         ],
     );
     let client: PathBuf =
-        [env!("CARGO_MANIFEST_DIR"), "..", "..", "clients", "python", "idalloc_client.py"]
-            .iter()
-            .collect();
+        [env!("CARGO_MANIFEST_DIR"), "..", "..", "clients", "python", "src"].iter().collect();
     let boss = dir.path().join("boss.token");
     std::fs::write(&boss, format!("{}\n", tk.boss)).expect("write");
     let run = |extra: &[&str]| {
         Command::new("python3")
-            .arg(&client)
-            .args(["--demo", &s.https("")])
+            .env("PYTHONPATH", &client)
+            .args(["-m", "idalloc_client", "--demo", &s.https("")])
             .args(["--cafile", &path(&pki.ca)])
             .args(extra)
             .output()

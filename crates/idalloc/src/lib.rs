@@ -30,6 +30,14 @@
 //! # }
 //! ```
 //!
+//! # Cargo features
+//!
+//! `etcd` (the etcd store, [`store::etcd`]: etcd-client, tonic, rustls) and `embedded` (the
+//! embedded store, [`store::embedded`]: redb) are both on by default. A crate that needs only the
+//! library's types, errors and checks — `idalloc-client`, which talks to `idalloc serve` over
+//! HTTP — takes `default-features = false` and so builds without etcd's gRPC stack and without
+//! `protoc`. The Go and Python clients are in `clients/`.
+//!
 //! # Coming from Cilium or Contiv
 //!
 //! | Cilium `pkg/allocator` (v1.6) | Contiv-VPP `idalloc` | idalloc |

@@ -18,7 +18,11 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 
+// Each store is a cargo feature (both default): `idalloc-client`, which speaks HTTP only, builds
+// without them, so without etcd-client, tonic and the `protoc` their build needs.
+#[cfg(feature = "embedded")]
 pub mod embedded;
+#[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod listing;
 mod window;

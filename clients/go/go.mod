@@ -1,0 +1,3 @@
+module github.com/idalloc/idalloc/clients/go
+
+go 1.19
