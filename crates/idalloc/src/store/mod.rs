@@ -21,6 +21,7 @@ use futures::stream::BoxStream;
 pub mod embedded;
 pub mod etcd;
 pub mod listing;
+pub mod url;
 mod window;
 
 pub use window::prefix_end;
