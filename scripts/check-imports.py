@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""No import cycles between the library's files (issues 10 and 19).
+"""No import cycles between the library's files.
 
 One node per source file of crates/idalloc/src (`allocator.rs` and each `allocator/*.rs` child are
 separate nodes). An edge A -> B means: the code of A names something that is *defined* in B. The

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Cost per binding of the whole-pool commands (issue 21 item 1; docs/scale.md, "Linear cost,
+# Cost per binding of the whole-pool commands (docs/scale.md, "Linear cost,
 # quiet"): `list`, `check`, `gc --dry-run` and a new process's sync (`watch --count 0`) on POOL of
 # BINDINGS bindings, one run each. Per command it prints the client's CPU (user + sys), the etcd
 # server's CPU over the command (utime + stime of ETCD_PID from /proc, when given), the wall time,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-key CLI costs (issue 21 item 0; docs/scale.md, "One key"): wall time and peak resident
+# One-key CLI costs (docs/scale.md, "One key"): wall time and peak resident
 # memory (`/usr/bin/time`'s "maximum resident set size", as `-v` prints it) of `acquire` (a new
 # key, then a key another holder bound), `get`, `lookup` and `release` against POOL, each run RUNS
 # times; prints the median of each, and of `idalloc --version` (the process start alone, no

@@ -1,6 +1,6 @@
 #!/bin/bash
 # Peak resident memory of `acquire --from` (new keys), `list`, `check` and `get` at given pool
-# sizes (issue 21 item 2; docs/scale.md, "`--from` memory"). Run from the repository root after
+# sizes (docs/scale.md, "`--from` memory"). Run from the repository root after
 # `cargo build --release -p idalloc-cli`; data goes to target/tmp-bench/ (delete it after).
 #   scripts/scale-memory.sh STORE_URL TAG SIZES...    e.g. etcd://127.0.0.1:2379 etcd 10000 100000
 # Prints CSV rows: what,store,bindings,peak_kib,seconds (plus the load average as a comment).

@@ -150,18 +150,22 @@ echo "test.sh: etcd $(etcd --version | head -n1 | awk '{print $3}') at $IDALLOC_
 # --- checks ----------------------------------------------------------------------------------------
 cargo fmt --all -- --check
 cargo clippy --all-targets -- -D warnings
-# The library's files import each other without cycles (issues 10 and 19: layout tells the
+# The library's files import each other without cycles (layout tells the
 # architecture). The self-test first: the check must be able to fail on planted cycles.
 python3 scripts/check-imports.py --self-test
 python3 scripts/check-imports.py
+# Docs, comments, test names and generated pages speak of the project, not of how it was built
+# (no work sessions, tracker numbers, branch names or team roles). Self-test first, as above.
+python3 scripts/check-words.py --self-test
+python3 scripts/check-words.py
 # The API docs build without broken or private links (the crate docs carry the guarantee map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
-# The model checker (issue 22 item 3, docs/model-checking.md) with its output, so that the state
+# The model checker (docs/model-checking.md) with its output, so that the state
 # counts and the sabotage traces are in the log. `--workspace` resolves features as the workspace
 # run below does, so nothing is compiled twice; that run leaves the model's crate out (its only
 # tests are these), so nothing runs twice either.
 cargo test --workspace --test model_check -- --nocapture
-# The workspace run includes the 2-minute soak (crates/idalloc-chaos/tests/soak.rs, issue 22 item 5;
+# The workspace run includes the 2-minute soak (crates/idalloc-chaos/tests/soak.rs;
 # IDALLOC_SOAK_SECS sets its length): chaos load and faults plus serve, failing on resource growth.
 # --no-fail-fast: one flaky or failing binary must not hide the results of the others.
 cargo test --workspace --exclude idalloc-model --no-fail-fast "$@"

@@ -1,4 +1,4 @@
-//! Writes `docs/scale-cost.svg` from `docs/scale-cost.csv` (issue 21 item 1: a listing command's
+//! Writes `docs/scale-cost.svg` from `docs/scale-cost.csv` (a listing command's
 //! cost per binding against the pool's size; the figures and how they were measured are in
 //! docs/scale.md, "Linear cost and bounded memory").
 //!

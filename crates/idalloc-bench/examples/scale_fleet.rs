@@ -1,4 +1,4 @@
-//! Writes `docs/scale-fleet.svg` from `docs/scale-fleet.csv` (issue 21 items 4 and 6: time until
+//! Writes `docs/scale-fleet.svg` from `docs/scale-fleet.csv` (time until
 //! all agents are synced and restored against the number of agents, direct and through `serve`;
 //! the figures and how they were measured are in docs/scale.md, "Fleet").
 //!

@@ -1,4 +1,4 @@
-//! Draws `docs/scale-memory.svg` (issue 21 item 2): peak resident memory per binding of the
+//! Draws `docs/scale-memory.svg`: peak resident memory per binding of the
 //! commands measured for docs/scale.md, against the pool's size, from a CSV of measurements.
 //!
 //! ```text

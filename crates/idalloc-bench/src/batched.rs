@@ -1,4 +1,4 @@
-//! Issue 14's figures: the batched etcd ceiling (what many-keys-per-txn can reach on this etcd)
+//! The batching figures: the batched etcd ceiling (what many-keys-per-txn can reach on this etcd)
 //! and restart restoration of held keys. The coalesced figure is the idalloc contender of the new
 //! keys scenario at concurrency 64 (concurrent single-key acquires of one process are coalesced);
 //! `acquire --from` / `release --from` are the CLI scenarios.

@@ -1,4 +1,4 @@
-//! The cost-per-binding chart of docs/scale.md (issue 21 item 1): a listing command's cost per
+//! The cost-per-binding chart of docs/scale.md: a listing command's cost per
 //! binding against the pool's size, one line per store and command, from a CSV measured by hand
 //! (the commands are on the page). Linear cost is a flat line; the target is the 10k point × 1.5
 //! at 1M, drawn as a dashed line per series' start.

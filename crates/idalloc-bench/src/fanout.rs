@@ -1,4 +1,4 @@
-//! The service's watch fan-out (issue 20, "Measure"): many SSE subscribers on one pool while a
+//! The service's watch fan-out: many SSE subscribers on one pool while a
 //! writer changes it at a fixed rate.
 //!
 //! The service is the release `idalloc serve` binary as its own process on a private etcd (as
@@ -162,7 +162,7 @@ impl FanoutFigures {
     pub fn markdown(&self) -> String {
         use std::fmt::Write as _;
         let mut s = String::new();
-        let _ = writeln!(s, "\n## Watch fan-out (issue 20)\n");
+        let _ = writeln!(s, "\n## Watch fan-out\n");
         let _ = writeln!(s, "Subscribers are raw TCP connections from the harness, each one `GET /v1/pools/{POOL}/watch` read with a minimal SSE line parser on a tokio runtime (one thread) of their own, apart from the writer and the acquire loops; they are added level by level without closing earlier ones. Meanwhile a writer ({WRITERS} keep-alive connections) acquires and releases fresh keys at a fixed rate of {RATE} changes/s (each acquire is an `upsert`, each release that reclaims a `delete`). Windows of {:.1} s. *Delivered*: `data:` lines received by all subscribers per second (ideal: changes/s × subscribers). *Latency*: receipt by a subscriber minus the moment the writer got the answer of the same change, over a sample of the subscribers (the first 20 and every 100th); an event that arrives before the writer's answer counts as 0. *Memory per subscriber*: growth of the `serve` process's VmRSS (`/proc/PID/status`) over the baseline ({:.1} MB: hub warm, its {HISTORY}-change ring full, no subscriber) divided by the subscribers. *etcd watchers*: etcd's own `etcd_debugging_mvcc_watcher_total` (all the service's watches; {} before any subscriber).\n",
             self.window,
             self.baseline_rss as f64 / 1e6,

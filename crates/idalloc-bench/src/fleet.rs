@@ -1,4 +1,4 @@
-//! Issue 21 item 4: a fleet of N agents on one pool on one etcd, each an independent instance of
+//! A fleet of N agents on one pool on one etcd, each an independent instance of
 //! the library as a node agent would run it: its own etcd connection (its own `etcd-client`
 //! channel), its own [`Allocator`] (own session lease, holder `agent-<i>`), its own watched pool
 //! cache. All agents run as tasks of this one process (one tokio runtime): what that does to the

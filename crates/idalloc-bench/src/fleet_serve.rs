@@ -1,4 +1,4 @@
-//! Issue 21 item 4, through `serve`: the fleet of [`crate::fleet`] with every agent an
+//! Through `serve`: the fleet of [`crate::fleet`] with every agent an
 //! independent `idalloc-client` instance (its own `Client`, so its own HTTP connections, its own
 //! session, its own SSE watch stream and view) against 1 or 2 `idalloc serve` replicas, real
 //! processes on loopback free ports, on one private etcd. etcd then sees one watch per replica and

@@ -1,4 +1,4 @@
-//! The fleet chart of docs/scale.md (issue 21 items 4 and 6): time until all agents are synced
+//! The fleet chart of docs/scale.md: time until all agents are synced
 //! (cold start) and restored (restart storm) against the number of agents, one panel per pool
 //! size, one line per phase and mode (direct agents, agents through `serve`), with the 30 s
 //! target. Drawn from a CSV kept by hand (`docs/scale-fleet.csv`) rather than from one bench run:

@@ -1,4 +1,4 @@
-//! Protocol comparison harness (issue 6): idalloc against the etcd ceiling and replicas of
+//! Protocol comparison harness: idalloc against the etcd ceiling and replicas of
 //! Cilium v1.6's and Contiv's allocator protocols, on the same etcd, in one run, plus in-process
 //! micro-benchmarks and scale figures. `main.rs` runs it and writes `docs/benchmarks.md` and
 //! `docs/benchmarks.svg`; `tests/quick.rs` runs the quick mode so the harness never rots.
@@ -54,7 +54,7 @@ pub struct Config {
     pub micro_iters: u64,
     pub sync_bindings: usize,
     pub cli_keys: usize,
-    /// Held keys restored after a restart (issue 14).
+    /// Held keys restored after a restart.
     pub restore_keys: usize,
     /// Bindings per cluster in the remote-view lookup benchmark (1 local + 8 remotes).
     pub remote_lookup_bindings: usize,
@@ -139,7 +139,7 @@ pub struct Report {
     pub cli: Vec<(String, usize, Outcome<f64>)>,
     /// `release --from` of the same keys: (store label, keys, seconds).
     pub cli_release: Vec<(String, usize, Outcome<f64>)>,
-    /// Batched etcd ceiling: (keys, keys/s), issue 14.
+    /// Batched etcd ceiling: (keys, keys/s).
     pub batched_ceiling: Option<(usize, Outcome<f64>)>,
     /// Where the CPU went in the etcd runs (batched ceiling, `acquire --from`, `release --from`,
     /// and on the batching page the coalesced and one-key runs at 64): what a missed batching
@@ -147,7 +147,7 @@ pub struct Report {
     pub cpu_split: Vec<(String, stats::CpuSplit)>,
     /// Restart restoration: (keys, (restore seconds, sync seconds)).
     pub restore: Option<(usize, Outcome<(f64, f64)>)>,
-    /// Remote views (issue 13).
+    /// Remote views.
     pub remote: Option<remote::RemoteFigures>,
     pub config: Option<Config>,
 }
@@ -214,7 +214,7 @@ pub async fn run(cfg: &Config) -> Report {
     r
 }
 
-/// Issue 14's scenarios alone, in one run: new keys at concurrency 64 (idalloc, whose concurrent
+/// The batching scenarios alone, in one run: new keys at concurrency 64 (idalloc, whose concurrent
 /// single-key acquires are coalesced, and the one-key-per-txn etcd ceiling), the file store at 1
 /// and 64 tasks, `acquire --from` / `release --from` on the file store and etcd, the batched etcd
 /// ceiling and restart restoration. [`Report::batching_markdown`] writes it up.

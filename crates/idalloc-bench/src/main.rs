@@ -1,25 +1,25 @@
 //! `cargo run --release -p idalloc-bench -- [--quick] [--out docs/benchmarks.md] [--cli PATH]`
 //!
 //! `--micro-only [--out docs/benchmarks-lookups.md]`: the in-process micro-benchmarks alone,
-//! printed; with `--out`, the cache lookups and their targets (issue 14) written there.
+//! printed; with `--out`, the cache lookups and their targets written there.
 //!
-//! `--serve-only`: `idalloc serve` over HTTP against the library on one etcd (issue 12), written
+//! `--serve-only`: `idalloc serve` over HTTP against the library on one etcd, written
 //! to `--out` (default `docs/benchmarks-serve.md`); needs the release `idalloc` binary
 //! (`cargo build --release -p idalloc-cli`, or `--cli PATH`).
 //!
-//! `--fanout-only`: issue 20's watch fan-out alone (SSE subscribers on one pool of a release
+//! `--fanout-only`: the service's watch fan-out alone (SSE subscribers on one pool of a release
 //! `idalloc serve`), printed, and written to `--out` if given. `--serve-only` runs it too, after
 //! the HTTP-against-library table, into the same page.
 //!
-//! `--fleet [--agents N,..] [--bindings B,..] ...`: issue 21's fleet of N agents on one pool
+//! `--fleet [--agents N,..] [--bindings B,..] ...`: the fleet of N agents on one pool
 //! (cold start, restart storm, churn), see `idalloc_bench::fleet`.
 //!
-//! `--batching-only`: issue 14's batching, coalescing, file-store and restoration figures, written
+//! `--batching-only`: the batching, coalescing, file-store and restoration figures, written
 //! to `--out` (default `docs/benchmarks-batching.md`) with their chart next to it (`.svg`); needs
 //! the release `idalloc` binary like `--serve-only`.
 //!
 //! `--scale 10000,1000000[,10000000] [--scale-cache 1000000] [--scale-pages 1000,10000]
-//! [--scale-dir target/tmp-bench] [--out FILE.md]`: issue 21's pools of 1M and 10M bindings on
+//! [--scale-dir target/tmp-bench] [--out FILE.md]`: pools of 1M and 10M bindings on
 //! etcd and the cache's memory per binding (`src/scale.rs`); `--scale-cache` alone runs only the
 //! cache part. `--scale-etcd "default;--snapshot-count=10000"` runs every size under each etcd
 //! setting (flags and environment variables), `--scale-phases` also splits a sync's time into
@@ -72,18 +72,18 @@ async fn main() -> Result<(), String> {
     while let Some(a) = args.next() {
         match a.as_str() {
             "--quick" => quick = true,
-            // Issue 21's fleet of N agents on one pool (idalloc_bench::fleet), with its own flags.
+            // The fleet of N agents on one pool (idalloc_bench::fleet), with its own flags.
             "--fleet" => return idalloc_bench::fleet::main(args.collect()).await,
             // Micro-benchmarks alone, at full size, printed (for profiling a missed target); with
-            // --out, the cache lookups and their targets (issue 14) also written there.
+            // --out, the cache lookups and their targets also written there.
             "--micro-only" => micro_only = true,
-            // Remote-view figures alone (issue 13), written to --out.
+            // Remote-view figures alone, written to --out.
             "--remote-only" => remote_only = true,
-            // HTTP service against the library (issue 12), written to --out.
+            // HTTP service against the library, written to --out.
             "--serve-only" => serve_only = true,
-            // The watch fan-out (issue 20) alone, printed (and written to --out if given).
+            // The watch fan-out alone, printed (and written to --out if given).
             "--fanout-only" => fanout_only = true,
-            // Issue 14's scenarios alone (batching, coalescing, restoration), written to --out.
+            // The batching scenarios alone (batching, coalescing, restoration), written to --out.
             "--batching-only" => batching_only = true,
             // idalloc on the embedded stores alone (file at 1 and 64 tasks, memory at 64), printed:
             // for before/after comparisons of the embedded store (docs/store-benchmarks.md).
@@ -170,7 +170,7 @@ async fn main() -> Result<(), String> {
                 }
                 return Ok(());
             }
-            // Issue 14's coalescing figure alone, `N` times (default 3): new keys at concurrency
+            // The coalescing figure alone, `N` times (default 3): new keys at concurrency
             // 64, idalloc (coalesced single-key acquires) and the one-key-per-txn etcd ceiling back
             // to back, printed with the ratio, the CPU per op and the load average of each pair.
             "--coalescing-only" => {
@@ -180,7 +180,7 @@ async fn main() -> Result<(), String> {
                 };
                 return coalescing(runs).await;
             }
-            // Issue 21 (src/scale.rs): bindings on etcd per run, and cache sizes for the memory part.
+            // Scale (src/scale.rs): bindings on etcd per run, and cache sizes for the memory part.
             "--scale" => scale = Some(list(args.next(), "--scale")?),
             "--scale-cache" => {
                 scale_cache = list(args.next(), "--scale-cache")?;
@@ -268,7 +268,7 @@ async fn main() -> Result<(), String> {
         }
         if let Some(out) = out {
             let text = format!(
-                "# Cached lookups: benchmark figures\n\nGenerated by `cargo run --release -p idalloc-bench -- --micro-only --out {}` on {} ({} logical cores, {}; load average {} at the end, shared with other developers compiling). Do not edit by hand.\n\n{}",
+                "# Cached lookups: benchmark figures\n\nGenerated by `cargo run --release -p idalloc-bench -- --micro-only --out {}` on {} ({} logical cores, {}; load average {} at the end, shared with other workloads). Do not edit by hand.\n\n{}",
                 out.display(),
                 idalloc_bench::stats::utc_now(),
                 idalloc_bench::stats::cores(),
@@ -317,7 +317,7 @@ async fn main() -> Result<(), String> {
         };
         let flag = if serve_only { "--serve-only" } else { "--fanout-only" };
         let text = format!(
-            "# `idalloc serve`: HTTP against the library, and the watch fan-out\n\nGenerated by `cargo build --release -p idalloc-cli && cargo run --release -p idalloc-bench -- {flag}` on {when} ({} logical cores, {}; load average {load} at the start, shared with other developers compiling; {}). Runs of {:.1} s per row. Do not edit by hand.\n{body}",
+            "# `idalloc serve`: HTTP against the library, and the watch fan-out\n\nGenerated by `cargo build --release -p idalloc-cli && cargo run --release -p idalloc-bench -- {flag}` on {when} ({} logical cores, {}; load average {load} at the start, shared with other workloads; {}). Runs of {:.1} s per row. Do not edit by hand.\n{body}",
             idalloc_bench::stats::cores(),
             idalloc_bench::stats::cpu_model(),
             idalloc_bench::stats::etcd_version(),
@@ -358,7 +358,7 @@ async fn main() -> Result<(), String> {
         )
         .await;
         let text = format!(
-            "# Remote views: benchmark figures\n\nGenerated by `cargo run --release -p idalloc-bench -- --remote-only --out docs/benchmarks-remote.md` on {} ({} logical cores, {}; load average {} at the start, shared with other developers compiling). Do not edit by hand.\n{}",
+            "# Remote views: benchmark figures\n\nGenerated by `cargo run --release -p idalloc-bench -- --remote-only --out docs/benchmarks-remote.md` on {} ({} logical cores, {}; load average {} at the start, shared with other workloads). Do not edit by hand.\n{}",
             idalloc_bench::stats::utc_now(), idalloc_bench::stats::cores(), idalloc_bench::stats::cpu_model(), idalloc_bench::stats::load_average(), f.markdown()
         );
         std::fs::write(&out, text).map_err(|e| format!("writing {}: {e}", out.display()))?;

@@ -35,7 +35,7 @@ pub struct Micro {
 }
 
 impl Micro {
-    /// Issue 14's lookup targets: `get` within 2× of `key_of`, at full size and on the working set,
+    /// The lookup targets: `get` within 2× of `key_of`, at full size and on the working set,
     /// both measured in this run (ratios of one run: the shared machine moves absolute figures).
     pub fn ratio_targets(&self) -> Vec<String> {
         let verdict = |ok: bool| if ok { "met" } else { "**missed**" };

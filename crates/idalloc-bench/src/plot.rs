@@ -1,5 +1,5 @@
 //! A horizontal bar chart in plain SVG, for pages whose figures are a handful of rates, each with
-//! its own targets (the batching page: issue 14 states every target as a ratio to another bar, so
+//! its own targets (the batching page states every target as a ratio to another bar, so
 //! the chart draws each target where it falls on the same axis as the bars).
 //!
 //! Hand-written rather than a plotting crate: the output is a few dozen lines of SVG that a diff

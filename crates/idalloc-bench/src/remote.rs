@@ -1,4 +1,4 @@
-//! Remote views (issue 13): initial sync of a remote pool from etcd, memory per remote binding,
+//! Remote views: initial sync of a remote pool from etcd, memory per remote binding,
 //! and zero-round-trip lookups across one local pool and eight remote views.
 //!
 //! Run alone with `cargo run --release -p idalloc-bench -- --remote-only [--out FILE.md]`; the
@@ -263,7 +263,7 @@ impl RemoteFigures {
     /// The report's section.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
-        let _ = writeln!(s, "\n## Remote views (multi-cluster, issue 13)\n");
+        let _ = writeln!(s, "\n## Remote views (multi-cluster)\n");
         match self.sync {
             Some((n, secs)) => {
                 let _ = writeln!(s, "- Initial sync of a remote pool of {n} bindings from etcd (`Pool::watch_remote` until `Synced`: spec read, paginated list of `id/` at one revision, validation, view build, watch start): **{secs:.2} s** (target ≤ 3 s).");

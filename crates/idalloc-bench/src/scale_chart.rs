@@ -1,4 +1,4 @@
-//! Issue 21 item 6: the chart of a `--scale` run on etcd (`docs/scale-etcd.svg`), drawn from the
+//! The chart of a `--scale` run on etcd (`docs/scale-etcd.svg`), drawn from the
 //! figures the run measured. Three panels against bindings (log axis, since the sizes go 10k …
 //! millions): the sync time of a new process (with the 1M target), memory (the new process's and
 //! etcd's), and bytes per binding (etcd's database, etcd's resident memory, the new process's).

@@ -1,4 +1,4 @@
-//! Issue 21 item 5: where a new process's sync of a big pool spends its time. The sync of 3M
+//! Where a new process's sync of a big pool spends its time. The sync of 3M
 //! bindings took 4.0× the time of 1M; the cause is in one of three places: etcd's reads (it walks
 //! its index for each page), the transfer and decoding of the records, or the cache's apply
 //! (`PoolCache::replace_all`). This child process runs the first two alone, timed and with the

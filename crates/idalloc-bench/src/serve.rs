@@ -1,4 +1,4 @@
-//! `idalloc serve` over HTTP against the library, on one etcd, in one run (issue 12).
+//! `idalloc serve` over HTTP against the library, on one etcd, in one run.
 //!
 //! The service is the real release binary (`idalloc serve`, its own process, as deployed) on a
 //! private etcd on loopback; the library is an [`Allocator`] in this process on the same etcd

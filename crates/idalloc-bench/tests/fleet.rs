@@ -1,4 +1,4 @@
-//! The fleet benchmark (issue 21 item 4) at a tiny size against a real etcd, so it never rots:
+//! The fleet benchmark at a tiny size against a real etcd, so it never rots:
 //! every phase ran, every agent synced and restored every key with its previous ID, no call
 //! failed, the churn and the probe did work and etcd's counters moved. Speed is never asserted,
 //! nor work in a window shorter than what measures it (a 50 ms probe step, a 10 ms CPU tick).

@@ -34,7 +34,7 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
             assert!(r.ops > 0, "{} did no operation at concurrency {c}", kind.name());
             assert_eq!(r.failures, 0, "{} had failures at concurrency {c}", kind.name());
             if kind == Kind::Idalloc && c > 1 {
-                // Concurrent single-key acquires of one process are coalesced (issue 14): at
+                // Concurrent single-key acquires of one process are coalesced: at
                 // most one round trip per key, fewer when calls overlap.
                 let x = r.rt_per_op();
                 assert!(x > 0.0 && x <= 1.0, "idalloc round trips/op at c={c}: {x}");
@@ -95,7 +95,7 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
             assert!(x > 0.0 && x <= 1.0, "embedded {label} c={c}: coalesced, {x}");
         }
     }
-    // Issue 14: the batched etcd ceiling and restart restoration ran (every key got its old ID
+    // The batched etcd ceiling and restart restoration ran (every key got its old ID
     // back: `restore` checks it).
     match &report.batched_ceiling {
         Some((n, Ok(rate))) => assert!(*n == cfg.cli_keys && *rate > 0.0),
@@ -122,7 +122,7 @@ async fn quick_mode_reports_every_contender_with_expected_round_trips() {
         "Micro-benchmarks",
         "## Scale",
         "## Embedded store",
-        "## Batching (issue 14)",
+        "## Batching",
     ] {
         assert!(md.contains(heading), "report has a section {heading:?}");
     }

@@ -1,4 +1,4 @@
-//! Issue 21 item 4: what it costs an `idalloc-client` view to take in a watch stream's snapshot,
+//! What it costs an `idalloc-client` view to take in a watch stream's snapshot,
 //! against a real `idalloc serve` (memory store), counted as the bytes the client process
 //! allocates while its view syncs (this test binary installs the bench's counting allocator).
 //!

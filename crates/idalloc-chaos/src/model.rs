@@ -16,7 +16,7 @@
 //! Which ID an unbound key gets ("any ID not bound to another key") is a cross-key property; the
 //! chaos test checks it on raw store scans (G1) instead of here.
 //!
-//! Session references (issue 22 item 2): a client session's holder acquires and releases like a
+//! Session references: a client session's holder acquires and releases like a
 //! durable holder, and its references also end with its lease:
 //! - `lease_end(h)`: every reference of `h` vanishes (revoke or expiry; etcd deletes the lease's
 //!   keys in one step, here seen one key at a time), and `h` can never reference again: an

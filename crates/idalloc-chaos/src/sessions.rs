@@ -1,4 +1,4 @@
-//! When each client session's lease ended, as far as the history can tell (issue 22 item 2): the
+//! When each client session's lease ended, as far as the history can tell: the
 //! window `[lo, hi]` the checker places the session's [`Call::LeaseEnd`](crate::model::Call) in.
 //!
 //! - `lo`, the earliest it can have ended: a lease lives at least its TTL from the moment etcd's

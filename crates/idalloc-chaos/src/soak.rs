@@ -1,4 +1,4 @@
-//! The soak run's verdict on resource growth (issue 22 item 5; `tests/soak.rs`, docs/chaos.md
+//! The soak run's verdict on resource growth (`tests/soak.rs`, docs/chaos.md
 //! "Soak"): pure functions over the sampled series, kept apart from the sampling so the rule can
 //! be tested on made-up series.
 //!

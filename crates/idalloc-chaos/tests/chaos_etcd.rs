@@ -1,4 +1,4 @@
-//! Chaos on a real 3-member etcd cluster (issue 5, part 2; docs/chaos.md).
+//! Chaos on a real 3-member etcd cluster (docs/chaos.md).
 //!
 //! Several `chaos-client` processes (one holder each) acquire and release durable references on a
 //! small shared key set while this test kills (SIGKILL) and restarts etcd members one at a time —
@@ -11,7 +11,7 @@
 //! - errors are only `Unavailable`, and only during a leader fault (plus a grace for the election);
 //! - no client panicked or hung, and every client run that was not killed exited cleanly;
 //! - beside the recorded durable calls, every client sends bursts of concurrent single-key session
-//!   calls, which the allocator coalesces (issue 14; `chaos_client.rs`, `--burst-tasks`): the
+//!   calls, which the allocator coalesces (`chaos_client.rs`, `--burst-tasks`): the
 //!   scans check them for G1 with the rest, each client checks its own holds, and the run fails
 //!   if none was answered.
 //!
@@ -20,7 +20,7 @@
 //! applied late). `CHAOS_SECS` sets the chaos duration (default 60; docs/chaos.md has the long run),
 //! `CHAOS_PAUSE_MAX_MS` the longest pause.
 //!
-//! The same run, shorter (`CHAOS_SECURE_SECS`, default 20), on a locked-down etcd (issue 11): one
+//! The same run, shorter (`CHAOS_SECURE_SECS`, default 20), on a locked-down etcd: one
 //! member with TLS and client-certificate authentication, auth enabled with 2 s tokens, and clients
 //! that connect as the restricted `idalloc` user whose role covers only its prefix. Its faults are
 //! restarts of the member (every token it issued is gone after one), pauses shorter and longer than

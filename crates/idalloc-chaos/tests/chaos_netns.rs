@@ -1,5 +1,5 @@
 //! Chaos on a 3-member etcd cluster whose members and clients are hosts of their own, in network
-//! namespaces, with network nemeses (issue 22 item 1; docs/chaos.md "Network nemeses").
+//! namespaces, with network nemeses (docs/chaos.md "Network nemeses").
 //!
 //! `idalloc_chaos::netlab` builds the hosts: one namespace per etcd member (`m0`..`m2`), two for
 //! the client processes (`c0`, `c1`), one for the observer (`ob`, this test's own thread that

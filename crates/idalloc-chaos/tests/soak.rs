@@ -1,4 +1,4 @@
-//! The soak run (issue 22 item 5; docs/chaos.md "Soak"): steady load with faults for
+//! The soak run (docs/chaos.md "Soak"): steady load with faults for
 //! `IDALLOC_SOAK_SECS` (default 120, CI's version; the hour-long run's figures are in
 //! docs/chaos.md), sampling every `IDALLOC_SOAK_SAMPLE_SECS` (default: a 60th of the run, 2–60 s)
 //! what every process it started holds, and failing on growth and on any violation.

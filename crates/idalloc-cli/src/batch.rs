@@ -1,7 +1,7 @@
 //! `acquire POOL --from FILE|-` and `release POOL --from FILE|-`: many keys in one process,
-//! packed many per store request by the library's batched calls (issue 14), several in flight.
+//! packed many per store request by the library's batched calls, several in flight.
 //!
-//! The input is read twice, one line at a time, never whole (issue 21, item 2): a first pass
+//! The input is read twice, one line at a time, never whole: a first pass
 //! checks every line, so a bad line (exit 2, naming its number) leaves the store untouched rather
 //! than half-done, and counts the keys for the progress line; the second pass reads the keys
 //! again as the batches need them. Standard input (or a pipe given by name) cannot be read twice,
@@ -89,7 +89,7 @@ fn spool(input: &mut impl std::io::Read, what: &str) -> Result<File, Failure> {
     Ok(f)
 }
 
-/// Keys per library call: one batched request of up to 100 keys when uncontended (issue 14), so
+/// Keys per library call: one batched request of up to 100 keys when uncontended, so
 /// `concurrency` calls in flight keep that many batches in flight.
 const KEYS_PER_CALL: usize = 100;
 
@@ -180,7 +180,7 @@ pub async fn release_from(
 /// A key's error stops the batch, but only from starting more chunks: the chunks already in
 /// flight are awaited to the end, never dropped (a dropped call may still commit, and its keys
 /// would be acquired with nobody told), and every key they did is written like any other, so the
-/// output lists exactly what the command did and the caller can undo it (issue 19, item 2).
+/// output lists exactly what the command did and the caller can undo it.
 /// Failed keys get no line; the error names the first one (input line and key), how many keys
 /// were done, failed and never tried.
 async fn run_batched<T, F, Fut>(

@@ -117,8 +117,8 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     }
     let opened = open::open_store(&settings, writes).await?;
     let store = opened.store.clone();
-    // Refuse a prefix nested with another deployment's before touching anything (issue 9,
-    // item 9); `status` and `check` report it instead.
+    // Refuse a prefix nested with another deployment's before touching anything; `status` and
+    // `check` report it instead.
     if !matches!(cli.command, Command::Status | Command::Check(_)) {
         if let Some(first) = nesting(&settings, &*store, &layout).await?.first() {
             return Err(Failure::usage(format!(
@@ -140,8 +140,8 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     result
 }
 
-/// Commands that open their pool lazily, never listing it unless they need to (issue 21 items 0
-/// and 2; docs/design-notes.md): those that touch one key or ID, `list` (which streams the
+/// Commands that open their pool lazily, never listing it unless they need to
+/// (docs/design-notes.md): those that touch one key or ID, `list` (which streams the
 /// store's records, not the view), `gc` (which reads the records it sweeps), and `acquire --from`, whose
 /// batches guess candidates in a `random` pool as a lone acquire does (so its memory does not
 /// grow with the pool it fills; a `lowest` pool still loads the view). `release --from` and
@@ -153,7 +153,7 @@ fn one_key(command: &Command) -> bool {
         Command::Release(a) => a.from.is_none(),
         Command::Get(a) => !a.remote.any(),
         Command::Lookup(a) => !a.remote.any(),
-        // `list` reads the store page by page and never uses the view (issue 21 item 2).
+        // `list` reads the store page by page and never uses the view.
         Command::List(a) => !a.remote.any(),
         // A sweep reads the pool's records itself and decides from them alone; a listed view
         // would be a second whole read of the pool, running beside it for nothing (half of

@@ -1,4 +1,4 @@
-//! Shell completions and man pages (issue 19 item 11), generated from the clap definitions the
+//! Shell completions and man pages, generated from the clap definitions the
 //! parser itself uses (`Cli::command()`), so they cannot drift from the commands: a new command
 //! or flag shows up in both with no second list to keep. Nothing installs them; docs/cli.md and
 //! each command's --help say where they go.

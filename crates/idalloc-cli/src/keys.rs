@@ -1,6 +1,5 @@
 //! The `--from FILE|-` input of `acquire` and `release`: one key per line, read one line at a
-//! time ([`KeyLines`]) so that a million keys cost the memory of one line, not of the input
-//! (issue 21, item 2).
+//! time ([`KeyLines`]) so that a million keys cost the memory of one line, not of the input.
 
 use std::io::BufRead;
 

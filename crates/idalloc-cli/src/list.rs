@@ -1,6 +1,6 @@
 //! `idalloc list POOL`: the pool's bindings printed as they are read, a page at a time
-//! ([`idalloc::Pool::list_each`]), so the command holds a page and not the pool (issue 21
-//! item 2). The output is the one documented (docs/cli.md): the table `ID  KEY  HOLDERS` in ID
+//! ([`idalloc::Pool::list_each`]), so the command holds a page and not the pool. The output is the
+//! one documented (docs/cli.md): the table `ID  KEY  HOLDERS` in ID
 //! order, or one JSON document `{"pool":…,"bindings":[…]}`, printed a binding at a time. The
 //! table's columns are aligned within each block of [`BLOCK`] rows, since the widest key of the
 //! whole pool is not known before the end; a pool of up to [`BLOCK`] bindings prints exactly as

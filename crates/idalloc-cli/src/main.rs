@@ -1,4 +1,4 @@
-//! `idalloc`: the command-line front of the idalloc library (issue 4). See `idalloc --help` and
+//! `idalloc`: the command-line front of the idalloc library. See `idalloc --help` and
 //! docs/cli.md.
 
 #![forbid(unsafe_code)]

@@ -34,7 +34,7 @@ pub struct Settings {
     pub timeout: Duration,
     pub lock_timeout: Duration,
     /// Run redb's whole-file integrity check when opening a file store (`check` asks for it;
-    /// other commands check only a file that was not closed cleanly: issue 21 item 0).
+    /// other commands check only a file that was not closed cleanly).
     pub check_file: bool,
 }
 
@@ -115,7 +115,7 @@ pub async fn open_store_bounded(
 /// The allocator on `store`: no session lease is ever granted (the CLI only makes durable
 /// references), requests bounded as the module docs say. `lazy`: pools are opened without
 /// listing them (`AllocatorOptions::lazy_view`), for commands that touch one key or ID: their
-/// cost must not grow with the pool (issue 21 item 0). `bulk_in_flight`: the batches of
+/// cost must not grow with the pool. `bulk_in_flight`: the batches of
 /// `acquire/release --from` in flight at once (`--concurrency`), so that the library's bound on
 /// bulk txns (`AllocatorOptions::bulk_in_flight`) is the flag's, not a second, hidden one.
 pub fn allocator(

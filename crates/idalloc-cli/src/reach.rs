@@ -1,5 +1,5 @@
 //! Reaching the remotes of `--remote NAME=URL`: how long each may take, asking them all at once,
-//! and routing a lookup by ID space (issue 19 item 5).
+//! and routing a lookup by ID space.
 //!
 //! Every remote has its own [`Budget`]: everything one command asks it (connecting, its pool's
 //! spec, the records a question needs, a view's first listing) must be answered within

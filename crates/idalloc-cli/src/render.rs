@@ -13,7 +13,7 @@ fn acts_on_terminal(c: char) -> bool {
     c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
-/// A key, holder or other store-supplied string made safe for text output (issue 9, item 10):
+/// A key, holder or other store-supplied string made safe for text output:
 /// every character a terminal would act on is written as a Rust-style escape (`\n`, `\t`, `\r`,
 /// `\u{1b}`), and a backslash as `\\` so the escaping stays reversible (two different keys never
 /// print the same). Keys are data other people wrote; printed raw, `ESC ] 52 ;` or `ESC [ 2 J`

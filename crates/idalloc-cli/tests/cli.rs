@@ -215,7 +215,7 @@ fn scenario(t: &Target) {
     let j = t.run(&["--json", "lookup", "p", &id.to_string()]).json();
     assert_eq!((j["id"].as_u64(), j["key"].as_str()), (Some(id), Some("k1")));
     // ID 5 is reserved, so it is never bound. (This used to be 99, which k1 gets about once in 87
-    // runs: the flake of issue 9, item 13.)
+    // runs: a flaky test.)
     t.run(&["lookup", "p", "5"]).fails(3).err_has("ID 5 is not bound");
     t.run(&["get", "nopool", "k1"]).fails(3).err_has("\"nopool\"");
     t.run(&["lookup", "nopool", "1"]).fails(3);
@@ -538,7 +538,7 @@ fn watch_sees_changes(t: &Target) {
     assert!(status.success(), "{status:?}");
 }
 
-/// Issue 19 item 6: `watch` of a pool another process deletes prints an unbound line per binding
+/// `watch` of a pool another process deletes prints an unbound line per binding
 /// and exits 3 (pool not found), instead of following a pool that no longer exists.
 #[test]
 fn etcd_watch_of_a_deleted_pool_ends_with_not_found() {
@@ -664,7 +664,7 @@ fn unreachable_etcd_fails_with_exit_1() {
     let j = r.json();
     assert_eq!((j["reachable"].as_bool(), j["store"].as_str()), (Some(false), Some("etcd")));
     assert!(j["error"].is_string());
-    // The reason is said once (issue 9, item 11).
+    // The reason is said once.
     let r = t.run(&["--store", &store, "--timeout", "1s", "get", "p", "k"]);
     r.fails(1);
     assert_eq!(r.stderr.matches("store unavailable").count(), 1, "{r:?}");
@@ -725,7 +725,7 @@ fn help_mentions_json_shapes() {
         .stdout(predicate::str::contains("\"new\":true").and(predicate::str::contains("--from")));
 }
 
-/// Issue 9, item 11: an empty `--reserve` list is the same typo as an empty item; both are refused
+/// An empty `--reserve` list is the same typo as an empty item; both are refused
 /// with a message that says so, and neither creates the pool.
 #[test]
 fn empty_reserve_lists_and_items_are_refused_alike() {
@@ -741,7 +741,7 @@ fn empty_reserve_lists_and_items_are_refused_alike() {
     t.run(&["pool", "create", "p", "--range", "1-10", "--reserve", "5"]).ok();
 }
 
-/// Issue 9, item 10: keys and holders are other people's data; text output escapes every
+/// Keys and holders are other people's data; text output escapes every
 /// character a terminal acts on (ESC sequences, BEL, newlines, C1 controls, bidi overrides),
 /// while `--json` keeps them exact.
 #[test]
@@ -958,8 +958,8 @@ fn check_finds_and_repairs(t: &Target) {
         t.run(&["lookup", "t", free]).fails(3);
     }
     // The repair left the held binding on reserved ID 50 for a person (it never takes a holder's
-    // ID), and a key record naming an ID the pool never hands out is refused, not returned (issue 9
-    // item 7): `get` fails naming the ID and pointing at `check`; the records are untouched.
+    // ID), and a key record naming an ID the pool never hands out is refused, not returned: `get`
+    // fails naming the ID and pointing at `check`; the records are untouched.
     let r = t.run(&["get", "t", "res"]);
     assert_eq!(r.code, 4, "corrupt data has its own exit code: {r:?}");
     assert!(r.stderr.contains("names ID 50") && r.stderr.contains("idalloc check"), "{r:?}");
@@ -981,10 +981,10 @@ fn etcd_check_finds_and_repairs() {
     check_finds_and_repairs(&t);
 }
 
-/// Issue 9, item 9: deployment B at `--prefix pa/data/vni` lives inside A's (`pa`) pool `vni`.
+/// Deployment B at `--prefix pa/data/vni` lives inside A's (`pa`) pool `vni`.
 /// A's `pool delete vni --force` used to wipe all of B. Both directions are refused now: B's
 /// commands refuse a prefix inside A's; A's delete refuses to touch B's records.
-/// Issue 19, item 1: the setup docs/multi-cluster.md recommends (prefix bits, idle grace) is
+/// The setup docs/multi-cluster.md recommends (prefix bits, idle grace) is
 /// healthy after an acquire and a release: `check` finds nothing (it compares IDs without their
 /// prefix), `--repair` removes nothing, and the key comes back inside its grace to the same ID. A
 /// tombstone in a prefixed pool with a reuse delay survives `--repair` too (G5).
@@ -1072,7 +1072,7 @@ fn nested_prefixes_are_refused() {
     let _ = bid;
 }
 
-/// Issue 9, items 7 and 8: a spec record holding another pool's spec is refused, never used
+/// A spec record holding another pool's spec is refused, never used
 /// (`acquire lies victim` used to write into pool `good`, outside good's range), and one broken
 /// spec does not break `pool list`, an all-pools `gc` or `status` for the other pools.
 #[test]
@@ -1130,7 +1130,7 @@ fn broken_and_lying_specs_are_reported_and_others_served() {
     assert!(!r.stdout.contains("pools:      none"), "{r:?}");
 }
 
-/// Issue 9, item 5, on a real etcd: 1,100 keys of 4,096 bytes made of `/` (escaping triples them
+/// Long keys on a real etcd: 1,100 keys of 4,096 bytes made of `/` (escaping triples them
 /// in record names) used to make `list` and `gc` fail forever with "decoded message length too
 /// large", labelled as an invalid request. Every listing path now pages by bytes: the pool's
 /// cache (watch's sync), `list`, `gc`, `pool list`.
@@ -1268,7 +1268,7 @@ fn count_in(stderr: &str, verb: &str) -> usize {
     rest.split(' ').next().unwrap().parse().unwrap_or_else(|_| panic!("{stderr}"))
 }
 
-/// Issue 19, item 2: a batch that stops on a bad record mid-input reports everything it did.
+/// A batch that stops on a bad record mid-input reports everything it did.
 /// Keys in the failing request and in the requests in flight beside it are acquired (or
 /// released) too: each is printed (text and `--json`) before the error, and the error's count is
 /// exactly the references the holder gained (or lost) in the store, read from the file.

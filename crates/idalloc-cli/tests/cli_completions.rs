@@ -1,4 +1,4 @@
-//! `idalloc completions SHELL` and `idalloc man` from the outside (issue 19 item 11): they need
+//! `idalloc completions SHELL` and `idalloc man` from the outside: they need
 //! no store, and a shell that is not offered is refused with the allowed ones. The scripts' and
 //! pages' contents are tested against the parser's own definitions in `src/docgen.rs`.
 

@@ -1,4 +1,4 @@
-//! A damaged store file (issue 19 item 3): every command that opens it exits 4 with one `error:`
+//! A damaged store file: every command that opens it exits 4 with one `error:`
 //! line naming the file (docs/cli.md, exit codes), and nothing panics (G6).
 //!
 //! The patterns are 8-byte writes found by corrupting the store below at random offsets (seeded)
@@ -16,7 +16,7 @@ use std::time::Duration;
 use assert_cmd::Command;
 
 /// (offset, bytes written there, what it did before the fix). Found again for store format 2
-/// (issue 21: the file's pages moved) with the same loop, seed 7; the patterns of format 1 all
+/// (the file's pages moved) with the same loop, seed 7; the patterns of format 1 all
 /// landed in bytes the commands no longer read.
 const PATTERNS: &[(u64, &str, &str)] = &[
     (12770, "201e69fedaa0eee8", "exit 4 (found with format 2)"),
@@ -97,7 +97,7 @@ fn damaged_store_files_exit_4_naming_the_file_without_a_panic() {
     assert!(failures.is_empty(), "damaged files mishandled:\n{}", failures.join("\n"));
 }
 
-/// Issue 21 item 0: commands read only the pages they need and skip redb's whole-file integrity
+/// Commands read only the pages they need and skip redb's whole-file integrity
 /// check on a file that was closed cleanly; `check` runs it. The pattern (found with the loop
 /// above, format 2) damages a page `status` never reads: `status` succeeds, `check` exits 4
 /// naming the file and the integrity check.

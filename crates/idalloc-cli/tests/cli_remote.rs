@@ -209,7 +209,7 @@ fn json_line(out: &mut impl BufRead) -> Value {
     serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line: {line:?}: {e}"))
 }
 
-/// Issue 19 item 4: a remote of more bindings than a subscriber's event buffer (4,096) made
+/// A remote of more bindings than a subscriber's event buffer (4,096) made
 /// `watch --remote` print `lagged` (without a cluster), thousands of `upsert` lines, `lagged`
 /// again, then `synced`. The initial listing must come as `synced b N`, then changes only, every
 /// line naming its cluster.
@@ -283,7 +283,7 @@ fn waited(message: &str) -> f64 {
     rest[..rest.find('s').expect("seconds")].parse().expect("a number")
 }
 
-/// Issue 19 item 5: with one remote frozen, `lookup` of an ID the local pool's or a live
+/// With one remote frozen, `lookup` of an ID the local pool's or a live
 /// remote's prefix bits route elsewhere must answer (it failed with exit 1 after waiting for the
 /// frozen remote's spec); an ID only the frozen remote could hold fails naming it and the time
 /// really waited; `get`, which needs every cluster, fails the same way.

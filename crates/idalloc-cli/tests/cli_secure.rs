@@ -1,4 +1,4 @@
-//! The real `idalloc` binary against a locked-down etcd (issue 11): etcdctl-style flags, their
+//! The real `idalloc` binary against a locked-down etcd: etcdctl-style flags, their
 //! `IDALLOC_...` variables, a Cilium-style `--etcd-config` file, store-URL credentials, and a
 //! one-line error with exit 1 for each refusal. Certificates are made at run time; each test
 //! starts its own etcd on free loopback ports (killed by PID when the test ends).

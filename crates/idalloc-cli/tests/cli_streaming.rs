@@ -1,4 +1,4 @@
-//! Issue 21, item 2: `acquire --from` and `release --from` stream their input and output, so
+//! `acquire --from` and `release --from` stream their input and output, so
 //! their peak memory is bounded by the batches in flight, not by the input.
 //!
 //! The real binary, with an input ten times longer than another: the peak resident memory
@@ -132,7 +132,7 @@ fn acquire_from_memory_does_not_grow_with_the_input() {
     compare(&store, &prefix, "acquire", &short, &long);
 }
 
-/// Issue 21 item 2: `acquire --from` of keys that are all new, 2,000 into one empty pool and
+/// `acquire --from` of keys that are all new, 2,000 into one empty pool and
 /// 20,000 into another: the pool grows by every key (60 MB of keys of 3,000 bytes in the long
 /// run), and a process that held the pool's view (the old `--from`, which watched it) grew with
 /// it: 1.4 times with keys of 1,000 bytes, too close to the margin, hence the longer keys.
@@ -208,7 +208,7 @@ fn run_sampled(mut cmd: Command) -> (Vec<String>, u64) {
     (lines, peak)
 }
 
-/// Issue 21 item 2: `list` and `check` stream the pool, so their peak memory does not grow with
+/// `list` and `check` stream the pool, so their peak memory does not grow with
 /// it: a pool of 2,000 bindings and one of 20,000, with keys of 3,000 bytes (each binding's
 /// three records weigh about 10 KB, 200 MB for the larger pool), on etcd. The old commands held
 /// every record of the pool (`list` and `check` collected the listing first) and grew with it.

@@ -1,5 +1,5 @@
-//! The Rust client crate (`idalloc-client`) against real `idalloc serve` processes on a real etcd
-//! (issue 21 item 3): sessions and their keep-alive, failover between two replicas keeping a
+//! The Rust client crate (`idalloc-client`) against real `idalloc serve` processes on a real etcd:
+//! sessions and their keep-alive, failover between two replicas keeping a
 //! session's references, and the watch-fed cache equal to the store after churn.
 //!
 //! etcd: `IDALLOC_TEST_ETCD` if set, else a private etcd (`idalloc_testkit::etcd`); each test
@@ -144,7 +144,7 @@ async fn sessions_keep_alive_and_the_pool_api_works_over_http() {
     c.close().await.expect("close");
 }
 
-/// The Proof of issue 21 item 3: acquire with a session on replica A, kill A by its PID, and the
+/// Failover: acquire with a session on replica A, kill A by its PID, and the
 /// client goes on with B: the keep-alive continues (nothing expires over several TTLs), the same
 /// IDs come back, release works, and the cache follows B's watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -382,7 +382,7 @@ async fn gets_on(s: &Serve, route: &str) -> u64 {
 
 /// Opening a pool reads the pools' specs, not the pool's usage: `GET /v1/pools/{pool}` counts
 /// every key and ID record of the pool in etcd (an index walk per call), which every agent paid
-/// on every (re)start of a storm (issue 21 item 4). A missing pool still answers the service's
+/// on every (re)start of a storm. A missing pool still answers the service's
 /// own error. Fails on the old client: each open was one `GET /v1/pools/{pool}`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn opening_a_pool_does_not_ask_the_service_to_count_its_bindings() {

@@ -189,7 +189,7 @@ fn every_endpoint(s: &Serve) {
     let sess = post(s, "/v1/sessions", json!({"ttl": 30})).ok();
     let sid = sess["session"].as_str().unwrap().to_string();
     let holder = sess["holder"].as_str().unwrap().to_string();
-    // The lease (16 hex digits) and the secret (64): usable on every replica (issue 21 item 3).
+    // The lease (16 hex digits) and the secret (64): usable on every replica.
     assert_eq!(sid.len(), 80);
     assert!(!holder.contains(&sid) && !sid.contains(&holder));
     let a = post(s, "/v1/pools/vni/acquire", json!({"key": "s1", "session": sid})).ok();
@@ -763,7 +763,7 @@ fn the_shipped_python_client_runs_against_serve() {
     get(&s, &format!("/v1/pools/demo/ids/{id}?consistent=true")).err(404, "not_found");
 }
 
-/// Issue 14: a durable holder's bulk acquire and release (`"keys"`) go in batched txns, not one
+/// A durable holder's bulk acquire and release (`"keys"`) go in batched txns, not one
 /// txn per key: 50 keys take one txn each way (counted by the service's own store-request metric),
 /// and every key gets its own ID and is released.
 #[test]

@@ -1,4 +1,4 @@
-//! `idalloc serve` against careless and hostile requests (issue 20 items 6 and 7), as a real
+//! `idalloc serve` against careless and hostile requests, as a real
 //! process over raw HTTP/1.1 (any method, any path, any header, as a client can send them):
 //! `/metrics` keeps its size whatever requests arrive, and every error is JSON `{"kind","message"}`
 //! with its documented status.
@@ -172,7 +172,7 @@ fn tokens_file(dir: &Path, admin: &str) -> String {
     path.to_str().expect("utf-8").to_string()
 }
 
-/// Item 6: thousands of requests with made-up methods and paths, with and without a token when
+/// Thousands of requests with made-up methods and paths, with and without a token when
 /// tokens are on, leave `/metrics` the size it had (a few hundred bytes of slack: counters grow
 /// digits). Before the fix every made-up method (and unmatched path) was a new series.
 #[test]
@@ -219,7 +219,7 @@ impl Raw {
     }
 }
 
-/// Item 7: every error is JSON with its documented status, including the rejections of the
+/// Every error is JSON with its documented status, including the rejections of the
 /// query, path and body extractors, unknown routes and 405 (with `Allow`).
 #[test]
 fn every_error_is_json_with_its_documented_status() {

@@ -1,4 +1,4 @@
-//! `idalloc serve` shared by many clients (issue 20): sessions own their holder names, per-pool
+//! `idalloc serve` shared by many clients: sessions own their holder names, per-pool
 //! grants and quotas, connection limits and timeouts, administration and audit, secret-file
 //! permissions. Real processes on the file store, over real HTTP on free loopback ports.
 

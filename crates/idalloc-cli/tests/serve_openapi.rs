@@ -1,4 +1,4 @@
-//! The OpenAPI document against the service it describes (issue 20 item 8): schemathesis, a
+//! The OpenAPI document against the service it describes: schemathesis, a
 //! property-based fuzzer driven by the document served at `/v1/openapi.json`, runs every one of
 //! its checks (status codes, content types, response schemas, negative and positive data,
 //! missing auth, unsupported methods, `Allow`, stateful sequences) against a real `serve` on the

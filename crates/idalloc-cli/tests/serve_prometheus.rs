@@ -1,4 +1,4 @@
-//! The shipped Prometheus files against the real thing (issue 20 item 12): `promtool check rules`
+//! The shipped Prometheus files against the real thing: `promtool check rules`
 //! and `promtool test rules` on `deploy/prometheus/` (every alert of the rules has a unit test that
 //! fires it), and a real Prometheus (Debian's `prometheus`), configured from the shipped
 //! `deploy/prometheus/prometheus.yaml`, scraping a real `idalloc serve` and loading the shipped

@@ -1,4 +1,4 @@
-//! `idalloc serve` speaks HTTP/1.1 and HTTP/2 on one port (issue 20, "Measure": each connection's
+//! `idalloc serve` speaks HTTP/1.1 and HTTP/2 on one port (each connection's
 //! protocol is chosen before hyper reads from it, by a peek of the HTTP/2 preface on plain TCP and
 //! by ALPN under TLS). Real processes, real sockets, certificates made at test time.
 

@@ -1,4 +1,4 @@
-//! `/readyz` checks that the service can write its prefix, not only read it (issue 20 item 9): a
+//! `/readyz` checks that the service can write its prefix, not only read it: a
 //! real `serve` connected to an auth-enabled etcd as a user whose role only reads the prefix is
 //! not ready, and says why; the same service as a read-write user is ready. Every process is
 //! stopped by its PID.

@@ -1,10 +1,10 @@
-//! `idalloc serve` locked down (issue 11, service side), as a real process over real HTTPS, with
+//! `idalloc serve` locked down, as a real process over real HTTPS, with
 //! certificates made at test time (`idalloc_testkit::secure::TestPki`, plus a second CA made here
 //! for the rotation test): TLS on the listener and certificate reload, mutual TLS, bearer tokens
 //! with scopes per endpoint class, holders and sessions scoped per client, no token in the logs,
 //! and configuration errors named at start-up.
 //!
-//! The store is `memory:` (authentication sits in front of the store; the store side of issue 11
+//! The store is `memory:` (authentication sits in front of the store; the store side
 //! is tested in `cli_secure.rs` and `etcd_secure.rs`). Every process is stopped by its PID.
 
 mod common;

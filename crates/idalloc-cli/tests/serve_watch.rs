@@ -1,4 +1,4 @@
-//! Watch fan-out of `idalloc serve` (issue 20 item 1), as real processes over real HTTP: clients
+//! Watch fan-out of `idalloc serve`, as real processes over real HTTP: clients
 //! that never read do not slow anyone, 1,000 subscribers are one etcd watch (etcd's own metrics),
 //! a subscriber that disconnects is freed at once on an idle pool, `Last-Event-ID` resumes with
 //! exactly the missed events, a client that falls behind the history is ended with the revision

@@ -142,8 +142,8 @@ impl Client {
     /// costs the store a read of the spec records, O(pools). `GET /v1/pools/{pool}` would also
     /// answer the spec, but it counts the pool's bindings for its usage figures, which etcd does
     /// by walking every key and ID record of the pool: 4–6 ms of etcd's CPU per call at 10,000
-    /// bindings, 48 ms at 100,000, paid by every agent that (re)starts in a storm (issue 21 item
-    /// 4, docs/scale.md). Only a pool missing from the listing is asked for by name, so that its
+    /// bindings, 48 ms at 100,000, paid by every agent that (re)starts in a storm (docs/scale.md).
+    /// Only a pool missing from the listing is asked for by name, so that its
     /// error is the service's own (`pool_not_found`, or `forbidden` for a pool this client is
     /// not granted), and a pool created since the listing is found.
     async fn spec_of(&self, name: &str) -> idalloc::Result<PoolSpec> {

@@ -1,5 +1,5 @@
 //! A Rust client for `idalloc serve` (docs/api.md) with the library's [`idalloc::Pool`] API, for
-//! agents that should not each load etcd (issue 21 item 3): N agents cost etcd one watch per pool
+//! agents that should not each load etcd: N agents cost etcd one watch per pool
 //! per `serve` replica, the way Kubernetes puts its API server in front of etcd.
 //!
 //! ```no_run

@@ -1,5 +1,5 @@
 //! Client sessions: leased references that vanish when the client stops renewing them, on any
-//! replica of the service (issue 21 item 3).
+//! replica of the service.
 //!
 //! A [`Session`] renews itself every third of its TTL (the first time at a random point of the
 //! first third: `renewal_wait`) from a background task that holds only a
@@ -230,7 +230,7 @@ enum Renewal {
 
 /// The wait before the next renewal, for a uniform draw `unit` in `[0, 1]`:
 /// - after a renewal, a third of the TTL;
-/// - after the open, a random point of the first third (issue 21 item 4): sessions opened
+/// - after the open, a random point of the first third: sessions opened
 ///   together, as a restart storm opens them, otherwise renew together every third for as long
 ///   as they live; this spreads them over the third, for at most one renewal more each;
 /// - after a failed renewal (every endpoint down for a whole call), a random point of the next

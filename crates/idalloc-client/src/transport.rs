@@ -14,7 +14,7 @@
 //! refused connection, not a sleep); after a full round, exponential backoff from `base` to `max`
 //! with full jitter (anywhere from 0 to the step: `idalloc::backoff`), never shorter than the
 //! service's `Retry-After`. Full rather than "equal" jitter (half the step plus a random half, as
-//! before issue 21 item 4): clients that failed together keep no common floor to arrive at.
+//! this crate used before): clients that failed together keep no common floor to arrive at.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;

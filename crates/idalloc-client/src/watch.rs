@@ -14,7 +14,7 @@
 //! dies breaks every agent's stream on it at the same instant; without the wait every one of them
 //! opened its stream on the next replica in that same instant (the transport tries each endpoint
 //! once without waiting), and a replica whose history does not reach back answers each with a
-//! whole snapshot (issue 21 item 4). The view keeps answering meanwhile and the stream resumes
+//! whole snapshot. The view keeps answering meanwhile and the stream resumes
 //! where it was, so the wait costs freshness, not events.
 //!
 //! Only weak references: the task ends once every handle on the pool is dropped.
@@ -239,7 +239,7 @@ mod tests {
         }
     }
 
-    /// Issue 21 item 4: a stream that broke (every agent of a dead replica at once) waits a
+    /// A stream that broke (every agent of a dead replica at once) waits a
     /// random time of up to the first step before it re-subscribes; before, attempt 1 of 2
     /// endpoints waited nothing at all, so every agent arrived at the other replica together.
     #[test]

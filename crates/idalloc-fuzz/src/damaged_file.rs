@@ -1,10 +1,10 @@
 //! Target `damaged_file`: the embedded store opened on a damaged file
 //! (`idalloc::store::embedded::EmbeddedStore::open`), the regression net for the guarded redb
-//! calls of `store/embedded/file.rs` (issue 19 item 3).
+//! calls of `store/embedded/file.rs`.
 //!
 //! Property: opening any file gives a store or `StoreError::Corrupt` naming the file; a store
 //! that opened reads every record back, or fails the read with `StoreError::Corrupt` naming the
-//! file (the file store reads rows on demand since issue 21, so damage in a row the open does not
+//! file (the file store reads rows on demand, so damage in a row the open does not
 //! read is met by the read); never a panic, never another error.
 //!
 //! Inputs are edits of a real store file (made once per process: records, deletes, a lease), so

@@ -1,4 +1,4 @@
-//! idalloc's fuzz properties (issue 22, item 4; docs/fuzzing.md).
+//! idalloc's fuzz properties (docs/fuzzing.md).
 //!
 //! One public function per fuzz target, taking the raw input bytes and panicking when a property
 //! fails. The same functions run in two engines, so what is checked is written once:

@@ -1,4 +1,4 @@
-//! Exhaustive model checking of idalloc's protocol (issue 22 item 3; docs/model-checking.md).
+//! Exhaustive model checking of idalloc's protocol (docs/model-checking.md).
 //!
 //! A breadth-first search over every interleaving of a small explicit state machine: a few
 //! processes acquiring and releasing a few keys in one pool of a few IDs, a network that loses

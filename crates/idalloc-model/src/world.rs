@@ -60,7 +60,7 @@ pub struct Scope {
     /// A restarted process keeps its holder name (a configured holder) instead of taking a new
     /// one (the library's default).
     pub same_holder: bool,
-    /// Process 0 opens its pool lazily (`AllocatorOptions::lazy_view`, issue 21 item 0): no view
+    /// Process 0 opens its pool lazily (`AllocatorOptions::lazy_view`): no view
     /// until a bind asks for one (`Action::LoadView`) or a batch needs it; its single-key binds
     /// guess candidates (`Candidates::Probe`) among the IDs it has not learned taken.
     pub lazy: bool,

@@ -1,4 +1,4 @@
-//! The model checker in CI (issue 22 item 3; docs/model-checking.md): every state of the CI scope
+//! The model checker in CI (docs/model-checking.md): every state of the CI scope
 //! satisfies G1–G3, every quiescent one G4; each sabotage of the protocol is found, with a
 //! shortest trace. `scripts/test.sh` runs this file with `--nocapture` so the state counts are
 //! in the log. `MODEL_SCOPE=wide` widens the clean run (see the docs for its figures).
@@ -118,7 +118,7 @@ fn a_restart_under_the_same_holder_name_breaks_nothing() {
     assert!(!r.truncated && r.quiescent > 0);
 }
 
-/// Issue 21 item 0: a lazy binder (no view; guessed candidates, learned collisions, the usage
+/// A lazy binder (no view; guessed candidates, learned collisions, the usage
 /// read and the view loaded on demand) beside a synced one, with a crash and a sweep.
 #[test]
 fn lazy_binders_beside_synced_ones_break_nothing() {
@@ -131,7 +131,7 @@ fn lazy_binders_beside_synced_ones_break_nothing() {
     assert!(!r.truncated && r.quiescent > 0);
 }
 
-/// Issue 21 item 0, `lowest` pools: a lazy binder that reads the key record first and, for a new
+/// Lazily opened `lowest` pools: a lazy binder that reads the key record first and, for a new
 /// key, every used ID before it picks (`Candidates::UsedIds`), beside a synced one, with a crash
 /// and a sweep: the reads can be stale by the time the txn lands, and the compares still decide.
 #[test]

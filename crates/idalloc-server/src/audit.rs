@@ -1,4 +1,4 @@
-//! The audit log and request ids (issue 20 item 5).
+//! The audit log and request ids.
 //!
 //! Every mutating request (any method but GET, HEAD and OPTIONS), answered or refused, gives one
 //! `tracing` event of target [`TARGET`] at `info` with the fields `request_id`, `client` (the

@@ -1,4 +1,4 @@
-//! Bearer tokens as named clients with scopes (issue 11, service side).
+//! Bearer tokens as named clients with scopes.
 //!
 //! - The tokens file ([`Tokens::load`]) names each client, its scope and how to recognise its
 //!   token: `NAME SCOPE sha256:HEX` (the SHA-256 of the token, so the file holds no secret) or

@@ -1,11 +1,11 @@
-//! The accept loop (issue 20 item 2): hyper's connection builders with the limits of
+//! The accept loop: hyper's connection builders with the limits of
 //! [`crate::limits::Limits`], in place of `axum::serve` (which exposes no header timeout, no
 //! connection cap and no HTTP/2 stream limit).
 //!
 //! - **Protocol**: each connection's HTTP version is decided before hyper reads from it (a peek of
 //!   the HTTP/2 preface on plain TCP, ALPN under TLS: [`crate::sniff`]) and served by hyper's HTTP/1
 //!   or HTTP/2 connection alone, not by hyper-util's auto builder, whose preface read doubled every
-//!   HTTP/1 connection's read buffer (memory per watch subscriber, issue 20 "Measure").
+//!   HTTP/1 connection's read buffer (memory per watch subscriber).
 //! - **Connection cap**: a semaphore taken on accept, held by the connection's task. At the cap,
 //!   the connection idle the longest (no request in flight) is closed to make room, so idle sockets
 //!   cannot lock clients out (2,000 idle sockets leave `/healthz` answering); if every connection

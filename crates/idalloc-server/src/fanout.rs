@@ -1,4 +1,4 @@
-//! One feed per pool shared by every watch subscriber (issue 20 item 1), as the Kubernetes watch
+//! One feed per pool shared by every watch subscriber, as the Kubernetes watch
 //! cache and etcd's grpc-proxy do.
 //!
 //! A [`Hub`] per watched pool follows the pool's cache ([`idalloc::Pool::stamped_events`]: the one
@@ -152,7 +152,7 @@ pub const WAKE_EVERY_MAX: Duration = Duration::from_millis(250);
 /// loopback the reader's TCP receive too): 10,000 keeps the window at 10 ms up to 100
 /// subscribers and makes it 100 ms at 1,000. At 20,000 (50 ms at 1,000) the acquires of a
 /// 2-core machine with 1,000 subscribers reading beside them were 0.75x of without, at 10,000
-/// 0.86x (docs/benchmarks-serve.md, session 9): the writes' kernel path, not the bytes, is most
+/// 0.86x (docs/benchmarks-serve.md): the writes' kernel path, not the bytes, is most
 /// of a wake-up's cost on both ends.
 pub const WAKE_BUDGET: u64 = 10_000;
 

@@ -1,5 +1,5 @@
-//! One store read shared by every caller that needs a read made *after* it asked (issue 21
-//! item 4): the read a new watch stream makes for read-your-writes.
+//! One store read shared by every caller that needs a read made *after* it asked: the read a new
+//! watch stream makes for read-your-writes.
 //!
 //! A new stream must include every write that returned before the stream was opened, so the
 //! service reads the pool's newest change from the store and waits for its feed to reach it.

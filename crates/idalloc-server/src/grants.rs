@@ -1,4 +1,4 @@
-//! Per-client pool grants and quotas of the tokens file (issue 20 item 3): which pools a client
+//! Per-client pool grants and quotas of the tokens file: which pools a client
 //! may read and write, the way an etcd role grants key ranges, and the limits of its usage.
 //!
 //! A tokens-file line is `NAME SCOPE SECRET [OPTION ...]`; the options ([`Policy::parse`]):

@@ -147,7 +147,7 @@ async fn owner(
                 None => given.clone(),
             };
             idalloc::pool::validate_holder(&h)?;
-            // Sessions own their holder names (issue 20 item 4).
+            // Sessions own their holder names.
             st.sessions.check_durable_holder(&given, &h)?;
             Ok(Owner::Holder(h))
         }
@@ -242,7 +242,7 @@ pub async fn acquire(
             let a = s.acquire(&pool, &keys[0]).await.map_err(|e| session_error(s, e))?;
             out.extend(keys.into_iter().map(|key| Acquired { key, id: a.id, new: a.new }));
         }
-        // A session's list goes in batched txns too (issue 21 item 4: one txn per key made a
+        // A session's list goes in batched txns too (one txn per key made a
         // restart storm cost etcd a write per key). The first failure answers the request, as
         // before; acquiring in a session is idempotent, so the client retries the whole list.
         Owner::Session(s) => {
@@ -252,7 +252,7 @@ pub async fn acquire(
                 out.push(Acquired { key, id: a.id, new: a.new });
             }
         }
-        // A durable holder's list goes in batched txns (issue 14): ~100 keys per round trip.
+        // A durable holder's list goes in batched txns: ~100 keys per round trip.
         Owner::Holder(h) => {
             let got = if single {
                 vec![pool.acquire_durable(&keys[0], h).await]
@@ -421,7 +421,7 @@ pub async fn open_session(
     let _slot = st.sessions.reserve(caller(&client))?;
     let sent = Instant::now();
     let owner = caller(&client).map(|c| c.name.clone());
-    // The record any replica verifies the id against (issue 21 item 3): a digest, never the secret.
+    // The record any replica verifies the id against: a digest, never the secret.
     let (secret, record) = crate::sessions::new_secret(owner.as_deref(), body.ttl);
     let ttl = std::time::Duration::from_secs(body.ttl);
     let prefix = crate::sessions::SHARED_HOLDER_PREFIX;

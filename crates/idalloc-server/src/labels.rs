@@ -1,4 +1,4 @@
-//! The values of the HTTP metrics' labels, each from a fixed set (issue 20 item 6).
+//! The values of the HTTP metrics' labels, each from a fixed set.
 //!
 //! A label value a client can choose is a way to grow `/metrics` without bound: 20,000 requests
 //! with made-up methods once grew it from 2 KB to 33 MB. So a label never carries request text:

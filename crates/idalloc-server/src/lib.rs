@@ -1,4 +1,4 @@
-//! `idalloc serve`: the library behind an HTTP/JSON API (DESIGN §12, issue 12).
+//! `idalloc serve`: the library behind an HTTP/JSON API (DESIGN §12).
 //!
 //! - [`api`]: request and response bodies; [`error`]: the JSON error body and G6 → HTTP statuses.
 //! - [`handlers`]: the `/v1` endpoints; [`watch`]: a pool's events as Server-Sent Events.
@@ -78,7 +78,7 @@ pub struct Config {
     /// Bearer tokens of the named clients; `None`: no authentication (every request is served,
     /// holders are used as given).
     pub tokens: Option<auth::Tokens>,
-    /// Connection and request limits (issue 20 item 2).
+    /// Connection and request limits.
     pub limits: limits::Limits,
     /// Changes of each watched pool kept for watch streams to read and resume from
     /// ([`fanout`]); a stream more than this many changes behind is ended.

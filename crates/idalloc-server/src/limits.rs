@@ -1,4 +1,4 @@
-//! Connection and request limits (issue 20 item 2): the settings, their defaults, and the
+//! Connection and request limits: the settings, their defaults, and the
 //! middleware that bounds concurrent requests in total and per client. The accept loop that
 //! applies the connection settings is [`crate::conn`].
 //!

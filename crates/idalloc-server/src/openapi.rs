@@ -1,5 +1,5 @@
 //! The OpenAPI document as this service serves it: `openapi.json` (written for a service with
-//! tokens) with its security as configured (issue 20 item 8). Without `--auth-tokens` no operation
+//! tokens) with its security as configured. Without `--auth-tokens` no operation
 //! needs a token and none answers 401 or 403, so the served document says so; a fuzzer driven by
 //! it (schemathesis, in the tests) then holds the service to exactly what it does.
 

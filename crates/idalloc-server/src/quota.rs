@@ -1,4 +1,4 @@
-//! Enforcing the per-client quotas of the tokens file (issue 20 item 3; the grammar is in
+//! Enforcing the per-client quotas of the tokens file (the grammar is in
 //! [`crate::grants`]). Every quota is checked before anything is written, so a refused request
 //! writes nothing.
 //!

@@ -1,4 +1,4 @@
-//! The store probe of `/readyz` (issue 20 item 9): can this service read AND write its prefix?
+//! The store probe of `/readyz`: can this service read AND write its prefix?
 //!
 //! Reading alone is not enough: a service connected as an etcd user with a read-only role answers
 //! every read, so it looked ready, and then every acquire failed with `access_denied`. The probe

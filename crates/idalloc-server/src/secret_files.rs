@@ -1,4 +1,4 @@
-//! Permissions of the service's secret files (issue 20 item 10), checked as OpenSSH checks private
+//! Permissions of the service's secret files, checked as OpenSSH checks private
 //! keys and PostgreSQL its server key: before the file is used, by its mode.
 //!
 //! - Writable by group or others: **refused**, for every kind. Whoever can write the tokens file

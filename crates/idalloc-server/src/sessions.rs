@@ -8,7 +8,7 @@
 //! With bearer tokens, a session belongs to the client that opened it: to any other client it does
 //! not exist (`session_not_found`, the answer for an unknown id, so its existence is not revealed).
 //!
-//! **A session is usable on every replica** (issue 21 item 3). Its id is `<lease><secret>`: the
+//! **A session is usable on every replica**. Its id is `<lease><secret>`: the
 //! store lease's id (16 hex digits) and 256 random bits (64 hex digits). Opening one puts a record
 //! on the lease (`P/sessions/<lease>`, [`idalloc::layout::Layout::session_key`]) holding the
 //! SHA-256 of the secret, the owning client's name (never a token) and the TTL; it vanishes with
@@ -19,7 +19,7 @@
 //! references: a client whose instance died goes on with another, keeping its IDs. The store's
 //! record holds no secret: reading etcd does not give the capability.
 //!
-//! **Sessions own their holder names** (issue 20 item 4). A session's holder name is visible to
+//! **Sessions own their holder names**. A session's holder name is visible to
 //! anyone who can list the pool; if a durable acquire or release could use it, anyone could release
 //! the session's references, or add a durable reference under the same name that outlives the
 //! lease (the ID would then stay bound after the session ended). So the service names its

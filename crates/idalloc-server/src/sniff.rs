@@ -4,7 +4,7 @@
 //! 24-byte HTTP/2 preface and hands them back to hyper through a rewind buffer. hyper's first read
 //! then returns those few bytes, and its next `reserve(8 KiB)` on a buffer still holding them
 //! doubles the read buffer to 16 KiB, on every HTTP/1 connection for its whole life: with thousands
-//! of idle watch streams that was a third of the memory per subscriber (issue 20, "Measure").
+//! of idle watch streams that was a third of the memory per subscriber.
 //!
 //! Here the decision is made before hyper sees the connection, and hyper then gets the bare
 //! stream and its HTTP/1 or HTTP/2 connection type alone:

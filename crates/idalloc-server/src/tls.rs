@@ -1,4 +1,4 @@
-//! TLS on the service's listener (issue 11): rustls with ring (no system OpenSSL), optional
+//! TLS on the service's listener: rustls with ring (no system OpenSSL), optional
 //! client-certificate verification, and certificate reload without a restart.
 //!
 //! [`TlsListener`] is an `axum::serve::Listener`: a background task accepts TCP connections and

@@ -1,5 +1,5 @@
-//! `GET /v1/pools/{pool}/bindings` reads O(page) per page, whatever the pool's size (issue 21
-//! item 4). It used to call `Pool::list` for every page: a whole listing of the pool per page,
+//! `GET /v1/pools/{pool}/bindings` reads O(page) per page, whatever the pool's size. It used to
+//! call `Pool::list` for every page: a whole listing of the pool per page,
 //! B²/limit records to page through B bindings. Counted in store requests and records, never in
 //! time: the same page costs the same requests at 1,000 and at 8,000 bindings.
 

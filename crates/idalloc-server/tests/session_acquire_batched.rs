@@ -1,4 +1,4 @@
-//! A session's list of keys is acquired in batched txns, not one txn per key (issue 21 item 4).
+//! A session's list of keys is acquired in batched txns, not one txn per key.
 //!
 //! The fleet benchmark's restart storm through `serve` (100 agents each re-acquiring 100 keys on
 //! a new session) made etcd complete about one request per key and spend about 0.5 ms of CPU on

@@ -1,5 +1,5 @@
 //! Opening a watch stream costs the store O(1), not O(pool), and many streams opened at once
-//! share one read (issue 21 item 4). Each new stream used to read every ID record of the pool
+//! share one read. Each new stream used to read every ID record of the pool
 //! for read-your-writes: 1,000 agents on 10,000 bindings were 10 million records sent by etcd.
 //! Counted in store requests and records, never in time. And read-your-writes still holds: a
 //! write that returned before a stream opened is in its snapshot, even while the service's own

@@ -93,7 +93,7 @@ impl<S: Store> Hook<S> for LateCommit {
 /// Holds back one txn once armed, until the test applies it: the caller never gets an answer (it
 /// times out and retries), and [`HoldBack::apply_held`] applies the request whenever the test
 /// wants it late — after the retry, after later operations — as a paused etcd member does with a
-/// request queued in it when it resumes (issue #9: late releases, late creates, binds racing a
+/// request queued in it when it resumes (late releases, late creates, binds racing a
 /// pool delete).
 #[derive(Default)]
 pub struct HoldBack {

@@ -4,7 +4,7 @@
 //! - [`etcd`]: real etcd processes on loopback (one member or a cluster) and the choice of which
 //!   etcd a test uses (`IDALLOC_TEST_ETCD` or a private server).
 //! - [`secure`]: certificates made at run time and an etcd with TLS, client-certificate and user
-//!   authentication (the security tests of issue 11).
+//!   authentication (the security tests).
 //! - [`conformance`]: the store conformance suite, one set of cases run against every `Store`
 //!   implementation with a real etcd as the reference ([`conformance_tests!`]).
 //! - [`fault`]: a store wrapper that injects faults, reproducibly from a seed.

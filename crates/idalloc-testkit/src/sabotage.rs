@@ -27,7 +27,7 @@ pub enum Sabotage {
     /// Writes lose their late-commit fences (`mod_revision <= seen` on the records the sender
     /// had seen): an attempt applied late undoes what its sender did after it (breaks G2 or G4).
     SkipLateFences,
-    /// Binds lose only their compare on the pool's fence floor (issue 19 item 8): a create decided
+    /// Binds lose only their compare on the pool's fence floor: a create decided
     /// before a fold of the holder fence records and applied after it finds the holder's record
     /// deleted and commits a reference nobody holds (breaks G4, or G2).
     SkipFenceFloor,

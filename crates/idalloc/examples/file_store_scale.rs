@@ -1,4 +1,4 @@
-//! The file store at scale (issue 21 item 0): what one short-lived process pays to open a store
+//! The file store at scale: what one short-lived process pays to open a store
 //! file of N records and do one-key work in it.
 //!
 //! ```sh

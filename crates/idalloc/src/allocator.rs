@@ -167,7 +167,7 @@ impl Allocator {
         client_session::open(&self.inner, ttl).await
     }
 
-    /// A client session that any process on this store can adopt (issue 21 item 3: several
+    /// A client session that any process on this store can adopt (several
     /// `serve` replicas sharing one etcd, and a client failing over between them). Like
     /// [`Allocator::client_session`], plus: its holder name derives from the lease alone
     /// ([`client_session::shared_holder`]`(holder_prefix, lease)`), not from this allocator, and
@@ -255,12 +255,12 @@ impl Allocator {
         let spec_key = l.pool_spec_key(name);
         // The pool's own records: bindings, references, holder fence records. Only these go
         // with the pool; another deployment whose prefix is `P/data/<name>` keeps its records
-        // under `P/data/<name>/pools/` and `…/data/` (issue 9, item 9), never deleted: the txn
+        // under `P/data/<name>/pools/` and `…/data/`, never deleted: the txn
         // refuses while they exist.
         let own =
             [l.id_prefix(name), l.key_prefix(name), l.refs_prefix(name), l.holders_prefix(name)]
                 .map(KeyRange::prefix);
-        // The fence floor (issue 19 item 8) goes with the pool too: a bind of the old pool fails
+        // The fence floor goes with the pool too: a bind of the old pool fails
         // its spec compare, so nothing relies on it any more.
         let nested = l.nested_in_pool_ranges(name);
         let count = |r: &KeyRange| TxnOp::get(GetRequest::new(r.clone()).count_only());
@@ -331,7 +331,7 @@ impl Allocator {
 
     /// Every usable pool spec, sorted by name. Spec records that cannot be used (unreadable, or
     /// naming another pool than their record) are left out and logged; [`Allocator::pool_listing`]
-    /// returns them too. One broken spec never hides the others (issue 9, item 8).
+    /// returns them too. One broken spec never hides the others.
     pub async fn list_pools(&self) -> Result<Vec<PoolSpec>> {
         let listing = self.pool_listing().await?;
         for p in &listing.broken {

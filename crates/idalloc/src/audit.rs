@@ -37,7 +37,7 @@ use crate::store::{Compare, KeyRange, TxnOp, TxnRequest};
 pub enum Finding {
     /// The pool's spec record cannot be read (not JSON, a broken rule, a bad record name).
     SpecUnreadable { record: String, pool: Option<String>, reason: String },
-    /// The pool's spec record holds another pool's spec (issue 9, item 7).
+    /// The pool's spec record holds another pool's spec.
     SpecNameMismatch { record: String, pool: String, spec_name: String },
     /// This deployment's prefix lies inside another deployment's, or contains one.
     NestedPrefix { message: String },
@@ -760,7 +760,7 @@ mod tests {
             .reuse_delay(std::time::Duration::from_secs(3600))
     }
 
-    /// Issue 19, item 1: records hold IDs with their prefix bits; a held binding, an idle one
+    /// Records hold IDs with their prefix bits; a held binding, an idle one
     /// (no reference, inside its idle grace) and a tombstone (inside its reuse delay) are all
     /// healthy, not "outside the pool's range".
     #[test]

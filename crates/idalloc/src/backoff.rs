@@ -5,7 +5,7 @@
 //! Why full jitter and not plain doubling: N processes that fail at the same instant (a store
 //! that stalls under a restart storm, a `serve` replica that dies under its agents) retry at the
 //! same instants with plain doubling, so every retry is the same storm again, and the requests
-//! that time out in it fail again together (issue 21 item 4: 100 agents re-listing a pool in
+//! that time out in it fail again together (100 agents re-listing a pool in
 //! lockstep after their pages timed out). A uniform wait over the whole step spreads them over it,
 //! for the least total work of the schemes that article compares ("equal jitter", half the step
 //! plus a random half, keeps a floor where everyone waits at least as long, and the herd arrives

@@ -1,7 +1,7 @@
 //! A compact two-way index of bindings (ID ↔ key) for the cache.
 //!
 //! Every node caches every binding of the pools it uses, so the bytes per binding are what a large
-//! deployment pays on every node (issue 21: ≤ 100 resident bytes per binding at 1M bindings with
+//! deployment pays on every node (≤ 100 resident bytes per binding at 1M bindings with
 //! 40-byte keys, key bytes included), and the lookups are what every caller of `get`/`key_of` pays.
 //!
 //! Layout: one arena of records and two hash tables of arena positions.

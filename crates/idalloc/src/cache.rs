@@ -41,7 +41,7 @@ pub enum Event {
 /// order. A listing goes as one message, so a subscriber's buffer (`event_buffer` messages) counts
 /// changes and listings, not bindings: a subscriber that arrives before a listing of 100,000
 /// bindings receives every one of them and is never told it lagged because of the listing
-/// (issue 19: `watch --remote` of a 10,000-binding remote printed `lagged` twice).
+/// (`watch --remote` of a 10,000-binding remote printed `lagged` twice).
 pub(crate) type Batch<T> = std::sync::Arc<[T]>;
 
 /// One ID's record as the cache knows it. The key is the cache's own (`Box<str>`: nothing shares
@@ -82,7 +82,7 @@ pub enum Foreign {
 }
 
 /// A listing of a pool's `id/` records, applied page by page as it is read and kept in the
-/// cache's own compact form (issue 21 item 2): a synced process then holds the cache and one page,
+/// cache's own compact form: a synced process then holds the cache and one page,
 /// not the listing's `KeyValue`s as well (about 270 bytes a binding at 1M where the cache holds
 /// 100). It does not touch the view, which stays whole until [`PoolCache::replace_with`] swaps it
 /// in: readers never see half a listing, and a listing that fails half-way is simply dropped.

@@ -2,7 +2,7 @@
 //! [`crate::audit`] on it, and send the repairs it plans. Thin on purpose: every decision is in
 //! `audit.rs` and `records.rs`, which are pure and unit-tested.
 //!
-//! Also the nesting probe for deployments sharing an etcd (issue 9, item 9): a prefix that lies
+//! Also the nesting probe for deployments sharing an etcd: a prefix that lies
 //! inside another deployment's, or contains one, is found with one txn of small reads.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -52,7 +52,7 @@ pub struct Scan {
 
 /// Reads pool `pool` (or, with `None`, every record under the prefix) at one revision and audits
 /// it, streaming: memory is a page of records, a small entry per bound ID and the records of what
-/// it finds, never the pool's records (issue 21 item 2; [`Suspects`] says how). [`scan_bounded`]
+/// it finds, never the pool's records ([`Suspects`] says how). [`scan_bounded`]
 /// with [`PageBound::default`] (the store's own bound on each page, a few retries of each).
 pub async fn scan(
     store: &dyn Store,
@@ -64,7 +64,7 @@ pub async fn scan(
 }
 
 /// [`scan`] with each page of its listings bounded and retried as `bound` says; the listing as a
-/// whole takes as long as its pages keep coming (issue 21 item 1).
+/// whole takes as long as its pages keep coming.
 pub async fn scan_bounded(
     store: &dyn Store,
     layout: &Layout,
@@ -425,7 +425,7 @@ pub async fn repair(
     Ok(out)
 }
 
-/// Other deployments this one's prefix overlaps (issue 9, item 9): one message per overlap, empty
+/// Other deployments this one's prefix overlaps: one message per overlap, empty
 /// when none. Probes, in one txn: for every proper ancestor `Q` of the prefix (`a` and `a/b` for
 /// `a/b/c`), whether `Q/pools/` holds a spec (then this prefix lies inside Q's deployment); and
 /// whether anything lies under the prefix outside `pools/` and `data/` (a deployment nested
@@ -504,7 +504,7 @@ mod tests {
         assert_eq!(after, [61], "ghost's ID record survived; the stray one was freed");
     }
 
-    /// What `check` reported before it streamed (issue 21 item 2): the pool's whole listing
+    /// What `check` reported before it streamed: the pool's whole listing
     /// parsed into one snapshot and audited, and each finding's repair planned on it.
     async fn whole(
         store: &EmbeddedStore,

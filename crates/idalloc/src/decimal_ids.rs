@@ -1,6 +1,5 @@
 //! A compact sorted set of IDs, built from ID record names as the store lists them: what lets
-//! `list` print a pool in ID order while holding a page of records, not the pool (issue 21
-//! item 2).
+//! `list` print a pool in ID order while holding a page of records, not the pool.
 //!
 //! Why it is needed: ID records are named by the decimal ID (DESIGN §4), so the store lists them
 //! in string order (`10` before `9`), and a pass over `id/` cannot print in ID order as it reads.

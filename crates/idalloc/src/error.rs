@@ -340,7 +340,7 @@ mod tests {
             }
         );
         assert!(e.is_retryable());
-        // Said once, not "store unavailable: store unavailable: ..." (issue 9, item 11).
+        // Said once, not "store unavailable: store unavailable: ...".
         assert_eq!(e.to_string(), "store unavailable: connection refused");
         let source = std::error::Error::source(&e).map(|s| s.to_string());
         assert_eq!(source, Some(down.to_string()));

@@ -41,7 +41,7 @@ pub(crate) trait Sink: Send + Sync + 'static {
     /// from a hang). Counts pages, never resets: a failing retry must not look like progress.
     fn list_page(&self) {}
 
-    /// What a listing builds while its pages arrive (issue 21 item 2: a listing of 1M records is
+    /// What a listing builds while its pages arrive (a listing of 1M records is
     /// applied as it is read, never held whole as `KeyValue`s by a sink that can do better).
     type Listing: Send;
 
@@ -118,7 +118,7 @@ enum AfterFailedPage {
     Restart,
 }
 
-/// Issue 21 item 4: a listing that failed at page k used to start again at page 1, so a storm
+/// A listing that failed at page k used to start again at page 1, so a storm
 /// that times out pages (100 agents listing behind each other) read every page before k again
 /// and again (etcd sent 371 MB for 200 MB of listings). Every page is read at the listing's one
 /// revision, so what was applied stays right as long as that revision is readable.
@@ -146,14 +146,14 @@ async fn bounded<T>(
 /// from the keys read so far, `store/window.rs`), so a listing of n records costs O(n) on every
 /// store. This used to split big prefix ranges at decimal digits after the prefix, a second
 /// scheme for the same job that only fitted decimal IDs and still counted 3.6 records per record
-/// returned at 10k and 7.7 at 200k (issue 21 item 1).
+/// returned at 10k and 7.7 at 200k.
 ///
 /// `timeout` bounds each page, not the listing: a listing of a million records takes many
 /// pages, and what tells a hung store from a big range is a page that does not come.
 ///
 /// The records go to `on_records` page by page as they are read, in key order (the second
 /// argument, a size hint for the whole range, is 0: paged reads do not count): the listing is
-/// never collected here (issue 21 item 2).
+/// never collected here.
 ///
 /// On an error `pages` is where the listing stopped (a page's read changes nothing until it
 /// succeeds, and a timeout drops the read before it could): calling this again with the same
@@ -491,7 +491,7 @@ mod tests {
         assert!(counted <= 3 * 3000, "the reads counted {counted} records to return 3000");
     }
 
-    /// Issue 21 item 1: the request timeout bounds each page of a listing, not the whole of it.
+    /// The request timeout bounds each page of a listing, not the whole of it.
     /// A store that takes 50 ms a page lists 2,000 records in pages of 10 in about 10 s; with a
     /// 1 s bound on the whole listing (the old code) it never completed.
     #[tokio::test(start_paused = true)]
@@ -569,7 +569,7 @@ mod tests {
         (seen, view)
     }
 
-    /// Issue 21 item 4: a listing whose page k fails goes on at page k, at its revision. The old
+    /// A listing whose page k fails goes on at page k, at its revision. The old
     /// follower started again at page 1: 49 reads more here (pages 1..k again).
     #[tokio::test(start_paused = true)]
     async fn a_listing_whose_page_fails_resumes_at_that_page() {

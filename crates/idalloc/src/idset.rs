@@ -32,7 +32,7 @@ const NIL: Ix = Ix::MAX;
 
 /// One maximal run `[start, end]` of used IDs, and its treap links: 32 bytes. A pool whose
 /// bindings are spread at random holds one node per binding, so this size is part of the cache's
-/// bytes per binding (issue 21). The treap priority is not stored: it is a hash of the node's
+/// bytes per binding. The treap priority is not stored: it is a hash of the node's
 /// index (see [`IdSet::prio`]).
 #[derive(Debug, Clone)]
 struct Node {

@@ -131,7 +131,7 @@ impl Layout {
     }
 
     /// Every proper ancestor of the prefix at a `/` boundary (`a` and `a/b` for `a/b/c`): the
-    /// prefixes of deployments this one would lie inside (issue 9, item 9).
+    /// prefixes of deployments this one would lie inside.
     pub fn ancestor_prefixes(&self) -> Vec<String> {
         self.prefix
             .match_indices('/')
@@ -141,8 +141,8 @@ impl Layout {
             .collect()
     }
 
-    /// `P/sessions/<lease as 16 hex digits>`: the record of a shared client session (issue 21
-    /// item 3), put on the session's own lease so that it vanishes with it. What it holds is the
+    /// `P/sessions/<lease as 16 hex digits>`: the record of a shared client session, put on the
+    /// session's own lease so that it vanishes with it. What it holds is the
     /// business of whoever opened the session (`idalloc serve` keeps a digest of the session's
     /// secret and its owner there, so that any replica can verify and adopt the session).
     pub fn session_key(&self, lease: crate::store::LeaseId) -> Vec<u8> {
@@ -196,7 +196,7 @@ impl Layout {
     /// it (deletes them all and puts this record, in one txn), and every create or join with a
     /// holder requires it unchanged since the sender's seen revision, as it requires the holder's
     /// own record: a bind decided before a fold and applied after it fails, whatever record the
-    /// fold removed (docs/design-notes.md, issue 19 item 8). Outside `holder/`, so the fold's range
+    /// fold removed (docs/design-notes.md). Outside `holder/`, so the fold's range
     /// delete and its put never touch one key twice.
     pub fn fence_floor_key(&self, pool: &str) -> Vec<u8> {
         format!("{}/data/{pool}/fence", self.prefix).into_bytes()

@@ -96,7 +96,18 @@
 //!
 //! | Guarantee | Enforced by | Checked by |
 //! |---|---|---|
-//! | G1 uniqueness | `protocol::decide` and `BindPlan::txn_fenced` (every bind compares the key and ID records it relies on), the bind loop's decisions in `protocol::BindLoop` (`protocol/bind_step.rs`: only a record read from the store may move a key), run by `allocator/bind.rs` and `allocator/batch.rs`, the spec-revision and holder fences (`Inner::fences`, DESIGN §11) | `protocol::bind_step` unit tests (`cache_saying_the_id_is_another_keys_never_moves_the_key`, `id_read_back_as_another_keys_moves_the_key_pinning_that_record`); `simulation.rs`: `simulation_seeds`, `checker_catches_binds_without_the_key_absent_compare`; `allocator.rs`: `many_allocators_overlapping_keys_agree`, `concurrent_acquires_of_one_key_share_one_request`; `regressions.rs`: `a_bind_racing_pool_delete_writes_nothing_into_the_deleted_pool`; idalloc-chaos `chaos_on_a_3_member_etcd_cluster_is_linearizable`; `one_key.rs`: `lazy_binders_racing_agree` (pools opened without a view, issue 21 item 0) |
+//! | G1 uniqueness | `protocol::decide` and `BindPlan::txn_fenced` (every bind compares the key and
+//! ID records it relies on), the bind loop's decisions in `protocol::BindLoop`
+//! (`protocol/bind_step.rs`: only a record read from the store may move a key), run by
+//! `allocator/bind.rs` and `allocator/batch.rs`, the spec-revision and holder fences
+//! (`Inner::fences`, DESIGN §11) | `protocol::bind_step` unit tests
+//! (`cache_saying_the_id_is_another_keys_never_moves_the_key`,
+//! `id_read_back_as_another_keys_moves_the_key_pinning_that_record`); `simulation.rs`:
+//! `simulation_seeds`, `checker_catches_binds_without_the_key_absent_compare`; `allocator.rs`:
+//! `many_allocators_overlapping_keys_agree`, `concurrent_acquires_of_one_key_share_one_request`;
+//! `regressions.rs`: `a_bind_racing_pool_delete_writes_nothing_into_the_deleted_pool`;
+//! idalloc-chaos `chaos_on_a_3_member_etcd_cluster_is_linearizable`; `one_key.rs`:
+//! `lazy_binders_racing_agree` (pools opened without a view) |
 //! | G2 stability | `allocator/repair_queue.rs` (`after_cache_event`, `check_held`), `allocator/repair.rs` (`repair_key`, `rebind_held`: `Conflict` event if the ID changed), `allocator/session.rs` (lost lease → re-reference every held key), `BindPlan::txn_fenced` (a bind compares the holder's own reference, so a bind of an earlier life or a lost lease applied late cannot move a held reference back onto the old lease) | idalloc-model `a_restart_under_the_same_holder_name_breaks_nothing`; `allocator.rs`: `lost_records_are_recreated_and_a_taken_id_is_a_conflict`, `lost_session_lease_is_replaced_and_keys_keep_their_ids`; `allocator_backends.rs`: `lost_lease_lost_data_and_conflict`; `regressions.rs`: `stale_cache_must_not_move_a_key_off_its_id`; `simulation.rs`: `simulation_seeds` |
 //! | G3 range | [`PoolSpec::validate`], `idset.rs` (candidates only from the free set), `Inner::pick_candidate` with [`PoolSpec::apply_prefix`] | `allocator.rs`: `cilium_pool_of_n_takes_exactly_n_keys_then_exhausted`, `huge_range_works`; `simulation.rs`: `simulation_seeds` |
 //! | G4 no leaks | `Inner::release_ref` (the last reference reclaims in the same txn), `sweeper.rs` (`sweep`: idle grace), the session lease (a dead process's references expire), `Repair::Release` / `Repair::Abandon` (unknown outcomes completed) | `allocator.rs`: `crash_then_ttl_then_sweep_then_reuse_delay`, `idle_grace_keeps_the_id_for_a_returning_key_then_sweeps`, `release_that_never_arrived_is_completed_in_the_background`; `allocator_backends.rs`: `crashed_process_is_reclaimed_after_its_ttl`; `regressions.rs`: `late_create_after_the_last_release_leaks_nothing`, `late_commit_of_a_timed_out_acquire_does_not_resurrect_a_released_reference` |

@@ -202,7 +202,7 @@ pub fn validate_key_bytes(key: &[u8]) -> Result<&str> {
 /// Why: a holder's fence record (`holder/<h>`) is keyed by the name alone, so a durable holder
 /// named like a process's leased holder shares that process's record; a leased release of an
 /// in-doubt key can put the record on the session lease, where it vanishes with the lease without
-/// raising the pool's floor (docs/design-notes.md, "Clean-ups (s7-g)"). Keeping the two kinds of
+/// raising the pool's floor (docs/design-notes.md). Keeping the two kinds of
 /// names apart closes that without changing the store's layout.
 pub const LEASED_HOLDER_PREFIX: &str = "lease:";
 
@@ -556,7 +556,7 @@ mod tests {
     fn id_lists() {
         assert_eq!(parse_id_list("5,7,10-20").unwrap(), vec![(5, 5), (7, 7), (10, 20)]);
         assert_eq!(parse_id_list(" 10 - 20 , 5,6,7 ").unwrap(), vec![(5, 7), (10, 20)]);
-        // Empty lists and empty items are the same mistake, refused alike (issue 9, item 11).
+        // Empty lists and empty items are the same mistake, refused alike.
         for input in ["", "  ", ",,,", "5,,7", "5,", ",5", " , "] {
             let (what, value, rule) = rule_of(parse_id_list(input).unwrap_err());
             assert_eq!(what, "reserved ID list", "{input:?}");

@@ -12,7 +12,7 @@
 //!
 //! One file (about 750 lines of code, the rest its tests) because it is the protocol of DESIGN §5
 //! in one place: bind, release, stray-reference and sweep txns share the compare builders and the
-//! fences, and a reviewer checks the G1–G5 arguments against one file, not five.
+//! fences, and a reader checks the G1–G5 arguments against one file, not five.
 
 // Named by its users as `protocol::bind_step::…`, not re-exported here: the bind loop is built on
 // this file's decisions, and a re-export would make this file import its own child back.
@@ -44,7 +44,7 @@ pub struct BindPlan {
     /// The txn compares that mod revision (and reads the record back on failure), so the move
     /// happens only if the record is still exactly the one read. A mod revision rather than the
     /// value: an unreadable record has no value the plan could spell, and comparing a value it
-    /// made up would fail forever (issue 9, weak spot a).
+    /// made up would fail forever (a key record naming an unreadable ID).
     pub moved_from: Option<(u64, Revision)>,
 }
 
@@ -720,7 +720,7 @@ pub fn sweep_txn(
     }
 }
 
-/// Folds every holder fence record of `pool` into its fence floor (issue 19 item 8):
+/// Folds every holder fence record of `pool` into its fence floor:
 /// `If create_revision(spec) == spec_rev Then delete holder/ (the whole range), put fence Else get
 /// spec`. One txn of three ops whatever the number of records, so etcd's per-txn limits never
 /// bind.

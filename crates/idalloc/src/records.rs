@@ -11,7 +11,7 @@
 //!
 //! Spec records (`P/pools/<name>`) are read by [`parse_spec`], which refuses a spec whose `name`
 //! is not its record's name: trusting it would let `pools/lies` holding `{"name":"good"}` write
-//! into pool `good` (issue 9, item 7).
+//! into pool `good`.
 //!
 //! Pure: no I/O. `check.rs` and the allocator feed it listings.
 

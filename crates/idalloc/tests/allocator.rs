@@ -645,7 +645,7 @@ async fn release_that_never_arrived_is_completed_in_the_background() {
     assert_eq!(raw_binding(&*store, "p", "k").await, None, "reclaimed by the completed release");
 }
 
-/// `Pool::stamped_events` (issue 20, the service's watch fan-out): every change with the revision
+/// `Pool::stamped_events` (the service's watch fan-out): every change with the revision
 /// of its store write, the several changes of one txn at one revision, a `Through` after them;
 /// `snapshot_at` gives the bindings at a revision boundary.
 #[tokio::test]
@@ -705,8 +705,8 @@ async fn stamped_events_carry_revisions_and_mark_each_revisions_end() {
     assert_eq!(after.len(), 3);
 }
 
-/// A re-listing reaches `Pool::stamped_events` as one message however many changes it has (issue
-/// 20): a watch cut off while 5,000 bindings were made, then compacted past, re-lists 5,000
+/// A re-listing reaches `Pool::stamped_events` as one message however many changes it has: a watch
+/// cut off while 5,000 bindings were made, then compacted past, re-lists 5,000
 /// changes, more than the subscriber's buffer (`event_buffer`, 4,096 messages). The subscriber
 /// gets every one of them at the listing's revision and is not told it lagged. The old feed sent
 /// one message per change: the subscriber lost messages, and the service's fan-out hub, which

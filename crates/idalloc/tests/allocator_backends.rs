@@ -252,7 +252,7 @@ async fn rest_after_synced(ev: &mut idalloc::Events) -> Vec<Event> {
     out
 }
 
-/// Issue 19 item 6: a subscriber mirrors the pool from its events, so deleting the pool must show
+/// A subscriber mirrors the pool from its events, so deleting the pool must show
 /// up there: a `Delete` for every binding it was shown, then the end of the stream, whether this
 /// process deleted the pool (the cache used to be emptied silently and the stream never ended) or
 /// another one did (seen through the watch), with force or while empty.

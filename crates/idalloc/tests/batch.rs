@@ -1,4 +1,4 @@
-//! Batched acquire/release (issue 14) on the in-memory store and on a real etcd (started by
+//! Batched acquire/release on the in-memory store and on a real etcd (started by
 //! `scripts/test.sh`, or privately when run alone; each test uses its own key prefix): round trips
 //! per batch, keys that lose races next to keys that win, keys at the size limit (which on etcd
 //! exercise its real op and request-size limits), a pool deleted mid-batch.
@@ -735,7 +735,7 @@ impl<S: Store> Hook<S> for InFlight {
     }
 }
 
-/// Coalescing with several flights (issue 14): callers that arrive while a txn is in flight go out
+/// Coalescing with several flights: callers that arrive while a txn is in flight go out
 /// at once as a second flight instead of waiting for the first to end; callers that arrive while
 /// `MAX_FLIGHTS` (2) are in the air wait for the next. Every caller gets its own distinct ID, and
 /// no two txns in the air at once ever write the same key's reference. Before, the second wave

@@ -1,5 +1,5 @@
-//! `check` (the library audit, `idalloc::check`) on pools written by a real allocator (issue 19,
-//! item 1): a pool with prefix bits, idle grace and reuse delay is healthy after acquires and
+//! `check` (the library audit, `idalloc::check`) on pools written by a real allocator: a pool with
+//! prefix bits, idle grace and reuse delay is healthy after acquires and
 //! releases, and `check --repair` never takes an ID from a key inside its idle grace or an ID
 //! inside its reuse delay (DESIGN §8, G5).
 

@@ -63,7 +63,7 @@ async fn a_session_whose_lease_expired_is_lost_on_its_next_use() {
     assert!(!s.keep_alive().await.unwrap());
 }
 
-/// The batched form (issue 21 item 4: a restarted agent's list of keys in one request): the
+/// The batched form (a restarted agent's list of keys in one request): the
 /// keys of one call bind on the session's lease, a second session referencing them gets the same
 /// IDs, and once the lease is gone every key of a batch fails with `SessionGone` and the session
 /// is lost, as with the lone acquire.
@@ -114,7 +114,7 @@ async fn session_ttls_out_of_range_are_refused() {
     }
 }
 
-/// A shared session (issue 21 item 3): another allocator on the same store adopts it by its lease
+/// A shared session: another allocator on the same store adopts it by its lease
 /// and acts as the same holder: its acquire joins the session's reference (idempotent), its
 /// release removes it, its renewal renews the same lease; the record vanishes with the lease.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! idalloc against a locked-down etcd (issue 11): TLS with client-certificate authentication,
+//! idalloc against a locked-down etcd: TLS with client-certificate authentication,
 //! user authentication with a short token TTL and a role that covers only idalloc's prefix.
 //!
 //! Real parts only: certificates made at run time (rcgen), real etcd processes on free loopback
@@ -300,7 +300,7 @@ async fn restricted_user_works_inside_its_prefix_only_across_token_expiry_and_re
     assert_access(&e, AccessCause::Permission, &ep, "permission denied");
 }
 
-/// Issue 21 item 1: a store that refuses this user ends the waits at once, as damaged data does,
+/// A store that refuses this user ends the waits at once, as damaged data does,
 /// instead of letting `acquire` wait out its whole no-progress budget (timeout × attempts, 15 s
 /// here) and report the pool as "could not be listed". Two real users with less than readwrite:
 /// one may read the pool but not write it, one may read only the pool specs (not its data). Each

@@ -64,7 +64,7 @@ async fn three_member_cluster_serves_one_history_on_every_member() {
     assert_eq!(all.get(GetRequest::key("k")).await.expect("read").kvs[0].value, b"v");
 }
 
-/// Issue 9 (found by the chaos run under load): with one follower of three killed, a client given
+/// Found by the chaos run under load: with one follower of three killed, a client given
 /// every endpoint must keep working. tonic's balancer keeps the dead member in its set, where it
 /// looks ready and idle, so it is often chosen and each request sent to it fails at once with
 /// "tcp connect error". Before the fix every such request surfaced as `Unavailable` (about one in

@@ -1,10 +1,10 @@
-//! Issue 19 item 8, chaos-style on a real 3-member etcd: 1,000 distinct durable holder names come
+//! Fence folding, chaos-style on a real 3-member etcd: 1,000 distinct durable holder names come
 //! and go on one pool (each acquires a key and releases it once) while members are paused longer
 //! than the clients' request timeout (so attempts are retried elsewhere and applied late, DESIGN
 //! §11) and a sweeper folds fence records above a small threshold. Afterwards: nothing leaked (no
 //! reference, no binding: every late create failed its fences, the fold's floor included), G1 holds,
 //! and the fence records left are at most the threshold, plus the one floor, instead of one per
-//! name (docs/design-notes.md, issue 19 item 8).
+//! name (docs/design-notes.md).
 //!
 //! Why here and not in `idalloc-chaos`: that crate's run drives separate client processes whose
 //! histories a linearizability checker replays per key; this property is about record counts, not

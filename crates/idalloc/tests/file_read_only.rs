@@ -1,4 +1,4 @@
-//! A store file this process may not write (issue #9, item 11): reads must work, and a write must
+//! A store file this process may not write: reads must work, and a write must
 //! fail with a clear error naming the file and the reason, changing nothing.
 //!
 //! The file is made read-only by its mode (0444). Root may write any file, so when the test runs
@@ -6,8 +6,8 @@
 //! under the unprivileged uid/gid 65534 ("nobody"); otherwise it runs as the current user. A
 //! second test leaves the file as a killed writer does, not closed cleanly.
 //!
-//! The child must be able to reach what it runs and opens wherever the checkout lies (issue 19
-//! item 9): under a directory other users cannot enter (a clone in root's home, or in a 0700
+//! The child must be able to reach what it runs and opens wherever the checkout lies: under a
+//! directory other users cannot enter (a clone in root's home, or in a 0700
 //! `mktemp -d`), "nobody" can execute neither the test binary where cargo built it nor anything
 //! beside it. So each test makes its own directory every user can enter ([`world_dir`]), puts the
 //! store file there and runs a copy of this test binary from there.

@@ -1,4 +1,4 @@
-//! Durable and leased holder names never meet (design notes, "Clean-ups (s7-g)"): a holder's fence
+//! Durable and leased holder names never meet (docs/design-notes.md): a holder's fence
 //! record `holder/<h>` is keyed by the name alone, so a durable holder named like a process's
 //! leased holder would share its record, and a leased release of an in-doubt key could put the
 //! record on the session lease, where it vanishes without raising the floor. The library's

@@ -1,4 +1,4 @@
-//! Issue 21 item 0: one key costs O(1), not O(pool). A process that opens its pools lazily
+//! One key costs O(1), not O(pool). A process that opens its pools lazily
 //! (`AllocatorOptions::lazy_view`, what the CLI's one-key commands do) acquires, releases and
 //! reads one key without listing the pool: the same requests in a pool of 200 bindings as in one
 //! of 2,000. And lazy binders, which guess candidates instead of picking from a view, keep G1
@@ -245,7 +245,7 @@ async fn lowest_bound_key_requests(
     seen
 }
 
-/// Issue 21 item 0, `lowest` pools: a key bound already costs the same in a pool of 200 bindings
+/// Lazily opened `lowest` pools: a key bound already costs the same in a pool of 200 bindings
 /// as in one of 2,000 (before, every lazy bind of a `lowest` pool loaded the whole view).
 async fn lowest_pool_bound_key_costs_the_same_in_a_small_and_a_large_pool(backend: Backend) {
     let Some(env) = env(backend).await else { return };
@@ -269,7 +269,7 @@ async fn lowest_pool_bound_key_costs_the_same_in_a_small_and_a_large_pool(backen
     check_g1_in(&*store, l, "large").await;
 }
 
-/// Issue 21 item 0, `lowest` pools: a new key in a lazily opened pool still takes the lowest free
+/// Lazily opened `lowest` pools: a new key in a lazily opened pool still takes the lowest free
 /// ID, counting `min`, reserved ranges and gaps left by releases, and reads the used IDs without
 /// loading the view (no key of another process in its cache afterwards).
 async fn lowest_pool_new_key_takes_the_lowest_free_id(backend: Backend) {

@@ -1,4 +1,4 @@
-//! Issue 21 item 1: every whole listing is bounded page by page, never as a whole.
+//! Every whole listing is bounded page by page, never as a whole.
 //!
 //! `Pool::list`, the sweeper (`gc`), a full pool's usage check (a bind's full load) and `check`
 //! used to read their whole listing inside ONE request attempt: at 1M bindings on a loaded

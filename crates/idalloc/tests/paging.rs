@@ -1,4 +1,4 @@
-//! Issue 21, item 1: every path that lists a pool pages through the store in reads that each cost
+//! Every path that lists a pool pages through the store in reads that each cost
 //! about what they return, so a listing is linear in the records.
 //!
 //! A limited range read is not O(limit): etcd and the embedded store count every key from the
@@ -165,7 +165,7 @@ async fn ratios(s: &Arc<CountingStore<Arc<dyn Store>>>, e: &Env, name: &str) -> 
     (listing, sync)
 }
 
-/// Issue 21 item 1: the cost per record of a listing does not grow with the pool. The records a
+/// The cost per record of a listing does not grow with the pool. The records a
 /// listing's reads counted per record returned, at 1,000 and at 8,000 bindings: the larger pool's
 /// ratio is within 15 % of the smaller's (the windows of the last session let it grow from 3.6 at
 /// 10k to 7.7 at 200k bindings).

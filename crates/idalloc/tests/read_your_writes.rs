@@ -1,4 +1,4 @@
-//! Read-your-writes on one handle (session 5 noticed `Pool::get` answer `None` right after an
+//! Read-your-writes on one handle (`Pool::get` used to answer `None` right after an
 //! `acquire_durable` on the same handle, under paused time): whether the handle's cache reflects
 //! the write it just made, before the store's watch brings it back.
 

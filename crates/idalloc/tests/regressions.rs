@@ -138,7 +138,7 @@ async fn ref_exists(store: &EmbeddedStore, pool: &str, key: &str, holder: &str) 
     !store.get(GetRequest::key(k)).await.unwrap().kvs.is_empty()
 }
 
-/// Issue #9 item 1 (G2): a release whose first attempt got stuck, applied after its own retry
+/// Late release (G2): a release whose first attempt got stuck, applied after its own retry
 /// and after the holder acquired the key again, undid that acquire: as the last holder it
 /// reclaimed the binding, otherwise its else branch deleted the new reference unconditionally.
 /// Releases now act only if the reference is unchanged since a revision the sender had seen.
@@ -173,7 +173,7 @@ async fn late_release_does_not_undo_a_later_acquire() {
     }
 }
 
-/// Issue #9 item 2 (G4): a create whose first attempt got stuck, applied after its retry created
+/// Late create (G4): a create whose first attempt got stuck, applied after its retry created
 /// the binding and the holder's last release deleted every record of the key, found its
 /// compares (key and ID records absent) true again and leaked a binding with a reference nobody
 /// holds. Creates now compare the holder's fence record, which such a release bumps.
@@ -218,7 +218,7 @@ async fn fence_records(store: &EmbeddedStore, pool: &str) -> (usize, bool) {
     (snap.fences.len(), snap.fence_floor.is_some())
 }
 
-/// Issue 19 item 8: folding holder fence records must not reopen the late-create window. A create
+/// Folding holder fence records must not reopen the late-create window. A create
 /// of `alice` decided before her release and the fold, applied after both, found her fence record
 /// deleted (mod revision 0) and every other record it compares absent, so it committed a binding
 /// and a reference nobody holds; it now fails on the pool's fence floor. A live bind whose attempt
@@ -276,7 +276,7 @@ async fn a_late_create_applied_after_a_fold_fails_on_the_fence_floor() {
     assert!(kvs.is_empty(), "{kvs:?}");
 }
 
-/// Issue #9 item 3 (G3, G4): a bind racing `pool delete` (even without force) committed after
+/// Bind racing delete (G3, G4): a bind racing `pool delete` (even without force) committed after
 /// the delete and left records without a spec; re-creating the pool with another range then
 /// handed the key its old, out-of-range ID. Every write now compares the spec's create revision.
 #[tokio::test(start_paused = true)]
@@ -318,7 +318,7 @@ async fn a_bind_racing_pool_delete_writes_nothing_into_the_deleted_pool() {
     assert_eq!(raw_binding(&shared, "p", "k2").await, None);
 }
 
-/// Issue #9 item 3: `pool delete --force` during a long run of acquires: the acquirer kept
+/// Forced delete under load: `pool delete --force` during a long run of acquires: the acquirer kept
 /// writing bindings after the delete. Now its next write fails with `PoolNotFound` and nothing is
 /// left; releases and sweeps on the old handle write nothing either.
 #[tokio::test(start_paused = true)]
@@ -350,7 +350,7 @@ async fn force_delete_stops_a_running_acquirer() {
     assert!(kvs.is_empty(), "no record outlives the spec: {kvs:?}");
 }
 
-/// Issue #9 item 12: in a full pool, right after this process's own release reclaimed an ID, its
+/// In a full pool, right after this process's own release reclaimed an ID, its
 /// next acquire failed with `Exhausted`, because the local view learned of its own reclaim only
 /// from the watch. Own committed reclaims now free the ID in the local view at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -371,7 +371,7 @@ async fn acquire_right_after_own_reclaim_in_a_full_pool_is_not_exhausted() {
     check_g1(&shared, "p").await;
 }
 
-/// Issue #9 item 12: `Exhausted` only when the store confirms it. A node whose watch lags still
+/// `Exhausted` only when the store confirms it. A node whose watch lags still
 /// shows a full pool after another node freed an ID; it must not report the pool exhausted.
 #[tokio::test(start_paused = true)]
 async fn a_lagging_view_of_a_full_pool_is_not_reported_as_exhausted() {
@@ -399,7 +399,7 @@ async fn a_lagging_view_of_a_full_pool_is_not_reported_as_exhausted() {
     assert!(matches!(r, Err(idalloc::Error::Exhausted { .. })), "{r:?}");
 }
 
-/// Issue #9 item 6: an unreadable ID record (`""`, a lone 0xFF byte) was treated as free by the
+/// An unreadable ID record (`""`, a lone 0xFF byte) was treated as free by the
 /// cache and then aborted every bind that picked it (with `lowest`, every new key failed). It
 /// now counts as used, is reported, and a bind that runs into one picks another ID.
 #[tokio::test(start_paused = true)]
@@ -442,7 +442,7 @@ async fn unreadable_id_records_count_as_used_and_never_abort_binds() {
     }
 }
 
-/// Issue #9 item 7: a key record pointing at an ID outside the pool's range was returned as the
+/// A key record pointing at an ID outside the pool's range was returned as the
 /// key's ID (G3). It is refused now, and the cache never shows such a binding.
 #[tokio::test(start_paused = true)]
 async fn a_key_record_outside_the_pool_range_is_refused() {
@@ -485,7 +485,7 @@ async fn raw_put(store: &EmbeddedStore, key: Vec<u8>, value: &[u8]) {
         .unwrap();
 }
 
-/// Issue #9, weak spot a: a key record pointing at an ID whose record idalloc cannot read made
+/// Unreadable ID record: a key record pointing at an ID whose record idalloc cannot read made
 /// every bind of that key retry 64 times and report `Unavailable`: the move off that ID compared
 /// the record's value against a value it made up for "unreadable". The move now pins the
 /// record's mod revision, so it succeeds at once; the unreadable record stays (counted as used,
@@ -524,7 +524,7 @@ async fn a_key_record_on_an_unreadable_id_record_moves_the_key_without_looping()
     common::assert_only_specs_left(&shared).await;
 }
 
-/// Issue #9, weak spot b: the store's count of ID records, used to confirm `Exhausted`, counted
+/// Counting ID records: the store's count of ID records, used to confirm `Exhausted`, counted
 /// records the pool never hands out (out of range, not an ID at all: edited by hand), so a node
 /// whose view lagged called the pool exhausted while an in-range ID was free. Only IDs the pool
 /// hands out count now (an unreadable value on one still counts as used).
@@ -563,7 +563,7 @@ async fn garbage_id_records_do_not_make_a_pool_with_free_ids_exhausted() {
     assert!(matches!(r, Err(idalloc::Error::Exhausted { .. })), "{r:?}");
 }
 
-/// Issue #9, weak spot c: a pool deleted and re-created with the same spec under a live handle.
+/// Re-created pool: a pool deleted and re-created with the same spec under a live handle.
 /// The old handle answered `PoolNotFound` (the pool exists) while its sync task kept following
 /// the new pool's records, so its reads served the new pool as if the old handle's holds still
 /// stood. Now the handle retires: every operation returns `PoolReplaced`, its view is dropped,

@@ -1,4 +1,4 @@
-//! A remote view's subscribers get a snapshot, then changes (issue 19 item 4): a subscriber that
+//! A remote view's subscribers get a snapshot, then changes: a subscriber that
 //! is there before the view's first listing receives every binding of the listing and one
 //! `Synced`, and is never told it lagged because of the listing, however small its buffer. The
 //! remote is a real store (the embedded store in memory) with its own allocator.
@@ -78,7 +78,7 @@ async fn subscribers_before_the_first_listing_get_every_binding_then_synced_with
     assert_eq!(e, Event::Upsert { id, key: "late".into() });
 }
 
-/// Issue 19 item 7: validators are told the kind of change, deletes reach them, and a rejected
+/// Validators are told the kind of change, deletes reach them, and a rejected
 /// delete keeps the binding shown (as Cilium's cache validators skip a rejected event) — through
 /// a watch event and through a re-listing after an outage; an accepted delete removes it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! The remote-view metrics move with the view (DESIGN §12, issue 13): state, bindings, validation
+//! The remote-view metrics move with the view (DESIGN §12): state, bindings, validation
 //! drops, reconnects and the age of the last sync, recorded through the `metrics` facade into the
 //! test kit's in-memory recorder. The remote is a real store (the embedded store in memory) behind
 //! the test kit's fault wrapper, which cuts it off on demand.

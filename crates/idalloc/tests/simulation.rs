@@ -47,14 +47,14 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(600);
 /// Which pools a run uses. `Standard`: the three pools of [`pool_spec`]. `PrefixedIdle`: the same,
 /// but `idle` also carries prefix bits (`0x200`), so one pool combines prefix bits, idle grace and
 /// reuse delay: the setup docs/multi-cluster.md recommends, where `check` once reported every ID
-/// as out of range (issue 19, item 1). A variant rather than a change of `idle`, so the standard
+/// as out of range. A variant rather than a change of `idle`, so the standard
 /// seeds (and the regression and sabotage tests pinned to them) keep their histories.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Variant {
     Standard,
     PrefixedIdle,
-    /// The standard pools, with nodes 5–7 opening them lazily (`AllocatorOptions::lazy_view`,
-    /// issue 21 item 0) and subscribing to no events: their binds guess candidates beside the
+    /// The standard pools, with nodes 5–7 opening them lazily (`AllocatorOptions::lazy_view`) and
+    /// subscribing to no events: their binds guess candidates beside the
     /// synced nodes' until something loads their view (a batch, a resync, many collisions).
     LazyNodes,
 }
@@ -462,7 +462,7 @@ impl Sim {
             sweep_interval: (i < 2).then_some(Duration::from_secs(9)),
             // Every node's sweeps fold fence records with a tiny threshold (node 0 whenever it
             // finds one), so folds race binds, late and duplicated attempts, releases and pool
-            // deletes in every seed (issue 19 item 8).
+            // deletes in every seed.
             fold_fences_above: i % 3,
             lazy_view: self.variant == Variant::LazyNodes && i >= FIRST_LAZY_NODE,
             // Bulk admission (design notes) at its tightest on every other node: that node's
@@ -671,7 +671,7 @@ impl Sim {
         ops
     }
 
-    /// A burst (issue 14): 4–10 concurrent single-key acquires and releases of one node in one
+    /// A burst: 4–10 concurrent single-key acquires and releases of one node in one
     /// pool, on distinct keys, so that its coalesced flights overlap (several in the air at once
     /// under the store's delays and faults). A quarter of the callers give up after up to 1.5 s
     /// (in the queue or in flight) and use the key again at once; a release given up is mostly
@@ -715,7 +715,7 @@ impl Sim {
     }
 
     /// `op` as a lazy node of [`Variant::LazyNodes`] runs it: what the CLI does (durable
-    /// references of holder `d`, issue 21 item 0), since a node without a view has no watch to
+    /// references of holder `d`), since a node without a view has no watch to
     /// notice that a leased hold moved, and so emits no `Conflict` the checker could hold it to.
     /// Every other node runs `op` as it is.
     fn cli_like(&self, op: Op, d: usize) -> Op {
@@ -776,8 +776,7 @@ impl Sim {
     async fn apply_held(&mut self, step: usize, n: usize) {
         let Some(txn) = self.nodes[n].fault.inner().hook().take_held() else { return };
         // Half the time, the fence records are folded between the held attempt's send and its
-        // late apply (at the end: always), so an attempt decided before a fold lands after it
-        // (issue 19 item 8).
+        // late apply (at the end: always), so an attempt decided before a fold lands after it.
         if step == usize::MAX || self.rng.chance(50) {
             self.fold_fences(step).await;
         }
@@ -1115,7 +1114,7 @@ impl Sim {
                     | Error::RangeMismatch { .. }
                         if self.pool_deleted[p] && retired => {}
                     // The key's record was tampered to name an ID outside the range: refused
-                    // as corrupt data (issue 9 item 7), never used.
+                    // as corrupt data, never used.
                     Error::Corrupt { .. } if k.is_some_and(|k| self.key_tampered(p, k)) => {}
                     other => {
                         return v(format!("G6: {op:?} failed with an unexpected kind: {other}"))
@@ -1436,7 +1435,7 @@ impl Sim {
                 return v(format!("{problem} (step {step}, rev {}, pool {name})", snap.revision));
             }
             // `check` (the library audit behind `idalloc check`) on this state finds nothing the
-            // harness did not write or delete by hand (issue 19, item 1): every state the
+            // harness did not write or delete by hand: every state the
             // allocators leave between steps is one an operator's check must pass, in pools with
             // prefix bits, idle grace and reuse delay alike.
             let audit =
@@ -1586,7 +1585,7 @@ impl Sim {
                 holder: Some("janitor".into()),
                 seed: Some(self.seed),
                 // Its sweeps fold every fence record left: the bound after a quiet sweep is the
-                // threshold, here none (issue 19 item 8).
+                // threshold, here none.
                 fold_fences_above: 0,
                 ..Default::default()
             },
@@ -1608,7 +1607,7 @@ impl Sim {
         let (kvs, _) =
             list_all(&*self.raw, &KeyRange::prefix("idalloc/"), 1000).await.expect("list");
         let pools = layout().pools_prefix();
-        // G4 as amended (docs/design-notes.md, "Late commits"; issue 19 item 8): a durable
+        // G4 as amended (docs/design-notes.md, "Late commits"): a durable
         // holder's fence record stays, one per durable holder name and pool, not on any lease,
         // and so does a pool's fence floor. Nothing else.
         let durable_fence = |kv: &idalloc::store::KeyValue| {
@@ -1873,7 +1872,7 @@ fn checker_catches_late_applies_without_fences() {
     sabotage_is_caught_as(Sabotage::SkipLateFences, &["G4", "G2"]);
 }
 
-/// The folding sweepers bite (issue 19 item 8): without the fence floor's compare, a create held
+/// The folding sweepers bite: without the fence floor's compare, a create held
 /// back across its holder's release and a fold of the fence records, then applied, leaks.
 #[test]
 fn checker_catches_late_creates_after_a_fold_without_the_floor() {

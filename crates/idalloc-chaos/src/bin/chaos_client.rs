@@ -21,7 +21,7 @@
 //! `--burst-tasks` (default 4): beside the recorded durable calls, bursts of that many concurrent
 //! single-key *session* calls (`Pool::acquire`/`release`) every 1–2 s, on keys `c<task>.<0|1>`
 //! shared by every client, which the allocator coalesces into batched txns with two flights in
-//! the air (issue 14). They are not in the history (the model is of durable references); the
+//! the air. They are not in the history (the model is of durable references); the
 //! store scans check them for G1 with everything else, and this process checks its own: no two
 //! keys it holds at once have one ID, a release of a confirmed hold says `held`, and no error
 //! but `Unavailable`. It prints `coalesced: N answered, M unavailable` to stderr at the end and
@@ -34,7 +34,7 @@
 //! no more renewals, so the lease expires, which the next renewal or acquire then sees. All of it
 //! is recorded (`Session`, and invokes/returns of `renew` and `revoke`), so the checker places
 //! each lease's end (`idalloc_chaos::sessions`) and checks the session references against the
-//! model with the durable ones (issue 22 item 2). 0 turns sessions off.
+//! model with the durable ones. 0 turns sessions off.
 
 use std::collections::HashMap;
 use std::fs::File;

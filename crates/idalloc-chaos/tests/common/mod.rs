@@ -485,7 +485,7 @@ pub async fn run_chaos_with<T: Target>(
     // --- histories ---------------------------------------------------------------------------
     let paths: Vec<PathBuf> = slots.iter().map(|s| setup.history(&s.holder)).collect();
     let history = read_histories(&paths).expect("read histories");
-    // Coalesced session calls (the clients' bursts, issue 14): each client run that ended on its
+    // Coalesced session calls (the clients' bursts): each client run that ended on its
     // own prints how many were answered; they must have run, or the run proves nothing of them.
     let mut coalesced = 0u64;
     for s in &slots {

@@ -1,4 +1,4 @@
-//! Batched acquire and release (issue 14): many keys per round trip.
+//! Batched acquire and release: many keys per round trip.
 //!
 //! Each round decides one plan per pending key exactly as the single-key loops do (each key's bind
 //! decisions are its own [`BindLoop`], as in `Inner::bind`, with lenient hints and the key-record
@@ -77,7 +77,7 @@ impl Inner {
         if let Err(e) = pool.live() {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
-        // A lazily opened `random` pool (issue 21 items 0 and 2) binds by guessing, as a lone
+        // A lazily opened `random` pool binds by guessing, as a lone
         // bind does there: the txn's compares decide (G1–G3 unchanged), the loop reads the usage
         // and loads the view only after many lost guesses (a nearly full pool). A process that
         // acquires 1M new keys then never holds the pool's view, which grows with every key.
@@ -690,7 +690,7 @@ impl Pool {
     /// packed many per round trip as [`Pool::acquire_many_durable`]: the references go on the
     /// session's `lease` under `holder`. A key given twice is bound once. Why batched: a restart
     /// storm through `idalloc serve` re-acquires every agent's keys on new sessions, and one txn
-    /// per key cost etcd a proposal (and its WAL write) per key (issue 21 item 4).
+    /// per key cost etcd a proposal (and its WAL write) per key.
     pub(crate) async fn acquire_many_on_lease<K: AsRef<str>>(
         &self,
         keys: &[K],
@@ -811,8 +811,7 @@ impl Pool {
         let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();
         self.many(&names, |distinct, at| async move {
             let _guards = self.lock_keys(&distinct).await;
-            // A lazily opened pool reads each key's record instead of loading the whole view
-            // (issue 21 item 0).
+            // A lazily opened pool reads each key's record instead of loading the whole view.
             let synced = !self.inner.view_unloaded(&self.state)
                 && self.inner.wait_synced(&self.state).await.is_ok();
             let mut out: Vec<Option<Result<Released>>> = vec![None; distinct.len()];

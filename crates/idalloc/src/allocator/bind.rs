@@ -94,7 +94,7 @@ impl Inner {
         preferred: Option<u64>,
     ) -> Result<Acquired> {
         pool.live()?;
-        // Without the pool's view (a lazily opened pool: issue 21 item 0), candidates are guesses
+        // Without the pool's view (a lazily opened pool), candidates are guesses
         // the txn checks, for `random` pools. `lowest` needs the bottom of the pool, which no
         // bounded read gives (IDs are decimal, listed in string order): its loop reads the key
         // record first and, for a new key only, the pool's used IDs (keys only), never the view.
@@ -300,7 +300,8 @@ impl Inner {
         }
         // At or over capacity, records the pool never hands out (out of range, reserved, without
         // the prefix, or not an ID at all: edited by hand) may fill the count while in-range IDs
-        // are free (issue 9, weak spot b). Count only the IDs the pool hands out; an unreadable
+        // are free (a record idalloc cannot read is not counted as free). Count only the IDs the
+        // pool hands out; an unreadable
         // value on one still counts as used (DESIGN §11). Only a full (or tampered) pool pays
         // this listing.
         // Names only, counted page by page: the count needs neither the values nor the listing.

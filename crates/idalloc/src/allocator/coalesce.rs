@@ -1,4 +1,4 @@
-//! Coalescing (issue 14): concurrent single-key [`Pool::acquire`](super::Pool::acquire) and
+//! Coalescing: concurrent single-key [`Pool::acquire`](super::Pool::acquire) and
 //! [`Pool::release`](super::Pool::release) calls of one pool share batched txns — client-side
 //! group commit.
 //!

@@ -9,7 +9,7 @@ use crate::store::Revision;
 
 /// A change of a pool's bindings with the store revision it happened at, as the pool's cache
 /// applied it ([`Pool::stamped_events`](super::Pool::stamped_events)): for a service that
-/// re-serves the pool's history with revisions (idalloc serve's watch, issue 20) from the one
+/// re-serves the pool's history with revisions (idalloc serve's watch) from the one
 /// watch the cache already has, instead of a store watch per client.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Stamped {

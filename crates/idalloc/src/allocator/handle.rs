@@ -313,7 +313,7 @@ impl Pool {
         self.state.live()?;
         let _key = self.state.lock_key(key).await;
         async {
-            // A lazily opened pool is not loaded for one key: its record is read (issue 21 item 0).
+            // A lazily opened pool is not loaded for one key: its record is read.
             let from_view = if self.inner.view_unloaded(&self.state) {
                 None
             } else {

@@ -1,10 +1,10 @@
 //! [`Pool::list_each`]: every binding of the pool in ID order, handed over a page at a time, so a
-//! caller that prints them (`idalloc list`) holds a page, not the pool (issue 21 item 2).
+//! caller that prints them (`idalloc list`) holds a page, not the pool.
 //!
 //! Why not one pass over the pool's records: ID records are named by the decimal ID, so the store
 //! lists them in string order (`10` before `9`), not the ID order `list` promises; and a merge by
 //! key of `key/` and `ref/` is wrong too, because escaped keys do not sort alike in the two
-//! families (docs/design-notes.md, s7-c). So, at one revision:
+//! families (docs/design-notes.md). So, at one revision:
 //! 1. the names of `id/` are read keys only, page by page (`used_ids.rs`, as a lazy `lowest` bind
 //!    reads them), into a [`DecimalIds`]: one or two bytes per ID, in ID order;
 //! 2. walking those IDs in order, one txn reads the next [`MAX_TXN_OPS`] ID records (their keys;

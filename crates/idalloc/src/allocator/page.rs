@@ -1,5 +1,5 @@
 //! [`Pool::list_page`]: one page of the pool's bindings, in ID order, with their holders, at a
-//! cost of O(page) whatever the pool's size (issue 21 item 4).
+//! cost of O(page) whatever the pool's size.
 //!
 //! Why not [`Pool::list`] and a cut: that reads the whole pool for every page, so paging through
 //! B bindings `limit` at a time cost B²/limit records (the service's `GET …/bindings` did that:

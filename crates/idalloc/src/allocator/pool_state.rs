@@ -104,7 +104,7 @@ pub(crate) struct Remotes {
     by_name: std::collections::BTreeMap<String, Arc<RemoteView>>,
     /// `(lo, hi, view)` by `lo`, without refused views (they have no space); rebuilt on every
     /// change. A lookup by ID searches this short contiguous list instead of walking the map and
-    /// reading each view's space (issue 13: `key_of_any` ≤ 2x a local `key_of`).
+    /// reading each view's space (`key_of_any` ≤ 2x a local `key_of`).
     routes: Vec<(u64, u64, Arc<RemoteView>)>,
 }
 
@@ -239,8 +239,7 @@ impl PoolState {
             // Subscribers mirror the pool from its events: tell them every binding is gone (a
             // pool deleted by another process shows the same `Delete`s through the watch, for
             // whatever the watch delivered first) and then end their streams, under the cache
-            // lock so that no event of the old view follows (docs/design-notes.md, issue 19
-            // item 6).
+            // lock so that no event of the old view follows (docs/design-notes.md).
             let mut cache = self.lock_cache();
             let deletes: Vec<Event> =
                 cache.snapshot().into_iter().map(|(id, key)| Event::Delete { id, key }).collect();

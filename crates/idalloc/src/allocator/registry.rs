@@ -107,7 +107,7 @@ impl Inner {
 
     /// The spec of pool `name` and the create revision of its record (every write compares it),
     /// `None` if it has none. A spec record that cannot be used (unreadable, or holding another
-    /// pool's spec: issue 9, item 7) is an error naming the record, never trusted.
+    /// pool's spec) is an error naming the record, never trusted.
     pub(super) async fn read_spec(&self, name: &str) -> Result<Option<(PoolSpec, Revision)>> {
         let key = self.layout.pool_spec_key(name);
         let resp = self.req.call(|| self.req.store.get(GetRequest::key(key.clone()))).await?;
@@ -131,7 +131,7 @@ impl Inner {
             }
             (Some(existing), rev) => {
                 // The one parser of spec records: an unreadable spec or one naming another pool
-                // is corrupt data, not a spec that differs (issue 9, item 7).
+                // is corrupt data, not a spec that differs.
                 let kv = crate::store::KeyValue {
                     key: self.layout.pool_spec_key(spec.name()),
                     value: existing,

@@ -50,7 +50,7 @@ pub(crate) struct Requester {
     /// order they arrive (etcd's raft log), so a txn waits for every txn sent before it. Without
     /// a bound, a restart storm through `idalloc serve` (1,000 sessions re-acquiring 100 keys
     /// each, one txn of ~100 keys apiece) queued about a thousand txns at etcd, and one key's
-    /// acquire sent meanwhile waited behind all of them (p99 1.8 s, issue 21 item 4). Queued
+    /// acquire sent meanwhile waited behind all of them (p99 1.8 s). Queued
     /// here instead, bulk txns leave the store's queue short, single-key calls pass them, and
     /// the store stays as busy: a few ~100-key txns in flight are as fast as many
     /// (docs/benchmarks-findings.md, "Batching targets": 8 in flight as fast as 64).
@@ -125,8 +125,8 @@ impl Requester {
     }
 
     /// A whole listing of `range` (named `what` in its errors: `pool "p"`), each page bounded by
-    /// the request timeout and retried like one request, the listing itself unbounded (issue 21
-    /// item 1: a listing that makes progress is never cut off). Every whole listing of the
+    /// the request timeout and retried like one request, the listing itself unbounded (a listing
+    /// that makes progress is never cut off). Every whole listing of the
     /// allocator reads through this; the pool's follower has its own loop (`feed.rs`).
     pub(crate) fn pages<'a>(
         &'a self,

@@ -1,6 +1,6 @@
 //! Notices that a pool this process has open was deleted (or deleted and re-created) by anyone,
 //! this process or another, and retires the pool's state at once, so that its subscribers are told
-//! (a `Delete` per binding, then the end of their stream: docs/design-notes.md, issue 19 item 6)
+//! (a `Delete` per binding, then the end of their stream: docs/design-notes.md)
 //! instead of mirroring a pool that no longer exists until some write happens to fail its spec
 //! compare.
 //!

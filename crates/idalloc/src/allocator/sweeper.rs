@@ -85,7 +85,7 @@ pub(crate) async fn sweep(
     pool.live()?;
     let name = pool.spec.name();
     let range = KeyRange::prefix(layout.pool_data_prefix(name));
-    // Each page bounded, not the sweep's whole read (issue 21 item 1: `gc` at 1M bindings ran
+    // Each page bounded, not the sweep's whole read (`gc` at 1M bindings ran
     // out of one request's time while pages kept coming). Each page is folded into the maps and
     // dropped: the records of the whole pool were held as well before (1.1 GB at 1M bindings).
     let (snap, revision) = req

@@ -32,8 +32,8 @@ pub(crate) async fn run(
         page: strong.list_page,
         relist_after_outage: false,
         probe: None,
-        // Each page of the listing bounded like one request, the listing as long as pages come
-        // (issue 21 item 1), as every whole listing of the allocator (`Requester::pages`).
+        // Each page of the listing bounded like one request, the listing as long as pages come, as
+        // every whole listing of the allocator (`Requester::pages`).
         request_timeout: Some(strong.request_timeout),
         jitter_seed,
     };
@@ -82,7 +82,7 @@ impl Sink for LocalSink {
     }
 
     /// Applies the page to the listing in the cache's compact form and frees it: a synced
-    /// process holds its cache, not the listing's records as well (issue 21 item 2).
+    /// process holds its cache, not the listing's records as well.
     fn listing_page(&self, listing: &mut Listing, kvs: Vec<KeyValue>) {
         listing.add(&kvs, |k| self.layout.parse_id_key(self.pool.spec.name(), k));
     }

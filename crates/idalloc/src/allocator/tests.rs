@@ -24,7 +24,7 @@ impl Hook<EmbeddedStore> for Hang {
     }
 }
 
-/// Issue 10: an acquire cancelled mid-flight (its future dropped by a `timeout`) used to skip the
+/// An acquire cancelled mid-flight (its future dropped by a `timeout`) used to skip the
 /// removal of its key's entry from the per-key lock map. Both places a cancel can hit — during the
 /// round trip and while waiting for the lock — must leave the map clean and the key usable.
 #[tokio::test]
@@ -104,7 +104,7 @@ impl Hook<EmbeddedStore> for SlowApply {
     }
 }
 
-/// Issue 21 item 1 (`wait_synced` counts apply time): a waiter gives up only when no page has
+/// `wait_synced` counts apply time: a waiter gives up only when no page has
 /// come for its budget (timeout × attempts, 1 s here), but the time spent applying a complete
 /// listing is not a stalled store. With the apply held up for 3 s after the last page (the cache
 /// lock taken by another thread, as a listing of 1M bindings on a loaded machine takes its

@@ -52,11 +52,11 @@ pub struct AllocatorOptions {
     pub sweep_interval: Option<Duration>,
     /// A sweep that finds more holder fence records than this in a pool folds them all into the
     /// pool's fence floor (one txn), so a pool keeps at most this many fence records after each
-    /// sweep, however many holder names ever released in it (DESIGN §13, docs/design-notes.md,
-    /// issue 19 item 8). Each fold makes the binds in flight at that moment fail once and be
+    /// sweep, however many holder names ever released in it (DESIGN §13, docs/design-notes.md).
+    /// Each fold makes the binds in flight at that moment fail once and be
     /// decided again, so folding rarely is cheaper; 0 folds on every sweep that finds one.
     pub fold_fences_above: usize,
-    /// Open pools without loading their view (issue 21 item 0): a pool opened by this allocator
+    /// Open pools without loading their view: a pool opened by this allocator
     /// is not listed and watched until something needs its whole view (`wait_synced`, `resync`,
     /// an event subscription, a batched bind, or a single-key bind that keeps missing, which
     /// means a nearly full pool). Until then a single-key bind guesses candidates among the IDs

@@ -1,5 +1,5 @@
 //! The used IDs of a pool, read by name only: what a lazily opened `lowest` pool needs to find its
-//! lowest free ID for a new key (issue 21 item 0; `Candidates::UsedIds` in `protocol/bind_step.rs`).
+//! lowest free ID for a new key (`Candidates::UsedIds` in `protocol/bind_step.rs`).
 //!
 //! One keys-only pass over `id/` at one revision, handed to the caller a page at a time, so the
 //! process holds a page and the free set, never the listing. The pass pages as every listing of
@@ -7,7 +7,7 @@
 //! far to hold about a page), because etcd 3.4 walks its index over the whole requested range on
 //! every read whatever the limit: paging 1M names through one open range walked the index O(n)
 //! times per page (4.6 s for a 100,000-binding pool where the full view took 1.1 s, with the
-//! windows of before issue 21 item 1's rework; docs/scale.md, "One key").
+//! fixed-size windows the listing used before; docs/scale.md, "One key").
 
 use super::request::Requester;
 use crate::store::{KeyRange, KeyValue, Revision, StoreResult};

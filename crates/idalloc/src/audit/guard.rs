@@ -1,4 +1,4 @@
-//! The rule every `check --repair` txn must pass, whatever finding planned it (issue 19, item 1):
+//! The rule every `check --repair` txn must pass, whatever finding planned it:
 //! no repair takes an ID from a key the pool's reclaim rules still protect (DESIGN §8, G5).
 
 use crate::layout::{parse_id_value, IdRecord, Layout};

@@ -1,5 +1,5 @@
 //! Which records `check` must look at closely, found while streaming a pool one record family at
-//! a time (issue 21 item 2): the decision half of the streaming audit. Pure.
+//! a time: the decision half of the streaming audit. Pure.
 //!
 //! The audit ([`super::audit`]) compares records across families: a key record with the ID
 //! record it names, an ID record with its key's key record, references with their key's record.
@@ -21,7 +21,7 @@
 //! A healthy pool has no suspects. `check.rs` then reads the suspects' records and, until nothing
 //! new is named, the records they name (an ID record's key, a key record's ID, a reference's ID)
 //! and runs the unchanged audit on that closure: every record the audit consults about a suspect
-//! is in it (the proof is in docs/design-notes.md, "Issue 21 item 2: streaming list and check"),
+//! is in it (the proof is in docs/design-notes.md, "streaming list and check"),
 //! and a record outside it is half of a healthy pair, about which the audit says nothing. Being
 //! a suspect only costs reads, so anything in doubt (a hash met twice, IDs out of order) is one.
 //!

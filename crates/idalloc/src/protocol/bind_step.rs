@@ -39,15 +39,15 @@ pub const PROBE_COLLISIONS: u32 = 8;
 pub enum Candidates {
     /// The full view of the pool (listed, then watched): a pick is free unless the view lags.
     View,
-    /// A partial view (issue 21 item 0): the process has not listed the pool, so a pick is an
+    /// A partial view: the process has not listed the pool, so a pick is an
     /// ID the process has not seen taken, and only the txn's compares (unchanged: G1–G3) say
     /// whether it is free. There is no watch to wait for after a collision; after
     /// [`PROBE_COLLISIONS`] losses, or when even the partial view has nothing left, the loop
     /// reads the pool's usage and either fails `Exhausted` (the store is full) or asks for the
     /// full view and goes on with it.
     Probe,
-    /// A partial view that is made exact before the first fresh pick, for `lowest` pools
-    /// (issue 21 item 0): the numeric bottom of the pool is the one thing no bounded read gives
+    /// A partial view that is made exact before the first fresh pick, for `lowest` pools: the
+    /// numeric bottom of the pool is the one thing no bounded read gives
     /// (IDs are decimal in the store, listed in string order). So the loop reads the key record
     /// first ([`Action::PeekKeyRecord`]): a key bound already, by anyone, is joined from its own
     /// records and the pool is never read. Only a new key asks the driver to read every used ID
@@ -721,7 +721,7 @@ mod tests {
 
     #[test]
     fn probing_loop_decides_again_at_once_after_a_collision() {
-        // Issue 21 item 0: without a watch there is nothing to wait for; the taken candidate is
+        // Without a watch there is nothing to wait for; the taken candidate is
         // learned (so the partial view never offers it again) and the next guess goes out.
         let spec = spec();
         let mut l = probing(&spec);
@@ -752,7 +752,7 @@ mod tests {
 
     #[test]
     fn probing_loop_that_keeps_losing_confirms_usage_then_loads_the_view() {
-        // Issue 21 item 0: a nearly full pool is where the full view pays; G6 `Exhausted` only
+        // A nearly full pool is where the full view pays; G6 `Exhausted` only
         // when the store's count says full.
         let spec = spec();
         let mut l = probing(&spec);
@@ -807,7 +807,7 @@ mod tests {
 
     #[test]
     fn lowest_lazy_loop_joins_a_bound_key_without_reading_the_pool() {
-        // Issue 21 item 0, `lowest` pools: a key bound already (by anyone) costs one read of its
+        // Lazily opened `lowest` pools: a key bound already (by anyone) costs one read of its
         // record and the join's txn; the used IDs (a pass over the pool) are never asked for.
         let spec = spec();
         let mut l = lowest_lazy(&spec);
@@ -826,7 +826,7 @@ mod tests {
 
     #[test]
     fn lowest_lazy_loop_reads_the_used_ids_once_for_a_new_key() {
-        // Issue 21 item 0: a new key needs the numeric bottom, so the used IDs are read (once)
+        // A new key needs the numeric bottom, so the used IDs are read (once)
         // before the first pick; a collision after that decides again at once (no watch), and a
         // key bound meanwhile is joined.
         let spec = spec();

@@ -7,7 +7,7 @@
 //! is skipped: the view keeps showing the binding, until a later change or listing removes it
 //! with the validators' consent. That is what Cilium's cache validators do (a rejected event is
 //! skipped, delete or not), and the point of asking about deletes: a remote must not be able to
-//! make bindings vanish that a validator vouches for (issue 19 item 7).
+//! make bindings vanish that a validator vouches for.
 
 use std::sync::Arc;
 

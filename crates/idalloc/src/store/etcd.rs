@@ -353,7 +353,7 @@ impl EtcdStore {
     /// Why here and not in the caller's back-off: tonic's balanced channel keeps a dead member in
     /// its set, and that member looks ready (its failed reconnect is handed to the next request as
     /// an instant error) and idle, so the power-of-two-choices balancer prefers it. Four back-off
-    /// attempts could all land on it while two members were healthy (issue 9: the chaos run saw a
+    /// attempts could all land on it while two members were healthy (the chaos run saw a
     /// `release` fail with "tcp connect error" while only a follower was down). Re-sending is safe
     /// for every request, txns included, because nothing reached etcd.
     async fn bounded<T, F>(&self, what: &str, mut send: impl FnMut() -> F) -> Result<T, Failure>
@@ -992,7 +992,7 @@ impl Store for EtcdStore {
 mod tests {
     use super::*;
 
-    /// Issue 9, item 5: a too-large answer was labelled "invalid store request" (a bug in the
+    /// A too-large answer was labelled "invalid store request" (a bug in the
     /// caller). It is its own failure, which `list_all` answers with smaller pages.
     #[test]
     fn a_too_large_answer_is_not_an_invalid_request() {

@@ -1,4 +1,4 @@
-//! Whole listings with a bound on each page, not on the listing (issue 21 item 1).
+//! Whole listings with a bound on each page, not on the listing.
 //!
 //! A listing of a million records takes a thousand pages or more, and how long it takes depends
 //! on the pool, the store and the machine's load. A timeout around the whole listing therefore

@@ -216,13 +216,13 @@ pub struct GetRequest {
     /// With a `limit`, `count` may stop short: the store may stop walking the range once it has
     /// found one key past the limit, so `count` is then anywhere from the keys returned (plus one
     /// if `more`) to the exact count. etcd always counts exactly (it has no way to skip it); the
-    /// embedded store stops, so a limited read costs what it returns (issue 21 item 1). Paged
+    /// embedded store stops, so a limited read costs what it returns. Paged
     /// listings ([`Pages`]) need only `more`.
     pub loose_count: bool,
     /// Order the answer by mod revision, newest first (etcd's `SortTarget::Mod`, descending), not
     /// by key. With `limit` 1 and `keys_only` this is the range's newest change in one record,
     /// however big the range: what `idalloc serve` needs to give a new watch stream
-    /// read-your-writes without sending the pool over the network (issue 21 item 4). The store
+    /// read-your-writes without sending the pool over the network. The store
     /// still walks the range to sort it (etcd 3.4 reads every record of a range it sorts), but
     /// answers `limit` records.
     pub newest_first: bool,
@@ -782,7 +782,7 @@ mod tests {
         }
     }
 
-    /// Issue 9, item 5: 1,000 records per page whatever their size made listings of long keys
+    /// 1,000 records per page whatever their size made listings of long keys
     /// fail forever. Records of 12 KB names (a 4,096-byte key of `/`, escaped) and 4 KB values:
     /// the listing completes, every answer under the limit, every record exactly once.
     #[tokio::test]

@@ -13,7 +13,7 @@
 //! before the next read's start: their spread, read as numbers (16 bytes of them, from a few
 //! bytes above where the page's keys start to differ), divided by how many there were, is the
 //! room one key takes. The next window is `limit` keys' worth of that room, so each read counts
-//! about what it returns, whatever the range's size (issue 21 item 1: the counted/returned ratio
+//! about what it returns, whatever the range's size (the counted/returned ratio
 //! must not grow with n; prefix windows, one byte of the key at a time, were a factor of up to
 //! 256 too coarse and let it creep from 3.6 at 10k records to 7.7 at 200k). The store's `count`
 //! is not needed at all, so the same windows serve every store, and one that stops counting at
@@ -387,7 +387,7 @@ mod tests {
         keys
     }
 
-    /// Issue 21 item 1: records counted per record returned, for a listing of the whole pool
+    /// Records counted per record returned, for a listing of the whole pool
     /// and of its `id/` range (what a sync reads), at 10k and at 300k bindings.
     fn ratios(dense: bool) -> Vec<(u64, f64, f64)> {
         [10_000, 300_000]

@@ -24,7 +24,7 @@ pub enum Backend {
     File,
     Etcd,
     /// An etcd of its own with mutual TLS, user authentication with 2 s tokens, and a user whose
-    /// role covers only `idalloc-secure/` (issue 11, docs/security.md).
+    /// role covers only `idalloc-secure/` (docs/security.md).
     SecureEtcd,
 }
 

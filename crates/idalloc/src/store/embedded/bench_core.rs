@@ -1,5 +1,5 @@
 //! The memory store's state machine ([`Mvcc`]) driven synchronously, for the model checker
-//! (`crates/idalloc-model`, issue 22 item 3). Compiled only with the unstable `bench` feature.
+//! (`crates/idalloc-model`). Compiled only with the unstable `bench` feature.
 //!
 //! Why a wrapper rather than the memory [`EmbeddedStore`](super::EmbeddedStore): an exhaustive
 //! search branches every store state into all its successors, so it needs a store it can clone

@@ -2,8 +2,8 @@
 //!
 //! The file holds the state machine's state, not a snapshot to load: each key's history is one
 //! row, read when an operation touches the key ([`Reader`], the state machine's
-//! [`Backing`]), so opening a file and a one-key operation cost O(1) in the size of the store
-//! (issue 21 item 0). A commit writes what the state machine's overlay changed
+//! [`Backing`]), so opening a file and a one-key operation cost O(1) in the size of the store. A
+//! commit writes what the state machine's overlay changed
 //! ([`Flush`]) in one redb write transaction. redb commits with `Durability::Immediate` (its
 //! default): the commit has reached the disk when `commit()` returns, and a commit is atomic,
 //! so after a crash the file holds exactly the acknowledged txns, none torn.
@@ -19,7 +19,7 @@
 //!   session; they are read at open);
 //! - `lease_keys` (`(lease, key) -> ()`): the keys attached to each lease, for revocation.
 //!
-//! Format version 1 (before issue 21) had one `entries` table (`(main, sub) -> key and record`)
+//! Format version 1 (the older layout) had one `entries` table (`(main, sub) -> key and record`)
 //! that was loaded whole at open. A writable open of such a file migrates it to version 2 in one
 //! write transaction (O(file), once); a read-only open cannot write, so it loads the old table
 //! into memory as version 1 did.
@@ -59,7 +59,7 @@ use crate::store::{LeaseId, Revision, StoreError, StoreResult};
 pub(crate) const FORMAT_VERSION: i64 = 2;
 
 /// redb's page cache. redb's default is 1 GiB, which a scan of a large store fills: bounded
-/// here so that a process's memory does not grow with the store (issue 21). The OS page cache
+/// here so that a process's memory does not grow with the store. The OS page cache
 /// still holds the file for the next read.
 const CACHE_BYTES: usize = 16 << 20;
 
@@ -173,7 +173,7 @@ thread_local! {
 ///
 /// Why catch panics: redb checks many things in a damaged file and returns errors for them, but
 /// not everything. Random 8-byte writes into a store file make it panic in about 5% of files
-/// (issue 19 item 3; `page_manager.rs` "Malformed allocator state", `types.rs:109` on a table
+/// (`page_manager.rs` "Malformed allocator state", `types.rs:109` on a table
 /// type name that is not UTF-8, slice indexes out of range in `table_tree_base.rs` and
 /// `btree_base.rs`). Those bytes are redb's own page structures, read inside `Database::create`
 /// and `open_table`, before any value of ours: there is nothing this file could validate first.
@@ -364,7 +364,7 @@ impl FileStore {
         // unwinding from a panic aborts the process). Found by the `damaged_file` fuzz target
         // (docs/fuzzing.md); the check made such a file `Corrupt` at open. Without the check, a
         // cleanly closed file with that damage is met at close, under `guarded` (see
-        // `docs/design-notes.md`, issue 21 item 0). A read-only database writes nothing at close
+        // `docs/design-notes.md`). A read-only database writes nothing at close
         // and is not checked.
         let mut checked = false;
         if check || repaired || matches!(db, Db::Copy { .. }) {
@@ -1089,7 +1089,7 @@ pub(crate) fn put_raw_history(path: &Path, key: &[u8], bytes: &[u8]) -> Result<(
     Ok(())
 }
 
-/// Test hook: writes a format-1 file (the layout before issue 21): `entries` rows as given
+/// Test hook: writes a format-1 file (the older layout): `entries` rows as given
 /// (`(key, main, sub, record)`), the scalars and the leases `(id, ttl, deadline ms)`.
 #[cfg(test)]
 pub(crate) fn write_v1_file(

@@ -34,7 +34,7 @@
 //!   file store reads keys on demand): the call that met it gets `Corrupt` naming the file.
 //! - **The file is the state.** A file store holds in memory only its scalars, its leases and
 //!   what the operations in flight changed (`mvcc.rs`'s overlay, written back at each commit):
-//!   open and one-key operations cost O(1) in the size of the store (issue 21 item 0).
+//!   open and one-key operations cost O(1) in the size of the store.
 //! - **Leases across restarts.** Deadlines are stored as wall-clock time, so a lease whose
 //!   deadline passed while the file was closed is expired (its keys deleted) at open; the others
 //!   resume with the time they had left. (etcd instead renews every lease at a restart.)

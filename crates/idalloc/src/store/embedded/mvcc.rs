@@ -8,7 +8,7 @@
 //!
 //! Where the state lives: the maps below (`keys`, `log`, `lease_keys`) are an overlay on a
 //! [`Backing`]. The memory store has none, so the maps are the whole state, exactly as before the
-//! file store read on demand. The file store's backing is its redb file (issue 21 item 0): the
+//! file store read on demand. The file store's backing is its redb file: the
 //! maps then hold only what changed since the last commit (a key is read from the file on first
 //! touch, changed in memory, and written back by [`Mvcc::take_flush`]), so opening a file and a
 //! one-key operation cost O(1) in the size of the store, not O(file). The semantics stay in this

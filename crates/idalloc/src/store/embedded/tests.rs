@@ -310,7 +310,7 @@ async fn newer_format_and_malformed_rows_are_corrupt() {
         Err(StoreError::Corrupt { reason, .. }) => assert!(reason.contains("newer"), "{reason}"),
         other => panic!("expected Corrupt, got {other:?}"),
     }
-    // A row is read when needed (issue 21 item 0): the open succeeds, the read that meets the
+    // A row is read when needed: the open succeeds, the read that meets the
     // row fails naming the file and the key, and the store stops.
     let path = dir.path().join("rows.redb");
     drop(EmbeddedStore::open(&path, opts()).await.unwrap());
@@ -332,7 +332,7 @@ async fn newer_format_and_malformed_rows_are_corrupt() {
     );
 }
 
-/// Issue 19 item 3: random 8-byte writes into a store file made redb panic while opening it in
+/// Random 8-byte writes into a store file made redb panic while opening it in
 /// about 1 file in 20 (`page_manager.rs` "Malformed allocator state", `types.rs:109`, slice
 /// indexes in `table_tree_base.rs` / `btree_base.rs`). The file layer must answer every damaged
 /// file with `Ok` (the damage hit unused bytes) or `Corrupt` naming the file, and never let a
@@ -667,10 +667,10 @@ async fn read_only_open_of_a_missing_file_fails_without_creating_it() {
     assert!(!path.exists());
 }
 
-// ----- the file as the state (issue 21 item 0) -----
+// ----- the file as the state -----
 
 /// A file store reads keys on demand: between operations it holds no key, history or lease
-/// attachment in memory, and an open reads none (before issue 21 the open loaded every row, so
+/// attachment in memory, and an open reads none (with format 1 the open loaded every row, so
 /// this held 2,000 keys and their log after the reopen).
 #[tokio::test]
 async fn file_store_holds_no_keys_in_memory_between_operations() {
@@ -794,7 +794,7 @@ async fn format_1_file_opens_migrated_with_keys_history_and_leases() {
 }
 
 /// redb's O(file) integrity check runs at open only when the file was not closed cleanly or
-/// when asked (before issue 21 every writable open ran it).
+/// when asked (with format 1 every writable open ran it).
 #[tokio::test]
 async fn integrity_check_runs_only_after_an_unclean_close_or_when_asked() {
     let dir = tempfile::tempdir().unwrap();
