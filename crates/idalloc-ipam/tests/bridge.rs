@@ -65,9 +65,18 @@ impl Drop for Namespaces {
 fn bridge(host: &str, cni_path: &str, cmd: &str, netns: &str, conf: &Value) -> common::Out {
     let path = format!("/var/run/netns/{netns}");
     let bin = format!("{PLUGINS}/bridge");
-    let args = ["netns", "exec", host, "env", &format!("CNI_COMMAND={cmd}"),
-        &format!("CNI_CONTAINERID={netns}"), &format!("CNI_NETNS={path}"), "CNI_IFNAME=eth0",
-        &format!("CNI_PATH={cni_path}"), &bin];
+    let args = [
+        "netns",
+        "exec",
+        host,
+        "env",
+        &format!("CNI_COMMAND={cmd}"),
+        &format!("CNI_CONTAINERID={netns}"),
+        &format!("CNI_NETNS={path}"),
+        "CNI_IFNAME=eth0",
+        &format!("CNI_PATH={cni_path}"),
+        &bin,
+    ];
     let mut child = Command::new("ip")
         .args(args)
         .stdin(Stdio::piped())
