@@ -18,6 +18,11 @@ Administration:
   idalloc-ipam release-node NODE --config FILE
       Release every address NODE holds in the pools of the network configuration FILE (a .conf
       or a .conflist as in /etc/cni/net.d): for a node that is gone. Prints {\"released\":N}.
+  idalloc-ipam import-whereabouts IPPOOLS.json --config FILE [--ifname IF]
+      Bind every allocation of the Whereabouts IPPools in IPPOOLS.json (`kubectl get
+      ippools.whereabouts.cni.cncf.io -A -o json`) whose range is a subnet of FILE to the same
+      address, held by \"whereabouts-import\" until the pod's DEL. Entries without an ifname take
+      IF (default net1). FILE must use ipam.store. Prints {\"imported\":N}.
 ";
 
 fn main() -> ExitCode {
@@ -94,6 +99,9 @@ async fn admin(args: &[String]) -> ExitCode {
         eprintln!("idalloc-ipam: {m}");
         ExitCode::from(2)
     };
+    if args.first().map(String::as_str) == Some("import-whereabouts") {
+        return import(&args[1..]).await;
+    }
     let (node, file) = match args {
         [cmd, node, flag, file] if cmd == "release-node" && flag == "--config" => (node, file),
         [cmd, flag, file, node] if cmd == "release-node" && flag == "--config" => (node, file),
@@ -103,17 +111,9 @@ async fn admin(args: &[String]) -> ExitCode {
         }
         _ => return fail(format!("unknown arguments {args:?}\n\n{HELP}")),
     };
-    let text = match std::fs::read_to_string(file) {
-        Ok(t) => t,
-        Err(e) => return fail(format!("--config {file:?}: cannot read: {e}")),
-    };
-    let parsed = netconf_of(&text)
-        .map_err(|e| CniError::new(code::DECODING, format!("--config {file:?}"), e))
-        .and_then(|b| config::parse_json(&b))
-        .and_then(|m| config::parse(&m));
-    let conf = match parsed {
+    let conf = match read_conf(file) {
         Ok(c) => c,
-        Err(e) => return fail(format!("{}: {}", e.msg, e.details)),
+        Err(e) => return fail(e),
     };
     match plugin::release_node(&conf, node).await {
         Ok(n) => {
@@ -122,6 +122,64 @@ async fn admin(args: &[String]) -> ExitCode {
         }
         Err(e) => {
             eprintln!("idalloc-ipam: {}: {}", e.msg, e.details);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn read_conf(file: &str) -> Result<config::NetConf, String> {
+    let text = std::fs::read_to_string(file)
+        .map_err(|e| format!("--config {file:?}: cannot read: {e}"))?;
+    netconf_of(&text)
+        .map_err(|e| CniError::new(code::DECODING, format!("--config {file:?}"), e))
+        .and_then(|b| config::parse_json(&b))
+        .and_then(|m| config::parse(&m))
+        .map_err(|e| format!("{}: {}", e.msg, e.details))
+}
+
+async fn import(args: &[String]) -> ExitCode {
+    let fail = |m: String| {
+        eprintln!("idalloc-ipam import-whereabouts: {m}");
+        ExitCode::from(2)
+    };
+    let (mut input, mut file, mut ifname) = (None, None, "net1".to_string());
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--config" => file = it.next().cloned(),
+            "--ifname" => match it.next() {
+                Some(i) => ifname = i.clone(),
+                None => return fail("--ifname needs a value".into()),
+            },
+            other if input.is_none() && !other.starts_with("--") => input = Some(other.to_string()),
+            other => return fail(format!("unknown argument {other:?}\n\n{HELP}")),
+        }
+    }
+    let (Some(input), Some(file)) = (input, file) else {
+        return fail(format!("needs IPPOOLS.json and --config FILE\n\n{HELP}"));
+    };
+    let conf = match read_conf(&file) {
+        Ok(c) => c,
+        Err(e) => return fail(e),
+    };
+    let doc: serde_json::Value = match std::fs::read(&input)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(d) => d,
+        Err(e) => return fail(format!("{input:?}: {e}")),
+    };
+    let list = match plugin::whereabouts_allocations(&conf, &doc, &ifname) {
+        Ok(l) => l,
+        Err(e) => return fail(e),
+    };
+    match plugin::import(&conf, &list).await {
+        Ok(n) => {
+            print(&serde_json::json!({"imported": n}));
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("idalloc-ipam import-whereabouts: {}: {}", e.msg, e.details);
             ExitCode::FAILURE
         }
     }

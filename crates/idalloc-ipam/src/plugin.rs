@@ -12,6 +12,10 @@ use crate::backend::{Backend, OpenError, PoolHandle};
 use crate::cni::{self, code, CniError, Command, Invocation};
 use crate::config::{self, attachment_key, NetConf};
 
+/// The holder of addresses imported from Whereabouts (`import-whereabouts`): Whereabouts does
+/// not record nodes, so imported addresses are held by this name until their attachment's DEL.
+pub const IMPORT_HOLDER: &str = "whereabouts-import";
+
 /// The CNI error for a library or service error: unavailable is "try again later" (11), an
 /// exhausted pool is this plugin's code 100, a pool that exists with another spec and any other
 /// refused input is an invalid configuration (7).
@@ -165,7 +169,12 @@ async fn del(
     let key = attachment_key(&conf.name, &inv.container_id, &inv.ifname);
     for r in &conf.ranges {
         match backend.pool(r.spec.name()).await {
-            Ok(pool) => pool.release(&key, node).await.map_err(|e| from_idalloc(&e))?,
+            Ok(pool) => {
+                // The node's reference, and the import's if the address came from Whereabouts.
+                for holder in [node, IMPORT_HOLDER] {
+                    pool.release(&key, holder).await.map_err(|e| from_idalloc(&e))?;
+                }
+            }
             Err(Error::PoolNotFound { .. }) => {}
             Err(e) => return Err(from_idalloc(&e)),
         }
@@ -271,6 +280,129 @@ pub async fn release_node(conf: &NetConf, node: &str) -> Result<usize, CniError>
                 break 'ranges;
             }
             n += 1;
+        }
+    }
+    backend.close().await;
+    out.map(|_| n)
+}
+
+/// One Whereabouts allocation: the address and the attachment that holds it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Imported {
+    pub ip: IpAddr,
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// The allocations of Whereabouts `IPPool` resources (`kubectl get ippools.whereabouts.cni.cncf.io
+/// -A -o json`: a list, or one pool) whose `spec.range` is one of `conf`'s subnets. An
+/// allocation's key is its offset from the range's network address (Whereabouts' layout), so
+/// the address is network + offset. Entries without `ifname` (older Whereabouts) take
+/// `default_ifname`.
+pub fn whereabouts_allocations(
+    conf: &NetConf,
+    doc: &Value,
+    default_ifname: &str,
+) -> Result<Vec<Imported>, String> {
+    let items: Vec<&Value> = match doc.get("items").and_then(Value::as_array) {
+        Some(items) => items.iter().collect(),
+        None => vec![doc],
+    };
+    let mut out = Vec::new();
+    for item in items {
+        let name = item["metadata"]["name"].as_str().unwrap_or("(unnamed)");
+        let range = item["spec"]["range"]
+            .as_str()
+            .ok_or_else(|| format!("IPPool {name} has no spec.range"))?;
+        let net: ipnet::IpNet =
+            range.parse().map_err(|_| format!("IPPool {name}: range {range:?} is not a CIDR"))?;
+        if !conf.ranges.iter().any(|r| r.subnet.net.trunc() == net.trunc()) {
+            continue;
+        }
+        let Some(allocs) = item["spec"]["allocations"].as_object() else { continue };
+        for (offset, a) in allocs {
+            let off: u64 = offset.parse().map_err(|_| {
+                format!("IPPool {name}: allocation key {offset:?} is not an offset")
+            })?;
+            let base = match net.network() {
+                IpAddr::V4(v) => u128::from(u32::from(v)),
+                IpAddr::V6(v) => u128::from(v),
+            };
+            let n = base + u128::from(off);
+            let ip = if net.network().is_ipv6() {
+                IpAddr::V6(n.into())
+            } else {
+                IpAddr::V4(
+                    u32::try_from(n).map_err(|_| format!("IPPool {name}: offset {off}"))?.into(),
+                )
+            };
+            let container_id = a["id"]
+                .as_str()
+                .ok_or_else(|| format!("IPPool {name}: allocation {offset} has no id"))?
+                .to_string();
+            let ifname = a["ifname"].as_str().unwrap_or(default_ifname).to_string();
+            out.push(Imported { ip, container_id, ifname });
+        }
+    }
+    Ok(out)
+}
+
+/// Binds every allocation of `list` to its own address as a durable binding of
+/// [`IMPORT_HOLDER`], so no running pod's address changes. Returns how many were bound; an
+/// address that is taken by another attachment, or outside every range, is an error naming it
+/// (what was bound before stays: the import is idempotent, run it again once fixed).
+pub async fn import(conf: &NetConf, list: &[Imported]) -> Result<usize, CniError> {
+    let backend = Backend::open(conf).await.map_err(from_open)?;
+    if !matches!(backend, Backend::Store(_)) {
+        backend.close().await;
+        return Err(CniError::new(
+            code::INVALID_CONFIG,
+            "import-whereabouts needs ipam.store",
+            "the import binds each address to its own ID, which needs the store directly: give a \
+             configuration with store: etcd://… (the same etcd serve uses, and its prefix)",
+        ));
+    }
+    let mut n = 0;
+    let mut out = Ok(());
+    'all: for r in &conf.ranges {
+        let pool = match backend.ensure_pool(&r.spec).await {
+            Ok(p) => p,
+            Err(e) => {
+                out = Err(from_idalloc(&e));
+                break;
+            }
+        };
+        for a in list.iter().filter(|a| r.subnet.net.contains(&a.ip)) {
+            let key = attachment_key(&conf.name, &a.container_id, &a.ifname);
+            let Some(want) = r.subnet.id_of(a.ip) else {
+                out = Err(CniError::new(
+                    code::INVALID_CONFIG,
+                    format!("{} of {key} is not a usable address of {}", a.ip, r.subnet.net),
+                    "",
+                ));
+                break 'all;
+            };
+            match pool.acquire(&key, IMPORT_HOLDER, Some(want)).await {
+                Ok((id, _)) if id == want => n += 1,
+                Ok((id, _)) => {
+                    let _ = pool.release(&key, IMPORT_HOLDER).await;
+                    out = Err(CniError::new(
+                        code::INVALID_CONFIG,
+                        format!(
+                            "{} of {key} is taken (reserved, or bound to another attachment); \
+                             it would get {}",
+                            a.ip,
+                            r.subnet.address(id)
+                        ),
+                        "nothing was bound for it; free or un-exclude the address and run again",
+                    ));
+                    break 'all;
+                }
+                Err(e) => {
+                    out = Err(from_idalloc(&e));
+                    break 'all;
+                }
+            }
         }
     }
     backend.close().await;

@@ -372,3 +372,67 @@ fn release_node_refuses_bad_arguments() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("release-node"));
 }
+
+fn import(conf: &Value, pools: &Value) -> std::process::Output {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (file, input) = (dir.path().join("net.conf"), dir.path().join("ippools.json"));
+    std::fs::write(&file, conf.to_string()).expect("write conf");
+    std::fs::write(&input, pools.to_string()).expect("write ippools");
+    std::process::Command::new(BIN)
+        .arg("import-whereabouts")
+        .arg(&input)
+        .arg("--config")
+        .arg(&file)
+        .output()
+        .expect("run import-whereabouts")
+}
+
+#[test]
+fn whereabouts_allocations_import_as_bindings_so_no_address_changes() {
+    let h = host();
+    let conf = netconf(
+        "1.0.0",
+        "macvlan-net",
+        json!({"type": "idalloc-ipam", "pool": "wa", "subnet": "10.27.0.0/24", "store": h.store,
+               "node": "n1"}),
+    );
+    // `kubectl get ippools.whereabouts.cni.cncf.io -A -o json`: allocations keyed by offset.
+    let pools = json!({"apiVersion": "v1", "kind": "List", "items": [
+        {"metadata": {"name": "10.27.0.0-24"}, "spec": {"range": "10.27.0.0/24", "allocations": {
+            "5": {"id": "podA", "podref": "default/a", "ifname": "net1"},
+            "77": {"id": "podB", "podref": "default/b"}}}},
+        {"metadata": {"name": "10.99.0.0-24"}, "spec": {"range": "10.99.0.0/24", "allocations": {
+            "9": {"id": "elsewhere", "podref": "default/x"}}}}]});
+    let out = import(&conf, &pools);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let answer: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(answer["imported"], 2);
+    // The imported attachments keep their addresses (what their runtime's ADD or CHECK asks)...
+    let mut check = conf.clone();
+    check["prevResult"] = json!({"ips": [{"address": "10.27.0.77/24"}]});
+    assert!(exec("CHECK", "podB", "net1", &check).ok, "podB holds .77 without an ADD");
+    assert_eq!(exec("ADD", "podA", "net1", &conf).addresses(), vec!["10.27.0.5/24"]);
+    // ...new attachments never get them...
+    for i in 0..20 {
+        let a = exec("ADD", &format!("new{i}"), "net1", &conf).addresses();
+        assert!(a[0] != "10.27.0.5/24" && a[0] != "10.27.0.77/24", "{a:?}");
+    }
+    // ...and the pod's DEL frees them (the import's reference and the node's).
+    assert!(exec("DEL", "podA", "net1", &conf).ok);
+    assert!(exec("DEL", "podB", "net1", &conf).ok);
+    check["prevResult"] = json!({"ips": [{"address": "10.27.0.5/24"}]});
+    assert_eq!(exec("CHECK", "podA", "net1", &check).err_code(), 101);
+    check["prevResult"] = json!({"ips": [{"address": "10.27.0.77/24"}]});
+    assert_eq!(exec("CHECK", "podB", "net1", &check).err_code(), 101);
+    // An allocation whose address another attachment holds is refused, naming it.
+    let taken = exec("ADD", "holder", "net1", &conf).addresses()[0].clone();
+    let offset = taken.trim_end_matches("/24").rsplit('.').next().expect("offset").to_string();
+    let clash = json!({"metadata": {"name": "x"}, "spec": {"range": "10.27.0.0/24",
+        "allocations": {offset: {"id": "podC", "podref": "default/c", "ifname": "net1"}}}});
+    let out = import(&conf, &clash);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(taken.trim_end_matches("/24")) && err.contains("taken"), "{err}");
+    check["prevResult"] = json!({"ips": []});
+    assert_eq!(exec("CHECK", "podC", "net1", &check).err_code(), 101, "nothing bound for podC");
+}
