@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-pub use idalloc::store::url::{redact_store, redact_urls, store_url, StoreUrl, STORE_RULE};
+pub use idalloc::store::url::{redact_store, redact_urls, store_url, StoreUrl};
 
 /// Accepted duration forms, quoted in every duration error.
 pub const DURATION_RULE: &str =
