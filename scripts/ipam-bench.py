@@ -77,7 +77,7 @@ def main():
         }
         print(f"# {a.n} ADD+DEL pairs, one exec at a time; then {a.throughput} ADDs from "
               f"{a.nodes} nodes (one exec at a time per node)")
-        print("| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 | 1,000 ADDs, 10 nodes |")
+        print(f"| plugin | ADD p50 | ADD p99 | DEL p50 | DEL p99 | {a.throughput} ADDs, {a.nodes} nodes |")
         print("|---|---|---|---|---|---|")
         for name, (plugin, ipam_conf) in contenders.items():
             adds, dels = [], []
