@@ -30,6 +30,10 @@ python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+# The CNI bridge plugin and ping: the IPAM plugin's test with the real bridge plugin in network
+# namespaces (crates/idalloc-ipam/tests/bridge.rs; root only, it prints why it skips otherwise).
+[ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+command -v ping >/dev/null 2>&1 || missing+=(iputils-ping)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "test.sh: installing ${missing[*]}" >&2
     sudo=()

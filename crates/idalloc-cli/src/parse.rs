@@ -5,17 +5,11 @@
 
 use std::time::Duration;
 
-use idalloc::store::etcd::Password;
+pub use idalloc::store::url::{redact_store, redact_urls, store_url, StoreUrl};
 
 /// Accepted duration forms, quoted in every duration error.
 pub const DURATION_RULE: &str =
     "a duration is a whole number with a unit ms, s, m or h (e.g. 250ms, 30s, 5m, 1h), or 0";
-
-/// Accepted store forms, quoted in every store URL error.
-pub const STORE_RULE: &str =
-    "accepted stores: file:PATH (a local file, default file:idalloc.redb), \
-     memory: (throwaway, this process only), etcd://HOST:PORT[,HOST:PORT...] (with a user: \
-     etcd://USER@HOST:PORT), http://HOST:PORT[,...] or https://HOST:PORT[,...]";
 
 /// Parses `30s`, `5m`, `1h`, `250ms` or `0`. A bare number other than 0 is refused: `30` could mean
 /// seconds or milliseconds, and guessing wrong by a factor of 1000 is worse than asking.
@@ -81,165 +75,6 @@ pub fn hex_bits(s: &str) -> Result<u64, String> {
     u64::from_str_radix(digits, 16).map_err(|_| format!("{s:?} does not fit in 64 bits: {RULE}"))
 }
 
-/// Where the data lives.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum StoreUrl {
-    /// A `redb` file on this machine.
-    File(String),
-    /// An in-memory store that disappears with the process.
-    Memory,
-    /// etcd client URLs (`http://host:port`, `https://host:port`, or a bare `host:port` whose
-    /// scheme the TLS flags decide, see `connect`), and credentials from the URL's user info.
-    Etcd { endpoints: Vec<String>, user: Option<String>, password: Option<Password> },
-}
-
-impl StoreUrl {
-    /// "file", "memory" or "etcd".
-    pub fn kind(&self) -> &'static str {
-        match self {
-            StoreUrl::File(_) => "file",
-            StoreUrl::Memory => "memory",
-            StoreUrl::Etcd { .. } => "etcd",
-        }
-    }
-
-    /// The path or the endpoints, for humans. Never the credentials.
-    pub fn endpoint(&self) -> String {
-        match self {
-            StoreUrl::File(p) => p.clone(),
-            StoreUrl::Memory => "(this process)".to_string(),
-            StoreUrl::Etcd { endpoints, .. } => endpoints.join(","),
-        }
-    }
-}
-
-/// `s` with the password of an `etcd://user:password@...` URL replaced by `***`, for messages.
-pub fn redact_store(s: &str) -> String {
-    let Some(rest) = s.strip_prefix("etcd://") else { return s.to_string() };
-    match rest.rsplit_once('@') {
-        Some((userinfo, hosts)) => match userinfo.split_once(':') {
-            Some((user, _)) => format!("etcd://{user}:***@{hosts}"),
-            None => s.to_string(),
-        },
-        None => s.to_string(),
-    }
-}
-
-/// `text` with every `etcd://user:password@` in it redacted as [`redact_store`] does: for messages
-/// that quote the command line (clap's "invalid value '...'").
-pub fn redact_urls(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut rest = text;
-    while let Some(at) = rest.find("etcd://") {
-        out.push_str(&rest[..at]);
-        let tail = &rest[at..];
-        let end =
-            tail.find(|c: char| c.is_whitespace() || c == '\'' || c == '"').unwrap_or(tail.len());
-        out.push_str(&redact_store(&tail[..end]));
-        rest = &tail[end..];
-    }
-    out.push_str(rest);
-    out
-}
-
-/// Decodes `%XX` escapes (URL user info), so a password may hold `@`, `:` or `,`.
-fn percent_decode(s: &str, whole: &str) -> Result<String, String> {
-    let bytes = s.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        if bytes[i] == b'%' {
-            let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
-            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                Some(b) => {
-                    out.push(b);
-                    i += 3;
-                    continue;
-                }
-                None => {
-                    return Err(format!(
-                        "store {:?} has a bad %-escape in its user info: {STORE_RULE}",
-                        redact_store(whole)
-                    ))
-                }
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    String::from_utf8(out).map_err(|_| {
-        format!("store {:?} has user info that is not UTF-8: {STORE_RULE}", redact_store(whole))
-    })
-}
-
-/// Parses `file:PATH`, `memory:`, `etcd://[USER[:PASSWORD]@]HOST:PORT[,HOST:PORT...]` or
-/// `http[s]://HOST:PORT[,http[s]://HOST:PORT...]` (the scheme on later members is optional).
-/// Messages never repeat a password.
-pub fn store_url(s: &str) -> Result<StoreUrl, String> {
-    if let Some(path) = s.strip_prefix("file:") {
-        // `file://` URLs carry an absolute path after the authority; accept `file:///x` as `/x`.
-        let path = path.strip_prefix("//").unwrap_or(path);
-        if path.is_empty() {
-            return Err(format!("store {s:?} names no file: {STORE_RULE}"));
-        }
-        return Ok(StoreUrl::File(path.to_string()));
-    }
-    if s == "memory:" || s == "memory" {
-        return Ok(StoreUrl::Memory);
-    }
-    let shown = redact_store(s);
-    let (mut user, mut password) = (None, None);
-    let (members, default_scheme) = if let Some(rest) = s.strip_prefix("etcd://") {
-        let hosts = match rest.rsplit_once('@') {
-            Some((userinfo, hosts)) => {
-                let (u, p) = match userinfo.split_once(':') {
-                    Some((u, p)) => (u, Some(p)),
-                    None => (userinfo, None),
-                };
-                if u.is_empty() {
-                    return Err(format!("store {shown:?} has an empty user name: {STORE_RULE}"));
-                }
-                user = Some(percent_decode(u, s)?);
-                password = p.map(|p| percent_decode(p, s)).transpose()?.map(Password::new);
-                hosts
-            }
-            None => rest,
-        };
-        (hosts, "")
-    } else if s.starts_with("http://") {
-        (s, "http://")
-    } else if s.starts_with("https://") {
-        (s, "https://")
-    } else {
-        return Err(format!("unknown store {shown:?}: {STORE_RULE}"));
-    };
-    let mut endpoints = Vec::new();
-    for m in members.split(',') {
-        let (scheme, hp) = if let Some(hp) = m.strip_prefix("http://") {
-            ("http://", hp)
-        } else if let Some(hp) = m.strip_prefix("https://") {
-            ("https://", hp)
-        } else {
-            (default_scheme, m)
-        };
-        let hp = hp.trim_end_matches('/');
-        let ok = match hp.rsplit_once(':') {
-            Some((host, port)) => {
-                !host.is_empty()
-                    && !host.contains(['/', '@'])
-                    && port.parse::<u16>().is_ok_and(|p| p != 0)
-            }
-            None => false,
-        };
-        if !ok {
-            let m = if m.contains('@') { "(with user info)" } else { m };
-            return Err(format!("store {shown:?} has member {m:?}, not HOST:PORT: {STORE_RULE}"));
-        }
-        endpoints.push(format!("{scheme}{hp}"));
-    }
-    Ok(StoreUrl::Etcd { endpoints, user, password })
-}
-
 /// The default holder of durable references: the user's name, so that `release` by the same user
 /// finds the reference `acquire` made.
 pub fn default_holder(user: Option<String>, logname: Option<String>) -> String {
@@ -254,6 +89,7 @@ pub fn default_holder(user: Option<String>, logname: Option<String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use idalloc::store::etcd::Password;
 
     #[test]
     fn durations() {

@@ -616,7 +616,7 @@ impl Pool {
     }
 
     /// A preferred ID is used only if it is one this pool could allocate.
-    fn usable_hint(&self, id: Option<u64>) -> Option<u64> {
+    pub(super) fn usable_hint(&self, id: Option<u64>) -> Option<u64> {
         let spec = &self.state.spec;
         id.filter(|id| spec.strip_prefix(*id).is_some_and(|raw| spec.is_allocatable(raw)))
     }

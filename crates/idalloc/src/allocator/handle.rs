@@ -142,12 +142,35 @@ impl Pool {
         Ok(a)
     }
 
+    /// [`Pool::acquire_durable`] with a preferred ID: `id` is used if it is free or already this
+    /// key's, else the key gets a normal pick; an `id` the pool cannot allocate is ignored. What a
+    /// caller that lost its binding but still uses the ID (a container that kept its address
+    /// while its record was reclaimed) asks, so that the ID it uses comes back to it if it can.
+    pub async fn acquire_durable_with_hint(
+        &self,
+        key: &str,
+        holder: &str,
+        id: u64,
+    ) -> Result<Acquired> {
+        let f = self.acquire_durable_hinted(key, holder, self.usable_hint(Some(id)));
+        crate::metrics::timed(self.spec().name(), "acquire_durable", f).await
+    }
+
     async fn acquire_durable_untimed(&self, key: &str, holder: &str) -> Result<Acquired> {
+        self.acquire_durable_hinted(key, holder, None).await
+    }
+
+    async fn acquire_durable_hinted(
+        &self,
+        key: &str,
+        holder: &str,
+        hint: Option<u64>,
+    ) -> Result<Acquired> {
         validate_key(key)?;
         validate_durable_holder(holder)?;
         let _key = self.state.lock_key(key).await;
         let a =
-            self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, None).await?;
+            self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, hint).await?;
         self.until_cached(&[(key, a.id)], &[]).await;
         Ok(a)
     }

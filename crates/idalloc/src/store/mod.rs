@@ -25,6 +25,7 @@ pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod listing;
+pub mod url;
 mod window;
 
 pub use window::prefix_end;
