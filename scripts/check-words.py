@@ -62,7 +62,7 @@ RULES = [
     ("branch name", re.compile(r"\bmerg(?:e|ed|ing)\s+main\b", re.I)),
     ("work session", re.compile(r"\b(?:since|before|after|in)\s+this\s+session\b(?!'s\s+(?:lease|holder|id|keys?)\b)", re.I)),
     ("work session", re.compile(r"\bthis\s+session's\s+changes?\b", re.I)),
-    ("work session", re.compile(r"\bthis\s+session\b(?!'s)", re.I)),
+    ("work session", re.compile(r"(?<!\bon )(?<!\bof )\bthis\s+session\b(?!'s)", re.I)),
     ("branch name", re.compile(r"\b(?:on|merged)\s+main\b|\bmain's\b")),
     ("people at the machine", re.compile(r"\bengineers?\b", re.I)),
     ("people at the machine", re.compile(r"\bdevelopers?\s+compiling\b", re.I)),
@@ -147,7 +147,7 @@ PLANTED = [
      "A client session holds a lease; session ids are `<lease><secret>`; the session lease\n"
      "expires. Session 1000 holds k. A test helper opens the pool. The leader of etcd.\n"
      "Sessions are usable on every replica. Items are listed 100 at a time.\n"
-     "The else branch of this txn; this branch of the txn; in this session's lease.\n"
+     "The else branch of this txn; this branch of the txn; in this session's lease; a key acquired on this session.\n"
      "fn main() {} // the main thread; the domain's main loop\n"
      "[a link](#anchor) and a colour &#38; and issue-free text; lead times; leads to.\n",
      []),

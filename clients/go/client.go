@@ -1,5 +1,5 @@
 // Package idalloc is a Go client of `idalloc serve`, the HTTP service of the idalloc distributed
-// ID allocator (docs/api.md). It gives a Go agent what a process linking the Rust library gets:
+// ID allocator (docs/guide/api.md). It gives a Go agent what a process linking the Rust library gets:
 // the same ID for a key on every node, IDs that return to their pool when the agent dies (client
 // sessions, renewed in the background), a local view of a pool fed by the service's watch, and
 // failover between the service's replicas.
@@ -190,7 +190,7 @@ func backoffDelay(base, max time.Duration, attempt, n int, retryAfter time.Durat
 	return d
 }
 
-// retryable reports whether an error answer is retried on the next endpoint (docs/api.md):
+// retryable reports whether an error answer is retried on the next endpoint (docs/guide/api.md):
 // unavailable, overloaded, rate_limited (after Retry-After), pool_replaced, a proxy's 502–504.
 func retryable(status int, kind Kind) bool {
 	return (&Error{Status: status, Kind: kind}).Retryable()

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Kind is the service's error kind (the "kind" field of its JSON errors, docs/api.md).
+// Kind is the service's error kind (the "kind" field of its JSON errors, docs/guide/api.md).
 type Kind string
 
 // A sentinel for each error kind of the service, for errors.Is:
@@ -90,7 +90,7 @@ func (e *Error) Is(target error) bool {
 }
 
 // Retryable reports whether the same call may succeed if repeated, on this or another replica:
-// unavailable, overloaded, rate_limited, pool_replaced, or a proxy's 502–504 (docs/api.md).
+// unavailable, overloaded, rate_limited, pool_replaced, or a proxy's 502–504 (docs/guide/api.md).
 func (e *Error) Retryable() bool {
 	switch e.Kind {
 	case "unavailable", "overloaded", "rate_limited", "pool_replaced":

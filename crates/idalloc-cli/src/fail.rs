@@ -28,7 +28,7 @@ pub const EXHAUSTED: u8 = 6;
 /// killed): the command stops quietly, since its output is no longer wanted.
 pub const PIPE_CLOSED: u8 = 141;
 
-/// The exit-code table of `--help` and docs/cli.md, one place for both (a test compares them).
+/// The exit-code table of `--help` and docs/guide/cli.md, one place for both (a test compares them).
 #[cfg(test)]
 pub const TABLE: &[(u8, &str)] = &[
     (OK, "success"),
@@ -169,17 +169,17 @@ pub fn clap_line(rendered: &str) -> String {
 mod tests {
     use super::*;
 
-    /// The table of `--help` and the one of docs/cli.md say what `TABLE` says, code by code.
+    /// The table of `--help` and the one of docs/guide/cli.md say what `TABLE` says, code by code.
     #[test]
     fn exit_code_tables_agree() {
         let help = crate::cli::TOP_HELP;
-        let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/cli.md");
-        let doc = std::fs::read_to_string(doc_path).expect("docs/cli.md");
+        let doc_path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/guide/cli.md");
+        let doc = std::fs::read_to_string(doc_path).expect("docs/guide/cli.md");
         for (code, meaning) in TABLE {
             let line = format!("  {code:<4} {meaning}\n");
             assert!(help.contains(&line), "--help lacks {line:?}");
             let row = format!("| {code} | {} |\n", meaning.replace('|', "\\|"));
-            assert!(doc.contains(&row), "docs/cli.md lacks {row:?}");
+            assert!(doc.contains(&row), "docs/guide/cli.md lacks {row:?}");
         }
         let listed = help.lines().skip_while(|l| !l.starts_with("Exit codes:")).skip(1);
         assert_eq!(listed.take_while(|l| l.starts_with("  ")).count(), TABLE.len());

@@ -158,7 +158,8 @@ pub async fn run(settings: &Settings, a: &ServeArgs, json_logs: bool) -> Result<
     if json_logs {
         listening_json(addr);
     } else {
-        crate::commands::Out { json: false, no_headers: false }.text(&format!("listening on {addr}\n"))?;
+        crate::commands::Out { json: false, no_headers: false }
+            .text(&format!("listening on {addr}\n"))?;
     }
     let served = match tls {
         Some(tls) => {

@@ -1,6 +1,6 @@
 //! The real `idalloc` binary as a Unix tool: a closed stdout, a typo, a missing directory, a store
 //! that does not answer, a full pool, each with the exit code and the one line documented in
-//! docs/cli.md ("Exit codes and errors").
+//! docs/guide/cli.md ("Exit codes and errors").
 
 use std::path::PathBuf;
 use std::process::{Command, Output, Stdio};

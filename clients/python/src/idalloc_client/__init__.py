@@ -1,6 +1,6 @@
 """A client of ``idalloc serve`` for Python, standard library only (Python >= 3.9).
 
-Talks to the service's HTTP API (docs/api.md). A :class:`Session` holds IDs for as long as it is
+Talks to the service's HTTP API (docs/guide/api.md). A :class:`Session` holds IDs for as long as it is
 renewed: if this process dies, its references vanish after the session's TTL, exactly as they
 would for a process linking the Rust library.
 
@@ -15,7 +15,7 @@ would for a process linking the Rust library.
         ...
         s.release(vni, "tenant-blue")
 
-A service run with --auth-tokens and TLS (docs/security.md) takes a bearer token, a CA file and,
+A service run with --auth-tokens and TLS (docs/guide/security.md) takes a bearer token, a CA file and,
 for mutual TLS, a client certificate:
 
     c = Client("https://idalloc.example:7379", token=open("/run/secrets/idalloc-token").read().strip(),

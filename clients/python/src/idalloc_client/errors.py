@@ -1,6 +1,6 @@
 """One exception hierarchy for everything the client raises.
 
-Every error answer of the service (``{"kind", "message"}`` with a status, docs/api.md) is an
+Every error answer of the service (``{"kind", "message"}`` with a status, docs/guide/api.md) is an
 :class:`IdallocError` of the subclass of its kind; no answer at all (refused, reset, timed out,
 TLS failed) is a :class:`TransportError`, never a bare ``URLError`` or ``OSError``. No text,
 ``repr`` or log line of the client holds a session id or a token.
@@ -31,7 +31,7 @@ class IdallocError(Exception):
 
     @property
     def retryable(self) -> bool:
-        """Whether the same call may succeed on this or another replica (docs/api.md)."""
+        """Whether the same call may succeed on this or another replica (docs/guide/api.md)."""
         if self.kind in RETRYABLE_KINDS:
             return True
         return self.kind == "" and 502 <= self.status <= 504
