@@ -326,8 +326,8 @@ fn restricted_admins_and_allocate_clients_act_only_on_their_own_sessions() {
         v
     };
     // Each sees its own only; the unrestricted administrator sees all three.
-    assert_eq!(listed(adm), [adm_holder.clone()]);
-    assert_eq!(listed(ta), [a_holder.clone()]);
+    assert_eq!(listed(adm), [adm_holder.as_str()]);
+    assert_eq!(listed(ta), [a_holder.as_str()]);
     let mut all = vec![a_holder.clone(), b_holder.clone(), adm_holder.clone()];
     all.sort();
     assert_eq!(listed(root), all);
