@@ -25,6 +25,8 @@ pub mod embedded;
 #[cfg(feature = "etcd")]
 pub mod etcd;
 pub mod listing;
+// Opening a store from a URL needs both stores.
+#[cfg(all(feature = "embedded", feature = "etcd"))]
 pub mod url;
 mod window;
 
