@@ -578,7 +578,10 @@ fn metrics_parse_and_move_with_operations() {
                     "reason",
                     "status",
                     "le",
-                    "quantile"
+                    "quantile",
+                    // idalloc_build_info's, one series per process
+                    "version",
+                    "git_sha"
                 ]
                 .contains(&k.as_str()),
                 "unexpected label {k}"
