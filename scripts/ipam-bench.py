@@ -3,7 +3,7 @@
 ADDs from 10 simulated nodes, for idalloc-ipam through `idalloc serve`, idalloc-ipam directly on
 etcd, and host-local (the lower bound of a per-node allocator), in one run on one machine.
 
-Usage (docs/ipam.md, "IPAM latency and throughput"):
+Usage (docs/benchmarks/ipam.md):
     flock /work/bench.lock python3 scripts/ipam-bench.py [--bin-dir target/release] [--n 200]
 
 Needs etcd on PATH and /usr/lib/cni/host-local. Starts its own single-member etcd and one

@@ -179,6 +179,10 @@ python3 scripts/check-words.py
 # the README leads somewhere (mdbook checks neither anchors nor pages outside SUMMARY.md).
 python3 scripts/check-links.py --self-test
 python3 scripts/check-links.py
+# The release binary carries no debug info (CI does not build a release to weigh it; the check
+# reads the profile instead: scripts/check-release-profile.py says why that is enough).
+python3 scripts/check-release-profile.py --self-test
+python3 scripts/check-release-profile.py
 book_log="$(mdbook build 2>&1)" || { echo "$book_log" >&2; exit 1; }
 if grep -E 'WARN|ERROR' <<<"$book_log" >&2; then
     echo "test.sh: mdbook build printed warnings (above)" >&2
@@ -186,6 +190,10 @@ if grep -E 'WARN|ERROR' <<<"$book_log" >&2; then
 fi
 # The API docs build without broken or private links (the crate docs carry the guarantee map).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
+# The public API of idalloc and idalloc-client keeps every item listed in api/*.txt (a removal is a
+# breaking change; docs/design/compatibility.md). Self-test first: a planted missing item must fail.
+python3 scripts/public-api.py --self-test
+python3 scripts/public-api.py
 # The model checker (docs/design/model-checking.md) with its output, so that the state
 # counts and the sabotage traces are in the log. `--workspace` resolves features as the workspace
 # run below does, so nothing is compiled twice; that run leaves the model's crate out (its only
@@ -207,12 +215,14 @@ cargo test --workspace --exclude idalloc-model --no-fail-fast "$@" || status=$?
 
 # --- the Go and Python clients --------------------------------------------------------------------
 # Both against a real serve (the idalloc binary the run above built) on this run's etcd, failover
-# included; then the example agents of the Go, Python and Rust clients against one serve, which
+# included; then the example agents of the Go, Python and Rust clients against one serve (and the
+# Rust library's on its store), which
 # must agree on every key's ID (clients/go/agents_test.go). Their caches and installs stay under
 # target/, so a fresh clone needs nothing else.
 cargo build --workspace --examples --quiet
 root="$PWD"
 export IDALLOC_BIN="$root/target/debug/idalloc" IDALLOC_RUST_AGENT="$root/target/debug/examples/agent"
+export IDALLOC_RUST_LIB_AGENT="$root/target/debug/examples/lib_agent"
 export GOCACHE="$root/target/go/cache" GOPATH="$root/target/go/path" GOPROXY=off
 (cd clients/go && go vet ./... && go test -count=1 ./...) || status=$?
 # The Python package, installed from its directory with pytest into a directory of its own (the

@@ -13,19 +13,23 @@ import (
 
 // The example agents of the three clients (Go: examples/agent; Python:
 // clients/python/examples/agent.py; Rust: crates/idalloc-client/examples/agent.rs, built by
-// cargo, its path in IDALLOC_RUST_AGENT) do the same job against one serve, one after the
-// other, while a durable holder keeps the 100 keys bound: each must see the same ID for each key
-// as the holder got, watch them all in its view, and release all 100 of its references.
+// cargo, its path in IDALLOC_RUST_AGENT) and the library's (crates/idalloc/examples/lib_agent.rs,
+// its path in IDALLOC_RUST_LIB_AGENT, on the serve's store and prefix directly) do the same job,
+// one after the other, while a durable holder keeps the 100 keys bound: each must see the same
+// ID for each key as the holder got, watch them all in its view, and release all 100 of its
+// references.
 func TestTheExampleAgentsAgree(t *testing.T) {
-	rust := os.Getenv("IDALLOC_RUST_AGENT")
+	rust, rustLib := os.Getenv("IDALLOC_RUST_AGENT"), os.Getenv("IDALLOC_RUST_LIB_AGENT")
 	python, err := exec.LookPath("python3")
-	if rust == "" || err != nil {
+	if rust == "" || rustLib == "" || err != nil {
 		if os.Getenv("CI") != "" {
-			t.Fatalf("IDALLOC_RUST_AGENT (%q) and python3 (%v) are required under CI", rust, err)
+			t.Fatalf("IDALLOC_RUST_AGENT (%q), IDALLOC_RUST_LIB_AGENT (%q) and python3 (%v) are required under CI", rust, rustLib, err)
 		}
-		t.Skip("IDALLOC_RUST_AGENT not set or no python3")
+		t.Skip("IDALLOC_RUST_AGENT or IDALLOC_RUST_LIB_AGENT not set, or no python3")
 	}
-	s := startServe(t, uniquePrefix(t))
+	prefix := uniquePrefix(t)
+	_, store := requireEnv(t)
+	s := startServe(t, prefix)
 	ctx := testCtx(t)
 	c := newClient(t, Options{Endpoints: []string{s.url("http")}})
 	if _, err := c.EnsurePool(ctx, PoolSpec{Name: "agents", Min: 1, Max: 65535}); err != nil {
@@ -51,12 +55,13 @@ func TestTheExampleAgentsAgree(t *testing.T) {
 	}
 	pyDir, _ := filepath.Abs("../python")
 	agents := map[string]*exec.Cmd{
-		"go":     exec.CommandContext(ctx, goAgent, s.url("http"), "agents"),
-		"rust":   exec.CommandContext(ctx, rust, s.url("http"), "agents"),
-		"python": exec.CommandContext(ctx, python, filepath.Join(pyDir, "examples", "agent.py"), s.url("http"), "agents"),
+		"go":           exec.CommandContext(ctx, goAgent, s.url("http"), "agents"),
+		"rust":         exec.CommandContext(ctx, rust, s.url("http"), "agents"),
+		"python":       exec.CommandContext(ctx, python, filepath.Join(pyDir, "examples", "agent.py"), s.url("http"), "agents"),
+		"rust-library": exec.CommandContext(ctx, rustLib, store, prefix, "agents"),
 	}
 	agents["python"].Env = append(os.Environ(), "PYTHONPATH="+filepath.Join(pyDir, "src"))
-	for _, name := range []string{"go", "rust", "python"} {
+	for _, name := range []string{"go", "rust", "python", "rust-library"} {
 		got := runAgent(ctx, t, name, agents[name])
 		if got.Agent != name || got.Pool != "agents" || got.Watched != 100 || got.Released != 100 {
 			t.Errorf("%s: %+v", name, got)

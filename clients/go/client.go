@@ -190,7 +190,7 @@ func backoffDelay(base, max time.Duration, attempt, n int, retryAfter time.Durat
 	return d
 }
 
-// retryable reports whether an error answer is retried on the next endpoint (docs/guide/api.md):
+// retryable reports whether an error answer is retried on the next endpoint (docs/guide/clients.md):
 // unavailable, overloaded, rate_limited (after Retry-After), pool_replaced, a proxy's 502–504.
 func retryable(status int, kind Kind) bool {
 	return (&Error{Status: status, Kind: kind}).Retryable()

@@ -127,6 +127,25 @@ func (c *Client) ListPools(ctx context.Context) ([]PoolSpec, error) {
 	return out.Pools, nil
 }
 
+// ResizePool gives the pool the range [min, max] and, if reserved is not nil, those reserved
+// ranges (nil: its reserved IDs inside the new range stay). Growing always succeeds; narrowing
+// while an ID it would exclude is bound or quarantined is ErrPoolInUse, naming the ID and its key.
+// It returns the spec now in force.
+func (c *Client) ResizePool(ctx context.Context, name string, min, max uint64, reserved [][2]uint64) (*PoolSpec, error) {
+	if err := checkPool(name); err != nil {
+		return nil, err
+	}
+	body := map[string]any{"min": min, "max": max}
+	if reserved != nil {
+		body["reserved"] = reserved
+	}
+	var out PoolSpec
+	if err := c.call(ctx, "pool resize", http.MethodPatch, "/v1/pools/"+seg(name), body, &out, ""); err != nil {
+		return nil, err
+	}
+	return &out, nil
+}
+
 // DeletePool deletes the pool (with force, its bindings too); false if there was none. A pool
 // with records, without force, is ErrPoolInUse.
 func (c *Client) DeletePool(ctx context.Context, name string, force bool) (bool, error) {

@@ -45,6 +45,13 @@ func TestPoolsAreEnsuredShownListedAndDeleted(t *testing.T) {
 	if _, err := p.AcquireDurable(ctx, "cfg", "k"); err != nil {
 		t.Fatal(err)
 	}
+	grown, err := c.ResizePool(ctx, "vni", 10, 29, nil)
+	if err != nil || grown.Max != 29 || len(grown.Reserved) != 1 {
+		t.Fatal(grown, err)
+	}
+	if _, err := c.ResizePool(ctx, "vni", 13, 29, nil); !errors.Is(err, ErrPoolInUse) || !strings.Contains(err.Error(), `ID 12 is bound to key "k"`) {
+		t.Fatalf("a shrink over a bound ID: %v", err)
+	}
 	if _, err := c.DeletePool(ctx, "vni", false); !errors.Is(err, ErrPoolInUse) {
 		t.Fatalf("a pool with records: %v", err)
 	}

@@ -132,6 +132,11 @@ def test_pools_are_ensured_shown_listed_and_deleted(start_serve) -> None:
         c.show_pool("nope")
     assert [p["name"] for p in c.list_pools()] == ["vni"]
     c.pool("vni").acquire_durable("cfg", "k")
+    grown = c.resize_pool("vni", 10, 29)
+    assert (grown["max"], grown["reserved"]) == (29, [[10, 11]])
+    with pytest.raises(ia.PoolInUse, match='ID 12 is bound to key "k"'):
+        c.resize_pool("vni", 13, 29)
+    assert c.show_pool("vni")["capacity"] == 18
     with pytest.raises(ia.PoolInUse):
         c.delete_pool("vni")
     assert c.delete_pool("vni", force=True) is True

@@ -1,6 +1,6 @@
 //! Writes `docs/benchmarks/scale-cost.svg` from `docs/benchmarks/scale-cost.csv` (a listing command's
 //! cost per binding against the pool's size; the figures and how they were measured are in
-//! docs/benchmarks/scale.md, "Linear cost and bounded memory").
+//! docs/benchmarks/scale.md, "Linear cost").
 //!
 //! ```sh
 //! cargo run -p idalloc-bench --example scale_cost [-- CSV SVG]

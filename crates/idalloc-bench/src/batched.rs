@@ -48,7 +48,7 @@ pub struct Shape {
 /// durable as `acquire --from` writes them, 8 requests in flight. A sweep over keys per txn (25 to
 /// 124, the most etcd's 128-op level budget allows with 4 compares per key), nesting (up to 800
 /// keys per request), hoisted shared compares and 1 to 64 requests in flight
-/// (`--ceiling-sweep`, docs/benchmarks/findings.md "Batching targets") found no shape faster
+/// (`--ceiling-sweep`, docs/benchmarks/findings.md, the 8× target) found no shape faster
 /// than this one beyond the run-to-run noise: past 2 to 8 requests in flight etcd's serial apply is
 /// the queue, and more keys per request save only its per-request cost (a few µs of etcd CPU per key).
 pub const CEILING: Shape = Shape {
@@ -188,12 +188,14 @@ fn won(responses: &[OpResponse], grouped: bool) -> usize {
 /// must get its old ID back.
 pub async fn restore(n: usize) -> Result<(f64, f64), String> {
     let etcd = EtcdServer::start().await?;
-    let opts = |holder: &str| AllocatorOptions {
-        prefix: "idalloc".into(),
-        holder: Some(holder.to_string()),
-        session_ttl: SESSION_TTL,
-        request_timeout: Duration::from_secs(30),
-        ..AllocatorOptions::default()
+    let opts = |holder: &str| {
+        AllocatorOptions::builder()
+            .prefix("idalloc")
+            .holder(holder)
+            .session_ttl(SESSION_TTL)
+            .request_timeout(Duration::from_secs(30))
+            .build()
+            .expect("valid allocator options")
     };
     let spec = PoolSpec::new(POOL, RANGE.0, RANGE.1);
     let a = Allocator::new(counted(&etcd).await?, opts("node")).map_err(|e| err("restore A", e))?;

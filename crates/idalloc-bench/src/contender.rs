@@ -136,13 +136,13 @@ impl IdallocNode {
 
     /// Like [`IdallocNode::start`] with another store prefix.
     pub async fn start_in(store: Counted, index: usize, prefix: &str) -> Result<Self, String> {
-        let opts = AllocatorOptions {
-            prefix: prefix.to_string(),
-            holder: Some(format!("node{index}")),
-            session_ttl: SESSION_TTL,
-            request_timeout: Duration::from_secs(30),
-            ..AllocatorOptions::default()
-        };
+        let opts = AllocatorOptions::builder()
+            .prefix(prefix)
+            .holder(format!("node{index}"))
+            .session_ttl(SESSION_TTL)
+            .request_timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| err("idalloc options", e))?;
         let alloc = Allocator::new(store.clone(), opts).map_err(|e| err("idalloc new", e))?;
         let pool = alloc
             .ensure_pool(&PoolSpec::new(POOL, RANGE.0, RANGE.1))

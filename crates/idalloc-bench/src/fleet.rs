@@ -377,8 +377,11 @@ async fn open_agent(endpoint: &str, holder: String, ttl: Duration) -> Result<Age
     let store = EtcdStore::connect(EtcdOptions::new([endpoint.to_string()]))
         .await
         .map_err(|e| err("agent connect", e))?;
-    let opts =
-        AllocatorOptions { holder: Some(holder), session_ttl: ttl, ..AllocatorOptions::default() };
+    let opts = AllocatorOptions::builder()
+        .holder(holder)
+        .session_ttl(ttl)
+        .build()
+        .map_err(|e| err("agent options", e))?;
     let alloc = Allocator::new(store, opts).map_err(|e| err("agent allocator", e))?;
     let pool = alloc.pool(POOL).await.map_err(|e| err("agent open pool", e))?;
     pool.wait_synced().await.map_err(|e| err("agent sync", e))?;

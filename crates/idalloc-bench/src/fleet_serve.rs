@@ -132,7 +132,11 @@ fn endpoints_of(urls: &[String], i: usize) -> Vec<String> {
 
 /// A new client of agent `i` and its pool handle (a watch only once asked, with `lazy`).
 async fn open_agent(urls: &[String], i: usize, lazy: bool, ttl: Duration) -> Result<Agent, String> {
-    let opts = ClientOptions { lazy_view: lazy, session_ttl: ttl, ..ClientOptions::default() };
+    let opts = ClientOptions::builder()
+        .lazy_view(lazy)
+        .session_ttl(ttl)
+        .build()
+        .map_err(|e| err("agent options", e))?;
     let client = Client::new(endpoints_of(urls, i), opts).map_err(|e| err("agent client", e))?;
     let pool = client.pool(POOL).await.map_err(|e| err("agent open pool", e))?;
     Ok(Agent { _client: client, pool, session: None })

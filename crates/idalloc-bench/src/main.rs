@@ -120,7 +120,7 @@ async fn main() -> Result<(), String> {
                 return Ok(());
             }
             // The batched ceiling over keys per txn × txns in flight, printed (how its best shape
-            // was chosen: docs/benchmarks/findings.md, "Batching targets").
+            // was chosen: docs/benchmarks/findings.md, the 8× target).
             "--ceiling-sweep" => {
                 let n: usize = std::env::var("IDALLOC_SWEEP_KEYS")
                     .ok()

@@ -59,7 +59,7 @@ impl Micro {
         for t in self.ratio_targets() {
             s.push_str(&format!("- {t}\n"));
         }
-        s.push_str("\nWhere `get`'s time goes, and why it stays above 2× of `key_of` within the memory budget (what was tried, measured): [findings.md](findings.md), \"Cached lookups\".\n");
+        s.push_str("\nWhere `get`'s time goes, and why it stays above 2× of `key_of` within the memory budget (what was tried, measured): [why targets are missed](findings.md#cached-get--100-ns-random-and-get--2-key_of).\n");
         s.push_str(&format!("\nPlain loops, {iters} iterations each, on-CPU time of the benchmarking thread, median of {ROUNDS} interleaved rounds; probe keys of {:.0} bytes.\n\n| what | figure |\n|---|---:|\n", self.avg_key_len));
         s.push_str(&format!(
             "| `get(key)`, random over {} bindings | {:.0} ns |\n",

@@ -339,7 +339,7 @@ impl Report {
         if let (Some(one), Some(co)) = (find("one-key"), find("coalesced")) {
             let (c0, e0) = one.per_key_us();
             let (c1, e1) = co.per_key_us();
-            let _ = writeln!(s, "- **coalesced ≥ 3× the one-key ceiling:** per call, the coalesced path costs {:.0} µs of CPU ({c1:.0} client + {e1:.0} etcd) against the one-key ceiling's {:.0} µs ({c0:.0} + {e0:.0}). With both CPU-bound on the same two cores, the ratio cannot pass {:.2}×. A coalesced txn carries only the calls that arrived during the one before it (about 64 ÷ 2 flights in the air), and etcd's CPU per key of such a txn is well above that of a 100-key batch; more flights in the air make the txns smaller, not cheaper (measured: [findings.md](findings.md), \"Batching targets\").", c1 + e1, c0 + e0, (c0 + e0) / (c1 + e1));
+            let _ = writeln!(s, "- **coalesced ≥ 3× the one-key ceiling:** per call, the coalesced path costs {:.0} µs of CPU ({c1:.0} client + {e1:.0} etcd) against the one-key ceiling's {:.0} µs ({c0:.0} + {e0:.0}). With both CPU-bound on the same two cores, the ratio cannot pass {:.2}×. A coalesced txn carries only the calls that arrived during the one before it (about 64 ÷ 2 flights in the air), and etcd's CPU per key of such a txn is well above that of a 100-key batch; more flights in the air make the txns smaller, not cheaper (measured: [why targets are missed](findings.md#coalesced-single-key-acquires--3-the-one-key-ceiling)).", c1 + e1, c0 + e0, (c0 + e0) / (c1 + e1));
         }
         s
     }

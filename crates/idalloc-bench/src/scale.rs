@@ -463,11 +463,11 @@ pub async fn sync_child(url: &str, page: i64, etcd_pid: &str) -> Result<(), Stri
     // `wait_synced` gives up after one request budget without listing progress; applying a
     // 1M-binding listing takes longer than the default budget (10 s × 2) on a loaded machine,
     // so the budget is raised here (docs/benchmarks/scale.md says how long the apply took).
-    let opts = AllocatorOptions {
-        list_page: page,
-        request_timeout: Duration::from_secs(120),
-        ..AllocatorOptions::default()
-    };
+    let opts = AllocatorOptions::builder()
+        .list_page(page)
+        .request_timeout(Duration::from_secs(120))
+        .build()
+        .map_err(|e| e.to_string())?;
     let alloc = Allocator::from_arc(store, opts).map_err(|e| e.to_string())?;
     let (cpu0, etcd0) = (cpu_secs("self"), cpu_secs(etcd_pid));
     let t0 = Instant::now();

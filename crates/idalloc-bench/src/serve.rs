@@ -331,11 +331,9 @@ async fn run_into(
     let addr = Arc::new(service.addr.clone());
 
     let store = etcd.store().await?;
-    let alloc = Allocator::new(
-        store,
-        AllocatorOptions { prefix: "bench-lib".into(), ..AllocatorOptions::default() },
-    )
-    .map_err(|e| e.to_string())?;
+    let opts =
+        AllocatorOptions::builder().prefix("bench-lib").build().map_err(|e| e.to_string())?;
+    let alloc = Allocator::new(store, opts).map_err(|e| e.to_string())?;
     let pool = Arc::new(
         alloc
             .ensure_pool(&PoolSpec::new(POOL, RANGE.0, RANGE.1))

@@ -25,7 +25,7 @@ async fn a_views_sync_allocates_a_few_times_the_snapshot_not_a_copy_per_line() {
     let bin = idalloc_testkit::serve::workspace_bin();
     let serve = Serve::start(&bin.to_string_lossy(), &["--store", "memory:"], &[]);
     let url = serve.http("");
-    let opts = || ClientOptions { session_ttl: Duration::from_secs(120), ..Default::default() };
+    let opts = || ClientOptions::builder().session_ttl(Duration::from_secs(120)).build().unwrap();
 
     // BINDINGS keys held by a session of another client (it stays open through the test).
     let filler = Client::new([&url], opts()).expect("client");

@@ -105,7 +105,7 @@ pub async fn acquire_from(
     concurrency: usize,
     out: Out,
 ) -> Result<(), Failure> {
-    let name = pool.spec().name().to_string();
+    let name = pool.name().to_string();
     acquire_from_with(&name, from, holder, concurrency, out, |chunk| {
         let pool = pool.clone();
         let holder = holder.to_string();
@@ -130,10 +130,9 @@ where
 {
     let input = Input::open(from)?;
     run_batched(input, "acquired", concurrency, call, |w, key, got: &idalloc::Acquired| {
-        if out.json {
-            let line =
-                json!({"pool": name, "key": key, "id": got.id, "new": got.new, "holder": holder});
-            writeln!(w, "{line}")
+        let v = json!({"pool": name, "key": key, "id": got.id, "new": got.new, "holder": holder});
+        if let Some(doc) = out.doc(&v) {
+            w.write_all(doc.as_bytes())
         } else {
             writeln!(w, "{}\t{}", got.id, crate::render::text(key))
         }
@@ -182,10 +181,10 @@ where
 {
     let input = Input::open(from)?;
     run_batched(input, "released", concurrency, call, |w, key, r: &idalloc::Released| {
-        if out.json {
-            let line = json!({"pool": pool_name, "key": key, "holder": holder,
-                                  "released": r.held, "reclaimed": r.reclaimed});
-            writeln!(w, "{line}")
+        let v = json!({"pool": pool_name, "key": key, "holder": holder,
+                       "released": r.held, "reclaimed": r.reclaimed});
+        if let Some(doc) = out.doc(&v) {
+            w.write_all(doc.as_bytes())
         } else {
             match (r.held, r.reclaimed) {
                 (false, _) => writeln!(
@@ -367,7 +366,7 @@ impl Tally {
                 self.unanswered
             ));
         }
-        Failure { code: f.code, message }
+        Failure { code: f.code, kind: f.kind, message }
     }
 }
 
@@ -378,7 +377,8 @@ mod tests {
     #[test]
     fn a_stopped_batch_says_what_it_did() {
         let t = Tally { tried: 1200, done: 1197, failed: 3, unanswered: 0, first: None };
-        let f = Failure { code: crate::fail::CORRUPT, message: "bad record".into() };
+        let f =
+            Failure { code: crate::fail::CORRUPT, kind: "corrupt", message: "bad record".into() };
         let f = t.failure("acquired", 2000, 500, "k499", f);
         assert_eq!(f.code, crate::fail::CORRUPT);
         assert_eq!(

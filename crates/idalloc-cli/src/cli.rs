@@ -10,6 +10,10 @@ use crate::connect::EtcdArgs;
 use crate::parse::{self, IdRange, StoreUrl};
 use crate::remotes::RemoteArgs;
 
+/// The help heading of the flags every command takes (`idalloc options` lists them), so that a
+/// command's `--help` shows its own flags first.
+pub const GLOBAL: &str = "Global options";
+
 /// The most store requests of many keys (up to ~100 keys each) one process keeps in flight at
 /// once (`--bulk-in-flight`, `--concurrency`): etcd applies requests one at a time, so more only
 /// queue there, and 64 of them from 16 clients drove etcd to "too many requests", gigabytes of
@@ -28,8 +32,10 @@ Exit codes:
   141  stdout closed by its reader (e.g. `head`): stopped quietly
 Errors go to stderr as one line starting with 'error: '.
 
---json gives one JSON document on stdout (JSON lines for `watch` and `acquire --from`); the shapes
-are listed in docs/guide/cli.md and in each command's --help.
+-o json (or --json) gives one JSON document on stdout (JSON lines for `watch` and `acquire --from`),
+and errors as {\"kind\",\"message\"} on stderr; -o yaml the same documents in YAML; -o name one pool
+or key name per line; -o wide more columns. The shapes are listed in docs/guide/cli.md and in each
+command's --help. `idalloc options` lists the flags every command takes.
 
 Examples:
   idalloc pool create vni --range 4096-16777215
@@ -49,7 +55,7 @@ pub struct Cli {
     /// Where the data lives: file:PATH, memory: (throwaway), etcd://[USER@]HOST:PORT[,HOST:PORT...],
     /// http[s]://HOST:PORT[,...] [default: file:idalloc.redb, or etcd with --endpoints or
     /// --etcd-config].
-    #[arg(long, global = true, env = "IDALLOC_STORE", hide_env_values = true, value_parser = parse::store_url, value_name = "URL")]
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, env = "IDALLOC_STORE", hide_env_values = true, value_parser = parse::store_url, value_name = "URL")]
     pub store: Option<StoreUrl>,
 
     #[command(flatten)]
@@ -60,7 +66,7 @@ pub struct Cli {
     /// file store that a running serve holds, and for hosts without store credentials.
     #[arg(
         long,
-        global = true,
+        global = true, help_heading = crate::cli::GLOBAL,
         env = "IDALLOC_SERVER",
         value_delimiter = ',',
         value_name = "URL",
@@ -69,44 +75,81 @@ pub struct Cli {
     pub server: Option<Vec<String>>,
 
     /// Bearer token for --server (a service with --auth-tokens): the first line of FILE.
-    #[arg(long, global = true, env = "IDALLOC_TOKEN_FILE", value_name = "FILE")]
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, env = "IDALLOC_TOKEN_FILE", value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
 
     /// Root of every store key (several independent allocators can share one etcd).
     #[arg(
         long,
-        global = true,
+        global = true, help_heading = crate::cli::GLOBAL,
         env = "IDALLOC_PREFIX",
         default_value = "idalloc",
         value_name = "P"
     )]
     pub prefix: String,
 
-    /// One JSON document on stdout (JSON lines for watch and acquire --from).
-    #[arg(long, global = true)]
+    /// Output format: text (the default), json (one document; JSON lines for watch and --from),
+    /// yaml (one document; a `---` document per line for watch and --from), wide (text with more
+    /// columns) or name (one pool or key name per line). Errors are `{"kind","message"}` on stderr
+    /// under json.
+    #[arg(short = 'o', long = "output", global = true, help_heading = crate::cli::GLOBAL, value_enum, value_name = "FORMAT")]
+    pub output: Option<Format>,
+
+    /// The same as -o json.
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL)]
     pub json: bool,
 
     /// Tables (pool list, list) without their header line, for scripts.
-    #[arg(long, global = true)]
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL)]
     pub no_headers: bool,
 
     /// Bound on store requests: each command gives up with exit 5 after about this long when the
     /// store does not answer (3 attempts of a third each). Also sets the default wait for a busy
     /// file store (--lock-timeout): 6 times this.
-    #[arg(long, global = true, default_value = "5s", value_parser = parse::duration, value_name = "DUR")]
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, default_value = "5s", value_parser = parse::duration, value_name = "DUR")]
     pub timeout: Duration,
 
     /// How long to wait for another idalloc process to release a file store [default: 6 x
     /// --timeout, so 30s].
-    #[arg(long, global = true, env = "IDALLOC_LOCK_TIMEOUT", value_parser = parse::duration, value_name = "DUR")]
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, env = "IDALLOC_LOCK_TIMEOUT", value_parser = parse::duration, value_name = "DUR")]
     pub lock_timeout: Option<Duration>,
 
     /// Log format on stderr: text or json. Filter with RUST_LOG (default: off; info for serve).
-    #[arg(long, global = true, env = "IDALLOC_LOG_FORMAT", value_enum, default_value = "text")]
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, env = "IDALLOC_LOG_FORMAT", value_enum, default_value = "text")]
     pub log_format: LogFormat,
 
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The output format of `-o` and `--json`; both given, they must agree.
+    pub fn format(&self) -> Result<Format, crate::fail::Failure> {
+        match (self.output, self.json) {
+            (None, false) => Ok(Format::Text),
+            (None, true) | (Some(Format::Json), _) => Ok(Format::Json),
+            (Some(f), false) => Ok(f),
+            (Some(f), true) => Err(crate::fail::Failure::usage(format!(
+                "--json is -o json, and -o says {}: give one of them",
+                f.to_possible_value().map(|v| v.get_name().to_string()).unwrap_or_default()
+            ))),
+        }
+    }
+}
+
+/// What results are printed as (`-o`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Text for people: a line, a table, a block.
+    Text,
+    /// JSON: one document (JSON lines for streams).
+    Json,
+    /// YAML: one document (a `---` document per item for streams).
+    Yaml,
+    /// Text with more columns where the command has more to show.
+    Wide,
+    /// One pool or key name per line.
+    Name,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -215,9 +258,17 @@ long-lived allocator with a sweep interval for them).
 JSON: {\"dry_run\":false,\"pools\":[{\"pool\":\"vni\",\"reclaimed\":[{\"id\":7,\"key\":\"k\"}],
        \"idle\":0,\"bindings\":12}]}
 
+--holder NODE: releases every durable reference NODE holds (in POOL, or in every pool), each through
+the ordinary release, so a binding another holder still references stays bound. The pools are read
+page by page. Runs through --server too. Try it with --dry-run first.
+JSON: {\"holder\":\"node-7\",\"dry_run\":false,\"pools\":[{\"pool\":\"vni\",\"released\":
+       [{\"id\":7,\"key\":\"k\",\"reclaimed\":true}]}]}
+
 Examples:
   idalloc gc --dry-run
-  idalloc gc vni")]
+  idalloc gc vni
+  idalloc gc --holder node-7 --dry-run
+  idalloc gc --holder node-7 pod-ips")]
     Gc(GcArgs),
 
     /// Audit POOL (or every pool) at one revision: report every record that breaks the layout's
@@ -276,6 +327,10 @@ Examples:
   RUST_LOG=idalloc=debug idalloc --log-format json serve")]
     Serve(ServeArgs),
 
+    /// Show the cluster version (which protocol features are in force) or finalize an upgrade.
+    #[command(subcommand)]
+    Upgrade(UpgradeCommand),
+
     /// Print this client's version, git commit, API and record layout versions; with a store
     /// named (--store, IDALLOC_STORE, --endpoints or --etcd-config), its server's version too.
     #[command(after_help = "\
@@ -297,6 +352,13 @@ build. Installed by nothing. Examples, installing for one user (docs/guide/cli.m
   idalloc completions zsh  > ~/.zfunc/_idalloc      # with fpath+=(~/.zfunc) before compinit
   idalloc completions fish > ~/.config/fish/completions/idalloc.fish")]
     Completions(CompletionsArgs),
+
+    /// List the flags every command takes (global options), with their environment variables.
+    Options,
+
+    /// Complete a value for the shell completion scripts: the pools' names, one per line.
+    #[command(name = "__complete", hide = true)]
+    Complete(CompleteArgs),
 
     /// Print the man page (roff) on stdout, or with --dir write one page per command there.
     /// Needs no store.
@@ -322,6 +384,19 @@ pub struct CompletionsArgs {
     pub shell: ShellArg,
 }
 
+/// What `__complete` lists.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CompleteWhat {
+    Pools,
+}
+
+#[derive(Args, Debug)]
+pub struct CompleteArgs {
+    /// What to list.
+    #[arg(value_enum)]
+    pub what: CompleteWhat,
+}
+
 #[derive(Args, Debug)]
 pub struct ManArgs {
     /// Write idalloc.1 and one page per subcommand (idalloc-pool-create.1, ...) into this
@@ -332,18 +407,23 @@ pub struct ManArgs {
 
 #[derive(Args, Debug)]
 pub struct ServeArgs {
+    /// Read these flags from a TOML file: the long flags' names as keys (`sweep-interval = "30s"`,
+    /// `max-body = 1048576`, `insecure-listen = true`). Flags and environment variables override
+    /// the file; an unknown key is an error.
+    #[arg(long, env = "IDALLOC_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
     /// Address to listen on.
     #[arg(long, env = "IDALLOC_LISTEN", default_value = "127.0.0.1:7379", value_name = "ADDR")]
     pub listen: std::net::SocketAddr,
     /// How often each pool is swept (bindings nobody references are reclaimed).
-    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "30s")]
+    #[arg(long, env = "IDALLOC_SWEEP_INTERVAL", value_parser = parse::duration, value_name = "DUR", default_value = "30s")]
     pub sweep_interval: Duration,
     /// Largest request body accepted (bytes); larger ones get 413.
-    #[arg(long, value_name = "BYTES", default_value = "1048576")]
+    #[arg(long, env = "IDALLOC_MAX_BODY", value_name = "BYTES", default_value = "1048576")]
     pub max_body: usize,
     /// Changes of each watched pool kept in memory for watch streams to read and resume from
     /// (`Last-Event-ID`); a stream further behind is ended with a `lagged` event.
-    #[arg(long, value_name = "CHANGES", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
+    #[arg(long, env = "IDALLOC_WATCH_HISTORY", value_name = "CHANGES", default_value = "10000", value_parser = clap::value_parser!(u32).range(1..))]
     pub watch_history: u32,
     /// Watch-stream wake-ups per second each watched pool aims at, at most: the streams of a
     /// pool are woken together once per window, and the window (10 ms at least, 250 ms at most)
@@ -359,7 +439,7 @@ pub struct ServeArgs {
     #[arg(long, env = "IDALLOC_BULK_IN_FLIGHT", value_name = "TXNS", default_value_t = idalloc::allocator::DEFAULT_BULK_IN_FLIGHT as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_IN_FLIGHT))]
     pub bulk_in_flight: u32,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.
-    #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
+    #[arg(long, env = "IDALLOC_DRAIN_TIMEOUT", value_parser = parse::duration, value_name = "DUR", default_value = "10s")]
     pub drain_timeout: Duration,
     /// After SIGTERM, how long /readyz answers 503 while every request is still served, before
     /// the drain begins: the time a load balancer (a Kubernetes Service's endpoints) takes to
@@ -431,6 +511,32 @@ pub struct ServeArgs {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum UpgradeCommand {
+    /// Print the store's cluster version, the features it puts in force, this build's protocol
+    /// and whether a finalize is pending.
+    #[command(after_help = "\
+JSON: {\"prefix\":\"idalloc\",\"cluster_version\":1,\"recorded\":false,\"features\":[\"holder-fences\"],
+       \"protocol\":2,\"runs_on\":[1,2],\"finalize_pending\":true,\"client_sessions\":0}
+Exit 1 if this build does not run on the store's cluster version.
+
+Processes do not record their build in the store: before finalize, make sure (from your
+deployment) that every process runs this version. docs/guide/deployment.md, \"Upgrades\".
+
+Example:
+  idalloc --store etcd://127.0.0.1:2379 upgrade status")]
+    Status,
+
+    /// Move the cluster version to this build's protocol: the features older builds would break
+    /// go into force. Only once every process of an older build has stopped. Cannot be undone.
+    #[command(after_help = "\
+JSON: {\"prefix\":\"idalloc\",\"from\":1,\"to\":2,\"finalized\":true}   (finalized: false if it was already)
+
+Example:
+  idalloc --store etcd://127.0.0.1:2379 upgrade finalize")]
+    Finalize,
+}
+
+#[derive(Subcommand, Debug)]
 pub enum PoolCommand {
     /// Create pool NAME; succeeds if an equal pool exists, fails (exit 1, showing both specs) if a
     /// different one does.
@@ -462,6 +568,20 @@ JSON: one element of `pool list`'s \"pools\".
 Example:
   idalloc pool show vni")]
     Show(PoolArg),
+
+    /// Give pool NAME a new range (and reserved IDs). Growing always succeeds; narrowing is refused
+    /// (exit 1) while an ID outside the new range, or newly reserved, is bound or quarantined.
+    #[command(after_help = "\
+Without --reserve, the pool's reserved IDs inside the new range stay reserved. The name, prefix,
+strategy and reclaim settings never change. Every process with the pool open learns the new range.
+Prefix pools resize their raw range; the new MAX must leave the prefix bits free.
+
+JSON: the same as `pool create`'s.
+
+Examples:
+  idalloc pool resize vni --range 4096-33554431
+  idalloc pool resize ids --range 1-65535 --reserve 5,7")]
+    Resize(ResizeArgs),
 
     /// Delete pool NAME. Refuses (exit 1) while it has bindings unless --force, which deletes them
     /// too.
@@ -510,6 +630,18 @@ pub struct CreateArgs {
 }
 
 #[derive(Args, Debug)]
+pub struct ResizeArgs {
+    /// Pool name.
+    pub name: String,
+    /// The new inclusive raw ID range, MIN >= 1.
+    #[arg(long, value_parser = parse::id_range, value_name = "MIN-MAX")]
+    pub range: IdRange,
+    /// Raw IDs never handed out, e.g. 5,7,10-20 (replaces the pool's list; '' for none).
+    #[arg(long, value_name = "LIST")]
+    pub reserve: Option<String>,
+}
+
+#[derive(Args, Debug)]
 pub struct DeleteArgs {
     /// Pool name.
     pub name: String,
@@ -536,7 +668,7 @@ pub struct AcquireArgs {
     pub range: Option<IdRange>,
     /// Batches of keys (up to 100 keys, one store request each) in flight at once with --from,
     /// 1 to 32. etcd applies requests one at a time, so more only queue there: 8 was as fast as
-    /// 64 in the benchmark (docs/benchmarks/findings.md, "Batching targets"), and 64 × 100 queued
+    /// 64 in the benchmark (docs/benchmarks/findings.md, the 8× target), and 64 × 100 queued
     /// keys came near the request timeout on a loaded etcd.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=MAX_IN_FLIGHT))]
     pub concurrency: u16,
@@ -623,7 +755,11 @@ pub struct CheckArgs {
 pub struct GcArgs {
     /// Only this pool.
     pub pool: Option<String>,
-    /// Report what would be reclaimed without reclaiming.
+    /// Report what would be reclaimed (or released, with --holder) without changing anything.
     #[arg(long)]
     pub dry_run: bool,
+    /// Release every durable reference of holder NODE instead (a node that is gone); a binding
+    /// is reclaimed when that was its last reference.
+    #[arg(long, value_name = "NODE")]
+    pub holder: Option<String>,
 }

@@ -10,8 +10,8 @@ use idalloc::{Allocator, PoolSpec, Strategy};
 use serde_json::{json, Value};
 
 use crate::cli::{
-    AcquireArgs, CheckArgs, Cli, Command, CreateArgs, DeleteArgs, GcArgs, GetArgs, LookupArgs,
-    ManArgs, PoolCommand, ReleaseArgs, StrategyArg,
+    AcquireArgs, CheckArgs, Cli, Command, CreateArgs, DeleteArgs, Format, GcArgs, GetArgs,
+    LookupArgs, ManArgs, PoolCommand, ReleaseArgs, ResizeArgs, StrategyArg, UpgradeCommand,
 };
 use crate::fail::Failure;
 use crate::open::{self, Settings};
@@ -19,15 +19,39 @@ use crate::parse::default_holder;
 use crate::render::{self, Usage};
 use crate::{batch, docgen, remotes, watch};
 
-/// Where results go: text or JSON on stdout.
+/// Where results go: stdout, in the format of `-o`.
 #[derive(Clone, Copy)]
 pub struct Out {
-    pub json: bool,
+    pub format: Format,
     /// Tables without their header line (`--no-headers`).
     pub no_headers: bool,
 }
 
 impl Out {
+    /// Text output with headers (commands whose output has no format).
+    pub fn plain() -> Out {
+        Out { format: Format::Text, no_headers: false }
+    }
+
+    /// Text with more columns (`-o wide`).
+    pub fn is_wide(&self) -> bool {
+        self.format == Format::Wide
+    }
+
+    /// The structured form of a result `v` in the format (`None` for the text formats, whose
+    /// caller writes its text): a JSON line; a YAML document that starts with `---`, so that
+    /// the documents of a stream (watch, --from) stay apart; or the names in `v`, one a line.
+    pub fn doc(&self, v: &Value) -> Option<String> {
+        match self.format {
+            Format::Json => Some(format!("{v}\n")),
+            Format::Yaml => Some(crate::render::yaml_doc(v)),
+            Format::Name => Some(
+                crate::render::names(v).iter().map(|n| format!("{}\n", render::text(n))).collect(),
+            ),
+            Format::Text | Format::Wide => None,
+        }
+    }
+
     /// Writes `text` (which ends with a newline) to stdout. A closed stdout (`| head`) ends the
     /// command quietly with exit 141 (`fail::stdout_error`), never a panic.
     pub fn text(&self, text: &str) -> Result<(), Failure> {
@@ -41,21 +65,15 @@ impl Out {
         o.write_all(b).and_then(|_| o.flush()).map(|_| 0).map_err(crate::fail::stdout_error)
     }
 
-    /// Writes one JSON document on its own line.
-    pub fn json(&self, v: &Value) -> Result<(), Failure> {
-        self.text(&format!("{v}\n"))
-    }
-
-    /// JSON if --json, else the text.
+    /// The structured form of `v` ([`Out::doc`]) in a structured format, else the text.
     pub fn either(
         &self,
         v: impl FnOnce() -> Value,
         text: impl FnOnce() -> String,
     ) -> Result<(), Failure> {
-        if self.json {
-            self.json(&v())
-        } else {
-            self.text(&text())
+        match self.doc(&v()) {
+            Some(d) => self.text(&d),
+            None => self.text(&text()),
         }
     }
 }
@@ -65,20 +83,24 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     // Completions and man pages come from the command definitions alone: no store, no
     // credentials, no prompt.
     match &cli.command {
-        Command::Completions(a) => {
-            return Out { json: false, no_headers: false }.bytes(&docgen::completions(a.shell))
-        }
+        Command::Completions(a) => return Out::plain().bytes(&docgen::completions(a.shell)),
         Command::Man(ManArgs { dir: Some(dir) }) => return docgen::man_pages_to(dir).map(|_| 0),
-        Command::Man(ManArgs { dir: None }) => {
-            return Out { json: false, no_headers: false }.bytes(&docgen::man_page()?)
-        }
+        Command::Man(ManArgs { dir: None }) => return Out::plain().bytes(&docgen::man_page()?),
+        Command::Options => return Out::plain().text(&docgen::options()).map(|_| 0),
         _ => {}
+    }
+    let out = Out { format: cli.format()?, no_headers: cli.no_headers };
+    if out.format == Format::Name && !names_things(&cli.command) {
+        return Err(Failure::usage(
+            "-o name prints pool or key names, and this command prints neither: use -o text, \
+             wide, json or yaml",
+        ));
     }
     // The client's versions need no store; the store's server only when one is named.
     let store_named =
         cli.store.is_some() || cli.etcd.endpoints.is_some() || cli.etcd.etcd_config.is_some();
     if matches!(cli.command, Command::Version) && !store_named {
-        return crate::version::print(None, Out { json: cli.json, no_headers: cli.no_headers });
+        return crate::version::print(None, out);
     }
     // Through `idalloc serve`: no store is opened, no etcd credentials are asked for.
     if let Some(endpoints) = &cli.server {
@@ -96,7 +118,6 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
         check_file: matches!(cli.command, Command::Check(_)),
     };
     crate::unanswered::remember(&settings);
-    let out = Out { json: cli.json, no_headers: cli.no_headers };
     // Validate the prefix before touching any store, so a typo never creates a file.
     let layout =
         Layout::new(&settings.prefix).map_err(|e| Failure::usage(format!("--prefix: {e}")))?;
@@ -108,6 +129,8 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
             | Command::Watch(_)
             | Command::Status
             | Command::Version
+            | Command::Upgrade(UpgradeCommand::Status)
+            | Command::Complete(_)
             | Command::Pool(PoolCommand::List | PoolCommand::Show(_))
             | Command::Gc(GcArgs { dry_run: true, .. })
             | Command::Check(CheckArgs { repair: false, .. })
@@ -185,11 +208,27 @@ pub async fn run(cli: Cli) -> Result<u8, Failure> {
     result
 }
 
+/// Whether the command's results have pool or key names for `-o name`.
+fn names_things(command: &Command) -> bool {
+    !matches!(
+        command,
+        Command::Check(_)
+            | Command::Gc(_)
+            | Command::Version
+            | Command::Serve(_)
+            | Command::Upgrade(_)
+            | Command::Completions(_)
+            | Command::Man(_)
+            | Command::Options
+    )
+}
+
 /// The pool a command names, if it names one.
 pub fn named_pool(command: &Command) -> Option<&str> {
     match command {
         Command::Pool(PoolCommand::Show(p)) => Some(&p.pool),
         Command::Pool(PoolCommand::Delete(a)) => Some(&a.name),
+        Command::Pool(PoolCommand::Resize(a)) => Some(&a.name),
         Command::Acquire(a) => Some(&a.pool),
         Command::Release(a) => Some(&a.pool),
         Command::Get(a) => Some(&a.pool),
@@ -231,7 +270,7 @@ fn one_key(command: &Command) -> bool {
         Command::List(a) => !a.remote.any(),
         // A sweep reads the pool's records itself and decides from them alone; a listed view
         // would be a second whole read of the pool, running beside it for nothing (half of
-        // `gc`'s CPU at 1M bindings; docs/benchmarks/scale.md, "Linear cost, quiet").
+        // `gc`'s CPU at 1M bindings; docs/benchmarks/scale.md, "Linear cost").
         Command::Gc(_) => true,
         _ => false,
     }
@@ -254,23 +293,24 @@ async fn dispatch(
             for spec in listing.pools {
                 usages.push(usage(&*store, layout, spec).await?);
             }
-            out.either(
-                || {
-                    json!({"pools": usages.iter().map(Usage::to_json).collect::<Vec<_>>(),
-                           "broken": render::broken_json(&listing.broken)})
-                },
-                || render::pools_table(&usages, !out.no_headers),
-            )?;
+            crate::print::pools(&usages, &listing.broken, out)?;
             warn_broken(&listing.broken);
             Ok(0)
         }
         Command::Pool(PoolCommand::Show(p)) => {
             let pool = alloc.pool(&p.pool).await?;
-            let u = usage(&*store, layout, pool.spec().clone()).await?;
-            out.either(|| u.to_json(), || render::pool_show(&u))?;
+            let u = usage(&*store, layout, pool.spec()).await?;
+            crate::print::pool(&u, out)?;
             Ok(0)
         }
         Command::Pool(PoolCommand::Delete(a)) => pool_delete(alloc, a, out).await,
+        Command::Pool(PoolCommand::Resize(a)) => {
+            let reserved = resize_reserved(a)?;
+            let spec =
+                alloc.resize_pool(&a.name, a.range.min, a.range.max, reserved.as_deref()).await?;
+            crate::print::pool_resized(&spec, out)?;
+            Ok(0)
+        }
         Command::Acquire(a) => acquire(alloc, a, out).await,
         Command::Release(a) => release(alloc, a, out).await,
         Command::Get(a) if a.remote.any() => {
@@ -300,8 +340,13 @@ async fn dispatch(
         Command::Gc(a) => gc(alloc, a, out).await,
         Command::Status => status(settings, layout, alloc, &*store, file_missing, out).await,
         Command::Check(a) => check(settings, layout, &*store, a, out).await,
+        Command::Upgrade(u) => crate::upgrade::run(u, layout, &*store, out).await,
+        Command::Complete(_) => {
+            let listing = alloc.pool_listing().await?;
+            crate::print::completions(listing.pools.iter().map(|s| s.name()))
+        }
         Command::Serve(_) => Err(Failure::usage("serve is run before a store is opened")),
-        Command::Completions(_) | Command::Man(_) | Command::Version => {
+        Command::Completions(_) | Command::Man(_) | Command::Version | Command::Options => {
             Err(Failure::usage("completions, man and version are run before the allocator opens"))
         }
     }
@@ -390,10 +435,7 @@ pub fn holder_of(h: &Option<String>) -> String {
 async fn pool_create(alloc: &Allocator, a: &CreateArgs, out: Out) -> Result<u8, Failure> {
     let spec = build_spec(a)?;
     alloc.init_pool(&spec).await?;
-    out.either(
-        || json!({"pool": spec.name(), "spec": render::spec_json(&spec)}),
-        || format!("pool {} ready: {}\n", spec.name(), spec),
-    )?;
+    crate::print::pool_ready(&spec, out)?;
     Ok(0)
 }
 
@@ -417,14 +459,23 @@ pub fn build_spec(a: &CreateArgs) -> Result<PoolSpec, Failure> {
     Ok(spec)
 }
 
+/// `pool resize --reserve LIST`, parsed (`''`: none).
+pub fn resize_reserved(a: &ResizeArgs) -> Result<Option<Vec<(u64, u64)>>, Failure> {
+    match a.reserve.as_deref().map(str::trim) {
+        None => Ok(None),
+        Some("") => Ok(Some(Vec::new())),
+        Some(list) => {
+            parse_id_list(list).map(Some).map_err(|e| Failure::usage(format!("--reserve: {e}")))
+        }
+    }
+}
+
+/// What `pool resize` prints: the spec now in force (as `pool create` shows it).
 async fn pool_delete(alloc: &Allocator, a: &DeleteArgs, out: Out) -> Result<u8, Failure> {
     if !alloc.delete_pool(&a.name, a.force).await? {
         return Err(Failure::not_found(format!("pool {:?} not found", a.name)));
     }
-    out.either(
-        || json!({"pool": a.name, "deleted": true}),
-        || format!("pool {} deleted\n", a.name),
-    )?;
+    crate::print::pool_deleted(&a.name, out)?;
     Ok(0)
 }
 
@@ -444,10 +495,7 @@ async fn acquire(alloc: &Allocator, a: &AcquireArgs, out: Out) -> Result<u8, Fai
     // clap guarantees KEY when --from is absent.
     let key = a.key.as_deref().unwrap_or_default();
     let got = pool.acquire_durable(key, &holder).await?;
-    out.either(
-        || json!({"pool": a.pool, "key": key, "id": got.id, "new": got.new, "holder": holder}),
-        || format!("{}\n", got.id),
-    )?;
+    crate::print::acquired(&a.pool, key, &got, &holder, out)?;
     Ok(0)
 }
 
@@ -478,61 +526,19 @@ async fn release(alloc: &Allocator, a: &ReleaseArgs, out: Out) -> Result<u8, Fai
     idalloc::pool::validate_key(key)?;
     // A pool that does not exist holds nothing: a no-op, like any release of what is not held.
     let r = alloc.release_durable(&a.pool, key, &holder).await?;
-    print_release(&a.pool, key, &holder, r, out)?;
+    crate::print::released(&a.pool, key, &holder, r, out)?;
     Ok(0)
-}
-
-/// The output of one `release` (store or `--server`).
-pub fn print_release(
-    pool: &str,
-    key: &str,
-    holder: &str,
-    r: idalloc::Released,
-    out: Out,
-) -> Result<(), Failure> {
-    out.either(
-        || {
-            json!({"pool": pool, "key": key, "holder": holder,
-                   "released": r.held, "reclaimed": r.reclaimed})
-        },
-        || match (r.held, r.reclaimed) {
-            (false, _) => {
-                format!("{} held nothing for {:?} in {}\n", render::text(holder), key, pool)
-            }
-            (true, true) => format!("released; {:?} was reclaimed\n", key),
-            (true, false) => "released\n".to_string(),
-        },
-    )
 }
 
 async fn get(alloc: &Allocator, a: &GetArgs, out: Out) -> Result<u8, Failure> {
     idalloc::pool::validate_key(&a.key)?;
     let pool = alloc.pool(&a.pool).await?;
-    match pool.get_consistent(&a.key).await? {
-        Some(id) => {
-            out.either(|| json!({"pool": a.pool, "key": a.key, "id": id}), || format!("{id}\n"))?;
-            Ok(0)
-        }
-        None => Err(Failure::not_found(format!(
-            "key {} has no ID in pool {:?}",
-            idalloc::error::show_value(&a.key),
-            a.pool
-        ))),
-    }
+    crate::print::id_of(&a.pool, &a.key, pool.get_consistent(&a.key).await?, out)
 }
 
 async fn lookup(alloc: &Allocator, a: &LookupArgs, out: Out) -> Result<u8, Failure> {
     let pool = alloc.pool(&a.pool).await?;
-    match pool.key_of_consistent(a.id).await? {
-        Some(key) => {
-            out.either(
-                || json!({"pool": a.pool, "id": a.id, "key": key}),
-                || format!("{}\n", render::text(&key)),
-            )?;
-            Ok(0)
-        }
-        None => Err(Failure::not_found(format!("ID {} is not bound in pool {:?}", a.id, a.pool))),
-    }
+    crate::print::key_of(&a.pool, a.id, pool.key_of_consistent(a.id).await?, out)
 }
 
 /// One `warning: ` line on stderr per spec record that cannot be used, so text output stays
@@ -547,15 +553,12 @@ fn warn_broken(broken: &[idalloc::records::SpecProblem]) {
 }
 
 async fn gc(alloc: &Allocator, a: &GcArgs, out: Out) -> Result<u8, Failure> {
+    if let Some(holder) = &a.holder {
+        return gc_holder(alloc, a, holder, out).await;
+    }
     // All pools: one broken spec is reported and skipped, the others are swept (exit 1 at the
     // end, since the broken pool's bindings were not looked at).
-    let (names, broken) = match &a.pool {
-        Some(p) => (vec![p.clone()], Vec::new()),
-        None => {
-            let listing = alloc.pool_listing().await?;
-            (listing.pools.iter().map(|s| s.name().to_string()).collect(), listing.broken)
-        }
-    };
+    let (names, broken) = gc_pools(alloc, a).await?;
     let mut reports = Vec::new();
     for name in &names {
         let pool = alloc.pool(name).await?;
@@ -576,6 +579,37 @@ async fn gc(alloc: &Allocator, a: &GcArgs, out: Out) -> Result<u8, Failure> {
             }
         },
     )?;
+    warn_broken(&broken);
+    Ok(if broken.is_empty() { 0 } else { crate::fail::RUNTIME })
+}
+
+/// The pools `gc` visits: the one named, or every pool with a readable spec (the others are
+/// returned to be reported).
+async fn gc_pools(
+    alloc: &Allocator,
+    a: &GcArgs,
+) -> Result<(Vec<String>, Vec<idalloc::records::SpecProblem>), Failure> {
+    Ok(match &a.pool {
+        Some(p) => (vec![p.clone()], Vec::new()),
+        None => {
+            let listing = alloc.pool_listing().await?;
+            (listing.pools.iter().map(|s| s.name().to_string()).collect(), listing.broken)
+        }
+    })
+}
+
+/// `gc --holder`: every durable reference of `holder` released, in one pool or all.
+async fn gc_holder(alloc: &Allocator, a: &GcArgs, holder: &str, out: Out) -> Result<u8, Failure> {
+    idalloc::pool::validate_durable_holder(holder)
+        .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
+    let (names, broken) = gc_pools(alloc, a).await?;
+    let mut reports = Vec::new();
+    for name in &names {
+        let pool = alloc.pool(name).await?;
+        let dropped = crate::release_holder::on_store(&pool, holder, a.dry_run).await?;
+        reports.push(crate::release_holder::PoolReport { pool: name.clone(), dropped });
+    }
+    crate::release_holder::print(holder, a.dry_run, &reports, out)?;
     warn_broken(&broken);
     Ok(if broken.is_empty() { 0 } else { crate::fail::RUNTIME })
 }

@@ -50,8 +50,8 @@ pub struct EtcdArgs {
     /// https:// when a TLS flag is given, else http://.
     #[arg(
         long,
-        global = true,
-        env = "IDALLOC_ENDPOINTS",
+        global = true, help_heading = crate::cli::GLOBAL,
+        env = idalloc::store::env::ENDPOINTS,
         value_delimiter = ',',
         value_name = "URLS"
     )]
@@ -61,8 +61,8 @@ pub struct EtcdArgs {
     #[arg(
         long = "cacert",
         id = "etcd-cacert",
-        global = true,
-        env = "IDALLOC_CACERT",
+        global = true, help_heading = crate::cli::GLOBAL,
+        env = idalloc::store::env::CACERT,
         value_name = "FILE"
     )]
     pub cacert: Option<PathBuf>,
@@ -71,14 +71,14 @@ pub struct EtcdArgs {
     #[arg(
         long = "cert",
         id = "etcd-cert",
-        global = true,
-        env = "IDALLOC_CERT",
+        global = true, help_heading = crate::cli::GLOBAL,
+        env = idalloc::store::env::CERT,
         value_name = "FILE"
     )]
     pub cert: Option<PathBuf>,
 
     /// Private key (PEM) of --cert.
-    #[arg(long = "key", id = "etcd-key", global = true, env = "IDALLOC_KEY", value_name = "FILE")]
+    #[arg(long = "key", id = "etcd-key", global = true, help_heading = crate::cli::GLOBAL, env = idalloc::store::env::KEY, value_name = "FILE")]
     pub key: Option<PathBuf>,
 
     /// TESTING ONLY: do not verify etcd's server certificate (anyone on the path can impersonate
@@ -86,28 +86,28 @@ pub struct EtcdArgs {
     #[arg(
         long = "insecure-skip-tls-verify",
         id = "etcd-insecure-skip-tls-verify",
-        global = true,
-        env = "IDALLOC_INSECURE_SKIP_TLS_VERIFY"
+        global = true, help_heading = crate::cli::GLOBAL,
+        env = idalloc::store::env::INSECURE_SKIP_TLS_VERIFY
     )]
     pub insecure_skip_tls_verify: bool,
 
     /// etcd user (etcd with `auth enable`). The password comes from IDALLOC_PASSWORD,
     /// --password-file, the --etcd-config file, or a prompt on a terminal. NAME:PASSWORD is
     /// accepted, with a warning.
-    #[arg(long = "user", id = "etcd-user", global = true, env = "IDALLOC_USER", hide_env_values = true, value_name = "NAME", value_parser = user_arg)]
+    #[arg(long = "user", id = "etcd-user", global = true, help_heading = crate::cli::GLOBAL, env = idalloc::store::env::USER, hide_env_values = true, value_name = "NAME", value_parser = user_arg)]
     pub user: Option<UserArg>,
 
     /// The etcd user's password. Visible to every local user in `ps`: prefer IDALLOC_PASSWORD or
     /// --password-file (a warning says so).
-    #[arg(long = "password", id = "etcd-password", global = true, value_name = "PASSWORD", value_parser = password_arg)]
+    #[arg(long = "password", id = "etcd-password", global = true, help_heading = crate::cli::GLOBAL, value_name = "PASSWORD", value_parser = password_arg)]
     pub password: Option<Password>,
 
     /// Read the etcd user's password from FILE (one trailing newline is ignored).
     #[arg(
         long = "password-file",
         id = "etcd-password-file",
-        global = true,
-        env = "IDALLOC_PASSWORD_FILE",
+        global = true, help_heading = crate::cli::GLOBAL,
+        env = idalloc::store::env::PASSWORD_FILE,
         value_name = "FILE"
     )]
     pub password_file: Option<PathBuf>,
@@ -118,7 +118,7 @@ pub struct EtcdArgs {
     #[arg(
         long = "etcd-config",
         id = "etcd-config",
-        global = true,
+        global = true, help_heading = crate::cli::GLOBAL,
         env = "IDALLOC_ETCD_CONFIG",
         value_name = "FILE"
     )]
@@ -281,11 +281,13 @@ pub fn resolve(
                 .into(),
         );
     }
-    let tls = tls_given.then_some(EtcdTls {
-        ca_file,
-        cert_file,
-        key_file,
-        insecure_skip_verify: insecure,
+    let tls = tls_given.then(|| {
+        let mut tls = EtcdTls::default();
+        tls.ca_file = ca_file;
+        tls.cert_file = cert_file;
+        tls.key_file = key_file;
+        tls.insecure_skip_verify = insecure;
+        tls
     });
 
     // The user: --user, else the URL's, else the file's.
@@ -327,7 +329,8 @@ pub fn resolve(
         }
     }
     if password.is_none() {
-        password = (env.var)("IDALLOC_PASSWORD").filter(|p| !p.is_empty()).map(Password::new);
+        password =
+            (env.var)(idalloc::store::env::PASSWORD).filter(|p| !p.is_empty()).map(Password::new);
     }
     if password.is_none() {
         if let Some(path) = &args.password_file {
@@ -344,9 +347,9 @@ pub fn resolve(
                 "an etcd password was given but no user: add --user NAME (or IDALLOC_USER)",
             ))
         }
-        (Some(user), Some(password)) => Some(EtcdAuth { user, password }),
+        (Some(user), Some(password)) => Some(EtcdAuth::new(user, password)),
         (Some(user), None) => match (env.prompt)(&user) {
-            Some(Ok(p)) if !p.is_empty() => Some(EtcdAuth { user, password: Password::new(p) }),
+            Some(Ok(p)) if !p.is_empty() => Some(EtcdAuth::new(user, p)),
             Some(Ok(_)) => {
                 return Err(Failure::usage(format!("no password entered for etcd user {user:?}")))
             }
@@ -390,9 +393,7 @@ pub fn remote_connection(
         .collect();
     let https = endpoints.iter().all(|e| e.starts_with("https://"));
     let auth = match (user, password) {
-        (Some(user), Some(password)) => {
-            Some(EtcdAuth { user: user.clone(), password: password.clone() })
-        }
+        (Some(user), Some(password)) => Some(EtcdAuth::new(user.clone(), password.clone())),
         (Some(user), None) => {
             return Err(Failure::usage(format!(
                 "remote etcd user {user:?} has no password: a remote takes its credentials from \

@@ -23,7 +23,126 @@ pub fn completions(shell: ShellArg) -> Vec<u8> {
     };
     let mut out = Vec::new();
     clap_complete::generate(shell, &mut Cli::command(), BIN, &mut out);
+    if shell == Shell::Bash {
+        out.extend(bash_pools().into_bytes());
+    }
     out
+}
+
+/// The flags every command takes (`idalloc options`), with their help and environment
+/// variables, as kubectl's `options` lists its global flags.
+pub fn options() -> String {
+    let globals: Vec<clap::Arg> =
+        Cli::command().get_arguments().filter(|a| a.is_global_set()).cloned().collect();
+    let mut cmd = clap::Command::new(BIN)
+        .disable_help_flag(true)
+        .disable_version_flag(true)
+        .help_template(
+            "The following options can be passed to any command, before or after it:\n\n{all-args}\n",
+        )
+        .args(globals);
+    cmd.render_help().to_string()
+}
+
+/// The commands whose first operand is a pool name (`acquire`, `pool show`, ...), as space-joined
+/// paths, read from the parser: their positional argument `pool`, and `pool delete`'s `name`.
+fn pool_operand_commands() -> Vec<String> {
+    fn walk(cmd: &clap::Command, above: &str, out: &mut Vec<String>) {
+        for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
+            let path = if above.is_empty() {
+                sub.get_name().to_string()
+            } else {
+                format!("{above} {}", sub.get_name())
+            };
+            let first = sub.get_positionals().next().map(|a| a.get_id().as_str());
+            if first == Some("pool") || path == "pool delete" {
+                out.push(path.clone());
+            }
+            walk(sub, &path, out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&Cli::command(), "", &mut out);
+    out
+}
+
+/// Bash: pool names completed from the store or server (`idalloc __complete pools`, with the
+/// global flags typed on the line and the environment), wrapped around clap's static
+/// completion. A pool name is completed as the first operand of the commands of
+/// [`pool_operand_commands`]; everything else is clap's.
+fn bash_pools() -> String {
+    let mut cmd = Cli::command();
+    cmd.build();
+    // Flags that take a value: the word after them is that value, not an operand.
+    let mut valued: Vec<String> = Vec::new();
+    let mut global: Vec<String> = Vec::new();
+    fn collect(cmd: &clap::Command, valued: &mut Vec<String>, global: &mut Vec<String>) {
+        for a in cmd.get_arguments() {
+            let takes = a.get_action().takes_values();
+            let names: Vec<String> = a
+                .get_long()
+                .map(|l| format!("--{l}"))
+                .into_iter()
+                .chain(a.get_short().map(|s| format!("-{s}")))
+                .collect();
+            for n in names {
+                if takes && !valued.contains(&n) {
+                    valued.push(n.clone());
+                }
+                if a.is_global_set() && !global.contains(&n) {
+                    global.push(n);
+                }
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            collect(sub, valued, global);
+        }
+    }
+    collect(&cmd, &mut valued, &mut global);
+    let commands = pool_operand_commands();
+    format!(
+        r#"
+# Pool names: asked of the store or server the line names (global flags typed, environment).
+_idalloc_pool_names() {{
+    local valued=" {valued} " global=" {global} " commands="|{commands}|"
+    local i=1 w path="" operands=0 args=() cur="${{COMP_WORDS[COMP_CWORD]}}"
+    local prev="${{COMP_WORDS[COMP_CWORD-1]}}"
+    [[ "$cur" == -* || ( "$COMP_CWORD" -gt 1 && "$valued" == *" $prev "* ) ]] && return 1
+    while [[ $i -lt $COMP_CWORD ]]; do
+        w="${{COMP_WORDS[i]}}"
+        if [[ "$w" == -* ]]; then
+            if [[ "$global" == *" ${{w%%=*}} "* ]]; then
+                args+=("$w")
+                if [[ "$w" != *=* && "$valued" == *" $w "* ]]; then
+                    i=$((i + 1)); args+=("${{COMP_WORDS[i]}}")
+                fi
+            elif [[ "$w" != *=* && "$valued" == *" $w "* ]]; then
+                i=$((i + 1))
+            fi
+        elif [[ "$commands" == *"|${{path:+$path }}$w|"* || ( -z "$path" && "$commands" == *"|$w "* ) ]]; then
+            path="${{path:+$path }}$w"
+        elif [[ -z "$path" ]]; then
+            return 1
+        else
+            operands=$((operands + 1))
+        fi
+        i=$((i + 1))
+    done
+    [[ "$commands" == *"|$path|"* && $operands -eq 0 ]] || return 1
+    COMPREPLY=( $(compgen -W "$("${{COMP_WORDS[0]}}" "${{args[@]}}" __complete pools 2>/dev/null)" -- "$cur") )
+    return 0
+}}
+
+_idalloc_with_pools() {{
+    _idalloc_pool_names || _idalloc "$@"
+}}
+
+complete -F _idalloc_with_pools -o bashdefault -o default idalloc
+"#,
+        valued = valued.join(" "),
+        global = global.join(" "),
+        commands = commands.join("|"),
+    )
 }
 
 /// The main man page (section 1), in roff.

@@ -51,35 +51,44 @@ pub fn say(line: &str) {
 /// A failed write to stdout: quiet exit 141 if the reader closed it, else exit 1 naming the error.
 pub fn stdout_error(e: std::io::Error) -> Failure {
     if e.kind() == std::io::ErrorKind::BrokenPipe {
-        Failure { code: PIPE_CLOSED, message: String::new() }
+        Failure { code: PIPE_CLOSED, kind: "pipe_closed", message: String::new() }
     } else {
         Failure::runtime(format!("writing to stdout: {e}"))
     }
 }
-/// A failed command: its exit code and the message printed after `error: `.
+/// A failed command: its exit code, its kind (the `kind` of `-o json`'s error, the HTTP API's
+/// names: `invalid_input`, `pool_not_found`, `exhausted`, ...) and the message printed after
+/// `error: `.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failure {
     pub code: u8,
+    pub kind: &'static str,
     pub message: String,
 }
 
 impl Failure {
     pub fn usage(message: impl Into<String>) -> Self {
-        Failure { code: USAGE, message: message.into() }
+        Failure { code: USAGE, kind: "invalid_input", message: message.into() }
     }
     pub fn runtime(message: impl Into<String>) -> Self {
-        Failure { code: RUNTIME, message: message.into() }
+        Failure { code: RUNTIME, kind: "failed", message: message.into() }
     }
     pub fn unavailable(message: impl Into<String>) -> Self {
-        Failure { code: UNAVAILABLE, message: message.into() }
+        Failure { code: UNAVAILABLE, kind: "unavailable", message: message.into() }
     }
     pub fn not_found(message: impl Into<String>) -> Self {
-        Failure { code: NOT_FOUND, message: message.into() }
+        Failure { code: NOT_FOUND, kind: "not_found", message: message.into() }
     }
 
     /// A failure with nothing to say (stdout closed): main prints no line for it.
     pub fn is_quiet(&self) -> bool {
         self.message.is_empty()
+    }
+
+    /// The error as `-o json` writes it on stderr: `{"kind","message"}` on one line, as the HTTP
+    /// API's error bodies.
+    pub fn json_line(&self) -> String {
+        serde_json::json!({"kind": self.kind, "message": self.message}).to_string()
     }
 
     /// The line for stderr: `error: ` and the message on one line (newlines a store might put in a
@@ -115,7 +124,7 @@ impl From<Error> for Failure {
             | Error::Conflict { .. }
             | Error::AccessDenied { .. } => RUNTIME,
         };
-        Failure { code, message: e.to_string() }
+        Failure { code, kind: e.kind(), message: e.to_string() }
     }
 }
 

@@ -11,6 +11,7 @@ use std::io::Write;
 
 use idalloc::{Binding, Pool};
 
+use crate::cli::Format;
 use crate::commands::Out;
 use crate::fail::Failure;
 use crate::render;
@@ -74,7 +75,7 @@ pub async fn print_all(
 
 /// The output being written.
 struct Printer {
-    json: bool,
+    format: Format,
     /// `--no-headers`: the text table without its header line.
     no_headers: bool,
     filter: Filter,
@@ -83,7 +84,8 @@ struct Printer {
     rows: Vec<Vec<String>>,
     /// Text: whether the header went out (with the first block).
     header: bool,
-    /// JSON: the start and the end of the document; and whether a binding was written (commas).
+    /// JSON, YAML: the start and the end of the document; and whether a binding was written
+    /// (JSON: commas; YAML: the `bindings:` line or ` []`).
     head: String,
     tail: String,
     any: bool,
@@ -95,9 +97,12 @@ fn write_failed(e: std::io::Error) -> Failure {
 
 impl Printer {
     fn new(out: Out, pool: &str, filter: Filter) -> Self {
-        let (head, tail) = render::bindings_json_frame(pool);
+        let (head, tail) = match out.format {
+            Format::Yaml => render::bindings_yaml_frame(pool),
+            _ => render::bindings_json_frame(pool),
+        };
         Printer {
-            json: out.json,
+            format: out.format,
             no_headers: out.no_headers,
             filter,
             w: std::io::BufWriter::new(std::io::stdout()),
@@ -110,7 +115,7 @@ impl Printer {
     }
 
     fn start(&mut self) -> Result<(), Failure> {
-        if self.json {
+        if matches!(self.format, Format::Json | Format::Yaml) {
             self.w.write_all(self.head.as_bytes()).map_err(write_failed)?;
         }
         Ok(())
@@ -124,7 +129,25 @@ impl Printer {
             kept = page.iter().filter(|b| self.filter.keeps(b)).cloned().collect();
             &kept
         };
-        if self.json {
+        if self.format == Format::Yaml {
+            for b in page {
+                if !self.any {
+                    self.w.write_all(b"\n").map_err(write_failed)?;
+                }
+                self.any = true;
+                self.w.write_all(render::binding_yaml(b).as_bytes()).map_err(write_failed)?;
+            }
+            return Ok(());
+        }
+        if self.format == Format::Name {
+            for b in page {
+                self.w
+                    .write_all(format!("{}\n", render::text(&b.key)).as_bytes())
+                    .map_err(write_failed)?;
+            }
+            return Ok(());
+        }
+        if self.format == Format::Json {
             for b in page {
                 if self.any {
                     self.w.write_all(b",").map_err(write_failed)?;
@@ -155,7 +178,18 @@ impl Printer {
     }
 
     fn finish(&mut self) -> Result<(), Failure> {
-        if self.json {
+        if self.format == Format::Yaml {
+            let tail = format!("{}{}", if self.any { "" } else { " []\n" }, self.tail);
+            return self
+                .w
+                .write_all(tail.as_bytes())
+                .and_then(|_| self.w.flush())
+                .map_err(write_failed);
+        }
+        if self.format == Format::Name {
+            return self.w.flush().map_err(write_failed);
+        }
+        if self.format == Format::Json {
             let tail = format!("{}\n", self.tail);
             return self
                 .w

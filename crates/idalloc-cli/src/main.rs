@@ -6,20 +6,24 @@
 mod batch;
 mod cli;
 mod commands;
+mod config;
 mod connect;
 mod docgen;
 mod fail;
 mod list;
 mod open;
 mod parse;
+mod print;
 mod progress;
 mod reach;
+mod release_holder;
 mod remotes;
 mod render;
 mod serve;
 mod suggest;
 mod through;
 mod unanswered;
+mod upgrade;
 mod version;
 mod watch;
 
@@ -31,9 +35,12 @@ use clap::Parser;
 const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn main() -> ExitCode {
-    let cli = match cli::Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let json_errors = wants_json(&argv);
+    let cli = match parse(argv) {
         Ok(c) => c,
-        Err(e) => {
+        Err(Parsed::Failed(f)) => return fail(&f, json_errors),
+        Err(Parsed::Clap(e)) => {
             use clap::error::ErrorKind;
             return match e.kind() {
                 ErrorKind::DisplayHelp
@@ -48,10 +55,10 @@ fn main() -> ExitCode {
                         },
                     )
                 }
-                _ => {
-                    fail::say(&format!("error: {}", fail::clap_line(&e.render().to_string())));
-                    ExitCode::from(fail::USAGE)
-                }
+                _ => fail(
+                    &fail::Failure::usage(fail::clap_line(&e.render().to_string())),
+                    json_errors,
+                ),
             };
         }
     };
@@ -75,7 +82,7 @@ fn main() -> ExitCode {
         Err(f) => {
             // A closed stdout (`| head`) is not worth a line: the reader asked for no more.
             if !f.is_quiet() {
-                fail::say(&f.line());
+                fail::say(&if json_errors { f.json_line() } else { f.line() });
             }
             f.code
         }
@@ -86,6 +93,47 @@ fn main() -> ExitCode {
     // that does not return (a hung disk) must not keep the process from exiting.
     runtime.shutdown_timeout(SHUTDOWN_WAIT);
     ExitCode::from(code)
+}
+
+/// Why the command line was not parsed.
+enum Parsed {
+    /// clap's own error, --help or --version.
+    Clap(clap::Error),
+    /// The `serve --config` file could not be used.
+    Failed(fail::Failure),
+}
+
+/// Parses `argv`; with `serve --config FILE`, again with the file's flags appended
+/// (`config::file_args`), so flags and environment variables override the file.
+fn parse(argv: Vec<std::ffi::OsString>) -> Result<cli::Cli, Parsed> {
+    use clap::CommandFactory;
+    let first = cli::Cli::try_parse_from(&argv).map_err(Parsed::Clap)?;
+    let cli::Command::Serve(cli::ServeArgs { config: Some(path), .. }) = &first.command else {
+        return Ok(first);
+    };
+    let extra =
+        config::file_args(&cli::Cli::command(), &argv, path, |v| std::env::var_os(v).is_some())
+            .map_err(Parsed::Failed)?;
+    let mut all = argv;
+    all.extend(extra);
+    cli::Cli::try_parse_from(all).map_err(Parsed::Clap)
+}
+
+/// Whether the command line asks for JSON output (`--json`, `-o json`, `--output=json`, ...),
+/// read before clap parses it so that even a bad command line's error is JSON.
+fn wants_json(argv: &[std::ffi::OsString]) -> bool {
+    let words: Vec<String> = argv.iter().map(|a| a.to_string_lossy().into_owned()).collect();
+    words.iter().enumerate().any(|(i, w)| match w.as_str() {
+        "--json" | "-ojson" | "-o=json" | "--output=json" => true,
+        "-o" | "--output" => words.get(i + 1).is_some_and(|n| n == "json"),
+        _ => false,
+    })
+}
+
+/// Reports a failure that happened before the command ran, and its exit code.
+fn fail(f: &fail::Failure, json: bool) -> ExitCode {
+    fail::say(&if json { f.json_line() } else { f.line() });
+    ExitCode::from(f.code)
 }
 
 /// Logs on stderr through `tracing`, filtered by RUST_LOG, as text or JSON lines. Default: none

@@ -15,7 +15,7 @@ use std::time::Duration;
 use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
 use idalloc::store::etcd::{EtcdOptions, EtcdStore};
 use idalloc::store::{Store, StoreError};
-use idalloc::{Allocator, AllocatorOptions, RetryPolicy};
+use idalloc::{Allocator, AllocatorOptions};
 
 use crate::connect::EtcdSecurity;
 use crate::fail::Failure;
@@ -75,10 +75,11 @@ pub async fn open_store_bounded(
             if !writes && !Path::new(path).exists() {
                 return Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: true });
             }
-            let opts = EmbeddedOptions {
-                lock_timeout: s.lock_timeout,
-                check_integrity: s.check_file,
-                ..EmbeddedOptions::default()
+            let opts = {
+                let mut o = EmbeddedOptions::default();
+                o.lock_timeout = s.lock_timeout;
+                o.check_integrity = s.check_file;
+                o
             };
             match EmbeddedStore::open(path, opts).await {
                 Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
@@ -92,6 +93,7 @@ pub async fn open_store_bounded(
                 // corrupt records, since a person must look at it; the message names the file.
                 Err(e @ StoreError::Corrupt { .. }) => Err(Failure {
                     code: crate::fail::CORRUPT,
+                    kind: "corrupt",
                     message: format!("cannot open store file {path:?}: {e}"),
                 }),
                 Err(e) => Err(Failure::runtime(format!("cannot open store file {path:?}: {e}"))),
@@ -147,17 +149,16 @@ pub fn allocator(
     lazy: bool,
     bulk_in_flight: usize,
 ) -> Result<Allocator, Failure> {
-    let opts = AllocatorOptions {
-        prefix: s.prefix.clone(),
-        request_timeout: s.attempt_timeout(),
-        retry: RetryPolicy {
-            max_attempts: ATTEMPTS,
-            initial_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_millis(500),
-        },
-        lazy_view: lazy,
-        bulk_in_flight,
-        ..AllocatorOptions::default()
+    let opts = {
+        let mut o = AllocatorOptions::default();
+        o.prefix = s.prefix.clone();
+        o.request_timeout = s.attempt_timeout();
+        o.retry.max_attempts = ATTEMPTS;
+        o.retry.initial_backoff = Duration::from_millis(50);
+        o.retry.max_backoff = Duration::from_millis(500);
+        o.lazy_view = lazy;
+        o.bulk_in_flight = bulk_in_flight;
+        o
     };
     Allocator::from_arc(store, opts).map_err(|e| match e {
         // The only input here is --prefix.

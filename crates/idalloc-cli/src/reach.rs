@@ -83,11 +83,12 @@ async fn store(
 /// The options of a remote view or reader. Its own bound on each request is above the budget
 /// (`inner`), so that the budget, which the messages report, is what ends a wait.
 fn options(settings: &Settings, inner: Duration) -> RemoteOptions {
-    RemoteOptions {
-        prefix: settings.prefix.clone(),
-        request_timeout: inner,
-        probe_interval: settings.attempt_timeout(),
-        ..RemoteOptions::default()
+    {
+        let mut o = RemoteOptions::default();
+        o.prefix = settings.prefix.clone();
+        o.request_timeout = inner;
+        o.probe_interval = settings.attempt_timeout();
+        o
     }
 }
 
@@ -101,9 +102,9 @@ pub async fn reader(
     budget
         .run(name, async {
             let store = store(settings, url, budget).await?;
-            let local = [(Cluster::Local, id_space(pool.spec()))];
+            let local = [(Cluster::Local, id_space(&pool.spec()))];
             let opts = options(settings, budget.inner());
-            Ok(RemoteReader::open(name, pool.spec(), store, &opts, &local).await?)
+            Ok(RemoteReader::open(name, &pool.spec(), store, &opts, &local).await?)
         })
         .await
 }
@@ -176,10 +177,11 @@ pub async fn route(
     match unanswered.len() {
         0 => Ok(None),
         _ => {
-            let code = unanswered[0].code;
+            let (code, kind) = (unanswered[0].code, unanswered[0].kind);
             let why: Vec<String> = unanswered.into_iter().map(|f| f.message).collect();
             Err(Failure {
                 code,
+                kind,
                 message: format!(
                     "ID {id} is in no ID space of the clusters that answered, and a remote whose \
                      space is unknown might hold it: {}",

@@ -115,13 +115,13 @@ pub async fn get(
         return Err(Failure::not_found(format!(
             "key {} has no ID in pool {:?} in any cluster (local, {})",
             idalloc::error::show_value(key),
-            pool.spec().name(),
+            pool.name(),
             names(args)
         )));
     }
     out.either(
         || {
-            json!({"pool": pool.spec().name(), "key": key, "id": local,
+            json!({"pool": pool.name(), "key": key, "id": local,
                    "clusters": found.iter().map(|(c, id)| json!({"cluster": c.name(), "id": id})).collect::<Vec<_>>()})
         },
         || found.iter().map(|(c, id)| format!("{}\t{id}\n", c.name())).collect(),
@@ -144,7 +144,7 @@ pub async fn lookup(
     out: Out,
 ) -> Result<u8, Failure> {
     let named = args.named()?;
-    let (lo, hi) = idalloc::remote::id_space(pool.spec());
+    let (lo, hi) = idalloc::remote::id_space(&pool.spec());
     let found = if id >= lo && id <= hi {
         pool.key_of_consistent(id).await?.map(|k| (Cluster::Local, k))
     } else {
@@ -153,14 +153,14 @@ pub async fn lookup(
     match found {
         Some((c, key)) => {
             out.either(
-                || json!({"pool": pool.spec().name(), "id": id, "key": key, "cluster": c.name()}),
+                || json!({"pool": pool.name(), "id": id, "key": key, "cluster": c.name()}),
                 || format!("{}\t{}\n", c.name(), text(&key)),
             )?;
             Ok(0)
         }
         None => Err(Failure::not_found(format!(
             "ID {id} is not bound in pool {:?} in any cluster (local, {})",
-            pool.spec().name(),
+            pool.name(),
             names(args)
         ))),
     }
@@ -183,7 +183,7 @@ pub async fn list(
     }
     out.either(
         || {
-            json!({"pool": pool.spec().name(),
+            json!({"pool": pool.name(),
                    "bindings": rows.iter().map(|(c, id, k, h)| {
                        let mut o = json!({"cluster": c, "id": id, "key": k});
                        if let Some(h) = h { o["holders"] = json!(h); }
@@ -224,7 +224,7 @@ pub async fn watch(
 ) -> Result<u8, Failure> {
     let mut events = pool.cluster_events();
     attach(settings, pool, args, false).await?;
-    let name = pool.spec().name().to_string();
+    let name = pool.name().to_string();
     let mut known: BTreeMap<Cluster, BTreeMap<u64, String>> = BTreeMap::new();
     let mut synced: BTreeMap<Cluster, bool> = BTreeMap::new();
     let mut printed = 0u64;

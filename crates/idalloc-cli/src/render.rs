@@ -225,18 +225,96 @@ pub fn pools_table(usages: &[Usage], header: bool) -> String {
     table_block(&["NAME", "RANGE", "BOUND", "FREE", "USED"], &rows, header)
 }
 
+/// `pool list -o wide`: the table with the capacity, the quarantined IDs and the spec's other
+/// fields.
+pub fn pools_table_wide(usages: &[Usage], header: bool) -> String {
+    let rows: Vec<Vec<String>> = usages
+        .iter()
+        .map(|u| {
+            let s = &u.spec;
+            vec![
+                s.name().to_string(),
+                format!("{}-{}", s.min(), s.max()),
+                u.bound.to_string(),
+                u.free().to_string(),
+                format!("{:.1}%", u.used_percent()),
+                u.capacity().to_string(),
+                u.quarantined.to_string(),
+                s.strategy_kind().to_string(),
+                format!("{:#x}", s.prefix_bits()),
+                reserved_list(s),
+                format!("{}ms", s.idle_grace_duration().as_millis()),
+                format!("{}ms", s.reuse_delay_duration().as_millis()),
+            ]
+        })
+        .collect();
+    table_block(
+        &[
+            "NAME",
+            "RANGE",
+            "BOUND",
+            "FREE",
+            "USED",
+            "CAPACITY",
+            "QUARANTINED",
+            "STRATEGY",
+            "PREFIX",
+            "RESERVED",
+            "IDLE-GRACE",
+            "REUSE-DELAY",
+        ],
+        &rows,
+        header,
+    )
+}
+
+/// The reserved IDs as `5,7,10-20`, or `none`.
+fn reserved_list(s: &PoolSpec) -> String {
+    if s.reserved().is_empty() {
+        return "none".to_string();
+    }
+    s.reserved()
+        .iter()
+        .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// One YAML document of `v` (`-o yaml`), starting with `---` so that the documents of a stream
+/// (watch, --from) stay apart and a single one reads the same.
+pub fn yaml_doc(v: &Value) -> String {
+    match serde_yaml_ng::to_string(v) {
+        Ok(y) => format!("---\n{y}"),
+        // A JSON value always has a YAML form; should the writer fail all the same, the JSON
+        // (which is YAML too) is the document.
+        Err(_) => format!("---\n{v}\n"),
+    }
+}
+
+/// The names `-o name` prints of a result `v`: the keys of a listing's bindings, the pools of a
+/// pool listing (or status), the key of a one-key result or event, else the pool it names.
+/// A stream's notice without a key (`synced`, `lagged`) has none.
+pub fn names(v: &Value) -> Vec<String> {
+    let s = |v: &Value| v.as_str().map(str::to_string);
+    if let Some(b) = v["bindings"].as_array() {
+        return b.iter().filter_map(|b| s(&b["key"])).collect();
+    }
+    if let Some(p) = v["pools"].as_array() {
+        return p.iter().filter_map(|p| s(p).or_else(|| s(&p["pool"]))).collect();
+    }
+    if let Some(k) = s(&v["key"]) {
+        return vec![k];
+    }
+    if v.get("event").is_some() {
+        return Vec::new();
+    }
+    s(&v["pool"]).into_iter().collect()
+}
+
 /// `pool show`: the spec one field per line, then the figures.
 pub fn pool_show(u: &Usage) -> String {
     let s = &u.spec;
-    let reserved = if s.reserved().is_empty() {
-        "none".to_string()
-    } else {
-        s.reserved()
-            .iter()
-            .map(|&(a, b)| if a == b { a.to_string() } else { format!("{a}-{b}") })
-            .collect::<Vec<_>>()
-            .join(",")
-    };
+    let reserved = reserved_list(s);
     format!(
         "name:         {}\nrange:        {}-{}\nreserved:     {}\nprefix bits:  {:#x}\nstrategy:     {}\n\
          idle grace:   {}ms\nreuse delay:  {}ms\ncapacity:     {}\nbound:        {}\nquarantined:  {}\n\
@@ -313,6 +391,28 @@ pub fn bindings_json_frame(pool: &str) -> (String, String) {
     }
 }
 
+/// `list -o yaml` around its bindings: the document up to `bindings:`, and what follows the
+/// sequence. Between them: a newline and each binding's [`binding_yaml`], or ` []` and a newline
+/// when there is none. The whole is [`yaml_doc`] of [`bindings_json`]'s document.
+pub fn bindings_yaml_frame(pool: &str) -> (String, String) {
+    let whole = yaml_doc(&json!({"pool": pool, "bindings": []}));
+    let mark = "\nbindings: []\n";
+    // The pool's name is one line of its own (`pool: NAME`), never this one.
+    match whole.find(mark) {
+        Some(at) => {
+            let split = at + "\nbindings:".len();
+            (whole[..split].to_string(), whole[split + " []\n".len()..].to_string())
+        }
+        None => (format!("{}bindings:", yaml_doc(&json!({"pool": pool}))), String::new()),
+    }
+}
+
+/// One binding of `list -o yaml`, as an item of the `bindings:` sequence.
+pub fn binding_yaml(b: &Binding) -> String {
+    serde_yaml_ng::to_string(&Value::Array(vec![binding_json(b)]))
+        .unwrap_or_else(|_| format!("- {}\n", binding_json(b)))
+}
+
 pub fn sweep_json(pool: &str, r: &SweepReport) -> Value {
     json!({
         "pool": pool,
@@ -361,6 +461,26 @@ mod tests {
     }
 
     #[test]
+    fn names_and_yaml() {
+        let u = Usage { spec: PoolSpec::new("p", 1, 10), bound: 3, quarantined: 1 };
+        let wide = pools_table_wide(std::slice::from_ref(&u), true);
+        let rows: Vec<Vec<&str>> = wide.lines().map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows[0][5..8], ["CAPACITY", "QUARANTINED", "STRATEGY"]);
+        assert_eq!(
+            rows[1],
+            ["p", "1-10", "3", "6", "40.0%", "10", "1", "random", "0x0", "none", "0ms", "0ms"]
+        );
+        assert_eq!(names(&json!({"pools": [u.to_json()], "broken": []})), ["p"]);
+        assert_eq!(names(&json!({"pools": ["a", "b"]})), ["a", "b"]);
+        assert_eq!(names(&json!({"pool": "p", "bindings": [{"id": 1, "key": "k"}]})), ["k"]);
+        assert_eq!(names(&json!({"pool": "p", "key": "k", "id": 1})), ["k"]);
+        assert_eq!(names(&json!({"pool": "p", "deleted": true})), ["p"]);
+        assert!(names(&json!({"event": "synced", "pool": "p", "bindings": 3})).is_empty());
+        let y = yaml_doc(&json!({"pool": "1", "id": 4}));
+        assert!(y.starts_with("---\n") && y.contains("pool: '1'") && y.contains("id: 4"), "{y}");
+    }
+
+    #[test]
     fn bindings() {
         let b = vec![
             Binding { id: 3, key: "a".into(), holders: vec!["x".into(), "y".into()] },
@@ -376,6 +496,11 @@ mod tests {
         assert_eq!(format!("{head}{}{tail}", parts.join(",")), j.to_string());
         let (head, tail) = bindings_json_frame("p");
         assert_eq!(format!("{head}{tail}"), bindings_json("p", &[]).to_string());
+        // In YAML too, printed a binding at a time, the document is the whole one's.
+        let (head, tail) = bindings_yaml_frame("p");
+        let parts: String = b.iter().map(binding_yaml).collect();
+        assert_eq!(format!("{head}\n{parts}{tail}"), yaml_doc(&j));
+        assert_eq!(format!("{head} []\n{tail}"), yaml_doc(&bindings_json("p", &[])));
         // Blocks after the first have no header; each is as wide as the header at least.
         assert_eq!(table_block(&BINDINGS_HEADER, &bindings_rows(&b[1..]), false), "10  bb   -\n");
     }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use idalloc::{Allocator, AllocatorOptions, RetryPolicy};
+use idalloc::{Allocator, AllocatorOptions};
 use idalloc_server::auth::Tokens;
 use idalloc_server::tls::{TlsFiles, TlsReloader};
 use idalloc_server::{AppState, Config};
@@ -115,19 +115,18 @@ pub async fn run(settings: &Settings, a: &ServeArgs, json_logs: bool) -> Result<
     let metrics = idalloc_server::install_prometheus().map_err(Failure::runtime)?;
     let opened = open::open_store(settings, true).await?;
     let store = opened.store;
-    let opts = AllocatorOptions {
-        prefix: settings.prefix.clone(),
-        request_timeout: settings.attempt_timeout(),
-        retry: RetryPolicy {
-            max_attempts: ATTEMPTS,
-            initial_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_millis(500),
-        },
-        sweep_interval: Some(a.sweep_interval),
-        bulk_in_flight: a.bulk_in_flight as usize,
+    let opts = {
+        let mut o = AllocatorOptions::default();
+        o.prefix = settings.prefix.clone();
+        o.request_timeout = settings.attempt_timeout();
+        o.retry.max_attempts = ATTEMPTS;
+        o.retry.initial_backoff = Duration::from_millis(50);
+        o.retry.max_backoff = Duration::from_millis(500);
+        o.sweep_interval = Some(a.sweep_interval);
+        o.bulk_in_flight = a.bulk_in_flight as usize;
         // Client sessions are named in the namespace durable holders may not use.
-        holder: Some(idalloc_server::sessions::service_holder()),
-        ..AllocatorOptions::default()
+        o.holder = Some(idalloc_server::sessions::service_holder());
+        o
     };
     let alloc = Allocator::from_arc(store.clone(), opts)
         .map_err(|e| Failure::usage(format!("--prefix: {e}")))?;
@@ -158,8 +157,7 @@ pub async fn run(settings: &Settings, a: &ServeArgs, json_logs: bool) -> Result<
     if json_logs {
         listening_json(addr);
     } else {
-        crate::commands::Out { json: false, no_headers: false }
-            .text(&format!("listening on {addr}\n"))?;
+        crate::commands::Out::plain().text(&format!("listening on {addr}\n"))?;
     }
     let served = match tls {
         Some(tls) => {

@@ -17,12 +17,12 @@ use std::time::Duration;
 
 use idalloc::PoolSpec;
 use idalloc_client::{Client, ClientOptions};
-use serde_json::json;
 
 use crate::cli::{Cli, Command, PoolCommand};
 use crate::commands::{self, Out, StatusReport};
 use crate::fail::Failure;
-use crate::render::{self, Usage};
+use crate::print;
+use crate::render::Usage;
 
 /// How the CLI reaches the service.
 pub struct Server {
@@ -108,16 +108,17 @@ impl Server {
         let attempt = (cli.timeout / 3).max(Duration::from_millis(50));
         let token = cli.token_file.as_deref().map(read_token).transpose()?;
         let http = http_client(cli, attempt)?;
-        let opts = ClientOptions {
-            token,
-            request_timeout: attempt,
-            attempts: 3,
-            backoff_base: Duration::from_millis(50),
-            backoff_max: Duration::from_millis(500),
+        let opts = {
+            let mut o = ClientOptions::default();
+            o.token = token;
+            o.request_timeout = attempt;
+            o.attempts = 3;
+            o.backoff_base = Duration::from_millis(50);
+            o.backoff_max = Duration::from_millis(500);
             // One-shot commands: no watch unless the command watches.
-            lazy_view: true,
-            http: Some(http.clone()),
-            ..ClientOptions::default()
+            o.lazy_view = true;
+            o.http = Some(http.clone());
+            o
         };
         let client =
             Client::new(endpoints, opts).map_err(|e| Failure::usage(format!("--server: {e}")))?;
@@ -132,13 +133,18 @@ pub fn refusal(command: &Command) -> Option<&'static str> {
             "check reads the store's records itself: run it with --store (or the etcd flags) \
              where the store is reachable, not through --server",
         ),
-        Command::Gc(_) => Some(
+        Command::Gc(a) if a.holder.is_none() => Some(
             "gc is done by idalloc serve itself every --sweep-interval; to sweep now, run gc \
-             with --store where the store is reachable, not through --server",
+             with --store where the store is reachable, not through --server (gc --holder \
+             does run through --server)",
         ),
         Command::Serve(_) => {
             Some("serve opens the store itself: give it --store (or the etcd flags), not --server")
         }
+        Command::Upgrade(_) => Some(
+            "upgrade reads and writes the store's cluster version itself: run it with --store \
+             (or the etcd flags), not through --server",
+        ),
         Command::Get(a) if a.remote.any() => Some(REMOTE),
         Command::Lookup(a) if a.remote.any() => Some(REMOTE),
         Command::List(a) if a.remote.any() => Some(REMOTE),
@@ -156,7 +162,7 @@ pub async fn run(cli: &Cli, endpoints: &[String]) -> Result<u8, Failure> {
         return Err(Failure::usage(why));
     }
     let server = Server::new(cli, endpoints)?;
-    let out = Out { json: cli.json, no_headers: cli.no_headers };
+    let out = Out { format: cli.format()?, no_headers: cli.no_headers };
     let result = dispatch(cli, &server, out).await;
     match result {
         Err(f) if f.code == crate::fail::NOT_FOUND => {
@@ -182,10 +188,7 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
         Command::Pool(PoolCommand::Create(a)) => {
             let spec = commands::build_spec(a)?;
             client.init_pool(&spec).await?;
-            out.either(
-                || json!({"pool": spec.name(), "spec": render::spec_json(&spec)}),
-                || format!("pool {} ready: {}\n", spec.name(), spec),
-            )?;
+            print::pool_ready(&spec, out)?;
             Ok(0)
         }
         Command::Pool(PoolCommand::List) => {
@@ -194,28 +197,26 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
             for spec in specs {
                 usages.push(usage_of(server, spec.name()).await?);
             }
-            out.either(
-                || {
-                    json!({"pools": usages.iter().map(Usage::to_json).collect::<Vec<_>>(),
-                           "broken": render::broken_json(&[])})
-                },
-                || render::pools_table(&usages, !out.no_headers),
-            )?;
+            print::pools(&usages, &[], out)?;
             Ok(0)
         }
         Command::Pool(PoolCommand::Show(p)) => {
             let u = usage_of(server, &p.pool).await?;
-            out.either(|| u.to_json(), || render::pool_show(&u))?;
+            print::pool(&u, out)?;
+            Ok(0)
+        }
+        Command::Pool(PoolCommand::Resize(a)) => {
+            let reserved = commands::resize_reserved(a)?;
+            let spec =
+                client.resize_pool(&a.name, a.range.min, a.range.max, reserved.as_deref()).await?;
+            print::pool_resized(&spec, out)?;
             Ok(0)
         }
         Command::Pool(PoolCommand::Delete(a)) => {
             if !client.delete_pool(&a.name, a.force).await? {
                 return Err(Failure::not_found(format!("pool {:?} not found", a.name)));
             }
-            out.either(
-                || json!({"pool": a.name, "deleted": true}),
-                || format!("pool {} deleted\n", a.name),
-            )?;
+            print::pool_deleted(&a.name, out)?;
             Ok(0)
         }
         Command::Acquire(a) => {
@@ -251,10 +252,7 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
             }
             let key = a.key.as_deref().unwrap_or_default();
             let got = pool.acquire_durable(key, &holder).await?;
-            out.either(
-                || json!({"pool": a.pool, "key": key, "id": got.id, "new": got.new, "holder": holder}),
-                || format!("{}\n", got.id),
-            )?;
+            print::acquired(&a.pool, key, &got, &holder, out)?;
             Ok(0)
         }
         Command::Release(a) => {
@@ -272,14 +270,18 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
                     let pool = pool.clone();
                     let holder = holder.clone();
                     async move {
-                        let mut results = Vec::with_capacity(chunk.len());
-                        for key in &chunk {
-                            results.push(match &pool {
-                                Some(p) => p.release_durable(key, &holder).await,
-                                None => Ok(idalloc::Released { held: false, reclaimed: false }),
-                            });
+                        match &pool {
+                            // One request for the chunk, as acquire --from sends.
+                            Some(p) => match p.release_many_durable(&chunk, &holder).await {
+                                Ok(got) => got.into_iter().map(Ok).collect(),
+                                // One answer for the whole chunk: every key of it failed with it.
+                                Err(e) => chunk.iter().map(|_| Err(e.clone())).collect(),
+                            },
+                            None => chunk
+                                .iter()
+                                .map(|_| Ok(idalloc::Released { held: false, reclaimed: false }))
+                                .collect(),
                         }
-                        results
                     }
                 };
                 return crate::batch::release_from_with(
@@ -299,42 +301,17 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
                 Some(p) => p.release_durable(key, &holder).await?,
                 None => idalloc::Released { held: false, reclaimed: false },
             };
-            commands::print_release(&a.pool, key, &holder, r, out)?;
+            print::released(&a.pool, key, &holder, r, out)?;
             Ok(0)
         }
         Command::Get(a) => {
             idalloc::pool::validate_key(&a.key)?;
             let pool = client.pool(&a.pool).await?;
-            match pool.get_consistent(&a.key).await? {
-                Some(id) => {
-                    out.either(
-                        || json!({"pool": a.pool, "key": a.key, "id": id}),
-                        || format!("{id}\n"),
-                    )?;
-                    Ok(0)
-                }
-                None => Err(Failure::not_found(format!(
-                    "key {} has no ID in pool {:?}",
-                    idalloc::error::show_value(&a.key),
-                    a.pool
-                ))),
-            }
+            print::id_of(&a.pool, &a.key, pool.get_consistent(&a.key).await?, out)
         }
         Command::Lookup(a) => {
             let pool = client.pool(&a.pool).await?;
-            match pool.key_of_consistent(a.id).await? {
-                Some(key) => {
-                    out.either(
-                        || json!({"pool": a.pool, "id": a.id, "key": key}),
-                        || format!("{}\n", render::text(&key)),
-                    )?;
-                    Ok(0)
-                }
-                None => Err(Failure::not_found(format!(
-                    "ID {} is not bound in pool {:?}",
-                    a.id, a.pool
-                ))),
-            }
+            print::key_of(&a.pool, a.id, pool.key_of_consistent(a.id).await?, out)
         }
         Command::List(a) => {
             let pool = client.pool(&a.pool).await?;
@@ -346,6 +323,10 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
             crate::watch::follow_client(&pool, w, out).await.map(|_| 0)
         }
         Command::Status => status(cli, server, out).await,
+        Command::Complete(_) => {
+            let specs = client.list_pools().await?;
+            print::completions(specs.iter().map(|s| s.name()))
+        }
         Command::Version => {
             let answer = match client.server_version().await {
                 Ok(v) => Ok(format!(
@@ -360,12 +341,34 @@ async fn dispatch(cli: &Cli, server: &Server, out: Out) -> Result<u8, Failure> {
             };
             crate::version::print(Some(answer), out)
         }
+        Command::Gc(a) if a.holder.is_some() => gc_holder(server, a, out).await,
         Command::Check(_)
         | Command::Gc(_)
         | Command::Serve(_)
+        | Command::Upgrade(_)
         | Command::Completions(_)
+        | Command::Options
         | Command::Man(_) => Err(Failure::usage("this command does not run through --server")),
     }
+}
+
+/// `gc --holder` through the service: its pools (or the one named), each read a page at a time.
+async fn gc_holder(server: &Server, a: &crate::cli::GcArgs, out: Out) -> Result<u8, Failure> {
+    let holder = a.holder.as_deref().unwrap_or_default();
+    idalloc::pool::validate_durable_holder(holder)
+        .map_err(|e| Failure::usage(format!("--holder: {e}")))?;
+    let names = match &a.pool {
+        Some(p) => vec![p.clone()],
+        None => server.client.list_pools().await?.iter().map(|s| s.name().to_string()).collect(),
+    };
+    let mut reports = Vec::new();
+    for name in names {
+        let pool = server.client.pool(&name).await?;
+        let dropped = crate::release_holder::through_server(&pool, holder, a.dry_run).await?;
+        reports.push(crate::release_holder::PoolReport { pool: name, dropped });
+    }
+    crate::release_holder::print(holder, a.dry_run, &reports, out)?;
+    Ok(0)
 }
 
 /// `status` of the service: its `/readyz` (ready, the store's revision) and its pools.

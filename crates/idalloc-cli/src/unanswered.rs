@@ -79,7 +79,7 @@ pub async fn explain(f: Failure, waited: Duration) -> Failure {
             Err(_) => dns.push((host.clone(), "no answer within 2s".to_string())),
         }
     }
-    Failure { code: f.code, message: reword(&f.message, target, waited, &dns) }
+    Failure { code: f.code, kind: f.kind, message: reword(&f.message, target, waited, &dns) }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! `idalloc version`: this client's build (version, git commit, API and record layout versions)
 //! and, with a store named, what serves it ("etcd 3.4.27"), asked within `--timeout`.
 
+use idalloc::cluster_version::{OLDEST_CLUSTER_VERSION, PROTOCOL_VERSION};
 use idalloc::store::Store;
 use serde_json::json;
 
@@ -16,7 +17,8 @@ pub fn print(store: Option<Result<String, String>>, out: Out) -> Result<u8, Fail
     out.either(
         || {
             let mut j = json!({"version": v.version, "git_sha": v.git_sha, "api": v.api,
-                               "layout": v.layout});
+                               "layout": v.layout, "protocol": PROTOCOL_VERSION,
+                               "runs_on_cluster_versions": [OLDEST_CLUSTER_VERSION, PROTOCOL_VERSION]});
             match &store {
                 Some(Ok(s)) => j["store"] = json!(s),
                 Some(Err(e)) => {
@@ -29,7 +31,9 @@ pub fn print(store: Option<Result<String, String>>, out: Out) -> Result<u8, Fail
         },
         || {
             let mut t = format!(
-                "idalloc {}\ngit commit: {}\napi:        {}\nlayout:     {}\n",
+                "idalloc {}\ngit commit: {}\napi:        {}\nlayout:     {}\nprotocol:   \
+                 {PROTOCOL_VERSION} (runs on cluster versions {OLDEST_CLUSTER_VERSION} to \
+                 {PROTOCOL_VERSION})\n",
                 v.version, v.git_sha, v.api, v.layout
             );
             match &store {

@@ -247,7 +247,7 @@ pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(
 /// Opens the file, reads the pool's bindings, closes the file. The bindings are the pool's view
 /// once synced, as [`follow`] reads them on etcd: the opened pool lists its ID records anyway,
 /// and a `Pool::list` on top read every record of the pool a second time (about half of a
-/// poll's CPU at 1M bindings; docs/benchmarks/scale.md, "Linear cost, quiet").
+/// poll's CPU at 1M bindings; docs/benchmarks/scale.md, "Linear cost").
 async fn read_bindings(settings: &Settings, pool: &str) -> Result<BTreeMap<u64, String>, Failure> {
     let opened = open::open_store(settings, false).await?;
     let alloc =

@@ -5,39 +5,16 @@
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use idalloc_testkit::cli::Ran;
 use idalloc_testkit::serve::Serve;
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_idalloc")
 }
 
-/// One run: exit code, stdout, stderr.
-#[derive(Debug, PartialEq, Eq)]
-struct Ran {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 /// `idalloc ARGS` in `dir` with `env` set (and the store and server variables cleared).
 fn run(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Ran {
-    let mut c = Command::new(bin());
-    c.current_dir(dir)
-        .env("USER", "alice")
-        .env_remove("RUST_LOG")
-        .env_remove("IDALLOC_STORE")
-        .env_remove("IDALLOC_SERVER")
-        .env_remove("IDALLOC_PREFIX")
-        .env_remove("IDALLOC_TOKEN_FILE")
-        .envs(env.iter().copied())
-        .args(args)
-        .stdin(Stdio::null());
-    let o = c.output().expect("run idalloc");
-    Ran {
-        code: o.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
-    }
+    idalloc_testkit::cli::run(bin(), dir, env, args)
 }
 
 /// The same commands on a file store and through a serve of another (fresh) file store: the
@@ -90,6 +67,14 @@ fn every_command_through_serve_answers_as_on_a_store() {
         vec!["pool", "create", "tiny", "--range", "1-1"],
         vec!["acquire", "tiny", "x"],
         vec!["acquire", "tiny", "y"],
+        vec!["pool", "resize", "tiny", "--range", "1-2"],
+        vec!["acquire", "tiny", "y"],
+        vec!["pool", "resize", "tiny", "--range", "1-1"],
+        vec!["pool", "resize", "tiny", "--range", "1-3", "--reserve", "2"],
+        vec!["--json", "pool", "resize", "tiny", "--range", "1-3", "--reserve", "3"],
+        vec!["pool", "show", "tiny"],
+        vec!["pool", "resize", "tiny", "--range", "3-1"],
+        vec!["pool", "resize", "nopool", "--range", "1-5"],
         vec!["acquire", "p", ""],
         vec!["acquire", "p", "k", "--holder", ""],
         vec!["pool", "delete", "q"],
@@ -106,6 +91,12 @@ fn every_command_through_serve_answers_as_on_a_store() {
         assert_eq!(a.stderr.is_empty(), b.stderr.is_empty(), "{args:?}: {a:?} / {b:?}");
         if a.code != 0 {
             assert!(b.stderr.starts_with("error: ") && b.stderr.lines().count() == 1, "{b:?}");
+        }
+        // A shrink over a bound ID names it and its key, on a store and through the service.
+        if args[..2] == ["pool", "resize"] && args.ends_with(&["1-1"]) {
+            for r in [&a, &b] {
+                assert!(r.code == 1 && r.stderr.contains("ID 2 is bound to key \"y\""), "{r:?}");
+            }
         }
     }
     // Every answer came from the service: no store was opened beside it.
@@ -175,6 +166,72 @@ fn every_command_through_serve_answers_as_on_a_store() {
     assert!(r.stdout.contains("reachable:  no (") && r.stdout.contains(&url), "{r:?}");
 }
 
+/// `gc --holder NODE` on a store and through a serve: a dry run changes nothing; the run drops
+/// exactly NODE's references, reclaiming the bindings nobody else holds and keeping the others.
+#[test]
+fn gc_holder_frees_one_nodes_bindings_and_nothing_else() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let served = format!("file:{}", dir.path().join("served.redb").display());
+    let serve = Serve::start(bin(), &["--store", &served], &[]);
+    let url = format!("http://{}", serve.addr());
+    let direct = format!("file:{}", dir.path().join("direct.redb").display());
+    for env in [("IDALLOC_STORE", direct.as_str()), ("IDALLOC_SERVER", url.as_str())] {
+        let idalloc = |args: &[&str]| {
+            let r = run(dir.path(), &[env], args);
+            assert_eq!(r.code, 0, "{env:?} {args:?}: {r:?}");
+            r.stdout
+        };
+        idalloc(&["pool", "create", "p", "--range", "1-100", "--strategy", "lowest"]);
+        idalloc(&["pool", "create", "other", "--range", "1-10", "--strategy", "lowest"]);
+        for (key, holder) in
+            [("a", "n1"), ("b", "n2"), ("c", "n1"), ("shared", "n1"), ("shared", "n2")]
+        {
+            idalloc(&["acquire", "p", key, "--holder", holder]);
+        }
+        idalloc(&["acquire", "other", "x", "--holder", "n1"]);
+        let before = idalloc(&["--json", "list", "p"]);
+
+        let dry: serde_json::Value =
+            serde_json::from_str(&idalloc(&["--json", "gc", "--holder", "n1", "p", "--dry-run"]))
+                .expect("JSON");
+        let keys: Vec<_> = dry["pools"][0]["released"]
+            .as_array()
+            .expect("released")
+            .iter()
+            .map(|d| d["key"].as_str().unwrap_or_default().to_string())
+            .collect();
+        assert_eq!(keys, ["a", "c", "shared"], "{env:?}: {dry}");
+        assert_eq!(dry["dry_run"], true, "{dry}");
+        assert_eq!(idalloc(&["--json", "list", "p"]), before, "{env:?}: a dry run changed nothing");
+
+        let done: serde_json::Value =
+            serde_json::from_str(&idalloc(&["--json", "gc", "--holder", "n1", "p"])).expect("JSON");
+        let reclaimed: Vec<_> = done["pools"][0]["released"]
+            .as_array()
+            .expect("released")
+            .iter()
+            .map(|d| (d["key"].as_str().unwrap_or_default().to_string(), d["reclaimed"] == true))
+            .collect();
+        assert_eq!(
+            reclaimed,
+            [("a".to_string(), true), ("c".to_string(), true), ("shared".to_string(), false)],
+            "{env:?}: {done}"
+        );
+        assert_eq!(
+            idalloc(&["list", "p"]),
+            "ID  KEY     HOLDERS\n2   b       n2\n4   shared  n2\n",
+            "{env:?}: n2's bindings untouched"
+        );
+        // Another pool was not named, so n1 keeps it; without a pool, every pool is swept.
+        assert!(idalloc(&["list", "other"]).contains("n1"), "{env:?}");
+        let all = idalloc(&["gc", "--holder", "n1"]);
+        assert!(all.contains("other: released 1 x (reclaimed)"), "{env:?}: {all}");
+        assert!(all.contains("p: released 0 references"), "{env:?}: {all}");
+        let r = run(dir.path(), &[env], &["gc", "--holder", "lease:x"]);
+        assert_eq!(r.code, 2, "{env:?}: a holder name that cannot be durable: {r:?}");
+    }
+}
+
 fn serve_addr(url: &str) -> &str {
     url.trim_start_matches("http://")
 }
@@ -237,5 +294,73 @@ fn through_serve_with_tls_and_a_token() {
     assert_ne!(r.code, 0, "{r:?}");
     let r = with(&[("IDALLOC_TOKEN_FILE", &good)], &["--json", "status"]);
     assert_eq!(r.code, 0, "{r:?}");
+    // `gc --holder` names the holder as `acquire --holder` does, though the service stores it
+    // under the client's name (`cli/n1`).
+    let t = [("IDALLOC_TOKEN_FILE", good.as_str())];
+    for (key, holder) in [("h1", "n1"), ("h2", "n2")] {
+        let r = with(&t, &["acquire", "p", key, "--holder", holder]);
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    let r = with(&t, &["gc", "--holder", "n1", "p", "--dry-run"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("p: would release 1 references of holder n1"), "{r:?}");
+    let r = with(&t, &["gc", "--holder", "n1", "p"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains(" h1 (reclaimed)"), "{r:?}");
+    assert!(r.stdout.contains("p: released 1 references of holder n1"), "{r:?}");
+    let r = with(&t, &["list", "p"]);
+    assert!(!r.stdout.contains("h1") && r.stdout.contains("h2"), "n2 keeps its key: {r:?}");
     drop(serve);
+}
+
+/// Requests `serve` counted for `method` on `route` (its `idalloc_http_requests_total`, any
+/// status), read from its /metrics.
+fn requests_on(serve: &Serve, method: &str, route: &str) -> u64 {
+    let text = ureq::get(&serve.http("/metrics"))
+        .call()
+        .expect("metrics")
+        .body_mut()
+        .read_to_string()
+        .expect("metrics text");
+    let route = format!("route=\"{route}\"");
+    let method = format!("method=\"{method}\"");
+    text.lines()
+        .filter(|l| l.starts_with("idalloc_http_requests_total{"))
+        .filter(|l| l.contains(&route) && l.contains(&method))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// `release --from` through serve sends its keys in batches (one request per 100 keys, as
+/// `acquire --from` does), not one request per key, and still prints one line per key.
+#[test]
+fn release_from_through_serve_sends_batches() {
+    let served = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", served.path().join("ids.redb").display());
+    let serve = Serve::start(bin(), &["--store", &store], &[]);
+    let url = format!("http://{}", serve.addr());
+    let keys = served.path().join("keys.txt");
+    let text: String = (0..250).map(|i| format!("k{i}\n")).collect();
+    std::fs::write(&keys, text).expect("keys");
+    let keys = keys.to_str().expect("utf-8");
+    let env = [("IDALLOC_SERVER", url.as_str())];
+    let r = run(served.path(), &env, &["acquire", "p", "--from", keys, "--range", "1-1000"]);
+    assert_eq!(r.code, 0, "{r:?}");
+
+    let before = requests_on(&serve, "POST", "/v1/pools/{pool}/release");
+    let r = run(served.path(), &env, &["--json", "release", "p", "--from", keys]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let lines: Vec<serde_json::Value> =
+        r.stdout.lines().map(|l| serde_json::from_str(l).expect("JSON line")).collect();
+    assert_eq!(lines.len(), 250, "{r:?}");
+    assert!(lines.iter().all(|l| l["released"] == true && l["reclaimed"] == true), "{r:?}");
+    assert_eq!(lines[249]["key"], "k249");
+    let sent = requests_on(&serve, "POST", "/v1/pools/{pool}/release") - before;
+    assert_eq!(sent, 3, "250 keys in batches of 100");
+    // Everything was released: the pool is empty.
+    let r = run(served.path(), &env, &["--json", "list", "p"]);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&r.stdout).expect("list")["bindings"],
+        serde_json::json!([])
+    );
 }

@@ -27,13 +27,13 @@ fn start_serve(etcd: &str, prefix: &str) -> Serve {
 
 fn client(endpoints: &[&Serve]) -> Client {
     let urls: Vec<String> = endpoints.iter().map(|s| s.http("")).collect();
-    let opts = ClientOptions {
-        backoff_base: Duration::from_millis(50),
-        backoff_max: Duration::from_millis(500),
+    let opts = ClientOptions::builder()
+        .backoff_base(Duration::from_millis(50))
+        .backoff_max(Duration::from_millis(500))
         // The client's own session: renewed every second.
-        session_ttl: Duration::from_secs(3),
-        ..ClientOptions::default()
-    };
+        .session_ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
     Client::new(urls, opts).expect("client")
 }
 
@@ -329,7 +329,7 @@ async fn with_tokens_a_session_is_its_openers_on_every_replica() {
     let global = ["--store", store.as_str(), "--prefix", prefix.as_str(), "--timeout", "3s"];
     let serve = || Serve::start(bin(), &global, &["--auth-tokens", &tokens]);
     let (mut a, b) = (serve(), serve());
-    let opts = |t: &str| ClientOptions { token: Some(t.to_string()), ..ClientOptions::default() };
+    let opts = |t: &str| ClientOptions::builder().token(t.to_string()).build().unwrap();
     let admin = Client::new([a.http(""), b.http("")], opts(&ops)).expect("admin client");
     admin.init_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
     let c = Client::new([a.http(""), b.http("")], opts(&alice)).expect("alice's client");

@@ -800,3 +800,49 @@ fn bulk_requests_of_a_durable_holder_go_in_batched_txns() {
         "{r}"
     );
 }
+
+/// `hint` on acquire: the preferred ID is given when free and `hint_granted` says so; a taken
+/// ID, a reserved one or one in its reuse delay is not, and the key gets a usual ID; a key
+/// already bound keeps its ID; a hint with `keys`, a session or on release is refused (400).
+#[test]
+fn acquire_with_a_hint_gets_the_id_when_free_and_says_which() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    let s = start_serve(&store, "idalloc", &[]);
+    let spec = json!({"name": "h", "min": 1, "max": 1000, "reserved": [[500, 509]],
+                      "reuse_delay_ms": 3_600_000u64});
+    post(&s, "/v1/pools", spec).ok();
+    let acquire = |body: Value| post(&s, "/v1/pools/h/acquire", body);
+
+    let a = acquire(json!({"key": "a", "holder": "n1", "hint": 700})).ok();
+    assert_eq!((a["id"].as_u64(), a["hint_granted"].as_bool()), (Some(700), Some(true)), "{a}");
+    // Taken by another key: a usual ID, and the answer says the hint was not granted.
+    let b = acquire(json!({"key": "b", "holder": "n1", "hint": 700})).ok();
+    assert_eq!(b["hint_granted"], false, "{b}");
+    assert_ne!(b["id"], 700, "{b}");
+    // Reserved: not granted either.
+    let c = acquire(json!({"key": "c", "holder": "n1", "hint": 505})).ok();
+    assert_eq!(c["hint_granted"], false, "{c}");
+    // In its reuse delay after a release: not granted.
+    post(&s, "/v1/pools/h/release", json!({"key": "a", "holder": "n1"})).ok();
+    let d = acquire(json!({"key": "d", "holder": "n1", "hint": 700})).ok();
+    assert_eq!((d["hint_granted"].as_bool(), d["new"].as_bool()), (Some(false), Some(true)), "{d}");
+    assert_ne!(d["id"], 700, "{d}");
+    // A bound key keeps its ID whatever the hint.
+    let again = acquire(json!({"key": "b", "holder": "n2", "hint": 42})).ok();
+    assert_eq!((&again["id"], &again["hint_granted"]), (&b["id"], &json!(false)), "{again}");
+    // Without a hint the answer has no hint_granted.
+    let plain = acquire(json!({"key": "e", "holder": "n1"})).ok();
+    assert!(plain.get("hint_granted").is_none(), "{plain}");
+    // Refused forms name the hint.
+    for body in [
+        json!({"keys": ["x", "y"], "holder": "n1", "hint": 3}),
+        json!({"key": "x", "session": "0".repeat(80), "hint": 3}),
+    ] {
+        let msg = acquire(body).err(400, "invalid_input");
+        assert!(msg.contains("hint"), "{msg}");
+    }
+    let msg = post(&s, "/v1/pools/h/release", json!({"key": "b", "holder": "n1", "hint": 3}))
+        .err(400, "invalid_input");
+    assert!(msg.contains("hint"), "{msg}");
+}

@@ -4,11 +4,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::{plain_agent, request, Resp};
-use idalloc_testkit::serve::Serve;
+use idalloc_testkit::serve::{tokens_file, Serve};
 use serde_json::{json, Value};
 
 fn bin() -> &'static str {
@@ -25,34 +25,6 @@ fn call(s: &Serve, method: &str, path: &str, token: Option<&str>, body: Option<V
     let body = body.map(|b| b.to_string());
     request(&plain_agent(Duration::from_secs(30)), method, &s.http(path), token, body.as_deref())
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-}
-
-/// A tokens file (mode 0600) of `lines` (`NAME SCOPE file:NAME.token …`), each client's token
-/// written to `NAME.token` (mode 0600); returns the file and the token of each name.
-fn tokens_file(dir: &Path, lines: &[&str]) -> (PathBuf, Vec<(String, String)>) {
-    use std::os::unix::fs::PermissionsExt;
-    let mut tokens = Vec::new();
-    for line in lines {
-        let name = line.split_whitespace().next().expect("name").to_string();
-        let token = format!("tok-{name}-{:x}-{}", rand_u64(), std::process::id());
-        let file = dir.join(format!("{name}.token"));
-        std::fs::write(&file, &token).expect("write token");
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        tokens.push((name, token));
-    }
-    let path = dir.join("tokens");
-    std::fs::write(&path, lines.join("\n") + "\n").expect("write tokens");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    (path, tokens)
-}
-
-fn rand_u64() -> u64 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
-}
-
-fn token<'a>(tokens: &'a [(String, String)], name: &str) -> &'a str {
-    &tokens.iter().find(|(n, _)| n == name).expect("client").1
 }
 
 /// A durable acquire or release naming a session's holder is refused (409 `holder_reserved`,
@@ -88,11 +60,10 @@ fn sessions_own_their_holder_names() {
     call(&s, "POST", "/v1/pools/p/acquire", None, Some(json!({"key":"k","holder":"node-1"}))).ok();
     drop(s);
 
-    let (tokens, tk) =
-        tokens_file(dir.path(), &["w allocate file:w.token", "boss admin file:boss.token"]);
-    let tokens = tokens.to_str().expect("utf-8").to_string();
+    let tk = tokens_file(dir.path(), &["w allocate file:w.token", "boss admin file:boss.token"]);
+    let tokens = tk.arg().to_string();
     let s = start(dir.path(), &["--auth-tokens", &tokens]);
-    let w = Some(token(&tk, "w"));
+    let w = Some(tk.token("w"));
     let sess = call(&s, "POST", "/v1/sessions", w, Some(json!({"ttl":30}))).ok();
     let holder = sess["holder"].as_str().expect("holder").to_string();
     for op in ["acquire", "release"] {
@@ -101,11 +72,52 @@ fn sessions_own_their_holder_names() {
     }
 }
 
+/// The holder limit is 256 bytes with and without tokens: a 256-byte holder is acquired,
+/// listed (as `CLIENT/HOLDER` with tokens) and released, and a 257-byte one is refused 400
+/// naming the limit, on both.
+#[test]
+fn the_holder_limit_is_the_same_with_and_without_tokens() {
+    let (plain_dir, tokens_dir) =
+        (tempfile::tempdir().expect("tempdir"), tempfile::tempdir().expect("tempdir"));
+    let tk = tokens_file(
+        tokens_dir.path(),
+        &["a-client-name allocate file:a-client-name.token", "boss admin file:boss.token"],
+    );
+    let plain = start(plain_dir.path(), &[]);
+    let tokened = start(tokens_dir.path(), &["--auth-tokens", tk.arg()]);
+    let longest = "h".repeat(256);
+    let over = "h".repeat(257);
+    for (s, admin, user, stored) in [
+        (&plain, None, None, longest.clone()),
+        (
+            &tokened,
+            Some(tk.token("boss")),
+            Some(tk.token("a-client-name")),
+            format!("a-client-name/{longest}"),
+        ),
+    ] {
+        call(s, "POST", "/v1/pools", admin, Some(json!({"name":"p","min":1,"max":9}))).ok();
+        let got =
+            call(s, "POST", "/v1/pools/p/acquire", user, Some(json!({"key":"k","holder":longest})));
+        assert!(got.ok()["id"].as_u64().is_some());
+        let b = call(s, "GET", "/v1/pools/p/bindings", user, None).ok();
+        assert_eq!(b["bindings"][0]["holders"], json!([stored]), "{b}");
+        let r =
+            call(s, "POST", "/v1/pools/p/release", user, Some(json!({"key":"k","holder":longest})))
+                .ok();
+        assert_eq!(r["held"], true, "{r}");
+        let msg =
+            call(s, "POST", "/v1/pools/p/acquire", user, Some(json!({"key":"k","holder":over})))
+                .err(400, "invalid_input");
+        assert!(msg.contains("257 bytes") && msg.contains("at most 256 bytes"), "{msg}");
+    }
+}
+
 /// Per-pool grants and quotas of the tokens file, each allowed and refused.
 #[test]
 fn grants_and_quotas_of_the_tokens_file() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &[
             "a allocate file:a.token read=shared write=vni-a* sessions=2 refs=3",
@@ -113,8 +125,8 @@ fn grants_and_quotas_of_the_tokens_file() {
             "boss admin file:boss.token",
         ],
     );
-    let s = start(dir.path(), &["--auth-tokens", tokens.to_str().expect("utf-8")]);
-    let (a, r, boss) = (Some(token(&tk, "a")), Some(token(&tk, "r")), Some(token(&tk, "boss")));
+    let s = start(dir.path(), &["--auth-tokens", tk.arg()]);
+    let (a, r, boss) = (Some(tk.token("a")), Some(tk.token("r")), Some(tk.token("boss")));
     for p in ["vni-a1", "vni-b1", "shared"] {
         call(&s, "POST", "/v1/pools", boss, Some(json!({"name":p,"min":1,"max":100}))).ok();
     }
@@ -339,7 +351,7 @@ fn slow_header_and_idle_clients_are_cut() {
 #[test]
 fn admins_list_and_end_sessions_and_every_write_is_audited_without_tokens() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &["w allocate file:w.token", "boss admin file:boss.token", "x allocate file:x.token"],
     );
@@ -347,17 +359,17 @@ fn admins_list_and_end_sessions_and_every_write_is_audited_without_tokens() {
     let s = Serve::start_logged(
         bin(),
         &["--store", &store, "--timeout", "3s", "--log-format", "json"],
-        &["--auth-tokens", tokens.to_str().expect("utf-8")],
+        &["--auth-tokens", tk.arg()],
         dir.path().join("serve.log"),
     );
-    let (w, boss) = (Some(token(&tk, "w")), Some(token(&tk, "boss")));
+    let (w, boss) = (Some(tk.token("w")), Some(tk.token("boss")));
     call(&s, "POST", "/v1/pools", boss, Some(json!({"name":"p","min":1,"max":100}))).ok();
     let sess = call(&s, "POST", "/v1/sessions", w, Some(json!({"ttl":30}))).ok();
     let (sid, holder) =
         (sess["session"].as_str().expect("id"), sess["holder"].as_str().expect("h"));
     call(&s, "POST", "/v1/pools/p/acquire", w, Some(json!({"keys":["a","b"],"session":sid}))).ok();
 
-    let x = Some(token(&tk, "x"));
+    let x = Some(tk.token("x"));
     let none = call(&s, "GET", "/v1/sessions", x, None).ok();
     assert_eq!(none["sessions"], json!([]), "{none}");
     let list = call(&s, "GET", "/v1/sessions", boss, None).ok();
@@ -418,8 +430,8 @@ fn admins_list_and_end_sessions_and_every_write_is_audited_without_tokens() {
     // One line per mutating request: pool create, session open, acquire, 2 session ends,
     // 2 acquires, pool create refused (GETs are not audited).
     assert_eq!(audit.len(), 8, "{audit:#?}");
-    for (_, t) in &tk {
-        assert!(!log.contains(t.as_str()), "a token is in the log");
+    for t in tk.tokens() {
+        assert!(!log.contains(t), "a token is in the log");
     }
     assert!(!log.contains(sid), "a session id is in the log");
 }
@@ -458,8 +470,8 @@ fn chmod(path: &Path, mode: u32) {
 #[test]
 fn secret_files_others_can_write_or_read_are_refused_or_warned() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, _) = tokens_file(dir.path(), &["w allocate file:w.token"]);
-    let t = tokens.to_str().expect("utf-8").to_string();
+    let tk = tokens_file(dir.path(), &["w allocate file:w.token"]);
+    let (tokens, t) = (tk.path.clone(), tk.arg().to_string());
     let token_file = dir.path().join("w.token");
     let refused = |extra: &[&str], file: &Path, why: &str| {
         let (code, out, err) = run_serve(extra);

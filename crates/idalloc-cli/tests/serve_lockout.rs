@@ -8,11 +8,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::{plain_agent, request, Resp};
-use idalloc_testkit::serve::{read_until_closed, Serve};
+use idalloc_testkit::serve::{read_until_closed, tokens_file, Serve};
 use serde_json::{json, Value};
 
 fn bin() -> &'static str {
@@ -32,34 +32,6 @@ fn call(s: &Serve, method: &str, path: &str, token: Option<&str>, body: Option<V
     let body = body.map(|b| b.to_string());
     request(&plain_agent(Duration::from_secs(30)), method, &s.http(path), token, body.as_deref())
         .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-}
-
-/// A tokens file (mode 0600) of `lines` (`NAME SCOPE file:NAME.token`), each client's token
-/// written to `NAME.token` (mode 0600); returns the file and the token of each name.
-fn tokens_file(dir: &Path, lines: &[&str]) -> (PathBuf, Vec<(String, String)>) {
-    use std::os::unix::fs::PermissionsExt;
-    let mut tokens = Vec::new();
-    for line in lines {
-        let name = line.split_whitespace().next().expect("name").to_string();
-        let token = format!("tok-{name}-{:x}-{}", rand_u64(), std::process::id());
-        let file = dir.join(format!("{name}.token"));
-        std::fs::write(&file, &token).expect("write token");
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        tokens.push((name, token));
-    }
-    let path = dir.join("tokens");
-    std::fs::write(&path, lines.join("\n") + "\n").expect("write tokens");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    (path, tokens)
-}
-
-fn rand_u64() -> u64 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
-}
-
-fn token<'a>(tokens: &'a [(String, String)], name: &str) -> &'a str {
-    &tokens.iter().find(|(n, _)| n == name).expect("client").1
 }
 
 /// Sends `GET path` on a new connection (with the token, if any) and reads the answer's head;
@@ -120,7 +92,7 @@ fn closed(c: &mut TcpStream) -> bool {
 #[test]
 fn a_client_at_its_watch_and_connection_caps_locks_nobody_out() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &[
             "flood read file:flood.token",
@@ -132,7 +104,7 @@ fn a_client_at_its_watch_and_connection_caps_locks_nobody_out() {
         dir.path(),
         &[
             "--auth-tokens",
-            tokens.to_str().expect("utf-8"),
+            tk.arg(),
             "--max-connections",
             "20",
             "--max-connections-per-client",
@@ -141,7 +113,7 @@ fn a_client_at_its_watch_and_connection_caps_locks_nobody_out() {
             "3",
         ],
     );
-    let (flood, other, boss) = (token(&tk, "flood"), token(&tk, "other"), token(&tk, "boss"));
+    let (flood, other, boss) = (tk.token("flood"), tk.token("other"), tk.token("boss"));
     call(&s, "POST", "/v1/pools", Some(boss), Some(json!({"name":"p","min":1,"max":100}))).ok();
 
     let mut held = Vec::new();
@@ -183,13 +155,79 @@ fn a_client_at_its_watch_and_connection_caps_locks_nobody_out() {
     drop(held);
 }
 
+/// `connections=` and `watches=` on a client's tokens-file line replace the per-client flags for
+/// that client, lower or higher; the refusals name the tokens-file setting.
+#[test]
+fn tokens_file_caps_replace_the_per_client_flags() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tk = tokens_file(
+        dir.path(),
+        &[
+            "tight read file:tight.token watches=1 connections=3",
+            "wide read file:wide.token watches=4",
+            "boss admin file:boss.token",
+        ],
+    );
+    let s = start(
+        dir.path(),
+        &[
+            "--auth-tokens",
+            tk.arg(),
+            "--max-connections-per-client",
+            "10",
+            "--max-watches-per-client",
+            "2",
+        ],
+    );
+    let boss = Some(tk.token("boss"));
+    call(&s, "POST", "/v1/pools", boss, Some(json!({"name":"p","min":1,"max":9}))).ok();
+    let mut held = Vec::new();
+
+    // `tight`: one stream (below the flag's 2), three connections (below the flag's 10).
+    let (status, head, c) = open(&s, "/v1/pools/p/watch", Some(tk.token("tight")));
+    assert_eq!(status, 200, "{head}");
+    held.push(c);
+    let (status, head, mut c) = open(&s, "/v1/pools/p/watch", Some(tk.token("tight")));
+    assert_eq!(status, 429, "{head}");
+    let body = read_body(&mut c, &head);
+    let msg = body["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("1 watch streams") && msg.contains("watches=1 in the tokens file"),
+        "{body}"
+    );
+    held.push(c);
+    let (status, head, c) = open(&s, "/v1/pools", Some(tk.token("tight")));
+    assert_eq!(status, 200, "the third connection: {head}");
+    held.push(c);
+    let (status, head, mut c) = open(&s, "/v1/pools", Some(tk.token("tight")));
+    assert_eq!(status, 429, "the fourth connection: {head}");
+    let body = read_body(&mut c, &head);
+    let msg = body["message"].as_str().unwrap_or("");
+    assert!(
+        msg.contains("4 connections") && msg.contains("connections=3 in the tokens file"),
+        "{body}"
+    );
+
+    // `wide`: four streams (above the flag's 2), not a fifth.
+    for i in 0..4 {
+        let (status, head, c) = open(&s, "/v1/pools/p/watch", Some(tk.token("wide")));
+        assert_eq!(status, 200, "stream {i}: {head}");
+        held.push(c);
+    }
+    let (status, head, mut c) = open(&s, "/v1/pools/p/watch", Some(tk.token("wide")));
+    assert_eq!(status, 429, "{head}");
+    let body = read_body(&mut c, &head);
+    assert!(body["message"].as_str().unwrap_or("").contains("watches=4"), "{body}");
+    drop(held);
+}
+
 /// At the connection cap, a newcomer (a probe, another client) closes a connection of the
 /// client holding the most (its newest watch stream), never one of a client holding fewer, and is
 /// served; a newcomer whose own address holds the most and nothing idle is refused instead.
 #[test]
 fn at_the_connection_cap_the_client_holding_the_most_gives_way() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &[
             "flood read file:flood.token",
@@ -200,21 +238,14 @@ fn at_the_connection_cap_the_client_holding_the_most_gives_way() {
     );
     let s = start(
         dir.path(),
-        &[
-            "--auth-tokens",
-            tokens.to_str().expect("utf-8"),
-            "--max-connections",
-            "6",
-            "--max-connections-per-client",
-            "6",
-        ],
+        &["--auth-tokens", tk.arg(), "--max-connections", "6", "--max-connections-per-client", "6"],
     );
-    let (flood, small, other) = (token(&tk, "flood"), token(&tk, "small"), token(&tk, "other"));
+    let (flood, small, other) = (tk.token("flood"), tk.token("small"), tk.token("other"));
     call(
         &s,
         "POST",
         "/v1/pools",
-        Some(token(&tk, "boss")),
+        Some(tk.token("boss")),
         Some(json!({"name":"p","min":1,"max":9})),
     )
     .ok();
@@ -370,12 +401,12 @@ fn now_revision(msg: &str) -> i64 {
 #[test]
 fn the_request_rate_charges_by_work() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &["w allocate file:w.token rate=1 burst=12", "boss admin file:boss.token"],
     );
-    let s = start(dir.path(), &["--auth-tokens", tokens.to_str().expect("utf-8")]);
-    let (w, boss) = (token(&tk, "w"), token(&tk, "boss"));
+    let s = start(dir.path(), &["--auth-tokens", tk.arg()]);
+    let (w, boss) = (tk.token("w"), tk.token("boss"));
     call(&s, "POST", "/v1/pools", Some(boss), Some(json!({"name":"p","min":1,"max":5000}))).ok();
     let keys: Vec<String> = (0..1000).map(|i| format!("k{i}")).collect();
     let got =

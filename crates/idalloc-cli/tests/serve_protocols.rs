@@ -1,6 +1,7 @@
 //! `idalloc serve` speaks HTTP/1.1 and HTTP/2 on one port (each connection's
 //! protocol is chosen before hyper reads from it, by a peek of the HTTP/2 preface on plain TCP and
-//! by ALPN under TLS). Real processes, real sockets, certificates made at test time.
+//! by ALPN under TLS), and frees a watch stream when its client goes, whatever the protocol.
+//! Real processes, real sockets, certificates made at test time.
 
 use std::io::Write;
 use std::path::Path;
@@ -132,4 +133,155 @@ fn a_stalled_preface_or_silence_is_cut_by_the_header_timeout() {
         let (v, st, _) = get(&h1, &s.http("/healthz")).await;
         assert_eq!((v, st), (Version::HTTP_11, 200));
     });
+}
+
+/// The value of `idalloc_watch_subscribers{pool="POOL"}` on `base`'s `/metrics` (0 if absent).
+async fn subscribers(c: &reqwest::Client, base: &str, pool: &str) -> f64 {
+    let url = format!("{base}/metrics");
+    let text = c.get(&url).send().await.expect("metrics").text().await.expect("metrics text");
+    let series = format!("idalloc_watch_subscribers{{pool=\"{pool}\"}}");
+    text.lines()
+        .find_map(|l| l.strip_prefix(series.as_str()).and_then(|v| v.trim().parse().ok()))
+        .unwrap_or(0.0)
+}
+
+/// Opens a watch stream of `pool` with `client` and reads its first chunk; the answer is
+/// returned open. `client` must have been built inside the running runtime that owns it.
+async fn open_watch(client: &reqwest::Client, base: &str, pool: &str) -> reqwest::Response {
+    let mut w = client.get(format!("{base}/v1/pools/{pool}/watch")).send().await.expect("watch");
+    assert_eq!(w.status().as_u16(), 200, "{:?}", w.headers());
+    tokio::time::timeout(Duration::from_secs(30), w.chunk())
+        .await
+        .expect("the watch sends within 30 s")
+        .expect("a chunk")
+        .expect("not the end");
+    w
+}
+
+/// Polls the gauge of `pool` (read by a new client from `make`) until it reads `want`; panics
+/// only after 3 s (a hang: the idle pool's keep-alive comes every 15 s, so a stream freed only
+/// when a write to it fails stays counted that long).
+fn wait_subscribers(make: &dyn Fn() -> reqwest::Client, base: &str, want: f64, what: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(3);
+    runtime().block_on(async {
+        let probe = make();
+        loop {
+            let now = subscribers(&probe, base, "idle").await;
+            if now == want {
+                return;
+            }
+            assert!(std::time::Instant::now() < deadline, "{what}: {now} streams, not {want}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+}
+
+/// A watch stream on an idle pool (nothing to send that would reveal the client's absence) is
+/// freed as soon as its client goes, over HTTP/1.1, h2c and HTTP/2 under TLS, whether the client
+/// cancels the stream (HTTP/2 `RST_STREAM`) or closes the connection: the subscriber gauge drops
+/// and the client's stream slot (`--max-watches-per-client 1`) is free for its next stream.
+#[test]
+fn a_watch_stream_is_freed_when_its_client_goes_over_every_protocol() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = TestPki::generate(dir.path()).expect("certificates");
+    let path = |p: &Path| p.to_str().expect("utf-8").to_string();
+    let one = ["--max-watches-per-client", "1", "--idle-timeout", "600s"];
+    let plain_dir = dir.path().join("plain");
+    let tls_dir = dir.path().join("tls");
+    for d in [&plain_dir, &tls_dir] {
+        std::fs::create_dir(d).expect("mkdir");
+    }
+    let plain = start(&plain_dir, &one);
+    let mut tls_args = vec!["--tls-cert".to_string(), path(&pki.server.cert)];
+    tls_args.extend(["--tls-key".to_string(), path(&pki.server.key)]);
+    tls_args.extend(one.iter().map(|a| a.to_string()));
+    let tls_args: Vec<&str> = tls_args.iter().map(String::as_str).collect();
+    let tls = start(&tls_dir, &tls_args);
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&pki.ca).expect("read CA")).expect("CA");
+    // A client of one protocol; built (and used) inside the runtime that runs its connections.
+    let make = |kind: &str| {
+        let b = reqwest::Client::builder();
+        match kind {
+            "http1" => b.http1_only(),
+            "h2c" => b.http2_prior_knowledge(),
+            _ => b.use_rustls_tls().tls_built_in_root_certs(false).add_root_certificate(ca.clone()),
+        }
+        .build()
+        .expect("client")
+    };
+    let probe_plain = || make("http1");
+    let probe_tls = || make("h2");
+    let probes: [(String, &dyn Fn() -> reqwest::Client); 2] =
+        [(plain.http(""), &probe_plain), (tls.https(""), &probe_tls)];
+    for (base, probe) in &probes {
+        runtime().block_on(async {
+            let r = probe()
+                .post(format!("{base}/v1/pools"))
+                .json(&json!({"name": "idle", "min": 1, "max": 100}))
+                .send()
+                .await
+                .expect("create the pool");
+            assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+        });
+    }
+    for (kind, (base, probe), version) in [
+        ("http1", &probes[0], Version::HTTP_11),
+        ("h2c", &probes[0], Version::HTTP_2),
+        ("h2", &probes[1], Version::HTTP_2),
+    ] {
+        // The client cancels the stream (HTTP/2: RST_STREAM on a connection that stays open).
+        // Its own worker thread, so that its connection acts on the drop at once.
+        let rt = one_worker();
+        let client = rt.block_on(async { make(kind) });
+        let w = rt.block_on(open_watch(&client, base, "idle"));
+        assert_eq!(w.version(), version, "{kind}");
+        wait_subscribers(*probe, base, 1.0, kind);
+        drop(w);
+        wait_subscribers(*probe, base, 0.0, &format!("{kind}, stream cancelled"));
+        // The client closes the connection with the stream open (its runtime and sockets go).
+        let w = rt.block_on(open_watch(&client, base, "idle"));
+        wait_subscribers(*probe, base, 1.0, kind);
+        drop(rt);
+        wait_subscribers(*probe, base, 0.0, &format!("{kind}, connection closed"));
+        drop((w, client));
+        // The client stops reading while the pool changes, until the service's writes to it
+        // stall (flow-control window and socket buffers full), then closes the connection.
+        let rt = one_worker();
+        let client = rt.block_on(async { make(kind) });
+        let w = rt.block_on(open_watch(&client, base, "idle"));
+        runtime().block_on(async {
+            let p = probe();
+            for round in 0..8 {
+                let keys: Vec<String> =
+                    (0..100).map(|i| format!("{kind}-{round}-{i}-{}", "x".repeat(3000))).collect();
+                let r = p
+                    .post(format!("{base}/v1/pools/idle/acquire"))
+                    .json(&json!({"keys": keys, "holder": "bulk"}))
+                    .send()
+                    .await
+                    .expect("acquire");
+                assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+                let r = p
+                    .post(format!("{base}/v1/pools/idle/release"))
+                    .json(&json!({"keys": keys, "holder": "bulk"}))
+                    .send()
+                    .await
+                    .expect("release");
+                assert_eq!(r.status().as_u16(), 200, "{:?}", r.text().await);
+            }
+        });
+        drop(rt);
+        wait_subscribers(*probe, base, 0.0, &format!("{kind}, unread stream closed"));
+        drop((w, client));
+    }
+}
+
+/// A client's own runtime with one worker thread, so that its connections act on a drop at once
+/// and dropping the runtime closes them.
+fn one_worker() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime")
 }

@@ -8,12 +8,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{plain_agent, request, Resp};
 use idalloc::store::{GetRequest, KeyRange, Store};
-use idalloc_testkit::serve::Serve;
+use idalloc_testkit::serve::{tokens_file, Serve};
 use serde_json::{json, Value};
 
 fn bin() -> &'static str {
@@ -39,34 +38,6 @@ fn call(s: &Serve, method: &str, path: &str, token: &str, body: Option<Value>) -
         body.as_deref(),
     )
     .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
-}
-
-/// A tokens file (mode 0600) of `lines` (`NAME SCOPE file:NAME.token …`), each client's token
-/// written to `NAME.token` (mode 0600); returns the file's path and a token getter.
-fn tokens_file(dir: &Path, lines: &[&str]) -> (String, Vec<(String, String)>) {
-    use std::os::unix::fs::PermissionsExt;
-    let mut tokens = Vec::new();
-    for line in lines {
-        let name = line.split_whitespace().next().expect("name").to_string();
-        let token = format!("tok-{name}-{:016x}-{}", rand_u64(), std::process::id());
-        let file = dir.join(format!("{name}.token"));
-        std::fs::write(&file, &token).expect("write token");
-        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        tokens.push((name, token));
-    }
-    let path: PathBuf = dir.join("tokens");
-    std::fs::write(&path, lines.join("\n") + "\n").expect("write tokens");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-    (path.to_str().expect("utf-8").to_string(), tokens)
-}
-
-fn rand_u64() -> u64 {
-    use std::time::{SystemTime, UNIX_EPOCH};
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(7)
-}
-
-fn token<'a>(tokens: &'a [(String, String)], name: &str) -> &'a str {
-    &tokens.iter().find(|(n, _)| n == name).expect("client").1
 }
 
 fn rt() -> tokio::runtime::Runtime {
@@ -137,14 +108,14 @@ fn session_and_reference_quotas_hold_in_the_store_across_ttl_rounding_restarts_a
     let store = rt.block_on(idalloc_testkit::etcd::connect_test_store(&etcd.endpoint()));
     let store = store.expect("store");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &["a allocate file:a.token sessions=1 refs=3", "boss admin file:boss.token"],
     );
-    let (a, boss) = (token(&tk, "a"), token(&tk, "boss"));
+    let (a, boss) = (tk.token("a"), tk.token("boss"));
     let prefix = unique_prefix();
-    let mut one = start(&etcd.endpoint(), &prefix, &["--auth-tokens", &tokens]);
-    let two = start(&etcd.endpoint(), &prefix, &["--auth-tokens", &tokens]);
+    let mut one = start(&etcd.endpoint(), &prefix, &["--auth-tokens", tk.arg()]);
+    let two = start(&etcd.endpoint(), &prefix, &["--auth-tokens", tk.arg()]);
     call(&one, "POST", "/v1/pools", boss, Some(json!({"name":"p","min":1,"max":1000}))).ok();
     let check = |what: &str| {
         let got = in_store(&rt, &store, &prefix, "a", "p");
@@ -226,7 +197,7 @@ fn session_and_reference_quotas_hold_in_the_store_across_ttl_rounding_restarts_a
     let keys = json!(["x1", "x2", "x3"]);
     call(&one, "POST", "/v1/pools/p/acquire", a, Some(json!({"keys":keys,"session":sid}))).ok();
     one.terminate();
-    let one = start(&etcd.endpoint(), &prefix, &["--auth-tokens", &tokens]);
+    let one = start(&etcd.endpoint(), &prefix, &["--auth-tokens", tk.arg()]);
     let msg =
         call(&one, "POST", "/v1/sessions", a, Some(json!({"ttl":30}))).err(429, "quota_exceeded");
     assert!(msg.contains("sessions=1") && msg.contains("1 sessions open"), "{msg}");
@@ -254,14 +225,14 @@ fn references_of_sessions_opened_elsewhere_count() {
     let store = rt.block_on(idalloc_testkit::etcd::connect_test_store(&etcd.endpoint()));
     let store = store.expect("store");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &["b allocate file:b.token sessions=2 refs=3", "boss admin file:boss.token"],
     );
-    let (b, boss) = (token(&tk, "b"), token(&tk, "boss"));
+    let (b, boss) = (tk.token("b"), tk.token("boss"));
     let prefix = unique_prefix();
-    let one = start(&etcd.endpoint(), &prefix, &["--auth-tokens", &tokens]);
-    let two = start(&etcd.endpoint(), &prefix, &["--auth-tokens", &tokens]);
+    let one = start(&etcd.endpoint(), &prefix, &["--auth-tokens", tk.arg()]);
+    let two = start(&etcd.endpoint(), &prefix, &["--auth-tokens", tk.arg()]);
     call(&one, "POST", "/v1/pools", boss, Some(json!({"name":"p","min":1,"max":1000}))).ok();
     let s1 = call(&one, "POST", "/v1/sessions", b, Some(json!({"ttl":30}))).ok();
     let sid1 = s1["session"].as_str().expect("session");
@@ -287,7 +258,7 @@ fn restricted_admins_and_allocate_clients_act_only_on_their_own_sessions() {
     let rt = rt();
     let Some(etcd) = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint()) else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &[
             "ta allocate file:ta.token write=ta-*",
@@ -296,10 +267,9 @@ fn restricted_admins_and_allocate_clients_act_only_on_their_own_sessions() {
             "root admin file:root.token",
         ],
     );
-    let (ta, tb, adm, root) =
-        (token(&tk, "ta"), token(&tk, "tb"), token(&tk, "adm"), token(&tk, "root"));
+    let (ta, tb, adm, root) = (tk.token("ta"), tk.token("tb"), tk.token("adm"), tk.token("root"));
     let prefix = unique_prefix();
-    let s = start(&etcd.endpoint(), &prefix, &["--auth-tokens", &tokens]);
+    let s = start(&etcd.endpoint(), &prefix, &["--auth-tokens", tk.arg()]);
     for p in ["ta-1", "tb-1"] {
         call(&s, "POST", "/v1/pools", root, Some(json!({"name":p,"min":1,"max":100}))).ok();
     }
@@ -357,7 +327,7 @@ fn every_endpoint_answers_on_a_pool_past_the_store_answer_limit() {
     let rt = rt();
     let Some(etcd) = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint()) else { return };
     let dir = tempfile::tempdir().expect("tempdir");
-    let (tokens, tk) = tokens_file(
+    let tk = tokens_file(
         dir.path(),
         &[
             "bulk allocate file:bulk.token write=big",
@@ -365,9 +335,9 @@ fn every_endpoint_answers_on_a_pool_past_the_store_answer_limit() {
             "root admin file:root.token",
         ],
     );
-    let (bulk, q, root) = (token(&tk, "bulk"), token(&tk, "q"), token(&tk, "root"));
+    let (bulk, q, root) = (tk.token("bulk"), tk.token("q"), tk.token("root"));
     let prefix = unique_prefix();
-    let s = start(&etcd.endpoint(), &prefix, &["--auth-tokens", &tokens]);
+    let s = start(&etcd.endpoint(), &prefix, &["--auth-tokens", tk.arg()]);
     call(&s, "POST", "/v1/pools", root, Some(json!({"name":"big","min":1,"max":100000}))).ok();
     let long = "k".repeat(4000);
     for chunk in 0..11 {
@@ -424,4 +394,99 @@ fn every_endpoint_answers_on_a_pool_past_the_store_answer_limit() {
     call(&s, "POST", "/v1/pools/big/acquire", q, Some(json!({"key":"d5","holder":"x"}))).ok();
     call(&s, "DELETE", &format!("/v1/sessions/{holder}"), q, None).ok();
     call(&s, "POST", "/v1/pools/big/sweep", root, None).ok();
+}
+
+/// How many records the store holds under `prefix`.
+fn count(rt: &tokio::runtime::Runtime, store: &dyn Store, prefix: &str) -> i64 {
+    rt.block_on(
+        store.get(GetRequest::new(KeyRange::prefix(prefix.as_bytes().to_vec())).count_only()),
+    )
+    .expect("count")
+    .count
+}
+
+/// `pools=2`: pools the client creates count in the store for every instance together; a
+/// repeated create adds nothing, a third is refused (429 naming the numbers, and an audit line
+/// with them), a delete through either instance gives the slot back, and a pool deleted behind
+/// the service's back (`idalloc pool delete` on the store) frees its slot when the client next
+/// needs one. The pool's quota records go with it.
+#[test]
+fn the_pools_quota_is_counted_in_the_store_and_a_delete_gives_the_slot_back() {
+    let rt = rt();
+    let Some(etcd) = rt.block_on(idalloc_testkit::etcd::test_etcd_endpoint()) else { return };
+    let store = rt.block_on(idalloc_testkit::etcd::connect_test_store(&etcd.endpoint()));
+    let store = store.expect("store");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tk = tokens_file(
+        dir.path(),
+        &["ta admin file:ta.token write=ta-* pools=2 refs=5", "boss admin file:boss.token"],
+    );
+    let ta = tk.token("ta");
+    let prefix = unique_prefix();
+    let one = Serve::start_logged(
+        bin(),
+        &[
+            "--store",
+            &etcd.endpoint(),
+            "--prefix",
+            &prefix,
+            "--timeout",
+            "3s",
+            "--log-format",
+            "json",
+        ],
+        &["--auth-tokens", tk.arg()],
+        dir.path().join("one.log"),
+    );
+    let two = start(&etcd.endpoint(), &prefix, &["--auth-tokens", tk.arg()]);
+    let spec = |name: &str| Some(json!({"name": name, "min": 1, "max": 100}));
+    let slots = format!("{prefix}/sessions/quota-pools/ta/");
+
+    call(&one, "POST", "/v1/pools", ta, spec("ta-1")).ok();
+    call(&two, "POST", "/v1/pools", ta, spec("ta-2")).ok();
+    call(&one, "POST", "/v1/pools", ta, spec("ta-1")).ok();
+    call(&two, "POST", "/v1/pools", ta, spec("ta-1")).ok();
+    assert_eq!(count(&rt, &store, &slots), 2, "two pools, two slots");
+    // A pool another client created does not count for this one.
+    call(&one, "POST", "/v1/pools", tk.token("boss"), spec("ta-boss")).ok();
+    let msg = call(&two, "POST", "/v1/pools", ta, spec("ta-3")).err(429, "quota_exceeded");
+    assert!(
+        msg.contains("created 2 pools") && msg.contains("pools=2") && msg.contains("ta-1, ta-2"),
+        "{msg}"
+    );
+    let msg = call(&one, "POST", "/v1/pools", ta, spec("ta-3")).err(429, "quota_exceeded");
+    assert!(msg.contains("pools=2"), "{msg}");
+    call(&one, "GET", "/v1/pools/ta-3", ta, None).err(404, "pool_not_found");
+
+    // A reference in ta-1 (its quota records go with the pool).
+    call(&one, "POST", "/v1/pools/ta-1/acquire", ta, Some(json!({"key":"k","holder":"h"}))).ok();
+    assert!(count(&rt, &store, &format!("{prefix}/data/ta-1/quota/")) >= 2);
+    call(&two, "DELETE", "/v1/pools/ta-1?force=true", ta, None).ok();
+    assert_eq!(count(&rt, &store, &slots), 1, "the delete gave the slot back");
+    assert_eq!(count(&rt, &store, &format!("{prefix}/data/ta-1/quota/")), 0);
+    call(&one, "POST", "/v1/pools", ta, spec("ta-3")).ok();
+    assert_eq!(count(&rt, &store, &slots), 2);
+
+    // Deleted on the store directly: the slot stays until the client needs it.
+    let out = std::process::Command::new(bin())
+        .args(["--store", &etcd.endpoint(), "--prefix", &prefix, "pool", "delete", "ta-2"])
+        .output()
+        .expect("idalloc pool delete");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(count(&rt, &store, &slots), 2);
+    call(&two, "POST", "/v1/pools", ta, spec("ta-4")).ok();
+    assert_eq!(count(&rt, &store, &slots), 2, "ta-2's slot was freed and taken for ta-4");
+    call(&two, "POST", "/v1/pools", ta, spec("ta-5")).err(429, "quota_exceeded");
+    drop(two);
+
+    let (_, log) = one.stop();
+    let refused: Vec<Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["target"] == "idalloc::audit" && v["fields"]["status"] == 429)
+        .collect();
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    let f = &refused[0]["fields"];
+    assert_eq!((f["operation"].as_str(), f["pool"].as_str()), (Some("pool_create"), Some("ta-3")));
+    assert_eq!(f["quota"], "pools=2 held=2", "{f}");
 }

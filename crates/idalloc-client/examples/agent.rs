@@ -25,7 +25,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let endpoints = args.get(1).cloned().unwrap_or_else(|| "http://127.0.0.1:7379".into());
     let pool_name = args.get(2).cloned().unwrap_or_else(|| "agents".into());
-    let opts = ClientOptions { token: std::env::var("IDALLOC_TOKEN").ok(), ..Default::default() };
+    let mut opts = ClientOptions::builder();
+    if let Ok(token) = std::env::var("IDALLOC_TOKEN") {
+        opts = opts.token(token);
+    }
+    let opts = opts.build()?;
     let client = Client::new(endpoints.split(','), opts)?;
     let pool = client.ensure_pool(&PoolSpec::new(pool_name.as_str(), 1, 65_535)).await?;
     let session = client.session(Duration::from_secs(15)).await?;

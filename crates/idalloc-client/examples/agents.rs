@@ -28,7 +28,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         None => 100,
     };
     let http = reqwest::Client::new();
-    let opts = ClientOptions { http: Some(http), ..ClientOptions::default() };
+    let opts = ClientOptions::builder().http(http).build()?;
     let admin = Client::new([&endpoint], opts.clone())?;
     admin.init_pool(&PoolSpec::new("agents", 1, 1_000_000)).await?;
     let before = rss_kib();

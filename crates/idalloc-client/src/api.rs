@@ -29,7 +29,7 @@ pub(crate) fn keys_body(keys: Keys<'_>, owner: Owner<'_>) -> Value {
         Owner::Session(s) => (Some(s.to_string()), None),
         Owner::Holder(h) => (None, Some(h.to_string())),
     };
-    json(&AcquireBody { key, keys, session, holder })
+    json(&AcquireBody { key, keys, session, holder, hint: None })
 }
 
 /// `key` or `keys` of [`AcquireBody`].

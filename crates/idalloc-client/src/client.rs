@@ -84,12 +84,7 @@ impl Client {
         if endpoints.is_empty() {
             return Err(invalid("endpoints", "(none)", "at least one endpoint"));
         }
-        if opts.attempts == 0 {
-            return Err(invalid("attempts", 0, "at least 1"));
-        }
-        if opts.request_timeout.is_zero() || opts.watch_idle_timeout.is_zero() {
-            return Err(invalid("timeout", "0", "timeouts are longer than zero"));
-        }
+        opts.validate()?;
         let http = match &opts.http {
             Some(h) => h.clone(),
             None => reqwest::Client::builder()
@@ -105,6 +100,14 @@ impl Client {
                 own: tokio::sync::Mutex::new(None),
             }),
         })
+    }
+
+    /// A client of the service the environment names, as the CLI's `--server` reads it
+    /// ([`crate::env`]: `IDALLOC_SERVER`, `IDALLOC_TOKEN_FILE`, `IDALLOC_CACERT`,
+    /// `IDALLOC_CERT`, `IDALLOC_KEY`), with `opts` for everything else.
+    pub fn from_env(opts: ClientOptions) -> idalloc::Result<Client> {
+        let (endpoints, opts) = crate::env::settings(|name| std::env::var(name).ok(), opts)?;
+        Client::new(endpoints, opts)
     }
 
     /// Creates pool `spec.name()`, or succeeds if an equal spec exists; a different one gives
@@ -225,6 +228,33 @@ impl Client {
     }
 
     /// Deletes a pool (with `force`, also its bindings); false if there was none.
+    /// `PATCH /v1/pools/{pool}`: gives pool `name` the range `[min, max]` (and `reserved`, if
+    /// given); the spec now in force. Narrowing over a bound or quarantined ID is refused
+    /// (`InvalidInput`, the ID and its key named), as by `idalloc::Allocator::resize_pool`.
+    pub async fn resize_pool(
+        &self,
+        name: &str,
+        min: u64,
+        max: u64,
+        reserved: Option<&[(u64, u64)]>,
+    ) -> idalloc::Result<PoolSpec> {
+        idalloc::pool::validate_pool_name(name)?;
+        let body = idalloc_wire::ResizeBody { min, max, reserved: reserved.map(<[_]>::to_vec) };
+        let body =
+            serde_json::to_value(body).map_err(|e| errors::bad_answer("a pool resize", e))?;
+        let path = format!("/v1/pools/{}", encode_segment(name, false));
+        let cx = Context { pool: Some(name), spec: None };
+        match self
+            .shared
+            .t
+            .call::<SpecBody>(Method::PATCH, &path, Some(&body), "a pool resize")
+            .await?
+        {
+            Answer::Ok(s) => to_spec(&s),
+            Answer::Refused { status, body } => Err(errors::from_answer(status, body, &cx)),
+        }
+    }
+
     pub async fn delete_pool(&self, name: &str, force: bool) -> idalloc::Result<bool> {
         idalloc::pool::validate_pool_name(name)?;
         let path = format!("/v1/pools/{}?force={force}", encode_segment(name, false));

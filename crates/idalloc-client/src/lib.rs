@@ -18,6 +18,34 @@
 //! # }
 //! ```
 //!
+//! The example agent (acquire 100 keys on a session, watch them arrive in the view, release
+//! them), as `examples/agent.rs` runs it; the same agent with the library on the store itself is
+//! in the `idalloc` crate's docs, and in Go in `clients/go/examples/agent`:
+//!
+//! ```no_run
+//! # use std::time::Duration;
+//! # use idalloc::PoolSpec;
+//! # use idalloc_client::{Client, ClientOptions};
+//! # async fn agent() -> Result<(), Box<dyn std::error::Error>> {
+//! let client = Client::new(["http://127.0.0.1:7379"], ClientOptions::builder().build()?)?;
+//! let pool = client.ensure_pool(&PoolSpec::new("agents", 1, 65_535)).await?;
+//! let session = client.session(Duration::from_secs(15)).await?;
+//! let keys: Vec<String> = (0..100).map(|i| format!("agent-key-{i:03}")).collect();
+//! let acquired = session.acquire_many(&pool, &keys).await?;
+//! pool.wait_synced().await?;
+//! for (k, a) in keys.iter().zip(&acquired) {
+//!     while pool.get(k) != Some(a.id) {
+//!         tokio::time::sleep(Duration::from_millis(20)).await; // the watch brings it
+//!     }
+//! }
+//! for k in &keys {
+//!     session.release(&pool, k).await?;
+//! }
+//! session.end().await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! - [`Client`] (like the library's `Allocator`): the endpoints, pools, sessions.
 //! - [`Pool`]: `acquire`/`release` (refcounted, on the client's own session),
 //!   `acquire_durable`/`release_durable`, `get`/`key_of`/`snapshot` from a local view fed by the
@@ -39,6 +67,7 @@
 
 mod api;
 mod client;
+pub mod env;
 mod errors;
 mod options;
 mod pool;
@@ -48,6 +77,8 @@ mod view;
 mod watch;
 
 pub use client::{Client, PoolUsage};
-pub use options::ClientOptions;
+/// Cilium-style label sets as keys ([`idalloc::labels`]).
+pub use idalloc::labels::{Label, Labels};
+pub use options::{ClientOptions, ClientOptionsBuilder};
 pub use pool::{Events, Pool};
 pub use session::Session;

@@ -216,6 +216,23 @@ impl Pool {
         Ok(Acquired { id: a.id, new: a.new })
     }
 
+    /// [`Pool::acquire_durable`] with a preferred ID (the service's `hint`): `id` if it is free
+    /// (not bound, reserved or in its reuse delay) or already the key's, else the usual pick; as
+    /// the library's `acquire_durable_with_hint`. Whether it was granted is `result.id == id`.
+    pub async fn acquire_durable_with_hint(
+        &self,
+        key: &str,
+        holder: &str,
+        id: u64,
+    ) -> idalloc::Result<Acquired> {
+        idalloc::pool::validate_key(key)?;
+        idalloc::pool::validate_durable_holder(holder)?;
+        let mut body = keys_body(Keys::One(key), Owner::Holder(holder));
+        body["hint"] = serde_json::json!(id);
+        let a: api::Acquired = self.post("acquire", &body).await?;
+        Ok(Acquired { id: a.id, new: a.new })
+    }
+
     /// [`Pool::acquire_durable`] of several keys (batched by the service, 1000 per request).
     pub async fn acquire_many_durable(
         &self,
@@ -242,6 +259,29 @@ impl Pool {
         let r: api::Released =
             self.post("release", &keys_body(Keys::One(key), Owner::Holder(holder))).await?;
         Ok(Released { held: r.held, reclaimed: r.reclaimed })
+    }
+
+    /// [`Pool::release_durable`] of several keys (batched by the service, 1000 per request): one
+    /// result per key, in order. Releasing what `holder` does not hold is `held: false`, not an
+    /// error.
+    pub async fn release_many_durable(
+        &self,
+        keys: &[String],
+        holder: &str,
+    ) -> idalloc::Result<Vec<Released>> {
+        for k in keys {
+            idalloc::pool::validate_key(k)?;
+        }
+        idalloc::pool::validate_durable_holder(holder)?;
+        let mut out = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(api::MAX_KEYS_PER_REQUEST) {
+            let r: api::Results<api::Released> =
+                self.post("release", &keys_body(Keys::Many(chunk), Owner::Holder(holder))).await?;
+            out.extend(
+                r.results.into_iter().map(|r| Released { held: r.held, reclaimed: r.reclaimed }),
+            );
+        }
+        Ok(out)
     }
 
     /// The ID of `key` from the local view (no request): `None` if unbound, or not seen yet
@@ -290,22 +330,36 @@ impl Pool {
         let mut out = Vec::new();
         let mut after: Option<u64> = None;
         loop {
-            let path = match after {
-                Some(a) => format!("{}/bindings?limit=1000&after={a}", self.base),
-                None => format!("{}/bindings?limit=1000", self.base),
-            };
-            let page: api::BindingsPage =
-                self.client.t.expect(Method::GET, &path, None, "a listing", &self.cx()).await?;
-            out.extend(page.bindings.into_iter().map(|b| Binding {
-                id: b.id,
-                key: b.key,
-                holders: b.holders,
-            }));
-            match page.next_after {
+            let (page, next) = self.list_page(after, 1000).await?;
+            out.extend(page);
+            match next {
                 Some(n) if Some(n) != after => after = Some(n),
                 _ => return Ok(out),
             }
         }
+    }
+
+    /// One page of the service's listing (`GET …/bindings?limit=…&after=…`): up to `limit`
+    /// bindings with an ID above `after`, in ID order, and the cursor of the next page (`None`
+    /// after the last one). The service accepts a `limit` from 1 to 10000 and refuses any other
+    /// as invalid input.
+    pub async fn list_page(
+        &self,
+        after: Option<u64>,
+        limit: usize,
+    ) -> idalloc::Result<(Vec<Binding>, Option<u64>)> {
+        let path = match after {
+            Some(a) => format!("{}/bindings?limit={limit}&after={a}", self.base),
+            None => format!("{}/bindings?limit={limit}", self.base),
+        };
+        let page: api::BindingsPage =
+            self.client.t.expect(Method::GET, &path, None, "a listing", &self.cx()).await?;
+        let bindings = page
+            .bindings
+            .into_iter()
+            .map(|b| Binding { id: b.id, key: b.key, holders: b.holders })
+            .collect();
+        Ok((bindings, page.next_after))
     }
 
     /// The pool's changes as they reach the local view. Subscribe before the first listing

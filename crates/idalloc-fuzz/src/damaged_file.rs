@@ -24,7 +24,10 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 fn options() -> EmbeddedOptions {
-    EmbeddedOptions { lock_timeout: Duration::from_millis(100), ..Default::default() }
+    EmbeddedOptions::builder()
+        .lock_timeout(Duration::from_millis(100))
+        .build()
+        .expect("valid embedded options")
 }
 
 /// A scratch folder for this process, and the clean store file's bytes.

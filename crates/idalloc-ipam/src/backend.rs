@@ -38,26 +38,25 @@ impl Backend {
         match &conf.reach {
             Reach::Store(url) => {
                 // The file store is owned by one process at a time: concurrent execs queue.
-                let opts = OpenOptions {
-                    etcd_timeout: timeout / 3,
-                    etcd_tls: None,
-                    lock_timeout: timeout.max(Duration::from_secs(30)),
-                };
+                let opts = OpenOptions::builder()
+                    .etcd_timeout((timeout / 3).max(Duration::from_millis(1)))
+                    .lock_timeout(timeout.max(Duration::from_secs(30)))
+                    .build()
+                    .map_err(OpenError::Store)?;
                 let store: Arc<dyn idalloc::store::Store> =
                     open(url, &opts).await.map_err(OpenError::Store)?;
-                let mut ao = AllocatorOptions {
-                    request_timeout: timeout / 3,
-                    retry: RetryPolicy {
-                        max_attempts: 3,
-                        initial_backoff: Duration::from_millis(50),
-                        max_backoff: Duration::from_millis(500),
-                    },
-                    lazy_view: true,
-                    ..AllocatorOptions::default()
-                };
+                let retry = RetryPolicy::builder()
+                    .max_attempts(3)
+                    .initial_backoff(Duration::from_millis(50))
+                    .max_backoff(Duration::from_millis(500));
+                let mut ao = AllocatorOptions::builder()
+                    .request_timeout((timeout / 3).max(Duration::from_millis(1)))
+                    .retry(retry.build().map_err(OpenError::Idalloc)?)
+                    .lazy_view(true);
                 if let Some(p) = &conf.prefix {
-                    ao.prefix = p.clone();
+                    ao = ao.prefix(p.clone());
                 }
+                let ao = ao.build().map_err(OpenError::Idalloc)?;
                 Allocator::from_arc(store, ao).map(Backend::Store).map_err(OpenError::Idalloc)
             }
             Reach::Servers { urls, token_file, ca_file } => {
@@ -89,16 +88,17 @@ impl Backend {
                 let http = builder
                     .build()
                     .map_err(|e| OpenError::Config(format!("cannot build an HTTP client: {e}")))?;
-                let opts = ClientOptions {
-                    token,
-                    request_timeout: timeout,
-                    attempts: 4,
-                    backoff_base: Duration::from_millis(50),
-                    backoff_max: Duration::from_millis(500),
-                    lazy_view: true,
-                    http: Some(http),
-                    ..ClientOptions::default()
-                };
+                let mut opts = ClientOptions::builder()
+                    .request_timeout(timeout)
+                    .attempts(4)
+                    .backoff_base(Duration::from_millis(50))
+                    .backoff_max(Duration::from_millis(500))
+                    .lazy_view(true)
+                    .http(http);
+                if let Some(t) = token {
+                    opts = opts.token(t);
+                }
+                let opts = opts.build().map_err(OpenError::Idalloc)?;
                 Client::new(urls, opts).map(Backend::Serve).map_err(OpenError::Idalloc)
             }
         }
@@ -134,9 +134,8 @@ impl Backend {
 }
 
 impl PoolHandle {
-    /// `holder`'s durable reference to `key`, preferring `hint` (used only with a store; the
-    /// service has no hints, and a key already bound keeps its ID either way): the ID, and
-    /// whether the binding is new.
+    /// `holder`'s durable reference to `key`, preferring `hint` (a key already bound keeps its
+    /// ID either way): the ID, and whether the binding is new.
     pub async fn acquire(
         &self,
         key: &str,
@@ -146,7 +145,8 @@ impl PoolHandle {
         let a = match (self, hint) {
             (PoolHandle::Store(p), Some(h)) => p.acquire_durable_with_hint(key, holder, h).await?,
             (PoolHandle::Store(p), None) => p.acquire_durable(key, holder).await?,
-            (PoolHandle::Serve(p), _) => p.acquire_durable(key, holder).await?,
+            (PoolHandle::Serve(p), Some(h)) => p.acquire_durable_with_hint(key, holder, h).await?,
+            (PoolHandle::Serve(p), None) => p.acquire_durable(key, holder).await?,
         };
         Ok((a.id, a.new))
     }

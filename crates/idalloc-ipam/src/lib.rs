@@ -5,7 +5,7 @@
 //! is the key and the node is the holder of a durable reference. So two concurrent ADDs never
 //! get one address (the library's one-txn bind), ADD repeated for one attachment returns the same
 //! address, DEL and GC free exactly what they name, and a node that is gone frees its addresses
-//! with one `idalloc-ipam release-node NODE`. User guide: `docs/ipam.md`.
+//! with one `idalloc-ipam release-node NODE`. User guide: `docs/guide/ipam.md`.
 //!
 //! Layout: `cni` (the protocol: verbs, environment, versions, errors), `config` (the network
 //! configuration), `addr` (addresses as IDs) are pure; `backend` (a store or `idalloc serve`)

@@ -9,7 +9,7 @@ use idalloc_ipam::cni::{self, code, CniError};
 use idalloc_ipam::{config, plugin};
 
 const HELP: &str = "\
-idalloc-ipam: a CNI IPAM plugin on idalloc pools (docs/ipam.md).
+idalloc-ipam: a CNI IPAM plugin on idalloc pools (docs/guide/ipam.md).
 
 As a CNI plugin: run by the container runtime with CNI_COMMAND (ADD, DEL, CHECK, GC, STATUS,
 VERSION) and the network configuration on stdin.
@@ -18,11 +18,13 @@ Administration:
   idalloc-ipam release-node NODE --config FILE
       Release every address NODE holds in the pools of the network configuration FILE (a .conf
       or a .conflist as in /etc/cni/net.d): for a node that is gone. Prints {\"released\":N}.
-  idalloc-ipam import-whereabouts IPPOOLS.json --config FILE [--ifname IF]
+  idalloc-ipam import-whereabouts IPPOOLS.json --config FILE [--ifname IF] [--network-name N]
       Bind every allocation of the Whereabouts IPPools in IPPOOLS.json (`kubectl get
-      ippools.whereabouts.cni.cncf.io -A -o json`) whose range is a subnet of FILE to the same
-      address, held by \"whereabouts-import\" until the pod's DEL. Entries without an ifname take
-      IF (default net1). FILE must use ipam.store. Prints {\"imported\":N}.
+      ippools.whereabouts.cni.cncf.io -A -o json`) whose range lies in a subnet of FILE (the
+      network's pool and its node slices' pools) to the same address, held by
+      \"whereabouts-import\" until the pod's DEL. Entries without an ifname take IF (default
+      net1). With --network-name, only the pools Whereabouts named for that network_name
+      (N-RANGE, N-NODE-RANGE). FILE must use ipam.store. Prints {\"imported\":N}.
 ";
 
 fn main() -> ExitCode {
@@ -142,7 +144,7 @@ async fn import(args: &[String]) -> ExitCode {
         eprintln!("idalloc-ipam import-whereabouts: {m}");
         ExitCode::from(2)
     };
-    let (mut input, mut file, mut ifname) = (None, None, "net1".to_string());
+    let (mut input, mut file, mut ifname, mut network) = (None, None, "net1".to_string(), None);
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -150,6 +152,10 @@ async fn import(args: &[String]) -> ExitCode {
             "--ifname" => match it.next() {
                 Some(i) => ifname = i.clone(),
                 None => return fail("--ifname needs a value".into()),
+            },
+            "--network-name" => match it.next() {
+                Some(n) => network = Some(n.clone()),
+                None => return fail("--network-name needs a value".into()),
             },
             other if input.is_none() && !other.starts_with("--") => input = Some(other.to_string()),
             other => return fail(format!("unknown argument {other:?}\n\n{HELP}")),
@@ -169,7 +175,7 @@ async fn import(args: &[String]) -> ExitCode {
         Ok(d) => d,
         Err(e) => return fail(format!("{input:?}: {e}")),
     };
-    let list = match plugin::whereabouts_allocations(&conf, &doc, &ifname) {
+    let list = match plugin::whereabouts_allocations(&conf, &doc, &ifname, network.as_deref()) {
         Ok(l) => l,
         Err(e) => return fail(e),
     };

@@ -294,15 +294,42 @@ pub struct Imported {
     pub ifname: String,
 }
 
+/// Whereabouts' name part for a range (`normalizeRange` in its `pkg/storage/kubernetes/ipam.go`):
+/// `:` and `/` become `-`, after a `0` is added to a range that ends with `:`.
+pub fn whereabouts_range_name(range: &str) -> String {
+    let mut r = range.to_string();
+    if r.ends_with(':') {
+        r.push('0');
+    }
+    r.replace([':', '/'], "-")
+}
+
+/// Whether the `IPPool` named `name` with `spec.range` `range` belongs to Whereabouts network
+/// `network`: Whereabouts names a network's pools `NETWORK-RANGE`, and a node slice's
+/// `NETWORK-NODE-RANGE` (`IPPoolName`).
+fn whereabouts_pool_of(name: &str, range: &str, network: &str) -> bool {
+    let range = whereabouts_range_name(range);
+    name.strip_prefix(network)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|rest| rest == range || rest.ends_with(&format!("-{range}")))
+}
+
 /// The allocations of Whereabouts `IPPool` resources (`kubectl get ippools.whereabouts.cni.cncf.io
-/// -A -o json`: a list, or one pool) whose `spec.range` is one of `conf`'s subnets. An
-/// allocation's key is its offset from the range's network address (Whereabouts' layout), so
-/// the address is network + offset. Entries without `ifname` (older Whereabouts) take
-/// `default_ifname`.
+/// -A -o json`: a list, or one pool) whose `spec.range` lies in one of `conf`'s subnets: the
+/// network's pool, and its node slices' pools (`node_slice_size`), whose range is a slice of
+/// it. With `network`, only the pools Whereabouts named for that `network_name`.
+///
+/// The format is Whereabouts' (`pkg/api/whereabouts.cni.cncf.io/v1alpha1/ippool_types.go`,
+/// `toIPReservationList` in `pkg/storage/kubernetes/ipam.go`): `spec.allocations` maps the
+/// decimal offset of an address from the IP of `spec.range` (as `net.ParseCIDR` reads it: the
+/// range as written, which Whereabouts stores as the network address) to `{"id": container ID,
+/// "podref": "namespace/pod", "ifname"}`. Entries without `ifname` (Whereabouts before it
+/// recorded interfaces) take `default_ifname`.
 pub fn whereabouts_allocations(
     conf: &NetConf,
     doc: &Value,
     default_ifname: &str,
+    network: Option<&str>,
 ) -> Result<Vec<Imported>, String> {
     let items: Vec<&Value> = match doc.get("items").and_then(Value::as_array) {
         Some(items) => items.iter().collect(),
@@ -316,31 +343,39 @@ pub fn whereabouts_allocations(
             .ok_or_else(|| format!("IPPool {name} has no spec.range"))?;
         let net: ipnet::IpNet =
             range.parse().map_err(|_| format!("IPPool {name}: range {range:?} is not a CIDR"))?;
-        if !conf.ranges.iter().any(|r| r.subnet.net.trunc() == net.trunc()) {
+        if !conf.ranges.iter().any(|r| r.subnet.net.contains(&net)) {
+            continue;
+        }
+        if network.is_some_and(|n| !whereabouts_pool_of(name, range, n)) {
             continue;
         }
         let Some(allocs) = item["spec"]["allocations"].as_object() else { continue };
+        let base = match net.addr() {
+            IpAddr::V4(v) => u128::from(u32::from(v)),
+            IpAddr::V6(v) => u128::from(v),
+        };
         for (offset, a) in allocs {
             let off: u64 = offset.parse().map_err(|_| {
-                format!("IPPool {name}: allocation key {offset:?} is not an offset")
+                format!("IPPool {name}: allocation key {offset:?} is not a decimal offset")
             })?;
-            let base = match net.network() {
-                IpAddr::V4(v) => u128::from(u32::from(v)),
-                IpAddr::V6(v) => u128::from(v),
-            };
-            let n = base + u128::from(off);
-            let ip = if net.network().is_ipv6() {
-                IpAddr::V6(n.into())
-            } else {
-                IpAddr::V4(
-                    u32::try_from(n).map_err(|_| format!("IPPool {name}: offset {off}"))?.into(),
-                )
-            };
+            let ip = base.checked_add(u128::from(off)).and_then(|n| {
+                if net.addr().is_ipv6() {
+                    Some(IpAddr::V6(n.into()))
+                } else {
+                    u32::try_from(n).ok().map(|n| IpAddr::V4(n.into()))
+                }
+            });
+            let ip = ip.filter(|ip| net.contains(ip)).ok_or_else(|| {
+                format!("IPPool {name}: allocation offset {off} lies outside range {range}")
+            })?;
             let container_id = a["id"]
                 .as_str()
                 .ok_or_else(|| format!("IPPool {name}: allocation {offset} has no id"))?
                 .to_string();
-            let ifname = a["ifname"].as_str().unwrap_or(default_ifname).to_string();
+            let ifname = match a["ifname"].as_str() {
+                Some(i) if !i.is_empty() => i.to_string(),
+                _ => default_ifname.to_string(),
+            };
             out.push(Imported { ip, container_id, ifname });
         }
     }
@@ -407,4 +442,50 @@ pub async fn import(conf: &NetConf, list: &[Imported]) -> Result<usize, CniError
     }
     backend.close().await;
     out.map(|_| n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conf(subnet: &str) -> NetConf {
+        let v = json!({"cniVersion": "1.0.0", "name": "net", "ipam": {"type": "idalloc-ipam",
+            "pool": "p", "subnet": subnet, "store": "file:/tmp/unused.redb"}});
+        let Some(m) = v.as_object() else { unreachable!("a JSON object") };
+        match config::parse(m) {
+            Ok(c) => c,
+            Err(e) => panic!("{}: {}", e.msg, e.details),
+        }
+    }
+
+    #[test]
+    fn pool_names_follow_whereabouts_normalize_range() {
+        assert_eq!(whereabouts_range_name("10.27.0.0/24"), "10.27.0.0-24");
+        assert_eq!(whereabouts_range_name("fd00:1::/64"), "fd00-1---64");
+        assert!(whereabouts_pool_of("net-10.27.0.0-24", "10.27.0.0/24", "net"));
+        assert!(whereabouts_pool_of("net-node-3-10.27.0.64-28", "10.27.0.64/28", "net"));
+        assert!(!whereabouts_pool_of("other-10.27.0.0-24", "10.27.0.0/24", "net"));
+        assert!(!whereabouts_pool_of("net-10.27.0.0-24", "10.27.0.0/16", "net"));
+    }
+
+    #[test]
+    fn ipv6_offsets_count_from_the_range_and_stay_inside_it() {
+        let c = conf("fd00:1::/64");
+        let doc = json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+            "metadata": {"name": "fd00-1---64", "namespace": "kube-system"},
+            "spec": {"range": "fd00:1::/64", "allocations": {
+                "10": {"id": "c1", "podref": "ns/a", "ifname": "net2"},
+                "18446744073709551615": {"id": "c2", "podref": "ns/b"}}}});
+        let mut got = whereabouts_allocations(&c, &doc, "net1", None).unwrap_or_default();
+        got.sort_by_key(|a| a.ip);
+        let ips: Vec<String> = got.iter().map(|a| a.ip.to_string()).collect();
+        assert_eq!(ips, ["fd00:1::a", "fd00:1::ffff:ffff:ffff:ffff"]);
+        assert_eq!((got[0].ifname.as_str(), got[1].ifname.as_str()), ("net2", "net1"));
+        // An offset past a /120's end is refused, naming it.
+        let small = conf("fd00:1::/120");
+        let doc = json!({"metadata": {"name": "x"}, "spec": {"range": "fd00:1::/120",
+            "allocations": {"256": {"id": "c", "podref": "ns/c"}}}});
+        let e = whereabouts_allocations(&small, &doc, "net1", None).unwrap_err();
+        assert!(e.contains("256") && e.contains("outside"), "{e}");
+    }
 }

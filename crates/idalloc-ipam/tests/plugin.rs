@@ -1,5 +1,6 @@
 //! The plugin as a runtime runs it, on a file store (one host): ADD/DEL/CHECK/GC/STATUS,
-//! restore by hint, a node's release, IPv6 and dual stack, and the errors with their codes.
+//! restore by hint (on the store and through `idalloc serve`), a node's release, IPv6 and dual
+//! stack, and the errors with their codes.
 
 mod common;
 
@@ -191,6 +192,47 @@ fn a_released_node_frees_its_addresses_and_a_restarted_runtime_gets_its_address_
     assert_eq!(out.addresses(), vec![format!("{b_addr}/24")]);
 }
 
+/// Restore by hint through `idalloc serve`: a node's records are freed (`idalloc gc --holder`)
+/// while its containers keep their addresses; the restarted runtime's ADDs ask for them
+/// (`runtimeConfig.ips`) and get each one back, and an address another attachment took meanwhile
+/// is not given twice.
+#[test]
+fn a_restarted_runtime_gets_its_addresses_back_through_serve() {
+    let h = host();
+    let bin = idalloc_testkit::serve::workspace_bin();
+    let serve =
+        idalloc_testkit::serve::Serve::start(&bin.to_string_lossy(), &["--store", &h.store], &[]);
+    let conf = netconf(
+        "1.1.0",
+        "served",
+        json!({"type": "idalloc-ipam", "pool": "served", "subnet": "10.23.0.0/24",
+               "servers": [serve.http("")], "node": "n1"}),
+    );
+    let before: Vec<String> = (0..4)
+        .map(|i| exec("ADD", &format!("c{i}"), "eth0", &conf).addresses()[0].clone())
+        .collect();
+    let out = std::process::Command::new(&bin)
+        .args(["--server", &serve.http(""), "gc", "--holder", "n1", "served"])
+        .output()
+        .expect("run idalloc gc --holder");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    // Another node's container takes c3's address first (the hint of c3 cannot be granted).
+    let mut other = conf.clone();
+    other["ipam"]["node"] = json!("n2");
+    other["runtimeConfig"] = json!({"ips": [before[3]]});
+    assert_eq!(exec("ADD", "x", "eth0", &other).addresses(), vec![before[3].clone()]);
+    for (i, addr) in before.iter().enumerate() {
+        let mut again = conf.clone();
+        again["runtimeConfig"] = json!({"ips": [addr]});
+        let got = exec("ADD", &format!("c{i}"), "eth0", &again).addresses();
+        if i < 3 {
+            assert_eq!(&got, &vec![addr.clone()], "c{i} gets its address back");
+        } else {
+            assert_ne!(&got, &vec![addr.clone()], "taken meanwhile: another address");
+        }
+    }
+}
+
 #[test]
 fn ipv6_slash_64_and_dual_stack() {
     let h = host();
@@ -373,7 +415,7 @@ fn release_node_refuses_bad_arguments() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("release-node"));
 }
 
-fn import(conf: &Value, pools: &Value) -> std::process::Output {
+fn import(conf: &Value, pools: &Value, extra: &[&str]) -> std::process::Output {
     let dir = tempfile::tempdir().expect("tempdir");
     let (file, input) = (dir.path().join("net.conf"), dir.path().join("ippools.json"));
     std::fs::write(&file, conf.to_string()).expect("write conf");
@@ -383,6 +425,7 @@ fn import(conf: &Value, pools: &Value) -> std::process::Output {
         .arg(&input)
         .arg("--config")
         .arg(&file)
+        .args(extra)
         .output()
         .expect("run import-whereabouts")
 }
@@ -396,26 +439,50 @@ fn whereabouts_allocations_import_as_bindings_so_no_address_changes() {
         json!({"type": "idalloc-ipam", "pool": "wa", "subnet": "10.27.0.0/24", "store": h.store,
                "node": "n1"}),
     );
-    // `kubectl get ippools.whereabouts.cni.cncf.io -A -o json`: allocations keyed by offset.
-    let pools = json!({"apiVersion": "v1", "kind": "List", "items": [
-        {"metadata": {"name": "10.27.0.0-24"}, "spec": {"range": "10.27.0.0/24", "allocations": {
+    // `kubectl get ippools.whereabouts.cni.cncf.io -A -o json` as Whereabouts writes it
+    // (pkg/storage/kubernetes/ipam.go): a pool per network and range named NETWORK-RANGE, a
+    // node slice's named NETWORK-NODE-RANGE; allocations keyed by the decimal offset from the
+    // range's address; `ifname` absent in records of older versions.
+    let pool = |name: &str, range: &str, allocations: Value| {
+        json!({"apiVersion": "whereabouts.cni.cncf.io/v1alpha1", "kind": "IPPool",
+               "metadata": {"creationTimestamp": "2026-11-30T09:12:44Z", "generation": 7,
+                            "name": name, "namespace": "kube-system", "resourceVersion": "48113",
+                            "uid": "8a4b0c8e-52a4-4f0e-9a55-0d5bb2f3c6a1"},
+               "spec": {"allocations": allocations, "range": range}})
+    };
+    let pools = json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": ""},
+        "items": [
+        pool("macvlan-net-10.27.0.0-24", "10.27.0.0/24", json!({
             "5": {"id": "podA", "podref": "default/a", "ifname": "net1"},
-            "77": {"id": "podB", "podref": "default/b"}}}},
-        {"metadata": {"name": "10.99.0.0-24"}, "spec": {"range": "10.99.0.0/24", "allocations": {
-            "9": {"id": "elsewhere", "podref": "default/x"}}}}]});
-    let out = import(&conf, &pools);
+            "77": {"id": "podB", "podref": "default/b"}})),
+        // A node slice (node_slice_size): offsets count from the slice's address.
+        pool("macvlan-net-node1-10.27.0.64-28", "10.27.0.64/28", json!({
+            "3": {"id": "podS", "podref": "default/s", "ifname": "net1"}})),
+        // Another Whereabouts network on the same range (network_name): not this one's.
+        pool("other-net-10.27.0.0-24", "10.27.0.0/24", json!({
+            "200": {"id": "podO", "podref": "default/o", "ifname": "net1"}})),
+        pool("macvlan-net-10.99.0.0-24", "10.99.0.0/24", json!({
+            "9": {"id": "elsewhere", "podref": "default/x", "ifname": "net1"}}))]});
+    let out = import(&conf, &pools, &["--network-name", "macvlan-net"]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let answer: Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    assert_eq!(answer["imported"], 2);
-    // The imported attachments keep their addresses (what their runtime's ADD or CHECK asks)...
+    assert_eq!(answer["imported"], 3);
     let mut check = conf.clone();
+    check["prevResult"] = json!({"ips": [{"address": "10.27.0.67/24"}]});
+    assert!(exec("CHECK", "podS", "net1", &check).ok, "the node slice's .64 + 3");
+    check["prevResult"] = json!({"ips": []});
+    assert_eq!(exec("CHECK", "podO", "net1", &check).err_code(), 101, "other network skipped");
+    // The imported attachments keep their addresses (what their runtime's ADD or CHECK asks)...
     check["prevResult"] = json!({"ips": [{"address": "10.27.0.77/24"}]});
     assert!(exec("CHECK", "podB", "net1", &check).ok, "podB holds .77 without an ADD");
     assert_eq!(exec("ADD", "podA", "net1", &conf).addresses(), vec!["10.27.0.5/24"]);
     // ...new attachments never get them...
     for i in 0..20 {
         let a = exec("ADD", &format!("new{i}"), "net1", &conf).addresses();
-        assert!(a[0] != "10.27.0.5/24" && a[0] != "10.27.0.77/24", "{a:?}");
+        assert!(
+            !["10.27.0.5/24", "10.27.0.77/24", "10.27.0.67/24"].contains(&a[0].as_str()),
+            "{a:?}"
+        );
     }
     // ...and the pod's DEL frees them (the import's reference and the node's).
     assert!(exec("DEL", "podA", "net1", &conf).ok);
@@ -429,7 +496,7 @@ fn whereabouts_allocations_import_as_bindings_so_no_address_changes() {
     let offset = taken.trim_end_matches("/24").rsplit('.').next().expect("offset").to_string();
     let clash = json!({"metadata": {"name": "x"}, "spec": {"range": "10.27.0.0/24",
         "allocations": {offset: {"id": "podC", "podref": "default/c", "ifname": "net1"}}}});
-    let out = import(&conf, &clash);
+    let out = import(&conf, &clash, &[]);
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains(taken.trim_end_matches("/24")) && err.contains("taken"), "{err}");

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use idalloc::bench_api::{
     assemble, fold_fences_txn, init_pool_txn, pack, split, stray_ref_release_outcome,
     stray_ref_release_txn, sweep_txn, Action, BindLoop, BindPlan, Candidates, Failure, Fences,
-    Frame, FullCheck, Hints, Input, LastRelease, MemoryCore, Orphan, RefTarget, ReleasePlan,
+    Frame, Hints, Input, LastRelease, MemoryCore, Orphan, RefTarget, ReleasePlan,
 };
 use idalloc::layout::{IdRecord, Layout};
 use idalloc::records::PoolSnapshot;
@@ -556,28 +556,25 @@ impl World {
         let lazy = w.procs[p].lazy;
         let pr = &mut w.procs[p];
         pr.ops_left -= 1;
-        let loops =
-            keys.iter()
-                .map(|key| {
-                    let (hints, check) = if batch {
-                        (Hints::Lenient, FullCheck::KeyRecord)
-                    } else {
-                        (Hints::Strict, FullCheck::Usage)
-                    };
-                    let cached = pr.view_keys.get(*key).copied();
-                    Lp {
-                        key,
-                        machine: BindLoop::new(ctx.spec, key, cached, None, hints, check)
-                            .candidates(match (lazy, ctx.scope.lazy_lowest) {
-                                (false, _) => Candidates::View,
-                                (true, false) => Candidates::Probe,
-                                (true, true) => Candidates::UsedIds,
-                            }),
-                        log: Vec::new(),
-                        st: LpSt::Feed(Input::Resume),
-                    }
-                })
-                .collect();
+        let loops = keys
+            .iter()
+            .map(|key| {
+                let hints = if batch { Hints::Lenient } else { Hints::Strict };
+                let cached = pr.view_keys.get(*key).copied();
+                Lp {
+                    key,
+                    machine: BindLoop::new(ctx.spec, key, cached, None, hints).candidates(
+                        match (lazy, ctx.scope.lazy_lowest) {
+                            (false, _) => Candidates::View,
+                            (true, false) => Candidates::Probe,
+                            (true, true) => Candidates::UsedIds,
+                        },
+                    ),
+                    log: Vec::new(),
+                    st: LpSt::Feed(Input::Resume),
+                }
+            })
+            .collect();
         pr.op = Some(Op::Acquire(loops));
         let label = format!("P{p} acquire {}", keys.join("+"));
         w.drive(ctx, p).into_iter().map(|w| (label.clone(), w)).collect()
@@ -658,7 +655,7 @@ impl World {
                     loops[i].st = LpSt::Feed(Input::Resume);
                 }
             }
-            Action::ReadUsage | Action::ReadKeyRecord | Action::PeekKeyRecord => {
+            Action::ReadUsage | Action::PeekKeyRecord => {
                 let (kvs, rev) = self.pool_records(ctx);
                 let snap = PoolSnapshot::parse(&ctx.layout, POOL, &kvs, rev);
                 let key_rec = snap.keys.get(key).and_then(|e| e.id);

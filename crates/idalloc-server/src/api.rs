@@ -7,8 +7,8 @@ use idalloc::{PoolSpec, Strategy};
 
 pub use idalloc_wire::{
     AcquireBody, Acquired, BindingBody, BindingsPage, Deleted, Ended, ErrorBody, Health, IdAnswer,
-    Keepalive, KeyAnswer, PoolInfo, PoolSpecBody, Pools, Ready, Reclaimed, Released, Results,
-    SessionBody, SessionInfo, SessionSummary, Sessions, Swept,
+    Keepalive, KeyAnswer, PoolInfo, PoolSpecBody, Pools, Ready, Reclaimed, Released, ResizeBody,
+    Results, SessionBody, SessionInfo, SessionSummary, Sessions, Swept,
 };
 
 use crate::error::ApiError;

@@ -4,7 +4,8 @@
 //! `tracing` event of target [`TARGET`] at `info` with the fields `request_id`, `client` (the
 //! token's client name, `-` without tokens or before authentication), `operation` (a fixed set:
 //! [`operation`]), `pool` (`-` if none), `keys` (the keys of an acquire or release, else 0),
-//! `status` (the HTTP status) and `outcome` (`ok`, `refused` for 4xx, `failed` for 5xx). With
+//! `status` (the HTTP status), `outcome` (`ok`, `refused` for 4xx, `failed` for 5xx) and `quota`
+//! (the numbers of the quota that refused the request, e.g. `pools=2 held=2`, else `-`). With
 //! `--log-format json` each is one JSON line. Never a token, a session id or a key: the token is
 //! only read by the auth middleware, and the session id is a capability.
 //!
@@ -34,6 +35,7 @@ pub struct Note(Arc<Mutex<Noted>>);
 struct Noted {
     keys: usize,
     pool: Option<String>,
+    quota: Option<String>,
 }
 
 impl Note {
@@ -44,6 +46,11 @@ impl Note {
     /// The request names `n` keys.
     pub fn keys(&self, n: usize) {
         self.lock().keys = n;
+    }
+
+    /// The numbers of a quota that refused the request (the `quota` field; `-` otherwise).
+    pub fn quota(&self, numbers: String) {
+        self.lock().quota = Some(numbers);
     }
 
     /// The request's pool, when the path does not name it (pool create).
@@ -177,6 +184,7 @@ pub async fn audit(mut req: Request, next: Next) -> Response {
             keys = noted.keys,
             status = status.as_u16(),
             outcome,
+            quota = noted.quota.as_deref().unwrap_or("-"),
             "audit"
         );
     }

@@ -137,7 +137,8 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 
 const FORMAT: &str = "each line is `NAME SCOPE sha256:HEX [OPTION...]` or `NAME SCOPE \
      file:PATH [OPTION...]` (NAME [a-z0-9][a-z0-9._-]{0,62}, SCOPE read|allocate|admin, OPTION \
-     read=POOLS write=POOLS sessions=N refs=N rate=N burst=N; # starts a comment)";
+     read=POOLS write=POOLS sessions=N refs=N pools=N rate=N burst=N connections=N watches=N; \
+     # starts a comment)";
 
 fn valid_name(name: &str) -> bool {
     let b = name.as_bytes();

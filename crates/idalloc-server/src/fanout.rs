@@ -338,7 +338,7 @@ impl Hub {
     /// wakes every subscriber a last time.
     pub fn start(pool: Pool, cap: usize, budget: u64, stop: watch::Receiver<bool>) -> Arc<Hub> {
         let hub = Arc::new(Hub {
-            pool: pool.spec().name().to_string(),
+            pool: pool.name().to_string(),
             state: Mutex::new(HubState { ring: Ring::new(cap, 0), revision: None, ended: None }),
             ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
             moved: Notify::new(),

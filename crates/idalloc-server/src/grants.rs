@@ -8,7 +8,11 @@
 //!   grants existed; with one of them, the other grants nothing of its own.
 //! - `sessions=N`: client sessions open at once; `refs=N`: references per pool (the client's
 //!   durable holders' and its sessions'); `rate=N`: requests per second (a token bucket refilled
-//!   at N per second) with `burst=M` requests at once (default N).
+//!   at N per second) with `burst=M` requests at once (default N); `pools=N`: pools it may
+//!   create (counted in the store).
+//! - `connections=N`, `watches=N`: connections and watch streams it may hold open at once on one
+//!   instance, in place of the `--max-connections-per-client` and `--max-watches-per-client`
+//!   defaults (higher or lower).
 //!
 //! The scope still decides the kind of operation (read, allocate, admin); the grants decide on
 //! which pools. This module is the pure part: parsing, matching, and which access a route needs.
@@ -73,6 +77,12 @@ pub struct Policy {
     pub refs: Option<u64>,
     /// Requests per second and burst.
     pub rate: Option<(NonZeroU32, NonZeroU32)>,
+    /// Most pools it may create (pools it created and nobody has deleted).
+    pub pools: Option<u64>,
+    /// Connections it may hold open at once on one instance (else the serve flag).
+    pub connections: Option<usize>,
+    /// Watch streams it may hold open at once on one instance (else the serve flag).
+    pub watches: Option<usize>,
     /// Whether the line grants pools (`read=` or `write=`): an administrator with grants acts
     /// only on its own sessions ([`crate::auth::Client::administers_all`]).
     pub restricted: bool,
@@ -87,6 +97,9 @@ impl Default for Policy {
             sessions: None,
             refs: None,
             rate: None,
+            pools: None,
+            connections: None,
+            watches: None,
             restricted: false,
         }
     }
@@ -94,7 +107,7 @@ impl Default for Policy {
 
 /// The grammar of the options, for error messages.
 pub const OPTIONS: &str = "options are read=PATTERNS write=PATTERNS (pool names or globs, \
-     comma-separated), sessions=N refs=N rate=N burst=N";
+     comma-separated), sessions=N refs=N pools=N rate=N burst=N connections=N watches=N";
 
 fn number(name: &str, v: &str) -> Result<u64, String> {
     match v.parse::<u64>() {
@@ -133,6 +146,9 @@ impl Policy {
                 "refs" => p.refs = Some(number(k, v)?),
                 "rate" => rate = Some(nonzero(k, v)?),
                 "burst" => burst = Some(nonzero(k, v)?),
+                "pools" => p.pools = Some(number(k, v)?),
+                "connections" => p.connections = Some(number(k, v)? as usize),
+                "watches" => p.watches = Some(number(k, v)? as usize),
                 _ => return Err(format!("unknown option {k:?}: {OPTIONS}")),
             }
         }

@@ -17,8 +17,8 @@ use serde_json::json;
 
 use crate::api::{
     count, AcquireBody, Acquired, BindingBody, Deleted, Ended, IdAnswer, Keepalive, KeyAnswer,
-    PoolInfo, PoolSpecBody, Pools, Reclaimed, Released, Results, SessionBody, SessionInfo,
-    SessionSummary, Sessions, SpecBody, Swept,
+    PoolInfo, PoolSpecBody, Pools, Reclaimed, Released, ResizeBody, Results, SessionBody,
+    SessionInfo, SessionSummary, Sessions, SpecBody, Swept,
 };
 use crate::auth::Client;
 use crate::error::{param, ApiError, ApiJson, ApiQuery};
@@ -54,14 +54,43 @@ pub async fn create_pool(
             .check(&c.name, spec.name(), access)
             .map_err(|why| ApiError::new(StatusCode::FORBIDDEN, "forbidden", why))?;
     }
-    let pool = st.alloc.ensure_pool(&spec).await?;
+    // `pools=`: a slot in the store for a pool this client creates ([`crate::pool_slots`]).
+    let limit = caller(&client).and_then(|c| Some((c.name.clone(), c.policy.pools?)));
+    let claimed = match &limit {
+        Some((name, limit)) => {
+            let store = &*st.store;
+            match crate::pool_slots::claim(store, &st.layout, name, *limit, spec.name()).await? {
+                crate::pool_slots::Claim::Took(c) => Some(c),
+                crate::pool_slots::Claim::Nothing => None,
+                crate::pool_slots::Claim::Over { count, limit, pools } => {
+                    if let Some(Extension(n)) = &note {
+                        n.quota(format!("pools={limit} held={count}"));
+                    }
+                    return Err(crate::pool_slots::over(name, count, limit, &pools));
+                }
+            }
+        }
+        None => None,
+    };
+    let pool = match st.alloc.ensure_pool(&spec).await {
+        Ok(p) => p,
+        Err(e) => {
+            // Only a definite failure gives the slot back (a timeout's txn may still apply).
+            if let Some(c) = &claimed {
+                if !matches!(e, idalloc::Error::Unavailable { .. }) {
+                    crate::pool_slots::give_back(&*st.store, c).await;
+                }
+            }
+            return Err(e.into());
+        }
+    };
     st.remember(&pool);
-    Ok((StatusCode::OK, Json(PoolSpecBody::from_spec(pool.spec()))).into_response())
+    Ok((StatusCode::OK, Json(PoolSpecBody::from_spec(&pool.spec()))).into_response())
 }
 
 pub async fn show_pool(State(st): State<Arc<AppState>>, Path(name): Path<String>) -> ApiResult {
     let pool = st.pool(&name).await?;
-    let spec = pool.spec().clone();
+    let spec = pool.spec();
     let layout = &st.layout;
     let count =
         |prefix: Vec<u8>| TxnOp::get(GetRequest::new(KeyRange::prefix(prefix)).count_only());
@@ -90,6 +119,17 @@ pub async fn show_pool(State(st): State<Arc<AppState>>, Path(name): Path<String>
     Ok(Json(info).into_response())
 }
 
+/// `PATCH /v1/pools/{pool}`: a new range (and reserved IDs); the answer is the spec in force.
+/// Narrowing over a bound or quarantined ID is 409 `invalid_input` naming the ID and its key.
+pub async fn resize_pool(
+    State(st): State<Arc<AppState>>,
+    Path(name): Path<String>,
+    ApiJson(body): ApiJson<ResizeBody>,
+) -> ApiResult {
+    let spec = st.alloc.resize_pool(&name, body.min, body.max, body.reserved.as_deref()).await?;
+    Ok(Json(PoolSpecBody::from_spec(&spec)).into_response())
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DeleteQuery {
@@ -108,8 +148,13 @@ pub async fn delete_pool(
     ApiQuery(q): ApiQuery<DeleteQuery>,
 ) -> ApiResult {
     let force = flag("force", q.force.as_deref())?;
+    // The `pools=` slot counting the pool, freed once the pool is gone.
+    let slot = crate::pool_slots::counted_by(&*st.store, &st.layout, &name).await?;
     let deleted = st.alloc.delete_pool(&name, force).await?;
     st.forget(&name);
+    if let (true, Some(slot)) = (deleted, slot) {
+        crate::pool_slots::release(&*st.store, &st.layout, &name, slot).await;
+    }
     if !deleted {
         return Err(idalloc::Error::PoolNotFound { pool: name }.into());
     }
@@ -141,12 +186,14 @@ async fn owner(
     match (session, holder) {
         (Some(s), None) => Ok(Owner::Session(st.sessions.resolve(st, &s, client).await?)),
         (None, Some(given)) => {
+            // The same limit with and without tokens: the client's namespace has room of its
+            // own (`MAX_HOLDER_NAMESPACE_BYTES`).
             idalloc::pool::validate_holder(&given)?;
             let h = match client {
                 Some(c) => c.holder(&given),
                 None => given.clone(),
             };
-            idalloc::pool::validate_holder(&h)?;
+            idalloc::pool::validate_stored_holder(&h)?;
             // Sessions own their holder names.
             st.sessions.check_durable_holder(&given, &h)?;
             Ok(Owner::Holder(h))
@@ -242,6 +289,13 @@ pub async fn acquire(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
+    let hint = body.hint;
+    if let Some(h) = hint.filter(|_| body.keys.is_some() || body.session.is_some()) {
+        return Err(ApiError::invalid(format!(
+            "\"hint\": {h} goes with one \"key\" and a durable \"holder\" (not \"keys\" or a \
+             \"session\")"
+        )));
+    }
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
     let what = format!("a request of {} keys", keys.len());
@@ -270,7 +324,10 @@ pub async fn acquire(
         // before; acquiring in a session is idempotent, so the client retries the whole list.
         Owner::Session(s) => s.acquire_many(&pool, &keys).await,
         // A durable holder's list goes in batched txns: ~100 keys per round trip.
-        Owner::Holder(h) if single => vec![pool.acquire_durable(&keys[0], h).await],
+        Owner::Holder(h) if single => vec![match hint {
+            Some(id) => pool.acquire_durable_with_hint(&keys[0], h, id).await,
+            None => pool.acquire_durable(&keys[0], h).await,
+        }],
         Owner::Holder(h) => pool.acquire_many_durable(&keys, h).await,
     };
     if let (Some(rs), Some(taken)) = (&slots, &taken) {
@@ -289,7 +346,7 @@ pub async fn acquire(
             Owner::Session(s) => a.map_err(|e| session_error(s, e))?,
             Owner::Holder(_) => a?,
         };
-        out.push(Acquired { key, id: a.id, new: a.new });
+        out.push(Acquired { key, id: a.id, new: a.new, hint_granted: hint.map(|h| h == a.id) });
     }
     Ok(answer(out, single))
 }
@@ -313,6 +370,9 @@ pub async fn release(
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
+    if let Some(h) = body.hint {
+        return Err(ApiError::invalid(format!("\"hint\": {h} is for acquire, not release")));
+    }
     let KeysRequest { keys, single, owner, pool } =
         keys_request(&st, &client, &note, &name, body).await?;
     let what = format!("a request of {} keys", keys.len());

@@ -24,6 +24,7 @@ pub mod handlers;
 pub mod labels;
 pub mod limits;
 pub mod openapi;
+pub mod pool_slots;
 pub mod quota;
 pub mod ready;
 pub mod ref_slots;
@@ -202,7 +203,7 @@ impl AppState {
     pub(crate) fn hub(&self, pool: &Pool) -> Arc<fanout::Hub> {
         self.prune_watch_state();
         let mut hubs = self.hubs.lock().unwrap_or_else(|p| p.into_inner());
-        let name = pool.spec().name();
+        let name = pool.name();
         if let Some(h) = hubs.get_mut(name) {
             if !h.hub.is_ended() {
                 h.idle_since = None;
@@ -302,7 +303,7 @@ impl AppState {
     }
 
     pub(crate) fn remember(&self, p: &Pool) {
-        self.opened().insert(p.spec().name().to_string(), p.clone());
+        self.opened().insert(p.name().to_string(), p.clone());
     }
 
     /// Forgets pool `name` (deleted through this service): its handle, and its watch state once
@@ -354,7 +355,10 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/openapi.json", get(openapi))
         .route("/v1/version", get(version))
         .route("/v1/pools", get(handlers::list_pools).post(handlers::create_pool))
-        .route("/v1/pools/{pool}", get(handlers::show_pool).delete(handlers::delete_pool))
+        .route(
+            "/v1/pools/{pool}",
+            get(handlers::show_pool).delete(handlers::delete_pool).patch(handlers::resize_pool),
+        )
         .route("/v1/pools/{pool}/acquire", post(handlers::acquire))
         .route("/v1/pools/{pool}/release", post(handlers::release))
         .route("/v1/pools/{pool}/keys/{*key}", get(handlers::get_key))
@@ -504,7 +508,7 @@ async fn readyz(State(st): State<Arc<AppState>>) -> Response {
     for p in &pools {
         // Zero wait: a synced pool answers on the first poll.
         if tokio::time::timeout(Duration::ZERO, p.wait_synced()).await.is_err() {
-            unsynced.push(p.spec().name().to_string());
+            unsynced.push(p.name().to_string());
         }
     }
     if !unsynced.is_empty() {

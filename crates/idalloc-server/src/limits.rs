@@ -167,7 +167,13 @@ pub async fn limit_concurrency(
         };
     if let (Some(who), Some(tag)) = (&who, req.extensions().get::<crate::conn::ConnTag>()) {
         let held = tag.claim(who);
-        let cap = limits.connections_per_client();
+        // A client's own `connections=` (tokens file) replaces the flag's default.
+        let own = req.extensions().get::<Client>().and_then(|c| c.policy.connections);
+        let cap = own.unwrap_or_else(|| limits.connections_per_client());
+        let setting = match own {
+            Some(_) => format!("connections={cap} in the tokens file"),
+            None => "--max-connections-per-client".to_string(),
+        };
         if held > cap {
             let mut resp = crate::quota::with_retry_after(
                 ApiError::new(
@@ -175,7 +181,7 @@ pub async fn limit_concurrency(
                     "rate_limited",
                     format!(
                         "{who} has {held} connections open, over its limit of {cap} \
-                         (--max-connections-per-client); send requests on the connections it \
+                         ({setting}); send requests on the connections it \
                          has, or close some"
                     ),
                 ),

@@ -16,8 +16,11 @@
 //! resume with `Last-Event-ID` = it, or `from_revision` = `from_revision` of the event), `gone`
 //! (the pool was deleted or re-created).
 //!
-//! A stream's resources go with its connection (hyper drops the body when the client goes away,
-//! also on an idle pool); a comment line every 15 s keeps proxies from closing an idle stream.
+//! A stream's resources go with its connection: hyper drops the body as soon as the client
+//! cancels the stream (HTTP/2 `RST_STREAM`) or closes the connection, over HTTP/1.1 and HTTP/2,
+//! also on an idle pool with nothing to send and when the client had stopped reading
+//! (`tests/serve_protocols.rs` checks each). A comment line every 15 s keeps proxies from closing
+//! an idle stream.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -60,11 +63,16 @@ pub async fn watch(
     Path(name): Path<String>,
     ApiQuery(q): ApiQuery<WatchQuery>,
     who: Option<Extension<Who>>,
+    client: Option<Extension<crate::auth::Client>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    // Taken first and held by the stream: refused before any work when the client is at its cap.
+    // Taken first and held by the stream: refused before any work when the client is at its cap
+    // (`watches=` of its tokens-file line, else `--max-watches-per-client`).
     let slot = match who {
-        Some(Extension(Who(who))) => Some(WatchSlot::take(&st, who)?),
+        Some(Extension(Who(who))) => {
+            let own = client.as_ref().and_then(|Extension(c)| c.policy.watches);
+            Some(WatchSlot::take(&st, who, own)?)
+        }
         None => None,
     };
     let revisions = "a store revision: a whole number from 1";
@@ -245,8 +253,13 @@ pub(crate) struct WatchSlot {
 }
 
 impl WatchSlot {
-    fn take(st: &Arc<AppState>, who: Arc<str>) -> Result<WatchSlot, ApiError> {
-        let max = st.config.limits.max_watches_per_client;
+    /// `own`: the client's `watches=` (tokens file), which replaces the flag's default.
+    fn take(st: &Arc<AppState>, who: Arc<str>, own: Option<usize>) -> Result<WatchSlot, ApiError> {
+        let max = own.unwrap_or(st.config.limits.max_watches_per_client);
+        let setting = match own {
+            Some(_) => format!("watches={max} in the tokens file"),
+            None => format!("--max-watches-per-client {max}"),
+        };
         let mut all = st.watchers.lock().unwrap_or_else(|p| p.into_inner());
         let open = all.entry(who.clone()).or_default();
         if *open >= max {
@@ -255,8 +268,8 @@ impl WatchSlot {
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limited",
                 format!(
-                    "{who} has {open} watch streams open, its limit (--max-watches-per-client \
-                     {max}); close one first (one stream per pool is enough)"
+                    "{who} has {open} watch streams open, its limit ({setting}); close one \
+                     first (one stream per pool is enough)"
                 ),
             ));
         }
@@ -365,6 +378,8 @@ impl Subscriber {
 
 impl Drop for Subscriber {
     fn drop(&mut self) {
+        // The client's slot first: once the gauge shows the stream gone, its slot is free too.
+        drop(self.slot.take());
         metrics::gauge!(WATCH_SUBSCRIBERS, "pool" => self.hub.pool.clone()).decrement(1.0);
     }
 }

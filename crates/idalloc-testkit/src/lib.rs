@@ -29,6 +29,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cli;
 pub mod conformance;
 pub mod counting;
 pub mod etcd;

@@ -21,8 +21,9 @@ pub enum Sabotage {
     /// Reclaims delete the ID record instead of writing a tombstone: the ID is reusable at once,
     /// ignoring the pool's reuse delay (breaks G5).
     SkipReuseTombstone,
-    /// Writes lose their compare on the pool spec's create revision: a bind racing a pool
-    /// deletion writes into the deleted pool (breaks DESIGN §11, G4).
+    /// Writes lose their compare on the pool spec's version (its record's mod revision): a bind
+    /// racing a pool deletion writes into the deleted pool (breaks DESIGN §11, G4), one racing a
+    /// shrink binds outside the narrowed range (breaks G3).
     SkipSpecCompare,
     /// Writes lose their late-commit fences (`mod_revision <= seen` on the records the sender
     /// had seen): an attempt applied late undoes what its sender did after it (breaks G2 or G4).
@@ -122,8 +123,10 @@ impl Saboteur {
             Some(Sabotage::SkipSpecCompare) => {
                 let pools = self.layout.pools_prefix();
                 req.compare.retain(|c| {
-                    !(matches!(c.target, CompareTarget::CreateRevision(_))
-                        && c.range.key.starts_with(&pools))
+                    let on_spec = matches!(c.target, CompareTarget::CreateRevision(_))
+                        || (c.op == CompareOp::Equal
+                            && matches!(c.target, CompareTarget::ModRevision(_)));
+                    !(on_spec && c.range.key.starts_with(&pools))
                 })
             }
             Some(Sabotage::SkipFenceFloor) => req.compare.retain(|c| {

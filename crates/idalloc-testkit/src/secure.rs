@@ -20,7 +20,7 @@ use rcgen::{
     KeyUsagePurpose, SanType,
 };
 
-use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
+use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls};
 use idalloc::store::{GetRequest, Store};
 
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -139,12 +139,9 @@ impl TestPki {
 
     /// TLS settings trusting the right CA and presenting the valid client certificate.
     pub fn client_tls(&self) -> EtcdTls {
-        EtcdTls {
-            ca_file: Some(self.ca.clone()),
-            cert_file: Some(self.client.cert.clone()),
-            key_file: Some(self.client.key.clone()),
-            insecure_skip_verify: false,
-        }
+        EtcdTls::default()
+            .with_ca(self.ca.clone())
+            .with_identity(self.client.cert.clone(), self.client.key.clone())
     }
 }
 
@@ -311,7 +308,7 @@ impl SecureEtcd {
 
     /// The restricted user's credentials.
     pub fn user_auth() -> EtcdAuth {
-        EtcdAuth { user: Self::USER.into(), password: Password::new(Self::PASSWORD) }
+        EtcdAuth::new(Self::USER, Self::PASSWORD)
     }
 
     /// Options for a good client, authenticating as `auth` (if any), with loopback timeouts.
@@ -325,10 +322,7 @@ impl SecureEtcd {
     }
 
     fn root_options(&self) -> EtcdOptions {
-        let auth = self.spec.auth.then(|| EtcdAuth {
-            user: "root".into(),
-            password: Password::new(Self::ROOT_PASSWORD),
-        });
+        let auth = self.spec.auth.then(|| EtcdAuth::new("root", Self::ROOT_PASSWORD));
         let mut opts = self.options(auth);
         opts.connect_timeout = Duration::from_millis(500);
         opts.request_timeout = Duration::from_secs(1);

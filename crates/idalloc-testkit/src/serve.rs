@@ -209,3 +209,54 @@ pub fn listening_addr(line: &str) -> Option<&str> {
     let rest = &line[line.find("\"addr\":\"")? + "\"addr\":\"".len()..];
     rest.split('"').next()
 }
+
+/// A tokens file for `serve --auth-tokens`, written by [`tokens_file`]: its path and each
+/// client's token.
+pub struct TokensFile {
+    pub path: PathBuf,
+    tokens: Vec<(String, String)>,
+}
+
+impl TokensFile {
+    /// The file's path as a string (for a command line).
+    pub fn arg(&self) -> &str {
+        self.path.to_str().expect("a UTF-8 temporary path")
+    }
+
+    /// Every client's token (to check that none is in a log).
+    pub fn tokens(&self) -> impl Iterator<Item = &str> {
+        self.tokens.iter().map(|(_, t)| t.as_str())
+    }
+
+    /// The token of client `name` (a line of the file); panics for a name not in it.
+    pub fn token(&self, name: &str) -> &str {
+        match self.tokens.iter().find(|(n, _)| n == name) {
+            Some((_, t)) => t,
+            None => panic!("no client {name:?} in the tokens file"),
+        }
+    }
+}
+
+/// Writes a tokens file (mode 0600) of `lines` (`NAME SCOPE file:NAME.token [OPTION…]`) in
+/// `dir`, and each client's token (unique per call: time and PID) to `NAME.token` (mode 0600),
+/// as `serve` requires of secret files.
+pub fn tokens_file(dir: &std::path::Path, lines: &[&str]) -> TokensFile {
+    use std::os::unix::fs::PermissionsExt;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(7);
+    let mut tokens = Vec::new();
+    for line in lines {
+        let name = line.split_whitespace().next().expect("a client name").to_string();
+        let token = format!("tok-{name}-{nanos:x}-{}", std::process::id());
+        let file = dir.join(format!("{name}.token"));
+        std::fs::write(&file, &token).expect("write a token file");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        tokens.push((name, token));
+    }
+    let path = dir.join("tokens");
+    std::fs::write(&path, lines.join("\n") + "\n").expect("write the tokens file");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    TokensFile { path, tokens }
+}

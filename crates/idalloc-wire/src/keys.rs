@@ -23,6 +23,11 @@ pub struct AcquireBody {
     /// A durable holder name (references stay until released by that holder).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
+    /// Acquire only, with one `key` and a `holder`: the ID to give the key if it is free (not
+    /// bound, not reserved, not in its reuse delay) or already the key's; otherwise the key gets
+    /// its usual ID. What a caller that still uses an ID it lost the record of asks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint: Option<u64>,
 }
 
 /// Result of acquiring one key.
@@ -31,6 +36,9 @@ pub struct Acquired {
     pub key: String,
     pub id: u64,
     pub new: bool,
+    /// Only when the request gave a `hint`: whether the key got that ID.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hint_granted: Option<bool>,
 }
 
 /// Result of releasing one key.

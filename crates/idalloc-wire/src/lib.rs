@@ -31,7 +31,7 @@ pub use keys::{
     AcquireBody, Acquired, BindingBody, BindingsPage, IdAnswer, KeyAnswer, Released, Results,
     MAX_KEYS_PER_REQUEST,
 };
-pub use pools::{Deleted, PoolInfo, PoolSpecBody, Pools, Reclaimed, Swept};
+pub use pools::{Deleted, PoolInfo, PoolSpecBody, Pools, Reclaimed, ResizeBody, Swept};
 pub use sessions::{
     Ended, Health, Keepalive, Ready, SessionBody, SessionInfo, SessionSummary, Sessions, Version,
 };

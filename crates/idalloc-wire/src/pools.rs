@@ -28,6 +28,18 @@ pub struct PoolSpecBody {
     pub reuse_delay_ms: u64,
 }
 
+/// `PATCH /v1/pools/{pool}`: a new range and, if given, new reserved IDs (else the pool's reserved
+/// IDs inside the new range stay). The answer is the spec now in force ([`PoolSpecBody`]).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ResizeBody {
+    pub min: u64,
+    pub max: u64,
+    /// Inclusive raw ID ranges never handed out; absent: keep the pool's (clipped to the range).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<Vec<(u64, u64)>>,
+}
+
 /// `GET /v1/pools`.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct Pools {

@@ -68,7 +68,7 @@ async fn main() {
     } else {
         Arc::new(EmbeddedStore::open(&file, EmbeddedOptions::default()).await.expect("open file"))
     };
-    let opts = AllocatorOptions { prefix: prefix.clone(), ..AllocatorOptions::default() };
+    let opts = AllocatorOptions::builder().prefix(prefix.clone()).build().expect("--prefix");
     let alloc = Allocator::from_arc(store.clone(), opts).expect("allocator");
     let spec = PoolSpec::new(pool.clone(), 1, max);
     let spec = if lowest { spec.strategy(Strategy::Lowest) } else { spec };

@@ -16,7 +16,9 @@ mod coalesce;
 mod events;
 mod handle;
 mod lanes;
+mod lazy_broadcast;
 mod listing;
+mod options;
 mod page;
 pub(crate) mod pool_state;
 mod registry;
@@ -24,6 +26,7 @@ mod release;
 mod repair;
 pub(crate) mod repair_queue;
 pub(crate) mod request;
+mod resize;
 mod session;
 mod spec_watch;
 pub(crate) mod sweeper;
@@ -50,6 +53,7 @@ use crate::store::{Compare, GetRequest, KeyRange, LeaseId, OpResponse, Store, Tx
 pub use cluster_events::ClusterEvents;
 pub use events::{Events, Stamped, StampedEvents};
 pub use handle::Pool;
+pub use options::{AllocatorOptionsBuilder, RetryPolicyBuilder};
 pub use page::BindingsPage;
 pub use types::{
     Acquired, AllocatorOptions, Binding, Released, RetryPolicy, DEFAULT_BULK_IN_FLIGHT,
@@ -102,31 +106,8 @@ impl Allocator {
             Some(h) => h.clone(),
             None => default_holder(),
         };
+        opts.validate()?;
         validate_holder(&holder)?;
-        if opts.session_ttl < Duration::from_secs(1) {
-            return Err(Error::invalid(
-                Input::Options,
-                "session TTL",
-                format!("{:?}", opts.session_ttl),
-                "the session lease TTL is at least 1 s",
-            ));
-        }
-        if opts.bulk_in_flight == 0 {
-            return Err(Error::invalid(
-                Input::Options,
-                "bulk txns in flight",
-                "0",
-                "at least 1 txn of many-key calls in flight",
-            ));
-        }
-        if opts.retry.max_attempts == 0 {
-            return Err(Error::invalid(
-                Input::Options,
-                "retry attempts",
-                "0",
-                "at least 1 attempt",
-            ));
-        }
         let rng = match opts.seed {
             Some(s) => StdRng::seed_from_u64(s),
             None => StdRng::seed_from_u64(rand::random()),
@@ -153,6 +134,7 @@ impl Allocator {
             tasks: Mutex::new(Vec::new()),
             repairs,
             closed: AtomicBool::new(false),
+            cluster_version: std::sync::atomic::AtomicU32::new(0),
         });
         let task = tokio::spawn(repair::repair_loop(Arc::downgrade(&inner), repair_rx));
         lock(&inner.tasks).push(task.abort_handle());
@@ -223,8 +205,8 @@ impl Allocator {
 
     /// [`Allocator::init_pool`], then a handle on the pool (no extra round trip for the spec).
     pub async fn ensure_pool(&self, spec: &PoolSpec) -> Result<Pool> {
-        let (spec, rev) = self.inner.init_pool(spec).await?;
-        Ok(Pool::new(self.inner.clone(), self.inner.open_state(spec, rev)))
+        let read = self.inner.init_pool(spec).await?;
+        Ok(Pool::new(self.inner.clone(), self.inner.open_state(read)))
     }
 
     /// A handle on an existing pool; `PoolNotFound` if there is none. Starts the pool's cache.
@@ -237,12 +219,12 @@ impl Allocator {
                 return Ok(Pool::new(self.inner.clone(), p.clone()));
             }
         }
-        let (spec, rev) = self
+        let read = self
             .inner
             .read_spec(name)
             .await?
             .ok_or_else(|| Error::PoolNotFound { pool: name.to_string() })?;
-        Ok(Pool::new(self.inner.clone(), self.inner.open_state(spec, rev)))
+        Ok(Pool::new(self.inner.clone(), self.inner.open_state(read)))
     }
 
     /// Deletes a pool's spec. Refuses (`InvalidInput`) while the pool has any record (binding,
@@ -257,9 +239,16 @@ impl Allocator {
         // with the pool; another deployment whose prefix is `P/data/<name>` keeps its records
         // under `P/data/<name>/pools/` and `…/data/`, never deleted: the txn
         // refuses while they exist.
-        let own =
-            [l.id_prefix(name), l.key_prefix(name), l.refs_prefix(name), l.holders_prefix(name)]
-                .map(KeyRange::prefix);
+        // The service's quota records (`quota/`) go with the pool too: they count its
+        // references and name the slot that counts the pool.
+        let own = [
+            l.id_prefix(name),
+            l.key_prefix(name),
+            l.refs_prefix(name),
+            l.holders_prefix(name),
+            l.quota_prefix(name),
+        ]
+        .map(KeyRange::prefix);
         // The fence floor goes with the pool too: a bind of the old pool fails
         // its spec compare, so nothing relies on it any more.
         let nested = l.nested_in_pool_ranges(name);

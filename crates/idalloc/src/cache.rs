@@ -430,13 +430,18 @@ impl PoolCache {
         }
     }
 
-    /// Forgets what [`PoolCache::learn`] taught the free set once it holds more than `runs` runs
-    /// of used IDs: for a pool opened lazily (no listing, no watch), whose free set is only
-    /// hints that grow with every ID a batch learns taken. The IDs the maps hold stay used.
-    pub fn forget_learned_above(&mut self, runs: usize) {
-        if !self.track_free || self.free.run_count() <= runs {
-            return;
+    /// Takes `spec` (the same pool resized) as the pool's spec: the free set is rebuilt over its
+    /// range from the IDs known used. Bindings stay; a record the new range does not hand out stays
+    /// known (a resize is refused while one exists, so that only happens with foreign records).
+    pub fn set_spec(&mut self, spec: PoolSpec) {
+        self.spec = spec;
+        if self.track_free {
+            self.rebuild_free();
         }
+    }
+
+    /// Rebuilds the free set from the spec's range and the IDs known used.
+    fn rebuild_free(&mut self) {
         self.free = IdSet::new(self.spec.min(), self.spec.max(), self.spec.reserved());
         let unreadable =
             self.foreign.iter().filter(|(_, f)| **f == Foreign::Unreadable).map(|(id, _)| *id);
@@ -449,6 +454,16 @@ impl PoolCache {
             .collect();
         let spec = &self.spec;
         self.free.insert_many(used.into_iter().filter_map(|id| spec.strip_prefix(id)));
+    }
+
+    /// Forgets what [`PoolCache::learn`] taught the free set once it holds more than `runs` runs
+    /// of used IDs: for a pool opened lazily (no listing, no watch), whose free set is only
+    /// hints that grow with every ID a batch learns taken. The IDs the maps hold stay used.
+    pub fn forget_learned_above(&mut self, runs: usize) {
+        if !self.track_free || self.free.run_count() <= runs {
+            return;
+        }
+        self.rebuild_free();
     }
 
     /// Learns from a txn response that `id` is in use (or free) before the watch says so; only the

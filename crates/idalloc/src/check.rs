@@ -32,7 +32,8 @@ pub struct Report {
     pub revision: Revision,
     pub pools: Vec<PoolCheck>,
     /// Findings that belong to no readable pool: spec records with bad names, records under the
-    /// prefix outside `pools/` and `data/` (another deployment nested inside this one).
+    /// prefix outside `pools/`, `data/` and `sessions/` (another deployment nested inside this
+    /// one).
     pub other: Vec<Finding>,
 }
 
@@ -85,8 +86,11 @@ pub async fn scan_bounded(
             let specs_range = KeyRange::prefix(layout.pools_prefix());
             let (specs, rev) = pages(&specs_range, "the pool specs".into()).collect().await?;
             let mut other = Vec::new();
-            for range in outside_pools_and_data(layout) {
-                let what = format!("the records outside pools/ and data/ ({range:?})");
+            // Everything under the prefix but `pools/`, `data/` and `sessions/` (shared client
+            // sessions' records, on their leases): where another deployment nested inside
+            // this one keeps its records.
+            for range in layout.foreign_ranges() {
+                let what = format!("the records outside pools/, data/ and sessions/ ({range:?})");
                 let mut pages = pages(&range, what).at_revision(rev).keys_only();
                 while let Some(kvs) = pages.next_page().await? {
                     other.extend(kvs.iter().map(|kv| Finding::UnreadableRecord {
@@ -171,19 +175,6 @@ pub async fn scan_bounded(
         snapshots.insert(name, (usable, snap));
     }
     Ok(Scan { report, snapshots })
-}
-
-/// The ranges under the prefix outside `pools/` and `data/`, in key order: where another
-/// deployment nested inside this one keeps its records.
-fn outside_pools_and_data(layout: &Layout) -> [KeyRange; 3] {
-    let root = format!("{}/", layout.prefix()).into_bytes();
-    let data = format!("{}/data/", layout.prefix()).into_bytes();
-    let pools = layout.pools_prefix();
-    [
-        KeyRange::range(root.clone(), data.clone()),
-        KeyRange::range(prefix_end(&data), pools.clone()),
-        KeyRange::range(prefix_end(&pools), prefix_end(&root)),
-    ]
 }
 
 /// The pool names under `data/` (the segment after it, up to the next `/`), each found with one
@@ -428,8 +419,8 @@ pub async fn repair(
 /// Other deployments this one's prefix overlaps: one message per overlap, empty
 /// when none. Probes, in one txn: for every proper ancestor `Q` of the prefix (`a` and `a/b` for
 /// `a/b/c`), whether `Q/pools/` holds a spec (then this prefix lies inside Q's deployment); and
-/// whether anything lies under the prefix outside `pools/` and `data/` (a deployment nested
-/// inside this one, or foreign data); and, for the pools that exist, whether their data holds
+/// whether anything lies under the prefix outside `pools/`, `data/` and `sessions/` (a
+/// deployment nested inside this one, or foreign data); and, for the pools that exist, whether their data holds
 /// another deployment's `pools/` or `data/`.
 pub async fn nesting(store: &dyn Store, layout: &Layout) -> StoreResult<Vec<String>> {
     let mut probes: Vec<(String, KeyRange)> = Vec::new();

@@ -73,7 +73,7 @@ pub enum Error {
     /// the handle's bindings and references went with the old pool, so it refuses to act for the
     /// new one (a silent switch would hide that the holds were lost, G2). The handle's background
     /// work has stopped; open the pool again (`Allocator::pool`) to use the new one
-    /// (docs/design/protocol.md, "Pool handles outlive their pool").
+    /// (docs/design/protocol.md, "Pool incarnations").
     #[error(
         "pool \"{pool}\" was deleted and re-created since this handle was opened; the handle's \
          holds went with the old pool: open the pool again"

@@ -190,7 +190,7 @@ impl IdSet {
     /// Why: a listing hands a cache its IDs in the store's key order (decimal names: `1`, `10`,
     /// `100`, …), which is no order at all for the tree. Inserted one by one, a million of them
     /// cost a split and two merges each down a tree that no longer fits the CPU's caches: 44 % of
-    /// a new process's sync at 1M bindings on etcd (docs/benchmarks/scale.md, "Linear cost, quiet"). Here
+    /// a new process's sync at 1M bindings on etcd (docs/benchmarks/scale.md, "Linear cost"). Here
     /// the IDs are sorted, merged with the runs already held, and the tree is rebuilt from the
     /// sorted runs in one pass (`IdSet::rebuild`). A few IDs into a big set are still inserted
     /// one by one, which is then cheaper than a rebuild.

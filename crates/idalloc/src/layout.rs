@@ -7,6 +7,7 @@
 //! P/data/p/key/<enc(k)>     -> ID (decimal)
 //! P/data/p/ref/<enc(k)>/<enc(h)> -> ID (decimal)
 //! P/sessions/<lease:016x>   -> a shared client session's record, on its lease (opaque here)
+//! P/cluster/version         -> the cluster version (decimal; none means 1)
 //! ```
 //!
 //! Everything here is pure: building record names, parsing them back, encoding record values. The
@@ -162,23 +163,36 @@ impl Layout {
         format!("{}/sessions/{:016x}", self.prefix, lease).into_bytes()
     }
 
+    /// `P/cluster/version`: the cluster version, which protocol features are in force under this
+    /// prefix (see [`crate::cluster_version`]).
+    pub fn cluster_version_key(&self) -> Vec<u8> {
+        format!("{}/cluster/version", self.prefix).into_bytes()
+    }
+
+    /// `P/cluster/`: the deployment-wide records (the cluster version).
+    pub fn cluster_prefix(&self) -> Vec<u8> {
+        format!("{}/cluster/", self.prefix).into_bytes()
+    }
+
     /// `P/sessions/`: every shared client session record.
     pub fn sessions_prefix(&self) -> Vec<u8> {
         format!("{}/sessions/", self.prefix).into_bytes()
     }
 
-    /// The ranges under `P/` that no record of this deployment lies in (everything but `P/pools/`,
-    /// `P/data/` and `P/sessions/`): a record there belongs to a deployment nested inside this
-    /// one, or to another tool.
+    /// The ranges under `P/` that no record of this deployment lies in (everything but
+    /// `P/cluster/`, `P/pools/`, `P/data/` and `P/sessions/`): a record there belongs to a
+    /// deployment nested inside this one, or to another tool.
     pub fn foreign_ranges(&self) -> Vec<crate::store::KeyRange> {
         use crate::store::{prefix_end, KeyRange};
         let root = format!("{}/", self.prefix).into_bytes();
+        let cluster = self.cluster_prefix();
         let data = format!("{}/data/", self.prefix).into_bytes();
         let pools = self.pools_prefix();
         let sessions = self.sessions_prefix();
-        // `data/` sorts before `pools/`, which sorts before `sessions/`.
+        // `cluster/` sorts before `data/`, `data/` before `pools/`, which sorts before `sessions/`.
         vec![
-            KeyRange::range(root.clone(), data.clone()),
+            KeyRange::range(root.clone(), cluster.clone()),
+            KeyRange::range(prefix_end(&cluster), data.clone()),
             KeyRange::range(prefix_end(&data), pools.clone()),
             KeyRange::range(prefix_end(&pools), sessions.clone()),
             KeyRange::range(prefix_end(&sessions), prefix_end(&root)),

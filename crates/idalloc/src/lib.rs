@@ -30,6 +30,45 @@
 //! # }
 //! ```
 //!
+//! # One agent, three ways
+//!
+//! The job every example agent does (acquire 100 keys on its session, watch them arrive in the
+//! pool's view, release them), here with the library on a store of its own; the same agent with
+//! `idalloc-client` through `idalloc serve` is in that crate's docs, and in Go in
+//! `clients/go/examples/agent` (`crates/idalloc/examples/lib_agent.rs` is this one as a program
+//! taking a store URL; a test runs all four agents against one store and compares their answers).
+//!
+//! ```
+//! use idalloc::{Allocator, AllocatorOptions, PoolSpec};
+//! use idalloc::store::embedded::EmbeddedStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let opts = AllocatorOptions::builder().prefix("idalloc").build()?;
+//! let alloc = Allocator::new(EmbeddedStore::memory(), opts)?;
+//! let pool = alloc.ensure_pool(&PoolSpec::new("agents", 1, 65_535).build()?).await?;
+//! let keys: Vec<String> = (0..100).map(|i| format!("agent-key-{i:03}")).collect();
+//! let mut ids = Vec::new();
+//! for r in pool.acquire_many(&keys).await {
+//!     ids.push(r?.id); // on this allocator's session lease
+//! }
+//! pool.wait_synced().await?;
+//! // Watch: the pool's view learns every binding from the store's watch; reads from it need no
+//! // round trip.
+//! while keys.iter().zip(&ids).any(|(k, id)| pool.key_of(*id).as_deref() != Some(k.as_str())) {
+//!     tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+//! }
+//! for (k, id) in keys.iter().zip(&ids) {
+//!     assert_eq!(pool.get(k), Some(*id));
+//! }
+//! for k in &keys {
+//!     assert!(pool.release(k).await?.held);
+//! }
+//! alloc.close().await?; // ends the session
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Cargo features
 //!
 //! `etcd` (the etcd store, [`store::etcd`]: etcd-client, tonic, rustls) and `embedded` (the
@@ -66,7 +105,8 @@
 //!   used companions), [`layout`] (the store keys and record values, for tools that read
 //!   them), [`records`] (the parser of a pool's raw records), [`audit`] and [`check`] (the
 //!   `check` audit), [`metrics`] (the metric names), [`backoff`] (the retry waits with full
-//!   jitter the follower uses, shared with the service's client crate).
+//!   jitter the follower uses, shared with the service's client crate), [`labels`] (Cilium-style
+//!   label sets as keys, in Cilium's sorted form).
 //! - Everything else is crate-private: the free-ID set, the bind/release/sweep protocol, the
 //!   watch-fed cache, the sweeper and the batch packing can change without notice. The bench
 //!   crate's micro-benchmarks reach them through `bench_api`, compiled only with the `bench`
@@ -134,10 +174,12 @@ mod batch;
 mod bindings;
 mod cache;
 pub mod check;
+pub mod cluster_version;
 mod decimal_ids;
 pub mod error;
 mod feed;
 mod idset;
+pub mod labels;
 pub mod layout;
 pub mod metrics;
 mod point_reads;
@@ -183,10 +225,10 @@ pub mod bench_api {
     pub use crate::cache::PoolCache;
     pub use crate::idset::IdSet;
     pub use crate::protocol::bind_step::{
-        Action, BindLoop, Candidates, Failure, FullCheck, Hints, Input, Step, PROBE_COLLISIONS,
+        Action, BindLoop, Candidates, Failure, Hints, Input, Step, PROBE_COLLISIONS,
     };
     pub use crate::protocol::{
-        fold_fences_txn, fold_outcome, init_pool_outcome, init_pool_txn, stray_ref_release_outcome,
+        fold_fences_txn, fold_outcome, init_pool_record, init_pool_txn, stray_ref_release_outcome,
         stray_ref_release_txn, sweep_outcome, sweep_txn, BindOutcome, BindPlan, Fences,
         LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
     };

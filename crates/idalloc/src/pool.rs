@@ -19,6 +19,15 @@ pub const MAX_KEY_BYTES: usize = 4096;
 /// service identities, never payloads.
 pub const MAX_HOLDER_BYTES: usize = 256;
 
+/// Longest namespace a service puts before a holder name it stores for a client (`idalloc serve`
+/// stores `CLIENT/HOLDER`: a client name of at most 63 bytes and the separator), so that a
+/// holder of [`MAX_HOLDER_BYTES`] is accepted under a namespace as without one.
+pub const MAX_HOLDER_NAMESPACE_BYTES: usize = 64;
+
+/// Longest holder name the pool operations accept: [`MAX_HOLDER_BYTES`] plus a namespace
+/// ([`MAX_HOLDER_NAMESPACE_BYTES`]).
+pub const MAX_STORED_HOLDER_BYTES: usize = MAX_HOLDER_BYTES + MAX_HOLDER_NAMESPACE_BYTES;
+
 /// Most reserved ranges a pool may have. Each range is a node of every cache's free-ID structure
 /// and part of the spec JSON read by every process; 10,000 keeps both small (a few hundred KiB).
 pub const MAX_RESERVED_RANGES: usize = 10_000;
@@ -32,8 +41,25 @@ const POOL_NAME_RULE: &str =
     "pool names match [a-z0-9][a-z0-9._-]{0,62} (1 to 63 lowercase letters, digits, '.', '_', '-'; first a letter or digit)";
 const KEY_RULE: &str = "keys are non-empty UTF-8, at most 4096 bytes";
 const HOLDER_RULE: &str = "holders are non-empty UTF-8, at most 256 bytes";
+const STORED_HOLDER_RULE: &str =
+    "holders are non-empty UTF-8, at most 256 bytes (320 with a namespace such as CLIENT/)";
 
 impl PoolSpec {
+    /// The end of the builder chain that starts at [`PoolSpec::new`]: the spec, checked by
+    /// [`PoolSpec::validate`].
+    ///
+    /// ```
+    /// use idalloc::PoolSpec;
+    /// let spec = PoolSpec::new("vni", 4096, 16_777_215).reserve(4096..=4100).build()?;
+    /// assert_eq!(spec.capacity(), 16_777_215 - 4096 + 1 - 5);
+    /// assert!(PoolSpec::new("vni", 0, 10).build().is_err());
+    /// # Ok::<(), idalloc::Error>(())
+    /// ```
+    pub fn build(self) -> Result<PoolSpec> {
+        self.validate()?;
+        Ok(self)
+    }
+
     /// Checks every rule a pool spec must follow and names the first value that breaks one:
     /// - the name matches `[a-z0-9][a-z0-9._-]{0,62}` (it is a store path segment);
     /// - `1 <= min <= max`: ID 0 is never handed out, it means "no ID" (as in Cilium, where identity
@@ -210,6 +236,11 @@ pub const LEASED_HOLDER_PREFIX: &str = "lease:";
 /// [`LEASED_HOLDER_PREFIX`], the namespace of generated leased holder names.
 pub fn validate_durable_holder(holder: &str) -> Result<()> {
     validate_holder(holder)?;
+    not_leased(holder)
+}
+
+/// Refuses a durable holder name in the namespace of leased holder names.
+fn not_leased(holder: &str) -> Result<()> {
     if holder.starts_with(LEASED_HOLDER_PREFIX) {
         return Err(Error::invalid(
             Input::Holder,
@@ -232,6 +263,23 @@ pub fn validate_holder(holder: &str) -> Result<()> {
         return Err(Error::invalid(Input::Holder, "holder", show_len(holder), HOLDER_RULE));
     }
     Ok(())
+}
+
+/// Checks a holder name a pool operation receives: as [`validate_holder`], but up to
+/// [`MAX_STORED_HOLDER_BYTES`], so that a name of [`MAX_HOLDER_BYTES`] still fits under a
+/// service's namespace (`CLIENT/HOLDER`).
+pub fn validate_stored_holder(holder: &str) -> Result<()> {
+    if holder.is_empty() || holder.len() > MAX_STORED_HOLDER_BYTES {
+        return Err(Error::invalid(Input::Holder, "holder", show_len(holder), STORED_HOLDER_RULE));
+    }
+    Ok(())
+}
+
+/// [`validate_durable_holder`] with the length of [`validate_stored_holder`]: the check of the
+/// pool operations on durable references.
+pub fn validate_stored_durable_holder(holder: &str) -> Result<()> {
+    validate_stored_holder(holder)?;
+    not_leased(holder)
 }
 
 /// A value shown with its length in bytes (length errors are about that length).

@@ -147,10 +147,11 @@ fn key_compare(layout: &Layout, pool: &str, key: &str, expect: Option<u64>) -> C
 
 /// What every write of a pool is conditioned on besides the records it touches (DESIGN §11).
 ///
-/// - `spec_rev`: the create revision of the pool's spec record that the decision was made against.
-///   Specs are immutable and a deleted and re-created pool gets a new create revision, so
-///   `create_revision(pools/p) == spec_rev` in the same txn means "the pool I decided for still
-///   exists, unchanged": a write can never land in a deleted pool or in its successor.
+/// - `spec_rev`: the mod revision of the pool's spec record that the decision was made against.
+///   A resize rewrites the record and a deleted and re-created pool gets a new one, so
+///   `mod_revision(pools/p) == spec_rev` in the same txn means "the pool I decided for still
+///   exists, with the range I decided for": a write can never land in a deleted pool, in its
+///   successor, or outside the range of a pool shrunk meanwhile (docs/design/resize.md).
 /// - `seen`: the newest store revision the sender had seen before sending (`L`: txn headers, reads,
 ///   the cache's applied revision). Records compared `mod_revision <= L` were not written after the
 ///   send, so an attempt the store applies late fails against anything written after it.
@@ -160,12 +161,13 @@ pub struct Fences {
     pub seen: Option<Revision>,
 }
 
-/// `create_revision(pools/p) == rev`.
+/// `mod_revision(pools/p) == rev`: the spec version a write was decided against is still the one
+/// in force.
 pub fn spec_compare(layout: &Layout, pool: &str, rev: Revision) -> Compare {
     Compare::new(
         KeyRange::key(layout.pool_spec_key(pool)),
         CompareOp::Equal,
-        CompareTarget::CreateRevision(rev),
+        CompareTarget::ModRevision(rev),
     )
 }
 
@@ -178,12 +180,13 @@ pub fn unchanged_since(key: Vec<u8>, seen: Revision) -> Compare {
     )
 }
 
-/// Reads a spec record that a failed txn read back: `None` if it is the one the txn was decided
-/// against, else `Some(bytes)` of the spec there now (`Some(None)`: the pool is gone).
-fn spec_changed(kv: Option<&KeyValue>, spec_rev: Revision) -> Option<Option<Vec<u8>>> {
+/// Reads a spec record that a failed txn read back: `None` if it is the version the txn was
+/// decided against, else `Some(record)` there now (`Some(None)`: the pool is gone; a record with
+/// the same create revision: the pool was resized).
+fn spec_changed(kv: Option<&KeyValue>, spec_rev: Revision) -> Option<Option<KeyValue>> {
     match kv {
-        Some(kv) if kv.create_revision == spec_rev => None,
-        Some(kv) => Some(Some(kv.value.clone())),
+        Some(kv) if kv.mod_revision == spec_rev => None,
+        Some(kv) => Some(Some(kv.clone())),
         None => Some(None),
     }
 }
@@ -341,7 +344,7 @@ pub enum BindOutcome {
     Observed(Observation),
     /// The pool's spec record is no longer the one decided against: `None`, the pool was deleted;
     /// `Some(spec)`, it was deleted and re-created (with this spec). Nothing was written.
-    PoolGone { spec_now: Option<Vec<u8>> },
+    PoolGone { spec_now: Option<KeyValue> },
 }
 
 /// An ID record as a bind reads it back: a record idalloc cannot read (edited by hand, truncated)
@@ -591,7 +594,7 @@ pub struct ReleaseOutcome {
     pub fenced_out: bool,
     /// Nothing was written: the pool's spec is not the one decided against (see
     /// [`BindOutcome::PoolGone`]).
-    pub pool_gone: Option<Option<Vec<u8>>>,
+    pub pool_gone: Option<Option<KeyValue>>,
 }
 
 /// A reference without a binding (`release_durable` found no key record): `If [spec unchanged]
@@ -747,9 +750,9 @@ pub fn fold_fences_txn(layout: &Layout, pool: &str, spec_rev: Revision) -> TxnRe
 
 /// What a fold came to: `Ok(n)`, `n` holder records deleted; `Err(spec_now)` if the pool's spec
 /// is not the one the fold was decided for (nothing was written; `spec_now` as read back).
-pub fn fold_outcome(resp: &TxnResponse) -> Result<Result<i64, Option<Vec<u8>>>, ProtocolError> {
+pub fn fold_outcome(resp: &TxnResponse) -> Result<Result<i64, Option<KeyValue>>, ProtocolError> {
     if !resp.succeeded {
-        return Ok(Err(single(resp, 0)?.map(|kv| kv.value.clone())));
+        return Ok(Err(single(resp, 0)?.cloned()));
     }
     match resp.responses.first() {
         Some(OpResponse::Delete { deleted }) => Ok(Ok(*deleted)),
@@ -792,14 +795,15 @@ pub fn init_pool_txn(layout: &Layout, pool: &str, spec_json: Vec<u8>) -> TxnRequ
         .or_else([TxnOp::get_key(key)])
 }
 
-/// What `init_pool` found: `Ok((None, rev))` if it created the pool (its spec's create revision is
-/// the txn's), `Ok((Some(existing spec bytes), create revision))` if the pool was there already.
-pub fn init_pool_outcome(resp: &TxnResponse) -> Result<(Option<Vec<u8>>, Revision), ProtocolError> {
+/// What `init_pool` found: `None` if it created the pool (its create revision is the txn's), else
+/// the existing spec's record:
+/// its create revision is the pool's incarnation, its mod revision the spec version in force.
+pub fn init_pool_record(resp: &TxnResponse) -> Result<Option<&KeyValue>, ProtocolError> {
     if resp.succeeded {
-        return Ok((None, resp.revision));
+        return Ok(None);
     }
     match single(resp, 0)? {
-        Some(kv) => Ok((Some(kv.value.clone()), kv.create_revision)),
+        Some(kv) => Ok(Some(kv)),
         None => {
             Err(ProtocolError::Shape("init_pool: compare failed but the spec is missing".into()))
         }
@@ -1159,7 +1163,12 @@ mod tests {
         let out = plan.outcome(&failed(None, false)).unwrap();
         assert_eq!(out.pool_gone, Some(None));
         let out = plan.outcome(&failed(Some(spec_kv(9)), false)).unwrap();
-        assert_eq!(out.pool_gone, Some(Some(b"{}".to_vec())));
+        assert_eq!(out.pool_gone, Some(Some(spec_kv(9))));
+        // A resize keeps the create revision and moves the mod revision: the spec the release
+        // was decided against is gone too (docs/design/resize.md).
+        let resized = KeyValue { mod_revision: 12, ..spec_kv(3) };
+        let out = plan.outcome(&failed(Some(resized.clone()), false)).unwrap();
+        assert_eq!(out.pool_gone, Some(Some(resized)));
         let out = plan.outcome(&failed(Some(spec_kv(3)), true)).unwrap();
         assert!(out.had_ref && !out.fenced_out && !out.reclaimed);
     }

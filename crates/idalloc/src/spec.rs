@@ -202,6 +202,19 @@ impl PoolSpec {
         self
     }
 
+    /// This spec with range `[min, max]` and reserved ranges `reserved` (normalized as by
+    /// [`PoolSpec::reserve_all`]) instead of its own: the spec a resize writes. Everything else
+    /// (name, prefix, strategy, reclaim settings) stays. Not validated yet.
+    pub fn resized(&self, min: u64, max: u64, reserved: &[(u64, u64)]) -> PoolSpec {
+        PoolSpec { min, max, reserved: Vec::new(), ..self.clone() }.reserve_all(reserved)
+    }
+
+    /// True if `other` differs from this spec in its range and reserved IDs at most: the parts a
+    /// resize may change.
+    pub fn same_but_range(&self, other: &PoolSpec) -> bool {
+        other.resized(self.min, self.max, &self.reserved) == *self
+    }
+
     /// The pool's name.
     pub fn name(&self) -> &str {
         &self.name

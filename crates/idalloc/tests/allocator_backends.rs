@@ -34,6 +34,7 @@ on_backends!(
         lost_lease_lost_data_and_conflict,
         crashed_process_is_reclaimed_after_its_ttl,
         a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding,
+        a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns_it,
     ]
 );
 
@@ -289,4 +290,55 @@ async fn a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding(backend
     assert!(matches!(pa.acquire("z").await, Err(Error::PoolNotFound { .. })));
     // A subscription taken after the delete ends at once.
     assert_eq!(next_event(&mut pa.events()).await, None);
+}
+
+/// Growing a full pool frees IDs for every process that has it open (it learns the new range from
+/// the spec record's watch, without reopening); shrinking or reserving over a bound ID is refused
+/// with the ID and its key named; once the ID is released the shrink goes through, and a process
+/// that had the wide range open binds only inside the narrow one.
+async fn a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns_it(
+    backend: Backend,
+) {
+    let Some(env) = env(backend).await else { return };
+    let a = alloc(env.store.clone(), &env.layout, "a");
+    let b = alloc(env.store.clone(), &env.layout, "b");
+    let pa = a.ensure_pool(&PoolSpec::new("p", 1, 3)).await.expect("pool");
+    for k in ["k1", "k2", "k3"] {
+        pa.acquire(k).await.expect("fill");
+    }
+    let pb = b.pool("p").await.expect("pool");
+    pb.wait_synced().await.expect("synced");
+    assert!(matches!(pb.acquire("k4").await, Err(Error::Exhausted { .. })), "full before");
+
+    let grown = a.resize_pool("p", 1, 5, None).await.expect("grow");
+    assert_eq!((grown.min(), grown.max()), (1, 5));
+    assert_eq!(pa.spec().max(), 5, "the resizing process knows at once");
+    wait_until(|| pb.spec().max() == 5).await;
+    let k4 = pb.acquire("k4").await.expect("a free ID after growing").id;
+    assert!((4..=5).contains(&k4), "k4 got {k4}");
+    assert_eq!(a.pool("p").await.expect("reopen").spec(), grown);
+
+    for (range, reserve) in [((1, 3), None), ((1, 5), Some(vec![(k4, k4)]))] {
+        let e =
+            a.resize_pool("p", range.0, range.1, reserve.as_deref()).await.expect_err("refused");
+        let msg = e.to_string();
+        assert!(
+            matches!(e, Error::InvalidInput { input: idalloc::Input::PoolInUse, .. })
+                && msg.contains(&format!("ID {k4} is bound to key \"k4\"")),
+            "{msg}"
+        );
+    }
+    assert_eq!(a.pool("p").await.expect("pool").spec().max(), 5, "a refusal changes nothing");
+
+    pb.release("k4").await.expect("release");
+    let shrunk = a.resize_pool("p", 1, 3, None).await.expect("shrink once nothing is outside");
+    assert_eq!(shrunk.max(), 3);
+    wait_until(|| pb.spec().max() == 3).await;
+    assert!(
+        matches!(pb.acquire("k5").await, Err(Error::Exhausted { max: 3, .. })),
+        "no bind outside the narrowed range"
+    );
+    assert!(matches!(a.resize_pool("nope", 1, 3, None).await, Err(Error::PoolNotFound { .. })));
+    let e = a.resize_pool("p", 5, 1, None).await.expect_err("min above max");
+    assert!(e.to_string().contains("min must not exceed max"), "{e}");
 }

@@ -29,6 +29,7 @@ on_backends!(
         pool_deleted_mid_batch_stops_the_rest,
         restart_restores_held_keys_with_their_ids_in_one_pass,
         a_moved_key_passes_over_the_other_keys_preferred_ids,
+        a_lagging_view_of_a_full_pool_is_not_exhausted_for_a_batch,
         concurrent_single_calls_share_round_trips,
         lost_session_re_references_held_keys_in_batches,
     ]
@@ -870,4 +871,39 @@ fn a_runtime_shut_down_with_callers_queued_ends_cleanly() {
         // Two flights in the air, callers queued behind them.
     });
     drop(rt);
+}
+
+/// G6: a batched bind answers `Exhausted` only when the pool is full at the revision of a read
+/// of the store. B's watch stalls after its view showed the pool full; A frees an ID. B's
+/// batched bind must not call the pool exhausted from its view (plus the key record): the
+/// store has a free ID. While the view stays behind it is `Unavailable` (retryable); once the
+/// view catches up the key binds, and in a really full pool the batch is `Exhausted`.
+async fn a_lagging_view_of_a_full_pool_is_not_exhausted_for_a_batch(backend: Backend) {
+    let Some(Env { store, layout: l, _guard }) = env(backend).await else { return };
+    let frozen = Arc::new(freezable(store.clone()));
+    let a = alloc(store, &l, "a");
+    let b = alloc(frozen.clone(), &l, "b");
+    let spec = PoolSpec::new("lagging", 1, 3);
+    let pa = a.ensure_pool(&spec).await.expect("pool");
+    for k in ["x", "y", "z"] {
+        pa.acquire(k).await.expect("fill");
+    }
+    let pb = b.pool("lagging").await.expect("open");
+    pb.wait_synced().await.expect("synced");
+    wait_until(|| pb.snapshot().len() == 3).await;
+    frozen.hook().freeze(true);
+    assert!(pa.release("x").await.expect("release").reclaimed);
+    let r = pb.acquire_many(&["new"]).await;
+    assert!(
+        matches!(r[0], Err(Error::Unavailable { .. })),
+        "the store has a free ID, the view lags: {r:?}"
+    );
+    frozen.hook().freeze(false);
+    wait_until(|| pb.snapshot().len() == 2).await;
+    let r = pb.acquire_many(&["new"]).await;
+    assert!(r[0].is_ok(), "{r:?}");
+    let r = pb.acquire_many(&["one-more", "two-more"]).await;
+    assert!(r.iter().all(|r| matches!(r, Err(Error::Exhausted { .. }))), "{r:?}");
+    a.close().await.expect("close");
+    b.close().await.expect("close");
 }

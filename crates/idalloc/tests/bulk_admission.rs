@@ -80,15 +80,15 @@ impl<S: Store> Hook<S> for Gauge {
 }
 
 fn allocator(store: Arc<dyn Store>, bulk_in_flight: usize) -> Result<Allocator, Error> {
-    let opts = AllocatorOptions {
-        prefix: layout().prefix().to_string(),
-        holder: Some("a".into()),
-        session_ttl: Duration::from_secs(60),
+    let opts = AllocatorOptions::builder()
+        .prefix(layout().prefix().to_string())
+        .holder("a")
+        .session_ttl(Duration::from_secs(60))
         // Far above the holds below: no attempt times out and is sent twice.
-        request_timeout: Duration::from_secs(60),
-        bulk_in_flight,
-        ..AllocatorOptions::default()
-    };
+        .request_timeout(Duration::from_secs(60))
+        .bulk_in_flight(bulk_in_flight)
+        .build()
+        .unwrap();
     Allocator::from_arc(store, opts)
 }
 

@@ -74,3 +74,61 @@ async fn check_of_a_prefixed_pool_finds_nothing_and_repair_keeps_idle_keys_and_t
     assert_eq!(id_record(&store, "quar", gone_id).await, Some(IdRecord::Tombstone("gone".into())));
     a.close().await.unwrap();
 }
+
+/// Every record kind an allocator or the service writes is known to `check` in every-pool mode:
+/// a shared client session's record (`P/sessions/<lease>`), durable holders' fence records and
+/// the fence floor, the service's quota records (reference slots, `sessions=` and `pools=` slots,
+/// a pool's creator), the cluster version, leased references and tombstones. A healthy store
+/// holding all of them has no findings.
+#[tokio::test(start_paused = true)]
+async fn check_knows_every_record_kind_a_healthy_store_holds() {
+    let store = Arc::new(EmbeddedStore::memory());
+    let l = layout();
+    let a = allocator(store.clone(), "node-a");
+    let p = a.ensure_pool(&PoolSpec::new("kinds", 1, 100).reuse_delay(HOUR)).await.unwrap();
+    p.acquire_durable("held", "alice").await.unwrap();
+    // A release leaves a tombstone and alice's fence record (`holder/alice`).
+    p.acquire_durable("gone", "alice").await.unwrap();
+    assert!(p.release_durable("gone", "alice").await.unwrap().reclaimed);
+    let shared = a.shared_client_session(HOUR, "s-", b"opaque session record").await.unwrap();
+    shared.acquire(&p, "leased").await.unwrap();
+    let fence_floor = l.fence_floor_key("kinds");
+    let quota = [l.quota_prefix("kinds"), b"client-a/slot/0".to_vec()].concat();
+    let creator = [l.quota_prefix("kinds"), b"~creator".to_vec()].concat();
+    let session_slot = format!("{}/sessions/quota/client-a/0", l.prefix()).into_bytes();
+    let pool_slot = format!("{}/sessions/quota-pools/client-a/0", l.prefix()).into_bytes();
+    store
+        .txn(TxnRequest::new().and_then([
+            TxnOp::put(fence_floor.clone(), b"".to_vec()),
+            TxnOp::put(quota, b"x".to_vec()),
+            TxnOp::put(creator, b"client-a/0".to_vec()),
+            TxnOp::put(session_slot, b"x".to_vec()),
+            TxnOp::put(pool_slot, b"kinds".to_vec()),
+        ]))
+        .await
+        .unwrap();
+    idalloc::cluster_version::finalize(&*store, &l).await.unwrap();
+    let all = store.get(GetRequest::prefix(format!("{}/", l.prefix()))).await.unwrap();
+    let names: Vec<String> =
+        all.kvs.iter().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()).collect();
+    for kind in [
+        "/sessions/",
+        "/data/kinds/holder/alice",
+        "/data/kinds/fence",
+        "/quota/",
+        "/quota/~creator",
+        "/sessions/quota-pools/",
+        "/cluster/version",
+    ] {
+        assert!(names.iter().any(|n| n.contains(kind)), "no {kind} record in {names:?}");
+    }
+
+    let scan = check::scan(&*store, &l, None, 100).await.unwrap();
+    assert_eq!(scan.report.breaches(), 0, "{:?}", scan.report);
+    assert!(scan.report.other.is_empty(), "{:?}", scan.report.other);
+    for pool in &scan.report.pools {
+        assert!(pool.findings.is_empty(), "{}: {:?}", pool.pool, pool.findings);
+    }
+    let one = check::scan(&*store, &l, Some("kinds"), 100).await.unwrap();
+    assert_eq!(one.report.breaches(), 0, "{:?}", one.report);
+}

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
+use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls};
 use idalloc::store::{
     AccessCause, GetRequest, KeyRange, Store, StoreError, TxnOp, TxnRequest, WatchMessage,
 };
@@ -91,21 +91,30 @@ async fn mutual_tls_works_and_every_misconfiguration_is_named() {
 
     // Wrong CA: our side refuses the server.
     let mut o = short(etcd.options(None));
-    o.tls = Some(EtcdTls { ca_file: Some(pki.other_ca.clone()), ..pki.client_tls() });
+    o.tls = Some({
+        let mut o = pki.client_tls();
+        o.ca_file = Some(pki.other_ca.clone());
+        o
+    });
     assert_access(&refused(o).await, AccessCause::Tls, &ep, "not signed by a trusted CA");
 
     // No client certificate: the server refuses us.
     let mut o = short(etcd.options(None));
-    o.tls = Some(EtcdTls { ca_file: Some(pki.ca.clone()), ..Default::default() });
+    o.tls = Some({
+        let mut o = EtcdTls::default();
+        o.ca_file = Some(pki.ca.clone());
+        o
+    });
     assert_access(&refused(o).await, AccessCause::Tls, &ep, "client certificate");
 
     // An expired client certificate, and one from a CA the server does not trust.
     for bad in [&pki.expired_client, &pki.stranger] {
         let mut o = short(etcd.options(None));
-        o.tls = Some(EtcdTls {
-            cert_file: Some(bad.cert.clone()),
-            key_file: Some(bad.key.clone()),
-            ..pki.client_tls()
+        o.tls = Some({
+            let mut o = pki.client_tls();
+            o.cert_file = Some(bad.cert.clone());
+            o.key_file = Some(bad.key.clone());
+            o
         });
         assert_access(&refused(o).await, AccessCause::Tls, &ep, "rejected the client certificate");
     }
@@ -118,21 +127,34 @@ async fn mutual_tls_works_and_every_misconfiguration_is_named() {
 
     // --insecure-skip-tls-verify: no CA, still a client certificate; works (testing only).
     let mut o = short(etcd.options(None));
-    o.tls = Some(EtcdTls { ca_file: None, insecure_skip_verify: true, ..pki.client_tls() });
+    o.tls = Some({
+        let mut o = pki.client_tls();
+        o.ca_file = None;
+        o.insecure_skip_verify = true;
+        o
+    });
     let insecure = EtcdStore::connect(o).await.expect("connect insecure");
     let got = insecure.get(GetRequest::key("idalloc-secure/k")).await.expect("insecure read");
     assert_eq!(got.kvs[0].value, b"v");
 
     // Bad files are named before any network use.
     let mut o = etcd.options(None);
-    o.tls = Some(EtcdTls { ca_file: Some(pki.client.key.clone()), ..pki.client_tls() });
+    o.tls = Some({
+        let mut o = pki.client_tls();
+        o.ca_file = Some(pki.client.key.clone());
+        o
+    });
     let e = EtcdStore::connect(o).await.expect_err("a key is not a CA");
     assert!(
         matches!(&e, StoreError::InvalidRequest(m) if m.contains("client.key") && m.contains("no PEM certificate")),
         "{e:?}"
     );
     let mut o = etcd.options(None);
-    o.tls = Some(EtcdTls { key_file: None, ..pki.client_tls() });
+    o.tls = Some({
+        let mut o = pki.client_tls();
+        o.key_file = None;
+        o
+    });
     let e = EtcdStore::connect(o).await.expect_err("cert without key");
     assert!(matches!(&e, StoreError::InvalidRequest(m) if m.contains("needs its key")), "{e:?}");
 }
@@ -151,12 +173,12 @@ async fn tls_client_against_plain_etcd_is_named() {
 }
 
 fn user_allocator(store: Arc<EtcdStore>, holder: &str) -> Allocator {
-    let opts = AllocatorOptions {
-        prefix: "idalloc-secure/alloc".into(),
-        holder: Some(holder.into()),
-        session_ttl: Duration::from_secs(3),
-        ..AllocatorOptions::default()
-    };
+    let opts = AllocatorOptions::builder()
+        .prefix("idalloc-secure/alloc")
+        .holder(holder)
+        .session_ttl(Duration::from_secs(3))
+        .build()
+        .unwrap();
     Allocator::from_arc(store, opts).expect("allocator")
 }
 
@@ -264,7 +286,7 @@ async fn restricted_user_works_inside_its_prefix_only_across_token_expiry_and_re
     // ... and through the allocator, as its own error kind.
     let outside = Allocator::from_arc(
         store.clone(),
-        AllocatorOptions { prefix: "other-app".into(), ..AllocatorOptions::default() },
+        AllocatorOptions::builder().prefix("other-app").build().unwrap(),
     )
     .expect("allocator");
     let e = outside.init_pool(&PoolSpec::new("p", 1, 10)).await.expect_err("outside prefix");
@@ -285,8 +307,7 @@ async fn restricted_user_works_inside_its_prefix_only_across_token_expiry_and_re
     assert!(outside.is_empty(), "keys outside the prefix: {outside:?}");
 
     // Wrong password, unknown user, no user at all: named, one line, no password shown.
-    let wrong =
-        |user: &str, pw: &str| Some(EtcdAuth { user: user.into(), password: Password::new(pw) });
+    let wrong = |user: &str, pw: &str| Some(EtcdAuth::new(user, pw));
     for auth in [wrong("idalloc", "not-the-password"), wrong("nobody", SecureEtcd::PASSWORD)] {
         let e = refused(short(etcd.options(auth))).await;
         assert_access(&e, AccessCause::Authentication, &ep, "wrong user name or password");
@@ -314,17 +335,17 @@ async fn a_user_without_permission_is_refused_at_once_not_after_the_wait_budget(
     let ep = etcd.endpoint();
     let prefix = "idalloc-secure/limited";
     let allocator = |store: EtcdStore, holder: &str| {
-        let opts = AllocatorOptions {
-            prefix: prefix.into(),
-            holder: Some(holder.into()),
-            session_ttl: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(5),
-            retry: idalloc::RetryPolicy { max_attempts: 3, ..Default::default() },
-            ..AllocatorOptions::default()
-        };
+        let opts = AllocatorOptions::builder()
+            .prefix(prefix)
+            .holder(holder)
+            .session_ttl(Duration::from_secs(10))
+            .request_timeout(Duration::from_secs(5))
+            .retry(idalloc::RetryPolicy::builder().max_attempts(3).build().unwrap())
+            .build()
+            .unwrap();
         Allocator::from_arc(Arc::new(store), opts).expect("allocator")
     };
-    let user = |name: &str| EtcdAuth { user: name.into(), password: Password::new("pw-of-test") };
+    let user = |name: &str| EtcdAuth::new(name, "pw-of-test");
     let connect = |name: &str| EtcdStore::connect(etcd.options(Some(user(name))));
 
     let rw = EtcdStore::connect(etcd.options(Some(SecureEtcd::user_auth()))).await.expect("rw");

@@ -39,13 +39,13 @@ async fn connect(endpoints: Vec<String>) -> EtcdStore {
 }
 
 fn alloc(store: Arc<EtcdStore>, layout: &Layout, holder: &str, fold_above: usize) -> Allocator {
-    let opts = AllocatorOptions {
-        prefix: layout.prefix().to_string(),
-        holder: Some(holder.to_string()),
-        request_timeout: Duration::from_secs(1),
-        fold_fences_above: fold_above,
-        ..AllocatorOptions::default()
-    };
+    let opts = AllocatorOptions::builder()
+        .prefix(layout.prefix().to_string())
+        .holder(holder.to_string())
+        .request_timeout(Duration::from_secs(1))
+        .fold_fences_above(fold_above)
+        .build()
+        .unwrap();
     Allocator::from_arc(store, opts).expect("allocator")
 }
 
@@ -77,6 +77,7 @@ async fn a_thousand_holder_names_leave_a_bounded_number_of_fence_records() {
     let layout = Layout::new("fold").expect("layout");
     let admin = alloc(store.clone(), &layout, "admin", FOLD_ABOVE);
     admin.init_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
+    idalloc::cluster_version::finalize(&*store, &layout).await.expect("finalize");
 
     let next = Arc::new(AtomicUsize::new(0));
     let failed_acquires = Arc::new(AtomicUsize::new(0));

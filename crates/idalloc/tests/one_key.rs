@@ -42,14 +42,14 @@ fn lazy_paged(
     seed: u64,
     list_page: i64,
 ) -> Allocator {
-    let opts = AllocatorOptions {
-        prefix: l.prefix().to_string(),
-        holder: Some(holder.to_string()),
-        seed: Some(seed),
-        lazy_view: true,
-        list_page,
-        ..AllocatorOptions::default()
-    };
+    let opts = AllocatorOptions::builder()
+        .prefix(l.prefix().to_string())
+        .holder(holder.to_string())
+        .seed(seed)
+        .lazy_view(true)
+        .list_page(list_page)
+        .build()
+        .unwrap();
     Allocator::from_arc(store, opts).expect("allocator")
 }
 

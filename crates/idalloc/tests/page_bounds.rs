@@ -61,19 +61,22 @@ impl Hook<EmbeddedStore> for SlowPages {
 type Slow = HookedStore<EmbeddedStore, SlowPages>;
 
 fn options() -> AllocatorOptions {
-    AllocatorOptions {
-        prefix: "pb".to_string(),
-        holder: Some("h".to_string()),
-        session_ttl: Duration::from_secs(600),
-        request_timeout: TIMEOUT,
-        retry: RetryPolicy {
-            max_attempts: 2,
-            initial_backoff: Duration::from_millis(10),
-            max_backoff: Duration::from_millis(10),
-        },
-        list_page: PAGE,
-        ..AllocatorOptions::default()
-    }
+    AllocatorOptions::builder()
+        .prefix("pb".to_string())
+        .holder("h".to_string())
+        .session_ttl(Duration::from_secs(600))
+        .request_timeout(TIMEOUT)
+        .retry(
+            RetryPolicy::builder()
+                .max_attempts(2)
+                .initial_backoff(Duration::from_millis(10))
+                .max_backoff(Duration::from_millis(10))
+                .build()
+                .unwrap(),
+        )
+        .list_page(PAGE)
+        .build()
+        .unwrap()
 }
 
 /// A store behind [`SlowPages`] (not armed yet), and pool `p` of [`BINDINGS`] IDs, every one

@@ -47,13 +47,13 @@ const PAGE: i64 = 100;
 const MAX_COUNTED_PER_RECORD: u64 = 4;
 
 fn allocator(store: Arc<dyn Store>, l: &Layout) -> Allocator {
-    let opts = AllocatorOptions {
-        prefix: l.prefix().to_string(),
-        holder: Some("h".to_string()),
-        session_ttl: Duration::from_secs(30),
-        list_page: PAGE,
-        ..AllocatorOptions::default()
-    };
+    let opts = AllocatorOptions::builder()
+        .prefix(l.prefix().to_string())
+        .holder("h".to_string())
+        .session_ttl(Duration::from_secs(30))
+        .list_page(PAGE)
+        .build()
+        .unwrap();
     Allocator::from_arc(store, opts).expect("allocator")
 }
 

@@ -232,6 +232,7 @@ async fn a_late_create_applied_after_a_fold_fails_on_the_fence_floor() {
     let janitor = common::allocator_with(Arc::new(shared.clone()), "janitor", |o| {
         o.fold_fences_above = 0;
     });
+    common::finalize(&shared, &common::layout()).await;
     let pool = a.ensure_pool(&PoolSpec::new("p", 1, 10)).await.unwrap();
     pool.wait_synced().await.unwrap();
     let sweeper = janitor.pool("p").await.unwrap();
@@ -272,7 +273,7 @@ async fn a_late_create_applied_after_a_fold_fails_on_the_fence_floor() {
     // The floor goes with the pool.
     assert!(janitor.delete_pool("p", false).await.unwrap());
     let (kvs, _) =
-        idalloc::store::list_all(&shared, &KeyRange::prefix("idalloc/"), 100).await.unwrap();
+        idalloc::store::list_all(&shared, &KeyRange::prefix("idalloc/data/"), 100).await.unwrap();
     assert!(kvs.is_empty(), "{kvs:?}");
 }
 

@@ -41,11 +41,11 @@ fn spec(cluster_id: u64) -> PoolSpec {
 async fn site(cluster_id: u64) -> Site {
     let etcd = EtcdCluster::start(1).await.expect("start etcd");
     let store = Arc::new(connect(&etcd.endpoints()[0]).await);
-    let opts = AllocatorOptions {
-        holder: Some(format!("site{cluster_id}")),
-        session_ttl: Duration::from_secs(10),
-        ..AllocatorOptions::default()
-    };
+    let opts = AllocatorOptions::builder()
+        .holder(format!("site{cluster_id}"))
+        .session_ttl(Duration::from_secs(10))
+        .build()
+        .unwrap();
     let alloc = Allocator::from_arc(store.clone(), opts).expect("allocator");
     let pool = alloc.ensure_pool(&spec(cluster_id)).await.expect("pool");
     pool.wait_synced().await.expect("synced");
@@ -75,15 +75,15 @@ async fn connect_patient(endpoint: &str) -> EtcdStore {
 
 /// [`RemoteOptions`] to go with [`connect_patient`].
 fn patient_remote_opts() -> RemoteOptions {
-    RemoteOptions { request_timeout: Duration::from_secs(30), ..RemoteOptions::default() }
+    RemoteOptions::builder().request_timeout(Duration::from_secs(30)).build().unwrap()
 }
 
 fn remote_opts() -> RemoteOptions {
-    RemoteOptions {
-        probe_interval: Duration::from_millis(300),
-        request_timeout: Duration::from_secs(1),
-        ..RemoteOptions::default()
-    }
+    RemoteOptions::builder()
+        .probe_interval(Duration::from_millis(300))
+        .request_timeout(Duration::from_secs(1))
+        .build()
+        .unwrap()
 }
 
 /// The bindings of `POOL` as the store holds them, read raw (not through any allocator).
@@ -265,7 +265,11 @@ async fn overlapping_remotes_are_refused_and_invalid_entries_dropped_and_counted
             Ok(())
         }
     });
-    let opts = RemoteOptions { validators: vec![no_bad], ..remote_opts() };
+    let opts = {
+        let mut o = remote_opts();
+        o.validators = vec![no_bad];
+        o
+    };
     let view = a
         .pool
         .watch_remote("b", Arc::new(connect(&b.etcd.endpoints()[0]).await), opts)
@@ -512,7 +516,11 @@ async fn stale_ttl_drops_a_remote_that_stays_away_and_it_comes_back_on_reconnect
         b.pool.acquire_durable(&format!("b{k}"), "o").await.expect("b");
     }
     let relay = Relay::start(&b.etcd.endpoints()[0]).await;
-    let opts = RemoteOptions { stale_ttl: Some(Duration::from_secs(1)), ..remote_opts() };
+    let opts = {
+        let mut o = remote_opts();
+        o.stale_ttl = Some(Duration::from_secs(1));
+        o
+    };
     let view =
         a.pool.watch_remote("b", Arc::new(connect(&relay.addr).await), opts).await.expect("watch");
     tokio::time::timeout(Duration::from_secs(30), view.wait_synced()).await.expect("synced");

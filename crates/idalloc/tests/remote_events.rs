@@ -18,7 +18,7 @@ async fn clusters(
     buffer: usize,
     remote_keys: usize,
 ) -> (Allocator, Pool, Arc<dyn Store>, Allocator, Pool) {
-    let opts = AllocatorOptions { event_buffer: buffer, ..AllocatorOptions::default() };
+    let opts = AllocatorOptions::builder().event_buffer(buffer).build().unwrap();
     let local = Allocator::new(EmbeddedStore::memory(), opts).unwrap();
     let pool = local.ensure_pool(&PoolSpec::new(POOL, 1, 0xffff).prefix(1 << 16)).await.unwrap();
     pool.wait_synced().await.unwrap();
@@ -38,7 +38,7 @@ async fn subscribers_before_the_first_listing_get_every_binding_then_synced_with
     // 200 remote bindings, buffers of 8 messages: the old per-binding events overflowed both.
     let (_local, pool, raw, _remote, rpool) = clusters(8, 200).await;
     let mut all = pool.cluster_events();
-    let opts = RemoteOptions { event_buffer: 8, ..RemoteOptions::default() };
+    let opts = RemoteOptions::builder().event_buffer(8).build().unwrap();
     let view = pool.watch_remote("b", raw, opts).await.unwrap();
     // On this current-thread runtime the view's follower has not run yet: this subscriber is
     // there before the listing.
@@ -100,12 +100,12 @@ async fn deletes_reach_the_validators_and_a_refused_delete_keeps_the_binding() {
         }
     });
     let faulty = Arc::new(FaultStore::new(raw, 1, FaultConfig::default()).unwrap());
-    let opts = RemoteOptions {
-        validators: vec![guard],
-        probe_interval: Duration::from_millis(100),
-        request_timeout: Duration::from_millis(500),
-        ..RemoteOptions::default()
-    };
+    let opts = RemoteOptions::builder()
+        .validators(vec![guard])
+        .probe_interval(Duration::from_millis(100))
+        .request_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let view = pool.watch_remote("b", faulty.clone() as Arc<dyn Store>, opts).await.unwrap();
     tokio::time::timeout(Duration::from_secs(10), view.wait_synced()).await.expect("synced");
     assert_eq!(view.len(), 2);

@@ -51,11 +51,11 @@ async fn remote_view_metrics_follow_state_bindings_drops_reconnects_and_sync_age
     raw.txn(TxnRequest::new().and_then([bad])).await.unwrap();
 
     let faulty = Arc::new(FaultStore::new(raw.clone(), 1, FaultConfig::default()).unwrap());
-    let opts = RemoteOptions {
-        probe_interval: Duration::from_millis(100),
-        request_timeout: Duration::from_millis(500),
-        ..RemoteOptions::default()
-    };
+    let opts = RemoteOptions::builder()
+        .probe_interval(Duration::from_millis(100))
+        .request_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap();
     let view = pool.watch_remote("b", faulty.clone() as Arc<dyn Store>, opts).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), view.wait_synced()).await.expect("synced");
 

@@ -57,6 +57,12 @@ pub enum Variant {
     /// subscribing to no events: their binds guess candidates beside the
     /// synced nodes' until something loads their view (a batch, a resync, many collisions).
     LazyNodes,
+    /// The standard pools, with most pool-deletion steps replaced by resizes (the max grows or
+    /// shrinks by a few IDs) racing binds, releases, sweeps and the faults: a shrink must be
+    /// refused while an ID outside the new range is bound or quarantined, and once one commits no
+    /// record outside the narrowed range may appear (G3, checked on the raw store every step), with
+    /// G1 intact throughout.
+    Resizing,
 }
 
 /// Nodes from this index on open their pools lazily in [`Variant::LazyNodes`].
@@ -374,17 +380,18 @@ impl Sim {
         let specs = pools(variant);
         let setup = Allocator::from_arc(
             raw.clone(),
-            AllocatorOptions {
-                holder: Some("setup".into()),
-                seed: Some(seed),
-                ..Default::default()
-            },
+            AllocatorOptions::builder().holder("setup").seed(seed).build().unwrap(),
         )
         .expect("setup allocator");
         for s in &specs {
             setup.init_pool(s).await.expect("init pool on a fault-free store");
         }
         setup.close().await.expect("close setup");
+        // Half the seeds run on a finalized cluster (folds in force), half on cluster version 1,
+        // where folds wait and pinned holders fence their earlier lives instead.
+        if seed % 2 == 0 {
+            idalloc::cluster_version::finalize(&*raw, &layout()).await.expect("finalize");
+        }
         let seen: Seen = Arc::new(Mutex::new(Vec::new()));
         // Specs too: a pool deletion's revision excuses the records it deleted (G5).
         let mut w = raw
@@ -454,23 +461,23 @@ impl Sim {
         let seed = self.seed;
         let n = &mut self.nodes[i];
         n.incarnation += 1;
-        let opts = AllocatorOptions {
-            holder: Some(n.holder.clone()),
-            seed: Some(mix(seed, (i as u64) << 32 | n.incarnation)),
-            session_ttl: SESSION_TTL,
+        let opts = AllocatorOptions::builder()
+            .holder(n.holder.clone())
+            .seed(mix(seed, (i as u64) << 32 | n.incarnation))
+            .session_ttl(SESSION_TTL)
             // Two nodes also sweep in the background.
-            sweep_interval: (i < 2).then_some(Duration::from_secs(9)),
+            .sweep_interval((i < 2).then_some(Duration::from_secs(9)))
             // Every node's sweeps fold fence records with a tiny threshold (node 0 whenever it
             // finds one), so folds race binds, late and duplicated attempts, releases and pool
             // deletes in every seed.
-            fold_fences_above: i % 3,
-            lazy_view: self.variant == Variant::LazyNodes && i >= FIRST_LAZY_NODE,
+            .fold_fences_above(i % 3)
+            .lazy_view(self.variant == Variant::LazyNodes && i >= FIRST_LAZY_NODE)
             // Bulk admission (docs/design/bulk-admission.md) at its tightest on every other node: that node's
             // batched calls and repairs queue behind one another, each holding the one slot
             // through its timeouts and retries, while faults and the other nodes race them.
-            bulk_in_flight: if i % 2 == 0 { 1 } else { 2 },
-            ..Default::default()
-        };
+            .bulk_in_flight(if i % 2 == 0 { 1 } else { 2 })
+            .build()
+            .unwrap();
         n.alloc = Some(Allocator::from_arc(n.fault.clone(), opts).expect("valid options"));
         n.pools = (0..self.specs.len()).map(|_| None).collect();
     }
@@ -612,6 +619,9 @@ impl Sim {
             88..=91 => {
                 let n = self.rng.below(NODES as u64) as usize;
                 self.apply_held(step, n).await;
+            }
+            92..=94 if self.variant == Variant::Resizing && !self.rng.chance(25) => {
+                self.resize_pool(step).await?
             }
             92..=94 => self.delete_pool(step).await?,
             95..=97 => self.tamper(step).await,
@@ -797,12 +807,12 @@ impl Sim {
     async fn fold_fences(&mut self, step: usize) {
         let folder = Allocator::from_arc(
             self.raw.clone(),
-            AllocatorOptions {
-                holder: Some("folder".into()),
-                seed: Some(self.seed),
-                fold_fences_above: 0,
-                ..Default::default()
-            },
+            AllocatorOptions::builder()
+                .holder("folder")
+                .seed(self.seed)
+                .fold_fences_above(0)
+                .build()
+                .unwrap(),
         )
         .expect("folder");
         let names: Vec<String> = self.specs.iter().map(|s| s.name().to_string()).collect();
@@ -814,6 +824,16 @@ impl Sim {
             self.note(format!("{step} fold {name} -> {r:?}"));
         }
         let _ = folder.close().await;
+    }
+
+    /// An operator's allocator on the embedded store itself (no fault layer), as the CLI's pool
+    /// delete and resize run.
+    fn admin(&self) -> Allocator {
+        Allocator::from_arc(
+            self.raw.clone(),
+            AllocatorOptions::builder().holder("admin").seed(self.seed).build().unwrap(),
+        )
+        .expect("admin")
     }
 
     /// Deletes pool `p` (with or without force) while operations on it are in flight, then
@@ -828,15 +848,7 @@ impl Sim {
         let force = self.rng.chance(70);
         let delay = self.rng.millis(400);
         let handles = self.open_handles(&ops).await;
-        let admin = Allocator::from_arc(
-            self.raw.clone(),
-            AllocatorOptions {
-                holder: Some("admin".into()),
-                seed: Some(self.seed),
-                ..Default::default()
-            },
-        )
-        .expect("admin");
+        let admin = self.admin();
         let delete = async {
             tokio::time::sleep(delay).await;
             admin.delete_pool(&name, force).await
@@ -895,6 +907,53 @@ impl Sim {
         self.note(format!("{step} re-created {name} as {spec}"));
         self.specs[p] = spec;
         let _ = admin.close().await;
+        Ok(())
+    }
+
+    /// Resizes pool `p` (its max a few IDs below or above the pool's base spec) while operations
+    /// on it are in flight (docs/design/resize.md). A shrink over a bound or quarantined ID is
+    /// refused; one that commits leaves no record outside the narrowed range, even from the racing
+    /// operations' retries and late attempts (the raw check after every step, with the new spec).
+    async fn resize_pool(&mut self, step: usize) -> Result<(), Violation> {
+        let p = self.rng.below(self.specs.len() as u64) as usize;
+        let old = self.specs[p].clone();
+        let name = old.name().to_string();
+        let shifted = old.min() != pool_spec(p, false, self.variant).min();
+        let max = pool_spec(p, shifted, self.variant).max() - 3 + self.rng.below(9);
+        let live = self.live();
+        let ops = if live.is_empty() { Vec::new() } else { self.gen_ops(&live, Some(p)) };
+        let delay = self.rng.millis(400);
+        let handles = self.open_handles(&ops).await;
+        let admin = self.admin();
+        let resize = async {
+            tokio::time::sleep(delay).await;
+            admin.resize_pool(&name, old.min(), max, None).await
+        };
+        let both = futures::future::join(futures::future::join_all(run_ops(&ops, handles)), resize);
+        let (results, resized) = match tokio::time::timeout(STEP_TIMEOUT, both).await {
+            Ok(r) => r,
+            Err(_) => return v(format!("G6: step {step} {ops:?} with a pool resize hung")),
+        };
+        self.note(format!("{step} resize pool {name} to max {max} after {delay:?} -> {resized:?}"));
+        let new = match resized {
+            Ok(spec) => Some(spec),
+            // Refused: something bound or quarantined lies outside the narrower range.
+            Err(Error::InvalidInput { .. }) if max < old.max() => None,
+            Err(Error::Unavailable { .. }) => None,
+            Err(e) => return v(format!("G6: resize of {name} to max {max} gave {e:?}")),
+        };
+        let _ = admin.close().await;
+        // The operations ran against the old spec, the new one, or both: their answers must lie
+        // in the wider of the two; the raw store, from now on, in the new one.
+        if let Some(new) = new.as_ref().filter(|n| n.max() > old.max()) {
+            self.specs[p] = new.clone();
+        }
+        for done in results {
+            self.after_op(step, done)?;
+        }
+        if let Some(new) = new {
+            self.specs[p] = new;
+        }
         Ok(())
     }
 
@@ -1290,7 +1349,7 @@ impl Sim {
                 let held = pool.held();
                 // A handle retired by a pool deletion may still report what it did in the old
                 // pool (a repair's Conflict there): its IDs are checked against its own spec.
-                let spec = pool.spec().clone();
+                let spec = pool.spec();
                 for (key, old_id, new_id) in conflicts {
                     self.trace.push(format!("{step} n{n} conflict {key} {old_id}->{new_id}"));
                     match self.leased.get_mut(&(n, p, key.clone())) {
@@ -1581,16 +1640,18 @@ impl Sim {
         // Dead sessions expire, idle grace runs out, tombstones expire.
         let janitor = Allocator::from_arc(
             self.raw.clone(),
-            AllocatorOptions {
-                holder: Some("janitor".into()),
-                seed: Some(self.seed),
+            AllocatorOptions::builder()
+                .holder("janitor")
+                .seed(self.seed)
                 // Its sweeps fold every fence record left: the bound after a quiet sweep is the
                 // threshold, here none.
-                fold_fences_above: 0,
-                ..Default::default()
-            },
+                .fold_fences_above(0)
+                .build()
+                .unwrap(),
         )
         .expect("janitor");
+        // Every process runs this build: the operator finalizes, which lets the sweeps fold.
+        idalloc::cluster_version::finalize(&*self.raw, &layout()).await.expect("finalize");
         tokio::time::sleep(SESSION_TTL * 2).await;
         for _round in 0..3 {
             for s in &self.specs {
@@ -1633,7 +1694,11 @@ impl Sim {
         }
         let extra: Vec<String> = kvs
             .iter()
-            .filter(|kv| !kv.key.starts_with(&pools) && !durable_fence(kv))
+            .filter(|kv| {
+                !kv.key.starts_with(&pools)
+                    && !durable_fence(kv)
+                    && kv.key != layout().cluster_version_key()
+            })
             .map(|kv| {
                 format!(
                     "{}={}",
@@ -1682,7 +1747,7 @@ fn run_ops(
             match h {
                 Ok(pool) => {
                     let results = run_op(&op, &pool).await;
-                    let handle = Some((pool.spec().clone(), pool.is_retired()));
+                    let handle = Some((pool.spec(), pool.is_retired()));
                     Done { op, results, handle }
                 }
                 Err(e) => {
@@ -1771,6 +1836,12 @@ fn simulation_seeds_prefixed_idle_pool() {
 #[test]
 fn simulation_seeds_lazy_nodes() {
     run_seeds("simulation_seeds_lazy_nodes", Variant::LazyNodes, 100);
+}
+
+/// The seeds again with pool resizes racing the workload ([`Variant::Resizing`]).
+#[test]
+fn simulation_seeds_resizing() {
+    run_seeds("simulation_seeds_resizing", Variant::Resizing, 100);
 }
 
 /// Runs a batch of seeds (`SEED`, or `SIM_FIRST` and `SIM_SEEDS`, default `default_count`) on the

@@ -64,12 +64,12 @@ impl History {
 }
 
 fn opts(holder: &str, seed: u64) -> AllocatorOptions {
-    AllocatorOptions {
-        holder: Some(holder.into()),
-        seed: Some(seed),
-        request_timeout: Duration::from_millis(500),
-        ..AllocatorOptions::default()
-    }
+    AllocatorOptions::builder()
+        .holder(holder)
+        .seed(seed)
+        .request_timeout(Duration::from_millis(500))
+        .build()
+        .unwrap()
 }
 
 /// Returns (steps at which the view was stale, listings the view made).
@@ -128,12 +128,13 @@ async fn run_seed(seed: u64) -> (u64, u64) {
         .watch_remote(
             "b",
             faulty.clone(),
-            RemoteOptions {
-                probe_interval: Duration::from_millis(300),
-                request_timeout: Duration::from_secs(1),
-                list_page: 7, // several pages per listing
-                ..RemoteOptions::default()
-            },
+            RemoteOptions::builder()
+                .probe_interval(Duration::from_millis(300))
+                .request_timeout(Duration::from_secs(1))
+                // several pages per listing
+                .list_page(7)
+                .build()
+                .unwrap(),
         )
         .await;
     // Opening reads the spec once through the faults: a failure there is an honest error.

@@ -237,6 +237,18 @@ class Client:
         """Every pool's spec, sorted by name."""
         return list(self.call("pool list", "GET", "/v1/pools")["pools"])
 
+    def resize_pool(self, name: str, min: int, max: int,
+                    reserved: Optional[List[List[int]]] = None) -> Dict[str, Any]:
+        """Gives the pool the range [min, max] and, if given, the ``reserved`` ranges (else its
+        reserved IDs inside the new range stay). Growing always succeeds; narrowing while an ID it
+        would exclude is bound or quarantined raises :class:`PoolInUse` naming the ID and its key.
+        Returns the spec now in force."""
+        check_pool(name)
+        body: Dict[str, Any] = dict(min=min, max=max)
+        if reserved is not None:
+            body["reserved"] = reserved
+        return self.call("pool resize", "PATCH", f"/v1/pools/{_seg(name)}", body)
+
     def delete_pool(self, name: str, force: bool = False) -> bool:
         """Deletes the pool (with ``force`` its bindings too); False if there was none. A pool
         with records, without force, raises :class:`PoolInUse`."""

@@ -43,7 +43,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls, Password};
+use idalloc::store::etcd::{EtcdAuth, EtcdOptions, EtcdStore, EtcdTls};
 use idalloc::store::StoreError;
 use idalloc::{Allocator, AllocatorOptions, ClientSession, Error, Input, PoolSpec};
 use idalloc_chaos::history::{now_ns, OpKind, Outcome, Record};
@@ -107,20 +107,18 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     let path = |k: &str| m.get(k).map(PathBuf::from);
-    let tls = (m.contains_key("cacert") || m.contains_key("cert")).then(|| EtcdTls {
-        ca_file: path("cacert"),
-        cert_file: path("cert"),
-        key_file: path("key"),
-        insecure_skip_verify: false,
+    let tls = (m.contains_key("cacert") || m.contains_key("cert")).then(|| {
+        let mut tls = EtcdTls::default();
+        tls.ca_file = path("cacert");
+        tls.cert_file = path("cert");
+        tls.key_file = path("key");
+        tls
     });
     let auth = match (m.get("user"), path("password-file")) {
         (Some(user), Some(file)) => {
             let pw = std::fs::read_to_string(&file)
                 .map_err(|e| format!("cannot read --password-file {}: {e}", file.display()))?;
-            Some(EtcdAuth {
-                user: user.clone(),
-                password: Password::new(pw.trim_end_matches(['\r', '\n'])),
-            })
+            Some(EtcdAuth::new(user.clone(), pw.trim_end_matches(['\r', '\n'])))
         }
         (None, None) => None,
         _ => return Err("--user and --password-file go together".into()),
@@ -215,13 +213,13 @@ async fn run(a: Args) -> Result<(), String> {
             Err(e) => return Err(format!("etcd client: {e}")),
         }
     };
-    let opts = AllocatorOptions {
-        prefix: a.prefix.clone(),
-        holder: Some(a.holder.clone()),
-        request_timeout: Duration::from_secs(2),
-        seed: Some(a.seed),
-        ..AllocatorOptions::default()
-    };
+    let opts = AllocatorOptions::builder()
+        .prefix(a.prefix.clone())
+        .holder(a.holder.clone())
+        .request_timeout(Duration::from_secs(2))
+        .seed(a.seed)
+        .build()
+        .map_err(|e| format!("allocator options: {e}"))?;
     let alloc = Allocator::new(store, opts).map_err(|e| format!("allocator: {e}"))?;
     let spec = pool_spec(&a);
     // Opening the pool is set-up, not a recorded call: retry through faults until the deadline.

@@ -10,8 +10,8 @@
 //!
 //! Releases share one thing between keys: the holder's fence record. etcd refuses a key written
 //! twice in one txn tree, so the per-key plans are built without their bump and the batch bumps the
-//! record once, at the outer level, guarded by the pool's spec (docs/design/coalescing.md, "Batched
-//! operations").
+//! record once, at the outer level, guarded by the pool's spec (docs/design/batching.md, "Each key
+//! keeps its own txn").
 //!
 //! One file (about 800 lines) because batched bind and batched release share the packing frame, the
 //! per-round bookkeeping (read-backs, the fence bumped once per tree) and the result ordering; the
@@ -33,8 +33,8 @@ use super::types::{Acquired, Released};
 use crate::batch::{self, Frame, MAX_BATCH_KEYS};
 use crate::error::{Error, Result};
 use crate::pool::Strategy;
-use crate::pool::{validate_durable_holder, validate_key};
-use crate::protocol::bind_step::{Action, BindLoop, Candidates, Failure, FullCheck, Input, Step};
+use crate::pool::{validate_key, validate_stored_durable_holder};
+use crate::protocol::bind_step::{Action, BindLoop, Candidates, Failure, Input, Step};
 use crate::protocol::{spec_compare, BindOutcome, BindPlan, LastRelease, RefTarget, ReleasePlan};
 use crate::store::{OpResponse, StoreError, TxnOp, TxnRequest};
 
@@ -82,32 +82,26 @@ impl Inner {
         // and loads the view only after many lost guesses (a nearly full pool). A process that
         // acquires 1M new keys then never holds the pool's view, which grows with every key.
         let probing = self.view_unloaded(pool) && pool.spec.strategy_kind() == Strategy::Random;
-        let (candidates, full_check) = if probing {
+        let candidates = if probing {
             // What guessing learned (IDs found taken, one treap node each when isolated) would
             // grow with the input: past a bound it is forgotten, at the price of a lost guess
             // now and then.
             pool.lock_cache().forget_learned_above(FORGET_LEARNED_ABOVE);
-            (Candidates::Probe, FullCheck::Usage)
+            Candidates::Probe
         } else {
             if let Err(e) = self.wait_synced(pool).await {
                 return keys.iter().map(|_| Err(e.clone())).collect();
             }
-            (Candidates::View, FullCheck::KeyRecord)
+            Candidates::View
         };
         let name = pool.spec.name();
+        let spec = pool.spec_now();
         let mut slots: Vec<BindSlot<'_>> = {
             let cache = pool.lock_cache();
             keys.iter()
                 .map(|&(key, preferred)| BindSlot {
-                    bl: BindLoop::new(
-                        &pool.spec,
-                        key,
-                        cache.get(key),
-                        preferred,
-                        hints,
-                        full_check,
-                    )
-                    .candidates(candidates),
+                    bl: BindLoop::new(&spec, key, cache.get(key), preferred, hints)
+                        .candidates(candidates),
                     result: None,
                 })
                 .collect()
@@ -137,6 +131,9 @@ impl Inner {
                 .filter_map(|s| s.bl.preferred())
                 .collect();
             let mut passed_over: Vec<u64> = Vec::new();
+            // The newest revision a key's loop waits for the view to reach (a usage read that
+            // found free IDs the view lacks, a failed txn's read-back): the round waits once.
+            let mut newest = 0;
             for (i, s) in slots.iter_mut().enumerate() {
                 if s.result.is_some() {
                     continue;
@@ -151,7 +148,7 @@ impl Inner {
                         Action::Pick { lost } => Input::Picked(
                             self.pick_avoiding(pool, lost, &preferred, &mut passed_over).ok(),
                         ),
-                        Action::ReadKeyRecord | Action::PeekKeyRecord => {
+                        Action::PeekKeyRecord => {
                             match self.read_key_record(pool, s.bl.key()).await {
                                 Ok(rec) => Input::KeyRecord(rec),
                                 Err(e) => {
@@ -187,7 +184,11 @@ impl Inner {
                         // Decide again in the next round (the round waits for the watch once). A
                         // loop on the full view never asks for it, and a batch never reads used IDs
                         // alone (a `lowest` pool's batch loads the view).
-                        Action::Wait(_) | Action::LoadView | Action::LoadUsedIds => break,
+                        Action::Wait(revision) => {
+                            newest = newest.max(revision);
+                            break;
+                        }
+                        Action::LoadView | Action::LoadUsedIds => break,
                         Action::Done { id, new } => {
                             s.result = Some(Ok(Acquired { id, new }));
                             break;
@@ -210,13 +211,23 @@ impl Inner {
                 if slots.iter().all(|s| s.result.is_some()) {
                     break;
                 }
+                self.wait_applied(pool, newest).await;
                 continue;
             }
             let lease = match leased {
                 RefLease::Durable => 0,
                 RefLease::Client(l) => l,
                 RefLease::Session => match self.session_lease().await {
-                    Ok(l) => l,
+                    Ok(l) => match self.fence_earlier_lives(pool, l).await {
+                        Ok(()) => l,
+                        Err(e) => {
+                            for (i, _) in &plans {
+                                not_applied(&mut slots[*i], false);
+                            }
+                            gone = Some(e);
+                            break;
+                        }
+                    },
                     Err(e) => {
                         for (i, _) in &plans {
                             not_applied(&mut slots[*i], false);
@@ -227,7 +238,16 @@ impl Inner {
                 },
             };
             let target = RefTarget { holder, lease };
-            let fences = self.fences(pool);
+            let fences = match self.bind_fences(pool, plans.iter().map(|(_, p)| p)) {
+                Ok(f) => f,
+                Err(e) => {
+                    for (i, _) in &plans {
+                        not_applied(&mut slots[*i], false);
+                    }
+                    gone = Some(e);
+                    break;
+                }
+            };
             let txns: Vec<TxnRequest> = plans
                 .iter()
                 .map(|(i, plan)| {
@@ -247,7 +267,6 @@ impl Inner {
                 }
             }))
             .await;
-            let mut newest = 0;
             for (g, (result, doubt)) in groups.iter().zip(answers) {
                 // In-doubt references of this process's own session are repaired by it; a
                 // client session's are its client's to retry (idempotent, as a lone bind's).
@@ -417,7 +436,7 @@ impl Inner {
             };
             let fences = self.fences(pool);
             let frame = Frame {
-                guard: vec![spec_compare(&self.layout, name, pool.spec_rev)],
+                guard: vec![spec_compare(&self.layout, name, fences.spec_rev.unwrap_or_default())],
                 ops: bump
                     .map(|lease| {
                         TxnOp::put_on_lease(self.layout.holder_key(name, holder), Vec::new(), lease)
@@ -487,7 +506,7 @@ impl Inner {
                     Ok(Ok(parts)) => parts,
                     Ok(Err(reads)) => {
                         let spec_now = match reads.first() {
-                            Some(OpResponse::Get(g)) => g.kvs.first().map(|kv| kv.value.clone()),
+                            Some(OpResponse::Get(g)) => g.kvs.first().cloned(),
                             _ => None,
                         };
                         if gone.is_none() {
@@ -617,7 +636,7 @@ impl Pool {
 
     /// A preferred ID is used only if it is one this pool could allocate.
     pub(super) fn usable_hint(&self, id: Option<u64>) -> Option<u64> {
-        let spec = &self.state.spec;
+        let spec = self.state.spec_now();
         id.filter(|id| spec.strip_prefix(*id).is_some_and(|raw| spec.is_allocatable(raw)))
     }
 
@@ -703,7 +722,7 @@ impl Pool {
         keys: &[K],
         holder: &str,
     ) -> Vec<Result<Acquired>> {
-        if let Err(e) = validate_durable_holder(holder) {
+        if let Err(e) = validate_stored_durable_holder(holder) {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
         self.acquire_many_as(keys, holder, RefLease::Durable).await
@@ -828,7 +847,7 @@ impl Pool {
         keys: &[K],
         holder: &str,
     ) -> Vec<Result<Released>> {
-        if let Err(e) = validate_durable_holder(holder) {
+        if let Err(e) = validate_stored_durable_holder(holder) {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
         let names: Vec<&str> = keys.iter().map(|k| k.as_ref()).collect();

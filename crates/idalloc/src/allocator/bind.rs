@@ -15,10 +15,13 @@ use super::registry::{protocol_error, Inner};
 use super::types::Acquired;
 use crate::error::{Error, Result};
 use crate::pool::Strategy;
-use crate::protocol::bind_step::{Action, BindLoop, Candidates, Failure, FullCheck, Input};
+use crate::protocol::bind_step::{Action, BindLoop, Candidates, Failure, Input};
 pub(super) use crate::protocol::bind_step::{Hints, MAX_BIND_ATTEMPTS};
 use crate::protocol::{self, BindOutcome, BindPlan, RefTarget};
-use crate::store::{GetRequest, Revision, StoreError};
+use crate::store::{GetRequest, LeaseId, Revision, StoreError, TxnOp, TxnRequest};
+
+/// How many resizes in a row the pinned holder's fence bump follows before it answers "retry".
+const FENCE_ATTEMPTS: usize = 4;
 
 /// On which lease a bind puts the holder's reference.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +54,7 @@ fn key_record_value(pool: &PoolState, key: &str, value: Option<&[u8]>) -> Result
 
 /// Refuses a key record naming an ID the pool never hands out (see [`protocol::id_is_allocatable`]).
 fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
-    if protocol::id_is_allocatable(&pool.spec, id) {
+    if protocol::id_is_allocatable(&pool.spec_now(), id) {
         return Ok(());
     }
     Err(foreign_key_record(pool, key, id))
@@ -59,25 +62,27 @@ fn check_key_record(pool: &PoolState, key: &str, id: u64) -> Result<()> {
 
 /// The error for a key record naming `id`, which the pool never hands out (DESIGN §11, G3).
 fn foreign_key_record(pool: &PoolState, key: &str, id: u64) -> Error {
+    let spec = pool.spec_now();
     Error::corrupt(
-        format!("the key record of {key:?} in pool {:?}", pool.spec.name()),
+        format!("the key record of {key:?} in pool {:?}", spec.name()),
         format!(
             "it names ID {id}, which the pool never hands out (range [{}, {}], reserved {:?}, prefix {:#x}); run `idalloc check`",
-            pool.spec.min(),
-            pool.spec.max(),
-            pool.spec.reserved(),
-            pool.spec.prefix_bits(),
+            spec.min(),
+            spec.max(),
+            spec.reserved(),
+            spec.prefix_bits(),
         ),
     )
 }
 
 /// The pool is full (G6 `Exhausted`).
 fn exhausted(pool: &PoolState) -> Error {
+    let spec = pool.spec_now();
     Error::Exhausted {
-        pool: pool.spec.name().to_string(),
-        min: pool.spec.min(),
-        max: pool.spec.max(),
-        capacity: pool.spec.capacity(),
+        pool: spec.name().to_string(),
+        min: spec.min(),
+        max: spec.max(),
+        capacity: spec.capacity(),
     }
 }
 
@@ -109,9 +114,9 @@ impl Inner {
         };
         let name = pool.spec.name();
         let cached = pool.lock_cache().get(key);
+        let spec = pool.spec_now();
         let mut bl =
-            BindLoop::new(&pool.spec, key, cached, preferred, Hints::Strict, FullCheck::Usage)
-                .candidates(candidates);
+            BindLoop::new(&spec, key, cached, preferred, Hints::Strict).candidates(candidates);
         // The driver's half of the loop: execute each step, feed back what happened. Every branch
         // of the decisions is `BindLoop`'s (and unit-tested there); this only does the I/O.
         let mut input = Input::Resume;
@@ -126,9 +131,7 @@ impl Inner {
                     let (key_rec, used, revision) = self.read_key_and_usage(pool, key).await?;
                     Input::Usage { key_rec, used, revision }
                 }
-                Action::ReadKeyRecord | Action::PeekKeyRecord => {
-                    Input::KeyRecord(self.read_key_record(pool, key).await?)
-                }
+                Action::PeekKeyRecord => Input::KeyRecord(self.read_key_record(pool, key).await?),
                 Action::LoadUsedIds => {
                     self.load_used_ids(pool).await?;
                     Input::Resume
@@ -176,8 +179,16 @@ impl Inner {
             },
             RefLease::Client(l) => l,
         };
+        if leased == RefLease::Session {
+            if let Err(e) = self.fence_earlier_lives(pool, lease).await {
+                return Err(abort(bl, e));
+            }
+        }
         let target = holder.map(|h| RefTarget { holder: h, lease });
-        let fences = self.fences(pool);
+        let fences = match self.bind_fences(pool, [plan]) {
+            Ok(f) => f,
+            Err(e) => return Err(abort(bl, e)),
+        };
         let req = plan.txn_fenced(&self.layout, pool.spec.name(), key, target, fences);
         let (result, doubt) = self.req.txn_noting_doubt(req).await;
         if doubt && leased == RefLease::Session {
@@ -202,6 +213,56 @@ impl Inner {
             }
             Err(e) => Err(abort(bl, e.into())),
         }
+    }
+
+    /// Before the cluster version is finalized, a process with a pinned holder name bumps its
+    /// holder fence record in `pool` (on its session lease, one txn) before its first bind there
+    /// on that lease. A bind of an earlier life under the same name, by a build that does not
+    /// compare the holder's own reference, compares the holder record: applied after this bump,
+    /// it fails, so it cannot move the reference back onto the earlier life's lease (whose end
+    /// would take the reference of this life: G2). Nothing to do for a generated holder name
+    /// (no earlier life shares it) or once finalized (every process compares its own reference).
+    pub(super) async fn fence_earlier_lives(&self, pool: &PoolState, lease: LeaseId) -> Result<()> {
+        if self.opts.holder.is_none()
+            || !crate::cluster_version::bumps_pinned_holder(self.cluster_version())
+            || *lock(&pool.pinned_fenced) == Some(lease)
+        {
+            return Ok(());
+        }
+        let name = pool.spec.name();
+        let spec_key = self.layout.pool_spec_key(name);
+        // The bump compares the spec version in force; a resize meanwhile is adopted and the bump
+        // retried (a few times: each retry follows a resize that really happened).
+        for _ in 0..FENCE_ATTEMPTS {
+            let txn = TxnRequest::new()
+                .when([crate::protocol::spec_compare(&self.layout, name, pool.spec_fence())])
+                .and_then([TxnOp::put_on_lease(
+                    self.layout.holder_key(name, &self.holder),
+                    Vec::new(),
+                    lease,
+                )])
+                .or_else([TxnOp::get_key(spec_key.clone())]);
+            let resp = match self.req.txn(txn).await {
+                Ok(resp) => resp,
+                Err(StoreError::LeaseNotFound(_)) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            };
+            self.req.note_seen(resp.revision);
+            if resp.succeeded {
+                *lock(&pool.pinned_fenced) = Some(lease);
+                return Ok(());
+            }
+            let spec_now = match resp.responses.first() {
+                Some(crate::store::OpResponse::Get(g)) => g.kvs.first().cloned(),
+                _ => None,
+            };
+            // Deleted or re-created: the error says so. Resized: adopted, and the bump retried.
+            let err = self.pool_gone(pool, spec_now);
+            if pool.live().is_err() {
+                return Err(err);
+            }
+        }
+        Err(pool.resized_error())
     }
 
     /// The error for a bind loop's `failure`.
@@ -256,8 +317,8 @@ impl Inner {
             Err(_) => return refusal,
         };
         match resp.kvs.first() {
-            Some(kv) if kv.create_revision == pool.spec_rev => refusal,
-            other => self.pool_gone(pool, other.map(|kv| kv.value.clone())),
+            Some(kv) if kv.mod_revision == pool.spec_fence() => refusal,
+            other => self.pool_gone(pool, other.cloned()),
         }
     }
 
@@ -293,7 +354,8 @@ impl Inner {
             Err(e) => return Err(self.unless_pool_gone(pool, e).await),
         };
         let count = u64::try_from(count).unwrap_or(0);
-        if count < pool.spec.capacity() {
+        let spec = pool.spec_now();
+        if count < spec.capacity() {
             // Records the pool never hands out only add to the count: below capacity, the store
             // certainly has a free ID.
             return Ok((rec, count, resp.revision));
@@ -310,7 +372,7 @@ impl Inner {
             *used += kvs
                 .iter()
                 .filter_map(|kv| self.layout.parse_id_key(name, &kv.key))
-                .filter(|id| protocol::id_is_allocatable(&pool.spec, *id))
+                .filter(|id| protocol::id_is_allocatable(&spec, *id))
                 .count() as u64;
         };
         let pages = self.req.pages(&range, format!("pool {name:?}")).keys_only();

@@ -178,7 +178,7 @@ impl ClientSession {
     pub async fn acquire(&self, pool: &Pool, key: &str) -> Result<Acquired> {
         self.check()?;
         let f = pool.acquire_on_lease(key, &self.holder, self.lease);
-        let r = metrics::timed(pool.spec().name(), "acquire_session", f).await;
+        let r = metrics::timed(pool.name(), "acquire_session", f).await;
         if matches!(&r, Err(Error::InvalidInput { input: Input::SessionGone, .. })) {
             self.mark_lost();
         }
@@ -199,7 +199,7 @@ impl ClientSession {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
         let f = pool.acquire_many_on_lease(keys, &self.holder, self.lease);
-        let r = metrics::timed(pool.spec().name(), "acquire_session", async { Ok(f.await) })
+        let r = metrics::timed(pool.name(), "acquire_session", async { Ok(f.await) })
             .await
             .unwrap_or_default();
         if r.iter().any(|a| matches!(a, Err(Error::InvalidInput { input: Input::SessionGone, .. })))

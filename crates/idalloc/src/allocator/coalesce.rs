@@ -11,7 +11,7 @@
 //! per-key nested txns with the same compares and fences as single calls). Calls arriving while
 //! that task has not yet taken the queue join it; calls arriving when [`MAX_FLIGHTS`](lanes::MAX_FLIGHTS) are in the
 //! air wait for the next flight, which starts when one of them ends. Several flights in the air
-//! matter under load (docs/benchmarks/findings.md, "Batching targets"): with one, a call that
+//! matter under load (docs/benchmarks/findings.md, the 3× target): with one, a call that
 //! arrives during a flight waits for it to end and then for its own, about 1.5 commits per call.
 //!
 //! Flights in the air at once never share a key, with each other or with any other call of this

@@ -16,7 +16,7 @@ use super::repair_queue::Repair;
 use super::types::{Acquired, Binding, Released};
 use crate::error::{Error, Input, Result};
 use crate::layout::IdRecord;
-use crate::pool::{validate_durable_holder, validate_holder, validate_key, PoolSpec};
+use crate::pool::{validate_key, validate_stored_durable_holder, validate_stored_holder, PoolSpec};
 use crate::remote::{self, Cluster, ClusterEvent, RemoteOptions, RemotePool};
 use crate::store::{GetRequest, KeyRange, Store};
 
@@ -38,9 +38,15 @@ impl Pool {
         Pool { inner, state }
     }
 
-    /// The pool's spec.
-    pub fn spec(&self) -> &PoolSpec {
-        &self.state.spec
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        self.state.spec.name()
+    }
+
+    /// The pool's spec as this process knows it now: its range and reserved IDs follow a resize
+    /// (by any process) as soon as this process learns of it.
+    pub fn spec(&self) -> PoolSpec {
+        (*self.state.spec_now()).clone()
     }
 
     /// True once this handle's pool was found deleted or re-created: every operation on it then
@@ -55,7 +61,7 @@ impl Pool {
     /// acquire needs one release). Round trips: 0 if this process already holds the key, else 1
     /// when uncontended (DESIGN §5).
     pub async fn acquire(&self, key: &str) -> Result<Acquired> {
-        crate::metrics::timed(self.spec().name(), "acquire", self.acquire_untimed(key)).await
+        crate::metrics::timed(self.name(), "acquire", self.acquire_untimed(key)).await
     }
 
     async fn acquire_untimed(&self, key: &str) -> Result<Acquired> {
@@ -121,7 +127,7 @@ impl Pool {
     /// holder. One round trip when uncontended.
     pub async fn acquire_durable(&self, key: &str, holder: &str) -> Result<Acquired> {
         let f = self.acquire_durable_untimed(key, holder);
-        crate::metrics::timed(self.spec().name(), "acquire_durable", f).await
+        crate::metrics::timed(self.name(), "acquire_durable", f).await
     }
 
     /// The ID of `key` with `holder`'s reference on `lease` (a client session's: see
@@ -153,7 +159,7 @@ impl Pool {
         id: u64,
     ) -> Result<Acquired> {
         let f = self.acquire_durable_hinted(key, holder, self.usable_hint(Some(id)));
-        crate::metrics::timed(self.spec().name(), "acquire_durable", f).await
+        crate::metrics::timed(self.name(), "acquire_durable", f).await
     }
 
     async fn acquire_durable_untimed(&self, key: &str, holder: &str) -> Result<Acquired> {
@@ -167,7 +173,7 @@ impl Pool {
         hint: Option<u64>,
     ) -> Result<Acquired> {
         validate_key(key)?;
-        validate_durable_holder(holder)?;
+        validate_stored_durable_holder(holder)?;
         let _key = self.state.lock_key(key).await;
         let a =
             self.inner.bind(&self.state, key, Some(holder), super::RefLease::Durable, hint).await?;
@@ -206,15 +212,14 @@ impl Pool {
     /// round trip) and, if it was the last reference and the pool has no idle grace, the binding in
     /// the same txn. Releasing a key this process does not hold is a no-op (`held == false`).
     pub async fn release(&self, key: &str) -> Result<Released> {
-        let r =
-            crate::metrics::timed(self.spec().name(), "release", self.release_untimed(key)).await;
+        let r = crate::metrics::timed(self.name(), "release", self.release_untimed(key)).await;
         self.count_reclaim(&r);
         r
     }
 
     fn count_reclaim(&self, r: &Result<Released>) {
         if matches!(r, Ok(Released { reclaimed: true, .. })) {
-            crate::metrics::reclaimed(self.spec().name(), "release", 1);
+            crate::metrics::reclaimed(self.name(), "release", 1);
         }
     }
 
@@ -293,7 +298,7 @@ impl Pool {
     /// Removes `holder`'s durable reference to `key`; reclaims the binding if it was the last
     /// reference and the pool has no idle grace. A no-op (`held == false`) if `holder` held nothing.
     pub async fn release_durable(&self, key: &str, holder: &str) -> Result<Released> {
-        validate_durable_holder(holder)?;
+        validate_stored_durable_holder(holder)?;
         self.release_reference(key, holder).await
     }
 
@@ -302,14 +307,14 @@ impl Pool {
     /// [`Pool::release_durable`] refuses (durable names may not start with `lease:`).
     pub(crate) async fn release_reference(&self, key: &str, holder: &str) -> Result<Released> {
         let f = self.release_reference_untimed(key, holder);
-        let r = crate::metrics::timed(self.spec().name(), "release_durable", f).await;
+        let r = crate::metrics::timed(self.name(), "release_durable", f).await;
         self.count_reclaim(&r);
         r
     }
 
     async fn release_reference_untimed(&self, key: &str, holder: &str) -> Result<Released> {
         validate_key(key)?;
-        validate_holder(holder)?;
+        validate_stored_holder(holder)?;
         self.state.live()?;
         let _key = self.state.lock_key(key).await;
         async {
@@ -519,9 +524,15 @@ impl Pool {
             ));
         }
         let others = self.spaces();
-        let view =
-            remote::open(name, &self.state.spec, store, opts, &others, self.state.mesh.clone())
-                .await?;
+        let view = remote::open(
+            name,
+            &self.state.spec,
+            store,
+            opts,
+            &others,
+            self.state.mesh.sender().clone(),
+        )
+        .await?;
         let mut remotes = write(&self.state.remotes);
         // Checked again: another call may have added a remote while the spec was read.
         let now: Vec<_> = remotes.values().map(|v| (v.cluster.clone(), v.space())).collect();
@@ -648,14 +659,14 @@ impl Pool {
     /// grace (DESIGN §8). Safe to run in many processes at once and alongside acquires.
     pub async fn sweep(&self) -> Result<super::sweeper::SweepReport> {
         let f = super::sweeper::sweep(&self.inner.req, &self.inner.layout, &self.state, false);
-        let r = crate::metrics::timed(self.spec().name(), "sweep", f).await;
+        let r = crate::metrics::timed(self.name(), "sweep", f).await;
         if let Err(e) = self.state.live() {
             // Retired by this sweep: forget the state too, as a failed bind does.
             self.inner.retire(&self.state, e);
         }
-        crate::metrics::swept(self.spec().name(), &r);
+        crate::metrics::swept(self.name(), &r);
         if let Ok(report) = &r {
-            crate::metrics::reclaimed(self.spec().name(), "sweep", report.reclaimed.len());
+            crate::metrics::reclaimed(self.name(), "sweep", report.reclaimed.len());
         }
         r
     }
@@ -683,7 +694,7 @@ impl remote::Neighbours for Neighbours {
     fn with_others(&self, me: &str, f: &mut dyn FnMut(&remote::Spaces)) {
         let Some(state) = self.0.upgrade() else { return };
         let mut remotes = write(&state.remotes);
-        let mut others = vec![(Cluster::Local, remote::id_space(&state.spec))];
+        let mut others = vec![(Cluster::Local, remote::id_space(&state.spec_now()))];
         others.extend(
             remotes
                 .iter()

@@ -88,7 +88,7 @@ impl Pool {
     /// The next `limit` bound IDs above `after` in the cache, with their keys; the used IDs
     /// looked at; and whether a bound ID follows them.
     fn page_from_cache(&self, after: Option<u64>, limit: usize) -> (Vec<(u64, String)>, u64, bool) {
-        let spec = &self.state.spec;
+        let spec = &*self.state.spec_now();
         let Some(mut from) = first_raw_after(spec, after) else {
             return (Vec::new(), 0, false);
         };

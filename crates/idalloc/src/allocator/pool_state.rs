@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 use tokio::sync::broadcast;
 use tokio::time::Instant;
 
+use super::lazy_broadcast::LazyBroadcast;
 use crate::cache::{Batch, Event, PoolCache};
 use crate::pool::PoolSpec;
 use crate::remote::{Cluster, ClusterEvent, RemoteView};
@@ -23,16 +24,35 @@ pub(crate) struct Held {
     pub(super) count: u64,
 }
 
+/// One version of a pool's spec: what a resize replaces.
+#[derive(Clone, Debug)]
+pub(crate) struct SpecVersion {
+    pub(crate) spec: Arc<PoolSpec>,
+    /// The mod revision of the spec record holding `spec`.
+    pub(crate) rev: Revision,
+}
+
 /// Per-pool state shared by the pool handles, the sync task and the repairs.
 pub(crate) struct PoolState {
+    /// The spec the pool was opened with. Its name, prefix, strategy and reclaim settings never
+    /// change while the pool exists; its range and reserved IDs may (a resize): range-dependent
+    /// decisions read [`PoolState::spec_now`].
     pub(crate) spec: PoolSpec,
-    /// The create revision of the spec record `spec` was read from: every write compares it
-    /// (DESIGN §11), so nothing is written into a deleted or re-created pool.
+    /// The create revision of the spec record `spec` was read from: the pool's incarnation (a
+    /// deleted and re-created pool has another).
     pub(crate) spec_rev: Revision,
+    /// The spec version decisions are made against now, and its record's mod revision: every
+    /// write compares that mod revision (DESIGN §11), so nothing is written into a deleted,
+    /// re-created or resized pool under a spec that no longer holds (docs/design/resize.md).
+    pub(crate) now: RwLock<SpecVersion>,
     /// Keys with a bind attempt of this process's leased holder whose outcome is unknown (timed
     /// out): it may still be applied late, so the next release of the key bumps the holder's
     /// fence record, which makes such an attempt fail (docs/design/fences.md, "Late commits").
     pub(super) doubt: Mutex<HashSet<String>>,
+    /// The session lease on which this process bumped its pinned holder's fence record in this
+    /// pool before its first bind, while the cluster version is not finalized
+    /// (`Inner::fence_earlier_lives`).
+    pub(super) pinned_fenced: Mutex<Option<crate::store::LeaseId>>,
     pub(super) cache: Mutex<PoolCache>,
     /// Keys this process holds. Asked first by every `Pool::get`, so it hashes with foldhash (as the
     /// cache's bindings do: per-process random seed) rather than SipHash, which cost about 3× more
@@ -41,15 +61,15 @@ pub(crate) struct PoolState {
     pub(super) key_locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// The pool's event channel; `None` once the state retired, which ends every subscription
     /// (the receivers see the channel closed after the last buffered event).
-    pub(super) events: Mutex<Option<broadcast::Sender<Batch<Event>>>>,
+    pub(super) events: Mutex<Option<LazyBroadcast<Batch<Event>>>>,
     /// The cache's changes with their revisions (see [`super::events::Stamped`]), sent under the
     /// cache lock by the sync task only.
-    pub(super) stamped: broadcast::Sender<super::events::Stamped>,
+    pub(super) stamped: LazyBroadcast<super::events::Stamped>,
     /// The revision of the last `Stamped::Through` sent (under the cache lock): the cache is at a
     /// revision boundary when its revision equals this.
     pub(super) through: std::sync::atomic::AtomicI64,
     /// Events of every cluster of the pool (local and remote views), tagged.
-    pub(super) mesh: broadcast::Sender<Batch<ClusterEvent>>,
+    pub(super) mesh: LazyBroadcast<Batch<ClusterEvent>>,
     /// Remote views of this pool by name (lock order: this map, then the cache, then each view).
     /// A read-write lock: lookups across clusters (`key_of_any`, `ids_of`) only read it and must
     /// not queue behind each other; it is written when a remote is added or removed, or changes
@@ -86,7 +106,7 @@ pub(crate) struct PoolState {
     pub(super) lanes: super::lanes::Lanes<OwnedKeyGuard>,
     /// Set once a write found the pool deleted or re-created (or this allocator deleted it): the
     /// error every later operation on this state returns. A retired state never comes back; the
-    /// caller opens the pool again (docs/design/protocol.md, "Pool handles outlive their pool").
+    /// caller opens the pool again (docs/design/protocol.md, "Pool incarnations").
     pub(super) retired: Mutex<Option<crate::error::Error>>,
     /// The pool's own background tasks (sync, sweeper), stopped when it retires.
     pub(super) tasks: Mutex<Vec<tokio::task::AbortHandle>>,
@@ -180,13 +200,87 @@ impl PoolState {
             self.spec.name(),
             bindings,
             free,
-            self.spec.capacity(),
+            self.spec_now().capacity(),
             seen - applied,
         );
     }
 }
 
 impl PoolState {
+    /// The pool's spec as it is now (range and reserved IDs as last resized).
+    pub(crate) fn spec_now(&self) -> Arc<PoolSpec> {
+        read(&self.now).spec.clone()
+    }
+
+    /// [`PoolState::spec_now`] and [`PoolState::spec_fence`], read together.
+    pub(crate) fn version(&self) -> (Arc<PoolSpec>, Revision) {
+        let v = read(&self.now);
+        (v.spec.clone(), v.rev)
+    }
+
+    /// The mod revision of the spec record [`PoolState::spec_now`] came from: what every write
+    /// compares (see [`crate::protocol::Fences`]).
+    pub(crate) fn spec_fence(&self) -> Revision {
+        read(&self.now).rev
+    }
+
+    /// Adopts a newer version of this pool's spec record (a resize: same incarnation, higher mod
+    /// revision): later decisions use its range, the free set is rebuilt from the bindings known,
+    /// and the follower re-lists, so that records of IDs the old range ignored are counted.
+    /// Returns false (and changes nothing) for a version not newer than the one in force.
+    pub(crate) fn adopt(&self, spec: PoolSpec, rev: Revision) -> bool {
+        {
+            // Lock order: the cache, then the spec version (as `retire` takes them).
+            let mut cache = self.lock_cache();
+            let mut now = write(&self.now);
+            if rev <= now.rev {
+                return false;
+            }
+            tracing::info!(pool = %spec.name(), spec = %spec, "the pool was resized; using its new spec");
+            let spec = Arc::new(spec);
+            cache.set_spec((*spec).clone());
+            *now = SpecVersion { spec, rev };
+        }
+        self.relist.request();
+        true
+    }
+
+    /// What a write that found the pool's spec record changed (`spec_now`, read back in the same
+    /// txn) does: a newer version of the same incarnation is a resize, adopted (the state stays
+    /// live) and answered with a retryable `Unavailable` (the write was decided against the old
+    /// range; nothing was written); anything else (deleted, re-created, unreadable) retires the
+    /// state with [`PoolState::gone_error`]. Returns the error for the write's caller.
+    pub(crate) fn spec_moved(
+        &self,
+        spec_now: Option<crate::store::KeyValue>,
+    ) -> crate::error::Error {
+        if let Some(kv) = spec_now.as_ref().filter(|kv| kv.create_revision == self.spec_rev) {
+            if kv.mod_revision <= self.spec_fence() {
+                // Already adopted (another write or the spec watch got there first).
+                return self.resized_error();
+            }
+            if let Ok(spec) = PoolSpec::from_json(&kv.value) {
+                if spec.name() == self.spec.name() && spec.same_but_range(&self.spec) {
+                    self.adopt(spec, kv.mod_revision);
+                    return self.resized_error();
+                }
+            }
+        }
+        let name = self.spec.name();
+        tracing::warn!(pool = %name, "the pool was deleted (or re-created) under this handle");
+        let err = self.gone_error(spec_now.map(|kv| kv.value));
+        self.retire(err.clone());
+        self.live().err().unwrap_or(err)
+    }
+
+    /// The answer to a write decided against a spec version that a resize replaced meanwhile.
+    pub(crate) fn resized_error(&self) -> crate::error::Error {
+        crate::error::Error::unavailable(format!(
+            "pool {:?} was resized while this request was under way; nothing was written: retry",
+            self.spec.name()
+        ))
+    }
+
     /// `Err` with the reason if this state was retired (its pool deleted or re-created).
     pub(crate) fn live(&self) -> crate::error::Result<()> {
         match &*lock(&self.retired) {
@@ -212,10 +306,10 @@ impl PoolState {
         let name = self.spec.name().to_string();
         match spec_now.map(|b| PoolSpec::from_json(&b)) {
             None => Error::PoolNotFound { pool: name },
-            Some(Ok(existing)) if existing != self.spec => Error::RangeMismatch {
+            Some(Ok(existing)) if existing != *self.spec_now() => Error::RangeMismatch {
                 pool: name,
                 existing: Box::new(existing),
-                requested: Box::new(self.spec.clone()),
+                requested: Box::new((*self.spec_now()).clone()),
             },
             Some(_) => Error::PoolReplaced { pool: name },
         }
@@ -244,7 +338,7 @@ impl PoolState {
             let deletes: Vec<Event> =
                 cache.snapshot().into_iter().map(|(id, key)| Event::Delete { id, key }).collect();
             self.emit_all(deletes);
-            *cache = PoolCache::new(self.spec.clone());
+            *cache = PoolCache::new((*self.spec_now()).clone());
             self.listed.store(false, std::sync::atomic::Ordering::Release);
             lock(&self.events).take();
         }
@@ -269,7 +363,7 @@ impl PoolState {
     /// [`PoolState::emit`] for a change of the store's history at `revision`: also sent to the
     /// stamped subscribers. Called with the cache lock held.
     pub(crate) fn emit_at(&self, revision: Revision, e: Event) {
-        let _ = self.stamped.send(super::events::Stamped::Event { revision, event: e.clone() });
+        self.stamped.send(super::events::Stamped::Event { revision, event: e.clone() });
         self.emit(e);
     }
 
@@ -282,8 +376,7 @@ impl PoolState {
         // 0 until the events are out, and a listing of 1M bindings costs no 1M clones for nobody.
         if !events.is_empty() && self.stamped.receiver_count() > 0 {
             let listing: Batch<Event> = events.iter().cloned().collect();
-            let _ =
-                self.stamped.send(super::events::Stamped::Listing { revision, events: listing });
+            self.stamped.send(super::events::Stamped::Listing { revision, events: listing });
         }
         self.emit_all(events);
     }
@@ -300,7 +393,7 @@ impl PoolState {
     /// Every change at or before `revision` has been emitted. Called with the cache lock held.
     pub(crate) fn emitted_through(&self, revision: Revision) {
         self.through.store(revision, std::sync::atomic::Ordering::Release);
-        let _ = self.stamped.send(super::events::Stamped::Through { revision });
+        self.stamped.send(super::events::Stamped::Through { revision });
     }
 
     /// Sends `e` to the pool's subscribers. Changes of the cache's bindings are emitted with the
@@ -327,11 +420,11 @@ impl PoolState {
         // No subscriber is fine; a full buffer drops the oldest and the subscriber sees `Lagged`.
         if let Some(tx) = &*lock(&self.events) {
             if tx.receiver_count() > 0 {
-                let _ = tx.send(Batch::from(events));
+                tx.send(Batch::from(events));
             }
         }
         if let Some(tagged) = tagged {
-            let _ = self.mesh.send(tagged);
+            self.mesh.send(tagged);
         }
     }
 

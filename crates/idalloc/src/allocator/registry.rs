@@ -3,25 +3,35 @@
 //! (DESIGN §11: nothing is written into a deleted or re-created pool).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
+use super::lazy_broadcast::LazyBroadcast;
 use rand::rngs::StdRng;
 use rand::Rng;
-use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
-use tracing::{info, warn};
+use tracing::info;
 
-use super::pool_state::{lock, PoolState};
+use super::pool_state::{lock, PoolState, SpecVersion};
 use super::repair_queue::RepairQueue;
 use super::request::Requester;
 use super::types::AllocatorOptions;
 use crate::cache::PoolCache;
+use crate::cluster_version;
 use crate::error::{Error, Result};
 use crate::layout::Layout;
 use crate::pool::PoolSpec;
-use crate::protocol::{self, init_pool_outcome, Fences};
-use crate::store::{GetRequest, LeaseId, Revision};
+use crate::protocol::{self, Fences};
+use crate::store::{GetRequest, KeyValue, LeaseId, OpResponse, Revision, TxnOp, TxnRequest};
+
+/// A pool's spec as read from its record.
+pub(crate) struct SpecRead {
+    pub(crate) spec: PoolSpec,
+    /// The record's create revision: the pool's incarnation.
+    pub(crate) created: Revision,
+    /// The record's mod revision: the spec version (a resize changes it).
+    pub(crate) rev: Revision,
+}
 
 /// The session lease's state (its behaviour: `session.rs`).
 #[derive(Default)]
@@ -43,6 +53,8 @@ pub(crate) struct Inner {
     pub(super) tasks: Mutex<Vec<AbortHandle>>,
     pub(super) repairs: RepairQueue,
     pub(super) closed: AtomicBool,
+    /// The cluster version last read with a pool's spec (0 until then; `cluster_version.rs`).
+    pub(super) cluster_version: AtomicU32,
 }
 
 impl Drop for Inner {
@@ -74,9 +86,28 @@ impl Inner {
         self.req.seen().max(*pool.applied.borrow())
     }
 
+    /// The fences of binds sent now for `plans`, which must have been decided against the spec
+    /// version the fences name: a plan creating a binding whose ID that version does not hand out
+    /// was decided against an older range (a shrink came in between), and is not sent (a
+    /// retryable `Unavailable`). Without this check the newer fence would let the stale ID in.
+    pub(super) fn bind_fences<'a>(
+        &self,
+        pool: &PoolState,
+        plans: impl IntoIterator<Item = &'a protocol::BindPlan>,
+    ) -> Result<Fences> {
+        let (spec, rev) = pool.version();
+        if plans
+            .into_iter()
+            .any(|p| p.creates_binding() && !protocol::id_is_allocatable(&spec, p.id))
+        {
+            return Err(pool.resized_error());
+        }
+        Ok(Fences { spec_rev: Some(rev), seen: Some(self.fence(pool)) })
+    }
+
     /// Every fence of a write to `pool` sent now (see [`Fences`]).
     pub(super) fn fences(&self, pool: &PoolState) -> Fences {
-        Fences { spec_rev: Some(pool.spec_rev), seen: Some(self.fence(pool)) }
+        Fences { spec_rev: Some(pool.spec_fence()), seen: Some(self.fence(pool)) }
     }
 
     /// The error for a write that found `pool`'s spec changed (`spec_now`: the spec there now, if
@@ -84,12 +115,15 @@ impl Inner {
     /// another spec) or `PoolReplaced` (re-created with the same spec). Retires the pool's state
     /// (every handle on it returns that error from now on, its background tasks stop) and forgets
     /// it, so the next `pool()` reads the spec afresh.
-    pub(super) fn pool_gone(&self, pool: &PoolState, spec_now: Option<Vec<u8>>) -> Error {
-        let name = pool.spec.name();
-        warn!(pool = %name, "the pool was deleted (or re-created) under this handle");
-        let err = pool.gone_error(spec_now);
-        self.retire(pool, err.clone());
-        pool.live().err().unwrap_or(err)
+    ///
+    /// A record of the same incarnation with a newer version is a resize: the state adopts it
+    /// (nothing retires) and the error says to retry (see [`PoolState::spec_moved`]).
+    pub(super) fn pool_gone(&self, pool: &PoolState, spec_now: Option<KeyValue>) -> Error {
+        let err = pool.spec_moved(spec_now);
+        if pool.live().is_err() {
+            self.retire(pool, err.clone());
+        }
+        err
     }
 
     /// Retires `pool` with `err` (see [`PoolState::retire`]) and removes it from the registry if
@@ -105,44 +139,77 @@ impl Inner {
         pool.retire(err);
     }
 
-    /// The spec of pool `name` and the create revision of its record (every write compares it),
-    /// `None` if it has none. A spec record that cannot be used (unreadable, or holding another
-    /// pool's spec) is an error naming the record, never trusted.
-    pub(super) async fn read_spec(&self, name: &str) -> Result<Option<(PoolSpec, Revision)>> {
+    /// The spec of pool `name` with its record's create revision (the incarnation) and mod
+    /// revision (the version every write compares), `None` if it has none. A spec record that
+    /// cannot be used (unreadable, or holding another pool's spec) is an error naming the record,
+    /// never trusted.
+    pub(super) async fn read_spec(&self, name: &str) -> Result<Option<SpecRead>> {
         let key = self.layout.pool_spec_key(name);
-        let resp = self.req.call(|| self.req.store.get(GetRequest::key(key.clone()))).await?;
+        // The cluster version comes with the spec, in the same round trip.
+        let read = TxnRequest::new().and_then([
+            TxnOp::get(GetRequest::key(key.clone())),
+            cluster_version::read_op(&self.layout),
+        ]);
+        let resp = self.req.call(|| self.req.store.txn(read.clone())).await?;
         self.req.note_seen(resp.revision);
-        match resp.kvs.first() {
+        self.note_cluster_version(resp.responses.get(1))?;
+        let spec = match resp.responses.first() {
+            Some(OpResponse::Get(g)) => g.kvs.first(),
+            other => {
+                return Err(protocol_error(protocol::ProtocolError::Shape(format!(
+                    "expected the spec read, got {other:?}"
+                ))))
+            }
+        };
+        match spec {
             None => Ok(None),
             Some(kv) => crate::records::parse_spec(&self.layout, kv)
-                .map(|spec| Some((spec, kv.create_revision)))
+                .map(|spec| {
+                    Some(SpecRead { spec, created: kv.create_revision, rev: kv.mod_revision })
+                })
                 .map_err(Error::from),
         }
     }
 
-    pub(super) async fn init_pool(&self, spec: &PoolSpec) -> Result<(PoolSpec, Revision)> {
+    /// Records the cluster version read in `r` and refuses a store this build does not run on.
+    fn note_cluster_version(&self, r: Option<&OpResponse>) -> Result<()> {
+        let version = cluster_version::from_response(r)?;
+        cluster_version::check_supported(&self.layout, version)?;
+        let before = self.cluster_version.swap(version, Ordering::AcqRel);
+        if before != version {
+            info!(prefix = %self.layout.prefix(), cluster_version = version, "cluster version read");
+        }
+        Ok(())
+    }
+
+    /// The cluster version last read (0 if none was read yet).
+    pub(super) fn cluster_version(&self) -> u32 {
+        self.cluster_version.load(Ordering::Acquire)
+    }
+
+    pub(super) async fn init_pool(&self, spec: &PoolSpec) -> Result<SpecRead> {
         spec.validate()?;
         let json = spec.to_json();
-        let resp = self.req.txn(protocol::init_pool_txn(&self.layout, spec.name(), json)).await?;
-        match init_pool_outcome(&resp).map_err(protocol_error)? {
-            (None, rev) => {
+        let mut txn = protocol::init_pool_txn(&self.layout, spec.name(), json);
+        txn.success.push(cluster_version::read_op(&self.layout));
+        txn.failure.push(cluster_version::read_op(&self.layout));
+        let resp = self.req.txn(txn).await?;
+        self.note_cluster_version(resp.responses.last())?;
+        match protocol::init_pool_record(&resp).map_err(protocol_error)? {
+            None => {
                 info!(pool = %spec.name(), spec = %spec, "pool created");
-                Ok((spec.clone(), rev))
+                Ok(SpecRead { spec: spec.clone(), created: resp.revision, rev: resp.revision })
             }
-            (Some(existing), rev) => {
+            Some(kv) => {
                 // The one parser of spec records: an unreadable spec or one naming another pool
                 // is corrupt data, not a spec that differs.
-                let kv = crate::store::KeyValue {
-                    key: self.layout.pool_spec_key(spec.name()),
-                    value: existing,
-                    create_revision: 0,
-                    mod_revision: 0,
-                    version: 0,
-                    lease: 0,
-                };
-                let existing = crate::records::parse_spec(&self.layout, &kv)?;
+                let existing = crate::records::parse_spec(&self.layout, kv)?;
                 if existing == *spec {
-                    Ok((existing, rev))
+                    Ok(SpecRead {
+                        spec: existing,
+                        created: kv.create_revision,
+                        rev: kv.mod_revision,
+                    })
                 } else {
                     Err(Error::RangeMismatch {
                         pool: spec.name().to_string(),
@@ -154,40 +221,42 @@ impl Inner {
         }
     }
 
-    pub(super) fn open_state(
-        self: &Arc<Self>,
-        spec: PoolSpec,
-        spec_rev: Revision,
-    ) -> Arc<PoolState> {
+    pub(super) fn open_state(self: &Arc<Self>, read: SpecRead) -> Arc<PoolState> {
+        let SpecRead { spec, created: spec_rev, rev } = read;
         let mut pools = lock(&self.pools);
         if let Some(p) = pools.get(spec.name()) {
             if p.spec_rev == spec_rev && p.live().is_ok() {
+                // The same pool, perhaps resized since this state last looked.
+                p.adopt(spec, rev);
                 return p.clone();
             }
             // The pool was deleted and re-created since: a fresh state for the new one, and the
             // old state (and every handle on it) retires.
-            let err = if p.spec == spec {
+            let err = if *p.spec_now() == spec {
                 Error::PoolReplaced { pool: spec.name().to_string() }
             } else {
                 Error::RangeMismatch {
                     pool: spec.name().to_string(),
                     existing: Box::new(spec.clone()),
-                    requested: Box::new(p.spec.clone()),
+                    requested: Box::new((*p.spec_now()).clone()),
                 }
             };
             p.retire(err);
         }
-        let (events, _) = broadcast::channel(self.opts.event_buffer.max(1));
-        let (mesh, _) = broadcast::channel(self.opts.event_buffer.max(1));
-        let (stamped, _) = broadcast::channel(self.opts.event_buffer.max(1));
+        // Allocated at their first subscriber: an idle pool costs no event buffers.
+        let events = LazyBroadcast::new(self.opts.event_buffer);
+        let mesh = LazyBroadcast::new(self.opts.event_buffer);
+        let stamped = LazyBroadcast::new(self.opts.event_buffer);
         let (synced, _) = tokio::sync::watch::channel(false);
         let (applied, _) = tokio::sync::watch::channel(0);
         let (list_progress, _) = tokio::sync::watch::channel(0);
         let state = Arc::new(PoolState {
             cache: Mutex::new(PoolCache::new(spec.clone())),
+            now: std::sync::RwLock::new(SpecVersion { spec: Arc::new(spec.clone()), rev }),
             spec,
             spec_rev,
             doubt: Mutex::new(HashSet::new()),
+            pinned_fenced: Mutex::new(None),
             held: Mutex::new(HashMap::default()),
             key_locks: Mutex::new(HashMap::new()),
             events: Mutex::new(Some(events)),
@@ -249,7 +318,7 @@ impl Inner {
         // listing arrives, and the listing only sets the IDs it holds: start from an empty view
         // so that the listing alone decides. A bind guessing meanwhile at worst picks a candidate
         // another bind of this process holds, and the txn's compares settle that.
-        *state.lock_cache() = PoolCache::new(state.spec.clone());
+        *state.lock_cache() = PoolCache::new((*state.spec_now()).clone());
         let task = tokio::spawn(super::sync::run(
             Arc::downgrade(&self.req),
             self.layout.clone(),

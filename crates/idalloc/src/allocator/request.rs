@@ -53,7 +53,7 @@ pub(crate) struct Requester {
     /// acquire sent meanwhile waited behind all of them (p99 1.8 s). Queued
     /// here instead, bulk txns leave the store's queue short, single-key calls pass them, and
     /// the store stays as busy: a few ~100-key txns in flight are as fast as many
-    /// (docs/benchmarks/findings.md, "Batching targets": 8 in flight as fast as 64).
+    /// (docs/benchmarks/findings.md, the 8× target: 8 in flight as fast as 64).
     bulk: tokio::sync::Semaphore,
 }
 

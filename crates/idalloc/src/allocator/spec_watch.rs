@@ -6,8 +6,9 @@
 //!
 //! The cache follows `id/` only (DESIGN §4), and a pool deleted while empty changes nothing there,
 //! so the spec record is followed too: a [`Sink`] of the one watch loop (`feed.rs`) on the single
-//! key `P/pools/<p>`. Specs are immutable, so the only changes it ever sees are the delete and a
-//! re-creation (with a new create revision); the stream carries nothing in between.
+//! key `P/pools/<p>`. The changes it sees are the delete, a re-creation (a new create revision) and a
+//! resize (the same create revision, a new mod revision), which the state adopts: every process
+//! with the pool open learns the new range from here (docs/design/resize.md).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Weak};
@@ -21,6 +22,7 @@ use crate::store::{KeyRange, KeyValue, Revision, WatchEvent};
 
 /// What a spec record read or watched says about the incarnation `spec_rev`: still there (`None`),
 /// or gone with the spec there now (`Some(None)`: deleted; `Some(Some(bytes))`: re-created).
+/// A resize keeps the incarnation (same create revision).
 fn spec_gone(spec_rev: Revision, now: Option<&KeyValue>) -> Option<Option<Vec<u8>>> {
     match now {
         Some(kv) if kv.create_revision == spec_rev => None,
@@ -68,7 +70,19 @@ impl SpecSink {
             return Err(Gone);
         }
         match spec_gone(self.pool.spec_rev, now) {
-            None => Ok(()),
+            None => {
+                // Still this pool; a newer version of its record is a resize, adopted here so
+                // that every process learns the new range without waiting for a write to fail.
+                if let Some(kv) = now.filter(|kv| kv.mod_revision > self.pool.spec_fence()) {
+                    // A version that cannot be used (unreadable, or changing more than the range)
+                    // retires the state as a re-creation would.
+                    let _ = self.pool.spec_moved(Some(kv.clone()));
+                    if self.pool.live().is_err() {
+                        return Err(Gone);
+                    }
+                }
+                Ok(())
+            }
             Some(spec_now) => {
                 let err: Error = self.pool.gone_error(spec_now);
                 tracing::warn!(pool = %self.pool.spec.name(), error = %err, "the pool was deleted; its subscribers are told");

@@ -19,6 +19,7 @@ use tracing::{debug, warn};
 
 use crate::allocator::pool_state::PoolState;
 use crate::allocator::request::Requester;
+use crate::cluster_version;
 use crate::error::{Error, Result};
 use crate::layout::{IdRecord, Layout};
 use crate::protocol::{
@@ -144,7 +145,7 @@ pub(crate) async fn sweep(
     for wave in batches.chunks(SWEEP_IN_FLIGHT) {
         let mut sends = Vec::with_capacity(wave.len());
         for &batch in wave {
-            let build = move |lease| sweep_txn(layout, name, batch, lease, Some(pool.spec_rev));
+            let build = move |lease| sweep_txn(layout, name, batch, lease, Some(pool.spec_fence()));
             sends.push(Box::pin(req.txn_with_quarantine(pool, true, build)));
         }
         answers.extend(futures::future::join_all(sends).await);
@@ -154,16 +155,12 @@ pub(crate) async fn sweep(
         let Some(done) = sweep_outcome(&resp, batch.len()).map_err(Error::from)? else {
             // The spec is not the one the sweep was decided for: the pool was deleted or
             // re-created. The else branch read the spec back; retire the pool's state as a
-            // failed bind would (docs/design/protocol.md, "Pool handles outlive their pool").
+            // failed bind would (docs/design/protocol.md, "Pool incarnations").
             let spec_now = match resp.responses.first() {
-                Some(crate::store::OpResponse::Get(g)) => g.kvs.first().map(|kv| kv.value.clone()),
+                Some(crate::store::OpResponse::Get(g)) => g.kvs.first().cloned(),
                 _ => None,
             };
-            pool.retire(pool.gone_error(spec_now));
-            return Err(pool
-                .live()
-                .err()
-                .unwrap_or(Error::PoolNotFound { pool: name.to_string() }));
+            return Err(pool.spec_moved(spec_now));
         };
         for (o, ok) in batch.iter().zip(done) {
             if ok {
@@ -196,18 +193,25 @@ pub(crate) async fn sweep(
 }
 
 /// Folds the pool's holder fence records into its fence floor (one txn; `protocol::fold_fences_txn`
-/// says why no late bind survives it): the number of records deleted.
+/// says why no late bind survives it): the number of records deleted. Only once the cluster
+/// version is finalized (compared in the same txn): a bind of a build before it does not compare
+/// the floor, and a fold would let one applied late commit (`cluster_version.rs`).
 async fn fold_fences(req: &Requester, layout: &Layout, pool: &PoolState) -> Result<usize> {
-    let resp = req.txn(fold_fences_txn(layout, pool.spec.name(), pool.spec_rev)).await?;
-    match fold_outcome(&resp).map_err(Error::from)? {
+    let fold = fold_fences_txn(layout, pool.spec.name(), pool.spec_fence());
+    let resp = req.txn(cluster_version::when_finalized(layout, fold)).await?;
+    let resp = match cluster_version::when_finalized_outcome(&resp)? {
+        Ok(inner) => inner,
+        Err(version) => {
+            debug!(pool = %pool.spec.name(), cluster_version = version, "fence records not folded before the cluster version is finalized");
+            return Ok(0);
+        }
+    };
+    match fold_outcome(resp).map_err(Error::from)? {
         Ok(deleted) => {
             debug!(pool = %pool.spec.name(), deleted, "folded holder fence records");
             Ok(usize::try_from(deleted).unwrap_or(0))
         }
-        Err(spec_now) => {
-            pool.retire(pool.gone_error(spec_now));
-            Err(pool.live().err().unwrap_or(Error::PoolNotFound { pool: pool.spec.name().into() }))
-        }
+        Err(spec_now) => Err(pool.spec_moved(spec_now)),
     }
 }
 

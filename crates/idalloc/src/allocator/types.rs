@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// How store requests are retried when the store is unreachable or times out.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Attempts per request, including the first (at least 1).
     pub max_attempts: u32,
@@ -25,8 +26,10 @@ impl Default for RetryPolicy {
 /// The default of [`AllocatorOptions::fold_fences_above`].
 pub const DEFAULT_FOLD_FENCES_ABOVE: usize = 100;
 
-/// How an [`Allocator`](super::Allocator) is set up.
+/// How an [`Allocator`](super::Allocator) is set up: [`AllocatorOptions::builder`], or
+/// [`AllocatorOptions::default`] and field assignments.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct AllocatorOptions {
     /// Root of every store key (DESIGN §4).
     pub prefix: String,

@@ -21,7 +21,7 @@
 //! A healthy pool has no suspects. `check.rs` then reads the suspects' records and, until nothing
 //! new is named, the records they name (an ID record's key, a key record's ID, a reference's ID)
 //! and runs the unchanged audit on that closure: every record the audit consults about a suspect
-//! is in it (the proof is in docs/design/listings.md, "streaming list and check"),
+//! is in it (the proof is in docs/design/listings.md, "Streaming `check`"),
 //! and a record outside it is half of a healthy pair, about which the audit says nothing. Being
 //! a suspect only costs reads, so anything in doubt (a hash met twice, IDs out of order) is one.
 //!

@@ -75,18 +75,6 @@ pub enum Hints {
     Strict,
 }
 
-/// How the loop confirms a full pool when the local view has no free ID left.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum FullCheck {
-    /// One read of the key record and of the number of used ID records ([`Action::ReadUsage`]): a
-    /// full view is final only if the key has no binding and the store is full too (the view may
-    /// lag behind other nodes' reclaims). The single-key bind.
-    Usage,
-    /// One read of the key record ([`Action::ReadKeyRecord`]), skipped once a txn of this loop has
-    /// read it back: the batched bind, which must not list the pool once per key.
-    KeyRecord,
-}
-
 /// What happened since the last step (the answer to the last [`Action`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Input {
@@ -98,7 +86,7 @@ pub enum Input {
     /// The answer to [`Action::ReadUsage`]: the key record, the number of ID records that count as
     /// used, and the revision they were read at.
     Usage { key_rec: Option<u64>, used: u64, revision: Revision },
-    /// The answer to [`Action::ReadKeyRecord`].
+    /// The answer to [`Action::PeekKeyRecord`].
     KeyRecord(Option<u64>),
     /// The answer to [`Action::Send`]: what the txn came to.
     Answer(BindOutcome),
@@ -125,13 +113,13 @@ pub enum Action {
     /// Send this plan's txn (fenced, with the holder's reference) → [`Input::Answer`] or
     /// [`Input::NotApplied`].
     Send(BindPlan),
-    /// Read the key record and the pool's usage ([`FullCheck::Usage`]) → [`Input::Usage`].
+    /// Read the key record and the number of used ID records, at one revision → [`Input::Usage`].
+    /// How every loop (one key or batched, view or probing) confirms a full view: a full view
+    /// is final only if the key has no binding and the store is full too at that revision (the
+    /// view may lag behind other nodes' reclaims), so `Exhausted` always rests on a read.
     ReadUsage,
-    /// Read the key record ([`FullCheck::KeyRecord`]) → [`Input::KeyRecord`].
-    ReadKeyRecord,
     /// Read the key record before deciding whether the pool's used IDs are needed at all
-    /// ([`Candidates::UsedIds`]) → [`Input::KeyRecord`]. Unlike [`Action::ReadKeyRecord`], an
-    /// absent record is no failure: it means a new key.
+    /// ([`Candidates::UsedIds`]) → [`Input::KeyRecord`]. An absent record means a new key.
     PeekKeyRecord,
     /// Read every used ID of the pool (keys only) into the local view, which stays without a
     /// watch → [`Input::Resume`]. Only a [`Candidates::UsedIds`] loop asks, once, for a key the
@@ -160,7 +148,7 @@ pub enum Failure {
     /// `MAX_BIND_ATTEMPTS` decisions without binding (`Unavailable`).
     Contended,
     /// The pool's spec is not the one decided against (deleted: `None`; re-created: its spec).
-    PoolGone { spec_now: Option<Vec<u8>> },
+    PoolGone { spec_now: Option<crate::store::KeyValue> },
     /// The key record names an ID the pool never hands out (DESIGN §11, G3): refused, unless the
     /// pool was re-created under the driver (which the driver checks).
     ForeignKeyRecord { id: u64 },
@@ -192,7 +180,6 @@ pub struct BindLoop<'a> {
     key: &'a str,
     preferred: Option<u64>,
     hints: Hints,
-    full_check: FullCheck,
     /// Fresh candidates come from a partial view ([`Candidates::Probe`]) until the loop asks for
     /// the full view.
     probing: bool,
@@ -201,7 +188,7 @@ pub struct BindLoop<'a> {
     used_ids_wanted: bool,
     /// The key record as last read from the store or, before any read, as the cache believes.
     key_rec: Option<u64>,
-    /// A txn or read of this loop read the key record back (the `KeyRecord` full check's memory).
+    /// A txn or read of this loop read the key record back.
     key_rec_read: bool,
     /// ID records read from the store, with their mod revisions (0: absent).
     observed: HashMap<u64, (Option<IdRecord>, Revision)>,
@@ -224,14 +211,12 @@ impl<'a> BindLoop<'a> {
         cached_key_rec: Option<u64>,
         preferred: Option<u64>,
         hints: Hints,
-        full_check: FullCheck,
     ) -> Self {
         BindLoop {
             spec,
             key,
             preferred,
             hints,
-            full_check,
             probing: false,
             used_ids_wanted: false,
             key_rec: cached_key_rec,
@@ -310,15 +295,6 @@ impl<'a> BindLoop<'a> {
                 self.key_rec_read = true;
                 self.wait(None, 0)
             }
-            (Phase::Reading, Input::KeyRecord(key_rec)) => {
-                self.key_rec = key_rec;
-                self.key_rec_read = true;
-                if key_rec.is_none() && self.preferred.is_none() {
-                    self.fail(None, Failure::Exhausted)
-                } else {
-                    self.wait(None, 0)
-                }
-            }
             (Phase::Sent { plan, claimed }, Input::Answer(outcome)) => {
                 self.answer(plan, claimed, outcome)
             }
@@ -396,18 +372,20 @@ impl<'a> BindLoop<'a> {
             // whether it is full.
             return self.read(Action::ReadUsage);
         }
-        match self.full_check {
+        if self.store_had_free >= VIEW_BEHIND_READS {
+            // The store had free IDs at every read, and the view, let catch up to each read's
+            // revision, still has none: the view is stuck (`Unavailable`, retryable).
+            self.fail(None, Failure::ViewBehind)
+        } else if self.store_had_free > 0 {
             // The store had free IDs at the last read, the view caught up to it and has none:
             // others took them meanwhile, or the view is stuck. Only a new read tells which
-            // (full now: `Exhausted`), up to a bound.
-            FullCheck::Usage if self.store_had_free >= VIEW_BEHIND_READS => {
-                self.fail(None, Failure::ViewBehind)
-            }
-            FullCheck::Usage if self.store_had_free > 0 => self.read(Action::ReadUsage),
-            FullCheck::Usage if self.full_confirmed => self.fail(None, Failure::Exhausted),
-            FullCheck::KeyRecord if self.key_rec_read => self.fail(None, Failure::Exhausted),
-            FullCheck::Usage => self.read(Action::ReadUsage),
-            FullCheck::KeyRecord => self.read(Action::ReadKeyRecord),
+            // (full now: `Exhausted`).
+            self.read(Action::ReadUsage)
+        } else if self.full_confirmed {
+            // The last read found the store full and the view agrees.
+            self.fail(None, Failure::Exhausted)
+        } else {
+            self.read(Action::ReadUsage)
         }
     }
 
@@ -517,11 +495,11 @@ mod tests {
     }
 
     fn strict<'a>(spec: &'a PoolSpec, cached: Option<u64>, preferred: Option<u64>) -> BindLoop<'a> {
-        BindLoop::new(spec, KEY, cached, preferred, Hints::Strict, FullCheck::Usage)
+        BindLoop::new(spec, KEY, cached, preferred, Hints::Strict)
     }
 
     fn batched<'a>(spec: &'a PoolSpec, preferred: Option<u64>) -> BindLoop<'a> {
-        BindLoop::new(spec, KEY, None, preferred, Hints::Lenient, FullCheck::KeyRecord)
+        BindLoop::new(spec, KEY, None, preferred, Hints::Lenient)
     }
 
     /// A failed compare's read-back: the key record, the sent ID's record and its mod revision.
@@ -1015,19 +993,31 @@ mod tests {
     }
 
     #[test]
-    fn batched_full_view_reads_the_key_record_once() {
-        // DESIGN §12 "Batching" / G6: the batched loop confirms a full view with the key record
-        // only (not a listing per key): no binding → `Exhausted`, a binding → join it.
+    fn batched_full_view_is_confirmed_by_the_usage_read() {
+        // G6: a batched loop's full view is `Exhausted` only when the store is full at the
+        // read's revision; free IDs there mean the view lags (wait for it, read again); a binding
+        // → join it.
         let spec = spec();
         let mut l = batched(&spec, None);
         l.next(Input::Resume, empty);
-        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadKeyRecord));
-        assert_eq!(l.next(Input::KeyRecord(None), empty), act(Action::Fail(Failure::Exhausted)));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+        let full = Input::Usage { key_rec: None, used: spec.capacity(), revision: 7 };
+        assert_eq!(l.next(full, empty), act(Action::Fail(Failure::Exhausted)));
 
         let mut l = batched(&spec, None);
         l.next(Input::Resume, empty);
         l.next(Input::Picked(None), empty);
-        assert_eq!(l.next(Input::KeyRecord(Some(30)), empty), act(Action::Wait(0)));
+        let free = Input::Usage { key_rec: None, used: spec.capacity() - 1, revision: 7 };
+        assert_eq!(l.next(free, empty), act(Action::Wait(7)));
+        assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
+
+        let mut l = batched(&spec, None);
+        l.next(Input::Resume, empty);
+        l.next(Input::Picked(None), empty);
+        let bound_elsewhere =
+            Input::Usage { key_rec: Some(30), used: spec.capacity(), revision: 8 };
+        assert_eq!(l.next(bound_elsewhere, empty), act(Action::Wait(0)));
         assert_eq!(l.next(Input::Resume, empty), act(join(30)));
     }
 
@@ -1039,18 +1029,20 @@ mod tests {
         let cache = |id| (id == 9).then(|| bound("other"));
         l.next(Input::Resume, cache);
         l.next(Input::Picked(None), empty);
-        assert_eq!(l.next(Input::KeyRecord(None), empty), act(Action::Wait(0)));
+        let read = Input::Usage { key_rec: None, used: spec.capacity(), revision: 6 };
+        assert_eq!(l.next(read, empty), act(Action::Wait(0)));
     }
 
     #[test]
-    fn batched_full_view_after_a_read_back_is_exhausted_at_once() {
-        // DESIGN §12 "Batching": a failed txn already read the key record back; no second read.
+    fn batched_full_view_after_a_read_back_still_reads_the_usage() {
+        // G6: a failed txn read back the key record and one ID record, not the pool: the full
+        // view may still lag behind reclaims, so the usage read decides.
         let spec = spec();
         let mut l = batched(&spec, None);
         sent_create(&mut l, 12);
         l.next(observed(None, 12, Some(bound("other")), 4), empty);
         assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 1 }));
-        assert_eq!(l.next(Input::Picked(None), empty), act(Action::Fail(Failure::Exhausted)));
+        assert_eq!(l.next(Input::Picked(None), empty), act(Action::ReadUsage));
     }
 
     #[test]
@@ -1059,12 +1051,20 @@ mod tests {
         let spec = spec();
         let mut l = strict(&spec, None, None);
         sent_create(&mut l, 12);
-        let gone = Input::Answer(BindOutcome::PoolGone { spec_now: Some(b"{}".to_vec()) });
+        let now = crate::store::KeyValue {
+            key: b"idalloc/pools/p".to_vec(),
+            value: b"{}".to_vec(),
+            create_revision: 9,
+            mod_revision: 9,
+            version: 1,
+            lease: 0,
+        };
+        let gone = Input::Answer(BindOutcome::PoolGone { spec_now: Some(now.clone()) });
         assert_eq!(
             l.next(gone, empty),
             Step {
                 learn: Some((12, false)),
-                action: Action::Fail(Failure::PoolGone { spec_now: Some(b"{}".to_vec()) })
+                action: Action::Fail(Failure::PoolGone { spec_now: Some(now) })
             }
         );
         // A join's ID was not claimed: nothing to free.

@@ -4,9 +4,12 @@ use std::fmt;
 use std::time::Duration;
 
 use super::validate::Validator;
+use crate::error::{Error, Input, Result};
 
-/// How a remote view is set up.
+/// How a remote view is set up: [`RemoteOptions::builder`], or [`RemoteOptions::default`] and
+/// field assignments.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct RemoteOptions {
     /// Root of the remote's store keys (its `AllocatorOptions::prefix`).
     pub prefix: String,
@@ -51,5 +54,92 @@ impl fmt::Debug for RemoteOptions {
             .field("probe_interval", &self.probe_interval)
             .field("request_timeout", &self.request_timeout)
             .finish()
+    }
+}
+
+impl RemoteOptions {
+    /// A builder starting from [`RemoteOptions::default`].
+    pub fn builder() -> RemoteOptionsBuilder {
+        RemoteOptionsBuilder { opts: RemoteOptions::default() }
+    }
+
+    /// Checks the values: a valid store prefix, at least 1 key per page and 1 buffered event,
+    /// non-zero probe interval, request timeout and stale TTL.
+    pub fn validate(&self) -> Result<()> {
+        crate::layout::Layout::new(&self.prefix)?;
+        let bad = |what: &str, value: String, rule: &str| {
+            Err(Error::invalid(Input::Options, what, value, rule))
+        };
+        if self.list_page < 1 {
+            return bad("remote list page", self.list_page.to_string(), "at least 1");
+        }
+        if self.event_buffer == 0 {
+            return bad("remote event buffer", "0".into(), "at least 1 event");
+        }
+        for (what, d) in [
+            ("remote probe interval", Some(self.probe_interval)),
+            ("remote request timeout", Some(self.request_timeout)),
+            ("remote stale TTL", self.stale_ttl),
+        ] {
+            if d.is_some_and(|d| d.is_zero()) {
+                return bad(what, "0s".into(), "a duration above zero");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Builds [`RemoteOptions`]; every setter sets the field of the same name.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct RemoteOptionsBuilder {
+    opts: RemoteOptions,
+}
+
+impl RemoteOptionsBuilder {
+    /// [`RemoteOptions::prefix`].
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.opts.prefix = prefix.into();
+        self
+    }
+    /// [`RemoteOptions::validators`].
+    pub fn validators(mut self, validators: Vec<Validator>) -> Self {
+        self.opts.validators = validators;
+        self
+    }
+    /// Adds one of [`RemoteOptions::validators`].
+    pub fn validator(mut self, validator: Validator) -> Self {
+        self.opts.validators.push(validator);
+        self
+    }
+    /// [`RemoteOptions::stale_ttl`].
+    pub fn stale_ttl(mut self, ttl: Option<Duration>) -> Self {
+        self.opts.stale_ttl = ttl;
+        self
+    }
+    /// [`RemoteOptions::probe_interval`].
+    pub fn probe_interval(mut self, interval: Duration) -> Self {
+        self.opts.probe_interval = interval;
+        self
+    }
+    /// [`RemoteOptions::request_timeout`].
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.request_timeout = timeout;
+        self
+    }
+    /// [`RemoteOptions::list_page`].
+    pub fn list_page(mut self, keys: i64) -> Self {
+        self.opts.list_page = keys;
+        self
+    }
+    /// [`RemoteOptions::event_buffer`].
+    pub fn event_buffer(mut self, events: usize) -> Self {
+        self.opts.event_buffer = events;
+        self
+    }
+    /// The options, checked by [`RemoteOptions::validate`].
+    pub fn build(self) -> Result<RemoteOptions> {
+        self.opts.validate()?;
+        Ok(self.opts)
     }
 }

@@ -52,8 +52,9 @@ use super::{
     TxnResponse, WatchEvent, WatchMessage, WatchStream,
 };
 
-/// How to reach etcd.
+/// How to reach etcd: [`EtcdOptions::builder`], or [`EtcdOptions::new`] and field assignments.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct EtcdOptions {
     /// Client URLs, e.g. `http://127.0.0.1:2379`. At least one.
     pub endpoints: Vec<String>,
@@ -76,9 +77,17 @@ pub struct EtcdOptions {
 
 /// An etcd user and password. The password is kept out of `Debug` output.
 #[derive(Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EtcdAuth {
     pub user: String,
     pub password: Password,
+}
+
+impl EtcdAuth {
+    /// A user and its password (a [`Password`] or a string).
+    pub fn new(user: impl Into<String>, password: impl Into<Password>) -> Self {
+        EtcdAuth { user: user.into(), password: password.into() }
+    }
 }
 
 impl std::fmt::Debug for EtcdAuth {
@@ -105,6 +114,18 @@ impl Password {
     }
 }
 
+impl From<String> for Password {
+    fn from(secret: String) -> Self {
+        Password(secret)
+    }
+}
+
+impl From<&str> for Password {
+    fn from(secret: &str) -> Self {
+        Password(secret.to_string())
+    }
+}
+
 impl std::fmt::Debug for Password {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("<redacted>")
@@ -126,7 +147,26 @@ impl EtcdOptions {
         }
     }
 
-    fn validate(&self) -> StoreResult<()> {
+    /// A builder starting from [`EtcdOptions::new`]`(endpoints)`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idalloc::store::etcd::EtcdOptions;
+    /// let opts = EtcdOptions::builder(["http://127.0.0.1:2379"])
+    ///     .request_timeout(Duration::from_secs(2))
+    ///     .build()?;
+    /// assert_eq!(opts.endpoints, ["http://127.0.0.1:2379"]);
+    /// assert!(EtcdOptions::builder(Vec::<String>::new()).build().is_err());
+    /// # Ok::<(), idalloc::store::StoreError>(())
+    /// ```
+    pub fn builder(endpoints: impl IntoIterator<Item = impl Into<String>>) -> EtcdOptionsBuilder {
+        EtcdOptionsBuilder { opts: EtcdOptions::new(endpoints) }
+    }
+
+    /// Checks the options without connecting: at least one endpoint, none empty, all or none
+    /// `https://` (all with TLS settings), a non-empty user name, positive durations.
+    /// [`EtcdStore::connect`] runs the same check.
+    pub fn validate(&self) -> StoreResult<()> {
         if self.endpoints.is_empty() {
             return Err(StoreError::InvalidRequest(
                 "no etcd endpoints given: at least one client URL such as http://127.0.0.1:2379 \
@@ -179,6 +219,51 @@ impl EtcdOptions {
             }
         }
         Ok(())
+    }
+}
+
+/// Builds [`EtcdOptions`]; every setter sets the field of the same name.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct EtcdOptionsBuilder {
+    opts: EtcdOptions,
+}
+
+impl EtcdOptionsBuilder {
+    /// [`EtcdOptions::connect_timeout`].
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.connect_timeout = timeout;
+        self
+    }
+    /// [`EtcdOptions::request_timeout`].
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.request_timeout = timeout;
+        self
+    }
+    /// [`EtcdOptions::keep_alive_interval`].
+    pub fn keep_alive_interval(mut self, interval: Duration) -> Self {
+        self.opts.keep_alive_interval = interval;
+        self
+    }
+    /// [`EtcdOptions::keep_alive_timeout`].
+    pub fn keep_alive_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.keep_alive_timeout = timeout;
+        self
+    }
+    /// [`EtcdOptions::tls`].
+    pub fn tls(mut self, tls: Option<EtcdTls>) -> Self {
+        self.opts.tls = tls;
+        self
+    }
+    /// [`EtcdOptions::auth`].
+    pub fn auth(mut self, auth: Option<EtcdAuth>) -> Self {
+        self.opts.auth = auth;
+        self
+    }
+    /// The options, checked by [`EtcdOptions::validate`].
+    pub fn build(self) -> StoreResult<EtcdOptions> {
+        self.opts.validate()?;
+        Ok(self.opts)
     }
 }
 

@@ -27,6 +27,8 @@ pub mod etcd;
 pub mod listing;
 // Opening a store from a URL needs both stores.
 #[cfg(all(feature = "embedded", feature = "etcd"))]
+pub mod env;
+#[cfg(all(feature = "embedded", feature = "etcd"))]
 pub mod url;
 mod window;
 

@@ -179,8 +179,10 @@ pub fn store_url(s: &str) -> Result<StoreUrl, String> {
     Ok(StoreUrl::Etcd { endpoints, user, password })
 }
 
-/// How [`open`] opens a store.
+/// How [`open`] opens a store: [`OpenOptions::builder`], or [`OpenOptions::default`] and field
+/// assignments.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct OpenOptions {
     /// etcd's connect and request timeouts.
     pub etcd_timeout: Duration,
@@ -189,6 +191,8 @@ pub struct OpenOptions {
     pub etcd_tls: Option<EtcdTls>,
     /// How long to wait for another process to release a store file.
     pub lock_timeout: Duration,
+    /// The etcd user, for a URL without one (a URL's own `USER:PASSWORD@` wins).
+    pub etcd_auth: Option<EtcdAuth>,
 }
 
 impl Default for OpenOptions {
@@ -197,7 +201,54 @@ impl Default for OpenOptions {
             etcd_timeout: Duration::from_secs(5),
             etcd_tls: None,
             lock_timeout: Duration::from_secs(30),
+            etcd_auth: None,
         }
+    }
+}
+
+impl OpenOptions {
+    /// A builder starting from [`OpenOptions::default`].
+    pub fn builder() -> OpenOptionsBuilder {
+        OpenOptionsBuilder { opts: OpenOptions::default() }
+    }
+}
+
+/// Builds [`OpenOptions`]; every setter sets the field of the same name.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct OpenOptionsBuilder {
+    opts: OpenOptions,
+}
+
+impl OpenOptionsBuilder {
+    /// [`OpenOptions::etcd_timeout`].
+    pub fn etcd_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.etcd_timeout = timeout;
+        self
+    }
+    /// [`OpenOptions::etcd_tls`].
+    pub fn etcd_tls(mut self, tls: Option<EtcdTls>) -> Self {
+        self.opts.etcd_tls = tls;
+        self
+    }
+    /// [`OpenOptions::lock_timeout`].
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.lock_timeout = timeout;
+        self
+    }
+    /// [`OpenOptions::etcd_auth`].
+    pub fn etcd_auth(mut self, auth: Option<EtcdAuth>) -> Self {
+        self.opts.etcd_auth = auth;
+        self
+    }
+    /// The options; a zero timeout is refused, naming it.
+    pub fn build(self) -> StoreResult<OpenOptions> {
+        if self.opts.etcd_timeout.is_zero() {
+            return Err(StoreError::InvalidRequest(
+                "store open option etcd_timeout is 0: it must be a positive duration".into(),
+            ));
+        }
+        Ok(self.opts)
     }
 }
 
@@ -243,7 +294,7 @@ pub async fn open_parsed(url: &StoreUrl, opts: &OpenOptions) -> StoreResult<Arc<
                          etcd://USER:PASSWORD@HOST:PORT"
                     )))
                 }
-                (None, _) => None,
+                (None, _) => opts.etcd_auth.clone(),
             };
             Ok(Arc::new(EtcdStore::connect(eo).await?))
         }

@@ -87,12 +87,12 @@ pub fn allocator_on(
     holder: &str,
     session_ttl: Duration,
 ) -> Allocator {
-    let opts = AllocatorOptions {
-        prefix: l.prefix().to_string(),
-        holder: Some(holder.to_string()),
-        session_ttl,
-        ..AllocatorOptions::default()
-    };
+    let opts = AllocatorOptions::builder()
+        .prefix(l.prefix().to_string())
+        .holder(holder.to_string())
+        .session_ttl(session_ttl)
+        .build()
+        .unwrap();
     Allocator::from_arc(store, opts).expect("allocator")
 }
 

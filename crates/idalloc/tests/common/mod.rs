@@ -30,12 +30,12 @@ pub fn allocator_with<S: Store>(
     holder: &str,
     f: impl FnOnce(&mut AllocatorOptions),
 ) -> Allocator {
-    let mut opts = AllocatorOptions {
-        holder: Some(holder.to_string()),
-        session_ttl: SESSION_TTL,
-        seed: Some(seed_of(holder)),
-        ..AllocatorOptions::default()
-    };
+    let mut opts = AllocatorOptions::builder()
+        .holder(holder.to_string())
+        .session_ttl(SESSION_TTL)
+        .seed(seed_of(holder))
+        .build()
+        .unwrap();
     f(&mut opts);
     Allocator::from_arc(store, opts).expect("allocator")
 }
@@ -134,7 +134,14 @@ pub fn is_holder_fence(l: &Layout, record: &[u8]) -> bool {
     l.parse_holder_key(&pool, record).is_some() || record == l.fence_floor_key(&pool).as_slice()
 }
 
-/// G4: nothing but pool specs (and durable holders' fence records) under the prefix.
+/// Moves the cluster version at `l`'s prefix to this build's, which puts the fold of fence
+/// records in force (tests of the fold).
+pub async fn finalize<S: Store>(store: &S, l: &Layout) {
+    idalloc::cluster_version::finalize(store, l).await.expect("finalize");
+}
+
+/// G4: nothing but pool specs (and durable holders' fence records, and the cluster version)
+/// under the prefix.
 pub async fn assert_only_specs_left<S: Store + ?Sized>(store: &S) {
     assert_only_specs_left_in(store, &layout()).await
 }
@@ -145,7 +152,11 @@ pub async fn assert_only_specs_left_in<S: Store + ?Sized>(store: &S, l: &Layout)
     let pools = l.pools_prefix();
     let extra: Vec<String> = kvs
         .iter()
-        .filter(|kv| !kv.key.starts_with(&pools) && !is_holder_fence(l, &kv.key))
+        .filter(|kv| {
+            !kv.key.starts_with(&pools)
+                && !is_holder_fence(l, &kv.key)
+                && kv.key != l.cluster_version_key()
+        })
         .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
         .collect();
     assert!(extra.is_empty(), "left in the store: {extra:?}");

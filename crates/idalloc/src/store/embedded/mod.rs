@@ -66,8 +66,10 @@ use crate::store::{
     TxnRequest, TxnResponse, WatchEvent, WatchMessage, WatchStream,
 };
 
-/// Settings of an [`EmbeddedStore`].
+/// Settings of an [`EmbeddedStore`]: [`EmbeddedOptions::builder`], or
+/// [`EmbeddedOptions::default`] and field assignments.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EmbeddedOptions {
     /// How many revisions of history to keep for reads at past revisions and watches from past
     /// revisions. Older history is compacted automatically (in batches of an eighth of this, so
@@ -99,6 +101,80 @@ impl Default for EmbeddedOptions {
             read_only: false,
             check_integrity: false,
         }
+    }
+}
+
+impl EmbeddedOptions {
+    /// A builder starting from [`EmbeddedOptions::default`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use idalloc::store::embedded::EmbeddedOptions;
+    /// let opts = EmbeddedOptions::builder().lock_timeout(Duration::from_secs(1)).build()?;
+    /// assert_eq!(opts.lock_timeout, Duration::from_secs(1));
+    /// assert!(EmbeddedOptions::builder().min_lease_ttl(0).build().is_err());
+    /// # Ok::<(), idalloc::store::StoreError>(())
+    /// ```
+    pub fn builder() -> EmbeddedOptionsBuilder {
+        EmbeddedOptionsBuilder { opts: EmbeddedOptions::default() }
+    }
+
+    /// Checks the values: `auto_compact_keep` not negative, `min_lease_ttl` at least 1 s.
+    pub fn validate(&self) -> StoreResult<()> {
+        if self.auto_compact_keep < 0 {
+            return Err(StoreError::InvalidRequest(format!(
+                "embedded store option auto_compact_keep is {}: it is 0 (never compact) or more \
+                 revisions",
+                self.auto_compact_keep
+            )));
+        }
+        if self.min_lease_ttl < 1 {
+            return Err(StoreError::InvalidRequest(format!(
+                "embedded store option min_lease_ttl is {}: it is at least 1 (second)",
+                self.min_lease_ttl
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Builds [`EmbeddedOptions`]; every setter sets the field of the same name.
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct EmbeddedOptionsBuilder {
+    opts: EmbeddedOptions,
+}
+
+impl EmbeddedOptionsBuilder {
+    /// [`EmbeddedOptions::auto_compact_keep`].
+    pub fn auto_compact_keep(mut self, revisions: i64) -> Self {
+        self.opts.auto_compact_keep = revisions;
+        self
+    }
+    /// [`EmbeddedOptions::lock_timeout`].
+    pub fn lock_timeout(mut self, timeout: Duration) -> Self {
+        self.opts.lock_timeout = timeout;
+        self
+    }
+    /// [`EmbeddedOptions::min_lease_ttl`].
+    pub fn min_lease_ttl(mut self, seconds: i64) -> Self {
+        self.opts.min_lease_ttl = seconds;
+        self
+    }
+    /// [`EmbeddedOptions::read_only`].
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.opts.read_only = read_only;
+        self
+    }
+    /// [`EmbeddedOptions::check_integrity`].
+    pub fn check_integrity(mut self, check: bool) -> Self {
+        self.opts.check_integrity = check;
+        self
+    }
+    /// The options, checked by [`EmbeddedOptions::validate`].
+    pub fn build(self) -> StoreResult<EmbeddedOptions> {
+        self.opts.validate()?;
+        Ok(self.opts)
     }
 }
 

@@ -33,6 +33,7 @@ use crate::store::{StoreError, StoreResult};
 /// `--insecure-skip-tls-verify`). Paths, not contents: they are read by
 /// [`super::EtcdStore::connect`], and every error names the file.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct EtcdTls {
     /// PEM file of the CA(s) that signed the etcd server certificates. `None`: the system's
     /// trust store.
@@ -44,6 +45,29 @@ pub struct EtcdTls {
     /// TESTING ONLY: accept any server certificate. The connection is still encrypted, but anyone
     /// on the path can impersonate etcd and read every request (and the password).
     pub insecure_skip_verify: bool,
+}
+
+impl EtcdTls {
+    /// Verify etcd's certificates with the CA(s) in `ca_file` (PEM).
+    pub fn with_ca(mut self, ca_file: impl Into<PathBuf>) -> Self {
+        self.ca_file = Some(ca_file.into());
+        self
+    }
+    /// Present a client certificate (PEM chain) and its private key.
+    pub fn with_identity(
+        mut self,
+        cert_file: impl Into<PathBuf>,
+        key_file: impl Into<PathBuf>,
+    ) -> Self {
+        self.cert_file = Some(cert_file.into());
+        self.key_file = Some(key_file.into());
+        self
+    }
+    /// TESTING ONLY: [`EtcdTls::insecure_skip_verify`].
+    pub fn with_insecure_skip_verify(mut self, skip: bool) -> Self {
+        self.insecure_skip_verify = skip;
+        self
+    }
 }
 
 /// The loaded form of [`EtcdTls`].

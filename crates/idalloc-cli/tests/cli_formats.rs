@@ -1,0 +1,267 @@
+//! The output formats (`-o text|json|yaml|wide|name`, `--json`), the same on a store and through
+//! `idalloc serve`; errors as JSON on stderr under `-o json`; the global flags under their own
+//! help heading and `idalloc options`; `serve --config FILE` and the environment over it; bash
+//! completing pool names.
+
+use std::path::Path;
+use std::process::Command;
+
+use idalloc_testkit::cli::Ran;
+use idalloc_testkit::serve::Serve;
+use serde_json::Value;
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_idalloc")
+}
+
+/// `idalloc ARGS` in `dir` with `env` set (and the store and server variables cleared).
+fn run(dir: &Path, env: &[(&str, &str)], args: &[&str]) -> Ran {
+    idalloc_testkit::cli::run(bin(), dir, env, args)
+}
+
+/// The YAML documents of `text` (each starts with `---`), as JSON values.
+fn yaml_docs(text: &str) -> Vec<Value> {
+    assert!(text.starts_with("---\n"), "{text:?}");
+    text.split("---\n")
+        .skip(1)
+        .map(|d| serde_yaml_ng::from_str::<Value>(d).expect("a YAML document"))
+        .collect()
+}
+
+fn json_docs(text: &str) -> Vec<Value> {
+    text.lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
+}
+
+/// Every format of every command that prints results, on a file store and through serve: the
+/// same output and exit code on both; YAML is the JSON documents; name prints the names; wide
+/// adds columns; errors under -o json are `{"kind","message"}` on stderr, exit code unchanged.
+#[test]
+fn every_format_answers_alike_on_a_store_and_through_serve() {
+    let direct = tempfile::tempdir().expect("tempdir");
+    let served = tempfile::tempdir().expect("tempdir");
+    let keys = direct.path().join("keys.txt");
+    std::fs::write(&keys, "k1\nk2\n").expect("keys");
+    let keys = keys.to_str().expect("utf-8").to_string();
+    let direct_store = format!("file:{}", direct.path().join("ids.redb").display());
+    let served_store = format!("file:{}", served.path().join("ids.redb").display());
+    let serve = Serve::start(bin(), &["--store", &served_store], &[]);
+    let url = format!("http://{}", serve.addr());
+    let both = |args: &[&str]| -> Ran {
+        let a = run(direct.path(), &[("IDALLOC_STORE", &direct_store)], args);
+        let b = run(served.path(), &[("IDALLOC_SERVER", &url)], args);
+        assert_eq!((a.code, &a.stdout, &a.stderr), (b.code, &b.stdout, &b.stderr), "{args:?}");
+        a
+    };
+
+    let setup: Vec<Vec<&str>> = vec![
+        vec!["pool", "create", "p", "--range", "1-100", "--strategy", "lowest"],
+        vec!["pool", "create", "q", "--range", "1-10", "--reserve", "2"],
+        vec!["acquire", "p", "a"],
+        vec!["acquire", "p", "--from", &keys, "--holder", "bob"],
+    ];
+    for args in &setup {
+        assert_eq!(both(args).code, 0, "{args:?}");
+    }
+    // Each command in every format: YAML holds the JSON documents, name the names.
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["pool", "list"], vec!["p", "q"]),
+        (vec!["pool", "show", "p"], vec!["p"]),
+        (vec!["list", "p"], vec!["a", "k1", "k2"]),
+        (vec!["list", "p", "--holder", "bob"], vec!["k1", "k2"]),
+        (vec!["list", "q"], vec![]),
+        (vec!["get", "p", "k1"], vec!["k1"]),
+        (vec!["lookup", "p", "1"], vec!["a"]),
+        (vec!["acquire", "p", "a"], vec!["a"]),
+        (vec!["acquire", "p", "--from", &keys], vec!["k1", "k2"]),
+        (vec!["pool", "create", "p", "--range", "1-100", "--strategy", "lowest"], vec!["p"]),
+    ];
+    for (args, names) in &cases {
+        let with = |f: &str| {
+            let mut a = vec!["-o", f];
+            a.extend(args.iter().copied());
+            both(&a)
+        };
+        let json = with("json");
+        let yaml = with("yaml");
+        let name = with("name");
+        let wide = with("wide");
+        let text = both(args);
+        for r in [&json, &yaml, &name, &wide, &text] {
+            assert_eq!(r.code, 0, "{args:?}: {r:?}");
+        }
+        let j = json_docs(&json.stdout);
+        let y = yaml_docs(&yaml.stdout);
+        assert_eq!(y, j, "{args:?}: YAML is the JSON documents:\n{}", yaml.stdout);
+        // --json is -o json.
+        let mut old = vec!["--json"];
+        old.extend(args.iter().copied());
+        assert_eq!(both(&old).stdout, json.stdout, "{args:?}");
+        assert_eq!(name.stdout.lines().collect::<Vec<_>>(), *names, "{args:?}");
+        assert!(!text.stdout.is_empty(), "{args:?}");
+    }
+    // status (whose store and endpoint differ between the two): its pools' names.
+    for env in [[("IDALLOC_STORE", direct_store.as_str())], [("IDALLOC_SERVER", url.as_str())]] {
+        let r = run(direct.path(), &env, &["-o", "name", "status"]);
+        assert_eq!((r.code, r.stdout.as_str()), (0, "p\nq\n"), "{r:?}");
+        let y = yaml_docs(&run(direct.path(), &env, &["-o", "yaml", "status"]).stdout);
+        assert_eq!(y[0]["pools"], serde_json::json!(["p", "q"]));
+    }
+    // wide: more columns than the text, with --no-headers honoured.
+    let t = both(&["pool", "list"]).stdout;
+    let w = both(&["-o", "wide", "pool", "list"]).stdout;
+    assert!(t.starts_with("NAME  RANGE  BOUND  FREE  USED\n"), "{t}");
+    assert!(
+        w.starts_with("NAME  RANGE  BOUND  FREE  USED  CAPACITY  QUARANTINED  STRATEGY"),
+        "{w}"
+    );
+    let q = w.lines().find(|l| l.starts_with("q ")).expect("q's row");
+    assert_eq!(
+        q.split_whitespace().collect::<Vec<_>>(),
+        ["q", "1-10", "0", "9", "0.0%", "9", "0", "random", "0x0", "2", "0ms", "0ms"]
+    );
+    let w = both(&["-o", "wide", "--no-headers", "get", "p", "k1"]).stdout;
+    assert_eq!(w.split_whitespace().collect::<Vec<_>>(), ["2", "k1"], "{w}");
+    let w = both(&["-o", "wide", "acquire", "p", "k1"]).stdout;
+    assert_eq!(w, "ID  KEY  NEW  HOLDER\n2   k1   no   alice\n");
+
+    // Errors: under -o json a `{"kind","message"}` line on stderr, with the same exit code as
+    // the text error; nothing on stdout.
+    for (args, code, kind) in [
+        (vec!["get", "p", "nokey"], 3, "not_found"),
+        (vec!["get", "nopool", "k"], 3, "pool_not_found"),
+        (vec!["acquire", "p", ""], 2, "invalid_input"),
+        (vec!["pool", "create", "p", "--range", "1-5"], 1, "range_mismatch"),
+        (vec!["get", "p"], 2, "invalid_input"),
+    ] {
+        let text = both(&args);
+        assert_eq!(text.code, code, "{args:?}: {text:?}");
+        assert!(text.stderr.starts_with("error: "), "{text:?}");
+        let mut a = vec!["-o", "json"];
+        a.extend(args.iter().copied());
+        let r = both(&a);
+        assert_eq!((r.code, r.stdout.as_str()), (code, ""), "{args:?}: {r:?}");
+        let e: Value = serde_json::from_str(r.stderr.trim_end()).expect("a JSON error");
+        assert_eq!(e["kind"], kind, "{args:?}: {e}");
+        assert_eq!(
+            format!("error: {}", e["message"].as_str().expect("message")),
+            text.stderr.trim_end(),
+            "{args:?}"
+        );
+    }
+    // -o name of a command without names: refused before it runs.
+    let r = both(&["-o", "name", "version"]);
+    assert!(r.code == 2 && r.stderr.contains("-o name"), "{r:?}");
+    // --json and another -o disagree: refused.
+    let r = both(&["--json", "-o", "yaml", "pool", "list"]);
+    assert_eq!(r.code, 2, "{r:?}");
+}
+
+/// A command's --help shows its own flags first and the global ones under their own heading;
+/// `idalloc options` lists the global ones.
+#[test]
+fn global_flags_have_their_own_heading_and_options_lists_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let r = run(dir.path(), &[], &["acquire", "--help"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    let at = |s: &str| r.stdout.find(s).unwrap_or_else(|| panic!("{s:?} in {}", r.stdout));
+    assert!(at("--holder") < at("Global options:"), "{}", r.stdout);
+    assert!(at("Global options:") < at("--endpoints"), "{}", r.stdout);
+    let r = run(dir.path(), &[], &["options"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    for flag in ["--store", "--endpoints", "--server", "--output", "--timeout"] {
+        assert!(r.stdout.contains(flag), "{flag}: {}", r.stdout);
+    }
+    assert!(!r.stdout.contains("--holder") && !r.stdout.contains("--listen"), "{}", r.stdout);
+}
+
+/// `serve --config FILE`: its keys are the long flags; flags and the environment override it;
+/// an unknown key is an error naming it and the allowed ones.
+#[test]
+fn serve_reads_a_config_file_under_its_flags_and_environment() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    let config = dir.path().join("serve.toml");
+    let config_s = config.to_str().expect("utf-8");
+    std::fs::write(&config, "sweep_interval = \"5s\"\n").expect("config");
+    let r = run(dir.path(), &[], &["--store", &store, "serve", "--config", config_s]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr.contains("unknown key \"sweep_interval\"") && r.stderr.contains("sweep-interval,"),
+        "{r:?}"
+    );
+    std::fs::write(&config, "max-body = 10\nwatch-history = 5\n").expect("config");
+
+    // A body over the file's limit is refused; a flag and the environment raise it.
+    let body = r#"{"key":"a-key-of-some-length","holder":"h"}"#;
+    let post = |s: &Serve| -> u16 {
+        let agent = ureq::Agent::config_builder().http_status_as_error(false).build().new_agent();
+        let r = agent
+            .post(&s.http("/v1/pools/p/acquire"))
+            .header("content-type", "application/json")
+            .send(body)
+            .expect("answer");
+        r.status().as_u16()
+    };
+    let from_file = Serve::start(bin(), &["--store", "memory:"], &["--config", config_s]);
+    assert_eq!(post(&from_file), 413);
+    drop(from_file);
+    let flag = Serve::start(
+        bin(),
+        &["--store", "memory:"],
+        &["--config", config_s, "--max-body", "100000"],
+    );
+    assert_eq!(post(&flag), 404, "the pool does not exist: the body was read");
+    drop(flag);
+    std::env::set_var("IDALLOC_MAX_BODY", "100000");
+    let env = Serve::start(bin(), &["--store", "memory:"], &["--config", config_s]);
+    std::env::remove_var("IDALLOC_MAX_BODY");
+    assert_eq!(post(&env), 404, "the environment overrides the file");
+}
+
+/// The bash completion script completes pool names from the store the line (or environment)
+/// names, as the first operand of the commands that take a pool; elsewhere clap's completion.
+#[test]
+fn bash_completes_pool_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    for p in ["vni", "vxlan", "ids"] {
+        let r = run(dir.path(), &[], &["--store", &store, "pool", "create", p, "--range", "1-9"]);
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    let script = run(dir.path(), &[], &["completions", "bash"]);
+    let path = dir.path().join("idalloc.bash");
+    std::fs::write(&path, &script.stdout).expect("script");
+    let bin_dir = Path::new(bin()).parent().expect("bin dir");
+    let complete = |line: &str| -> String {
+        let words: Vec<&str> = line.split(' ').collect();
+        let cmd = format!(
+            "source {}; COMP_WORDS=({}); COMP_CWORD={}; COMPREPLY=(); \
+             _idalloc_with_pools idalloc \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
+             echo \"${{COMPREPLY[*]}}\"",
+            path.display(),
+            words.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" "),
+            words.len() - 1,
+        );
+        let o = Command::new("bash")
+            .args(["--norc", "-c", &cmd])
+            .env(
+                "PATH",
+                format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()),
+            )
+            .env_remove("IDALLOC_STORE")
+            .env_remove("IDALLOC_SERVER")
+            .current_dir(dir.path())
+            .output()
+            .expect("bash");
+        String::from_utf8_lossy(&o.stdout).trim().to_string()
+    };
+    let st = format!("--store={store}");
+    assert_eq!(complete(&format!("idalloc {st} get v")), "vni vxlan");
+    assert_eq!(complete(&format!("idalloc {st} pool show ")), "ids vni vxlan");
+    assert_eq!(complete(&format!("idalloc {st} acquire --holder h i")), "ids");
+    assert_eq!(complete(&format!("idalloc list {st} vx")), "vxlan");
+    // The key after the pool, and flags, are not pool names.
+    assert_eq!(complete(&format!("idalloc {st} acquire vni v")), "");
+    assert_eq!(complete(&format!("idalloc {st} acquire vni --ho")), "--holder");
+    assert_eq!(complete("idalloc sta"), "status");
+}

@@ -1,0 +1,120 @@
+//! `idalloc upgrade status|finalize` and the protocol in `idalloc version`: the cluster version
+//! of a store (docs/guide/deployment.md, "Upgrades").
+
+use std::process::Command;
+
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_idalloc"))
+        .args(args)
+        .env_remove("IDALLOC_STORE")
+        .output()
+        .expect("run");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let (code, out, err) = run(args);
+    assert_eq!(code, Some(0), "{args:?}: {err}");
+    serde_json::from_str(&out).expect("JSON")
+}
+
+#[test]
+fn a_store_without_a_version_record_is_at_version_one_until_finalized() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = format!("file:{}", dir.path().join("ids.redb").display());
+    let (code, _, err) = run(&["--store", &file, "pool", "create", "p", "--range", "1-9"]);
+    assert_eq!(code, Some(0), "{err}");
+
+    let s = json(&["--store", &file, "--json", "upgrade", "status"]);
+    assert_eq!((s["cluster_version"].as_u64(), s["recorded"].as_bool()), (Some(1), Some(false)));
+    assert_eq!((s["protocol"].as_u64(), s["finalize_pending"].as_bool()), (Some(2), Some(true)));
+    let (code, out, _) = run(&["--store", &file, "upgrade", "status"]);
+    assert_eq!(code, Some(0));
+    assert!(
+        out.contains("cluster version: 1 (no record") && out.contains("upgrade finalize"),
+        "{out}"
+    );
+
+    let f = json(&["--store", &file, "--json", "upgrade", "finalize"]);
+    assert_eq!(
+        (f["from"].as_u64(), f["to"].as_u64(), f["finalized"].as_bool()),
+        (Some(1), Some(2), Some(true))
+    );
+    let s = json(&["--store", &file, "--json", "upgrade", "status"]);
+    assert_eq!(
+        (s["cluster_version"].as_u64(), s["finalize_pending"].as_bool()),
+        (Some(2), Some(false))
+    );
+    assert!(s["features"].as_array().unwrap().iter().any(|f| f == "fence-floor-fold"), "{s}");
+    let again = json(&["--store", &file, "--json", "upgrade", "finalize"]);
+    assert_eq!(again["finalized"].as_bool(), Some(false));
+
+    // The store's other commands accept the record (no "records of another deployment").
+    let (code, out, err) = run(&["--store", &file, "check"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    let (code, _, err) = run(&["--store", &file, "acquire", "p", "k"]);
+    assert_eq!(code, Some(0), "{err}");
+}
+
+#[test]
+fn version_reports_the_protocol_and_the_cluster_versions_it_runs_on() {
+    let v = json(&["--json", "version"]);
+    assert_eq!(v["protocol"].as_u64(), Some(2));
+    assert_eq!(v["runs_on_cluster_versions"], serde_json::json!([1, 2]));
+    let (_, out, _) = run(&["version"]);
+    assert!(out.contains("protocol:   2 (runs on cluster versions 1 to 2)\n"), "{out}");
+}
+
+#[test]
+fn upgrade_does_not_run_through_the_service() {
+    let (code, _, err) = run(&["--server", "http://127.0.0.1:9", "upgrade", "status"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("not through --server"), "{err}");
+}
+
+/// `-o name` has no names to print for `upgrade`: refused before anything runs, so a finalize
+/// asked that way does not move the version silently.
+#[test]
+fn upgrade_refuses_dash_o_name_and_finalizes_nothing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = format!("file:{}", dir.path().join("ids.redb").display());
+    let (code, _, err) = run(&["--store", &file, "pool", "create", "p", "--range", "1-9"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, _, err) = run(&["--store", &file, "-o", "name", "upgrade", "finalize"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("-o name"), "{err}");
+    let s = json(&["--store", &file, "--json", "upgrade", "status"]);
+    assert_eq!(s["cluster_version"].as_u64(), Some(1), "{s}");
+}
+
+/// `client_sessions` counts the client session records only, not the service's slot records
+/// that share their prefix (`sessions/quota/`, `sessions/quota-pools/`).
+#[test]
+fn upgrade_status_counts_client_sessions_not_slot_records() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ids.redb");
+    let file = format!("file:{}", path.display());
+    let (code, _, err) = run(&["--store", &file, "pool", "create", "p", "--range", "1-9"]);
+    assert_eq!(code, Some(0), "{err}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+        use idalloc::store::{Store, TxnOp, TxnRequest};
+        let l = idalloc::layout::Layout::default();
+        let store = EmbeddedStore::open(&path, EmbeddedOptions::default()).await.unwrap();
+        let mut slot = l.sessions_prefix();
+        slot.extend_from_slice(b"quota/a/0");
+        let mut pool_slot = l.sessions_prefix();
+        pool_slot.extend_from_slice(b"quota-pools/a/0");
+        let txn = TxnRequest::new().and_then([
+            TxnOp::put(l.session_key(7), "s"),
+            TxnOp::put(slot, "x"),
+            TxnOp::put(pool_slot, "x"),
+        ]);
+        assert!(store.txn(txn).await.unwrap().succeeded);
+    });
+    drop(rt);
+    let s = json(&["--store", &file, "--json", "upgrade", "status"]);
+    assert_eq!(s["client_sessions"].as_u64(), Some(1), "{s}");
+}

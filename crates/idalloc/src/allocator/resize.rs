@@ -1,0 +1,149 @@
+//! Resizing a pool: a new range and reserved IDs for an existing pool, everything else unchanged
+//! (docs/design/resize.md).
+//!
+//! Growing is always allowed. Narrowing (a higher min, a lower max, more reserved IDs) is refused
+//! while any ID record the new spec would not hand out exists: a binding, or a tombstone still in
+//! its reuse delay. The check and the write are made atomic by one compare: the spec record is
+//! rewritten only if no ID record was created or changed since the revision the check read, and
+//! only if the spec is still the version the new one was derived from. Every bind compares the
+//! spec record's mod revision, so a bind decided against the old range and sent before the resize
+//! commits either commits first (and then fails the resize's compare) or fails its own.
+
+use crate::error::{Error, Input, Result};
+use crate::layout::IdRecord;
+use crate::pool::{validate_pool_name, PoolSpec};
+use crate::store::{Compare, CompareOp, CompareTarget, KeyRange, TxnOp, TxnRequest};
+
+use super::pool_state::lock;
+use super::Allocator;
+
+/// Attempts before a resize that keeps losing its compare to concurrent writes gives up.
+const MAX_RESIZE_ATTEMPTS: usize = 8;
+
+/// True if `new` hands out every raw ID `old` hands out: a resize that only grows.
+pub(crate) fn only_grows(old: &PoolSpec, new: &PoolSpec) -> bool {
+    new.min() <= old.min()
+        && new.max() >= old.max()
+        && new.reserved().iter().all(|&(lo, hi)| {
+            // Every newly reserved ID must have been reserved already (or outside the old range).
+            let outside = hi < old.min() || lo > old.max();
+            outside
+                || old
+                    .reserved()
+                    .iter()
+                    .any(|&(a, b)| a <= lo.max(old.min()) && hi.min(old.max()) <= b)
+        })
+}
+
+impl Allocator {
+    /// Gives pool `name` the range `[min, max]` and, if `reserved` is given, those reserved IDs
+    /// (else the pool's reserved IDs inside the new range stay reserved). Name, prefix, strategy
+    /// and reclaim settings never change. Returns the spec now in force.
+    ///
+    /// Growing always succeeds. Narrowing is refused (`InvalidInput` with [`Input::PoolInUse`])
+    /// while an ID the new spec would not hand out is bound or quarantined; the error names one
+    /// such ID and its key. Prefix pools resize their raw range (the prefix stays; the new max
+    /// must leave the prefix bits free). One read of the spec, one listing of the pool's ID
+    /// records when narrowing, and one txn; retried while concurrent writes keep changing the
+    /// pool (`Unavailable` after a few attempts).
+    pub async fn resize_pool(
+        &self,
+        name: &str,
+        min: u64,
+        max: u64,
+        reserved: Option<&[(u64, u64)]>,
+    ) -> Result<PoolSpec> {
+        validate_pool_name(name)?;
+        let inner = &self.inner;
+        let l = &inner.layout;
+        for _ in 0..MAX_RESIZE_ATTEMPTS {
+            let read = inner
+                .read_spec(name)
+                .await?
+                .ok_or_else(|| Error::PoolNotFound { pool: name.to_string() })?;
+            let old = &read.spec;
+            let kept: Vec<(u64, u64)>;
+            let reserved = match reserved {
+                Some(r) => r,
+                None => {
+                    kept = old
+                        .reserved()
+                        .iter()
+                        .filter(|&&(lo, hi)| lo <= max && hi >= min)
+                        .map(|&(lo, hi)| (lo.max(min), hi.min(max)))
+                        .collect();
+                    &kept
+                }
+            };
+            let new = old.resized(min, max, reserved);
+            new.validate()?;
+            if new == *old {
+                return Ok(new);
+            }
+            let mut when = vec![Compare::mod_revision_is(l.pool_spec_key(name), read.rev)];
+            if !only_grows(old, &new) {
+                let at = self.check_narrowing(name, &new).await?;
+                // No ID record written since the check's revision: what it saw still holds.
+                when.push(Compare::new(
+                    KeyRange::prefix(l.id_prefix(name)),
+                    CompareOp::Less,
+                    CompareTarget::ModRevision(at.saturating_add(1)),
+                ));
+            }
+            let txn = TxnRequest::new()
+                .when(when)
+                .and_then([TxnOp::put(l.pool_spec_key(name), new.to_json())]);
+            let resp = inner.req.txn(txn).await?;
+            if resp.succeeded {
+                tracing::info!(pool = %name, from = %old, to = %new, "pool resized");
+                if let Some(p) = lock(&inner.pools).get(name).cloned() {
+                    if p.spec_rev == read.created {
+                        p.adopt(new.clone(), resp.revision);
+                    }
+                }
+                return Ok(new);
+            }
+            // The spec changed, or an ID record was written since the check: look again.
+        }
+        Err(Error::unavailable(format!(
+            "pool {name:?} kept changing during {MAX_RESIZE_ATTEMPTS} resize attempts; retry"
+        )))
+    }
+
+    /// Lists pool `name`'s ID records at one revision and refuses if one of them is an ID `new`
+    /// would not hand out; returns the revision listed at. Pages through the records, so memory
+    /// stays bounded by a page whatever the pool's size.
+    async fn check_narrowing(&self, name: &str, new: &PoolSpec) -> Result<i64> {
+        let inner = &self.inner;
+        let l = &inner.layout;
+        let range = KeyRange::prefix(l.id_prefix(name));
+        let mut pages = inner.req.pages(&range, format!("pool {name:?}"));
+        while let Some(page) = pages.next_page().await.map_err(Error::from)? {
+            for kv in page {
+                let Some(id) = l.parse_id_key(name, &kv.key) else {
+                    continue;
+                };
+                if crate::protocol::id_is_allocatable(new, id) {
+                    continue;
+                }
+                let (what, key) = match IdRecord::decode(&kv.value) {
+                    Some(IdRecord::Bound(k)) => ("is bound to key", k),
+                    Some(IdRecord::Tombstone(k)) => {
+                        ("is quarantined (in its reuse delay) after key", k)
+                    }
+                    None => ("has an unreadable record", String::new()),
+                };
+                return Err(Error::invalid(
+                    Input::PoolInUse,
+                    "new range of pool",
+                    format!("{name:?}: {new}"),
+                    format!(
+                        "ID {id} {what} {key:?}, outside the new range or reserved by it: \
+                         release it (and wait out the reuse delay) or choose a range that keeps it"
+                    ),
+                ));
+            }
+        }
+        Ok(pages.revision())
+    }
+}

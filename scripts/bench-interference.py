@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Another client's acquire latency while one client floods `idalloc serve`. Usage:
+    scripts/bench-interference.py IDALLOC_BIN ETCD_URL [TIMED] (default 300 acquires a run)
+
+One `serve` with tokens on a fresh etcd prefix; pool `b` preloaded with 20,000 bindings (so a
+10,000-binding page exists). A `victim` client times TIMED sequential one-key acquires of new keys
+(each released after), on its own connection, in four runs:
+  quiet     nobody else;
+  bulk      the `flood` client, 8 connections, each acquiring 1,000 new keys then releasing them,
+            over and over;
+  pages     the `flood` client, 8 connections, each reading `GET /v1/pools/b/bindings?limit=10000`
+            over and over;
+  watches   the `flood` client holding watch streams at its cap (1,000, the default of
+            --max-watches-per-client), one connection each, never reading them, so every change
+            the victim makes is queued for 1,000 streams that never drain.
+Prints p50/p99 per run and the ratio to the quiet run. Run under `flock /work/bench.lock`, with a
+release build (`cargo build --release -p idalloc-cli`)."""
+import json, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
+import http.client
+
+def free_port():
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection of one client."""
+    def __init__(self, port, token):
+        self.c = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+        self.h = {"authorization": f"Bearer {token}", "content-type": "application/json"}
+    def call(self, method, path, body=None):
+        self.c.request(method, path, body=None if body is None else json.dumps(body), headers=self.h)
+        r = self.c.getresponse(); data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
+        return json.loads(data or b"null")
+
+def pct(xs, p):
+    xs = sorted(xs); return xs[min(len(xs) - 1, int(len(xs) * p))]
+
+def main():
+    binary, etcd = sys.argv[1], sys.argv[2]
+    timed = int(sys.argv[3]) if len(sys.argv) > 3 else 300
+    d = tempfile.mkdtemp()
+    names = {"victim": "allocate", "flood": "allocate", "root": "admin"}
+    toks = {n: f"tok-{n}-{os.getpid()}-bench-interference" for n in names}
+    for n, t in toks.items():
+        with open(os.path.join(d, f"{n}.token"), "w") as f: f.write(t)
+        os.chmod(os.path.join(d, f"{n}.token"), 0o600)
+    with open(os.path.join(d, "tokens"), "w") as f:
+        f.write("".join(f"{n} {s} file:{n}.token\n" for n, s in names.items()))
+    os.chmod(os.path.join(d, "tokens"), 0o600)
+    port = free_port()
+    prefix = f"bench-interference-{os.getpid()}-{int(time.time())}"
+    env = dict(os.environ, RUST_LOG="warn,idalloc::audit=off")
+    proc = subprocess.Popen([binary, "--store", etcd, "--prefix", prefix, "--timeout", "60s", "serve",
+                             "--listen", f"127.0.0.1:{port}", "--auth-tokens", os.path.join(d, "tokens")],
+                            env=env)
+    held = []
+    try:
+        for _ in range(300):
+            try: urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1); break
+            except Exception: time.sleep(0.1)
+        root = Conn(port, toks["root"])
+        root.call("POST", "/v1/pools", {"name": "b", "min": 1, "max": 100000000})
+        for i in range(20):
+            root.call("POST", "/v1/pools/b/acquire",
+                      {"keys": [f"load-{i}-{j}" for j in range(1000)], "holder": "load"})
+        victim = Conn(port, toks["victim"])
+
+        def victim_run(tag):
+            t = []
+            for i in range(timed):
+                k = f"v-{tag}-{i}"
+                s = time.perf_counter()
+                victim.call("POST", "/v1/pools/b/acquire", {"key": k, "holder": "v"})
+                t.append((time.perf_counter() - s) * 1000)
+                victim.call("POST", "/v1/pools/b/release", {"key": k, "holder": "v"})
+            return t
+
+        stop = threading.Event()
+        counts = {"bulk": 0, "pages": 0}
+
+        def bulk(n):
+            c, r = Conn(port, toks["flood"]), 0
+            while not stop.is_set():
+                keys = [f"f-{n}-{r}-{j}" for j in range(1000)]
+                c.call("POST", "/v1/pools/b/acquire", {"keys": keys, "holder": "f"})
+                c.call("POST", "/v1/pools/b/release", {"keys": keys, "holder": "f"})
+                counts["bulk"] += 1; r += 1
+
+        def pages(n):
+            c = Conn(port, toks["flood"])
+            while not stop.is_set():
+                c.call("GET", "/v1/pools/b/bindings?limit=10000")
+                counts["pages"] += 1
+
+        def watches():
+            for _ in range(1000):
+                s = socket.create_connection(("127.0.0.1", port))
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.sendall(f"GET /v1/pools/b/watch HTTP/1.1\r\nhost: x\r\n"
+                          f"authorization: Bearer {toks['flood']}\r\n\r\n".encode())
+                held.append(s)
+            # Each answers 200 (its head arrives); nothing is read after that.
+            for s in held:
+                head = s.recv(12)
+                if not head.startswith(b"HTTP/1.1 200"):
+                    raise RuntimeError(f"watch refused: {head!r}")
+
+        rows = []
+        for tag, flood in (("quiet", None), ("bulk", bulk), ("pages", pages), ("watches", None)):
+            stop.clear()
+            threads = []
+            if flood:
+                threads = [threading.Thread(target=flood, args=(n,), daemon=True) for n in range(8)]
+                for th in threads: th.start()
+                time.sleep(2)
+            if tag == "watches":
+                watches(); time.sleep(2)
+            t = victim_run(tag)
+            stop.set()
+            for th in threads: th.join()
+            rows.append((tag, pct(t, .5), pct(t, .99)))
+            print(f"{tag}: done ({counts})", file=sys.stderr, flush=True)
+        q50, q99 = rows[0][1], rows[0][2]
+        print(f"load {open('/proc/loadavg').read().split()[:3]}; {timed} timed acquires a run")
+        print("| run | victim p50 | victim p99 | p99 / quiet p99 |")
+        print("|---|---|---|---|")
+        for tag, p50, p99 in rows:
+            print(f"| {tag} | {p50:.1f} ms | {p99:.1f} ms | {p99 / q99:.2f}× |")
+    finally:
+        for s in held: s.close()
+        proc.terminate(); proc.wait()
+
+main()
