@@ -470,7 +470,8 @@ mod tests {
         let cases: Vec<(String, &str)> = vec![
             ("alpha read".into(), "line 1: 2 fields"),
             (format!("alpha read sha256:{h} refs=0"), "line 1: client \"alpha\": invalid refs"),
-            (format!("alpha read sha256:{h} pools=x"), "unknown option \"pools\""),
+            (format!("alpha read sha256:{h} pools=x"), "line 1: client \"alpha\": invalid pools"),
+            (format!("alpha read sha256:{h} colour=red"), "unknown option \"colour\""),
             (format!("Alpha read sha256:{h}"), "invalid client name \"Alpha\""),
             (format!("a/b read sha256:{h}"), "invalid client name \"a/b\""),
             (format!("alpha root sha256:{h}"), "invalid scope \"root\""),

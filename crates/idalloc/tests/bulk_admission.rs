@@ -87,8 +87,7 @@ fn allocator(store: Arc<dyn Store>, bulk_in_flight: usize) -> Result<Allocator, 
         // Far above the holds below: no attempt times out and is sent twice.
         .request_timeout(Duration::from_secs(60))
         .bulk_in_flight(bulk_in_flight)
-        .build()
-        .unwrap();
+        .build()?;
     Allocator::from_arc(store, opts)
 }
 
