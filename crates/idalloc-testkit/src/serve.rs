@@ -35,13 +35,20 @@ impl Serve {
     /// test's stderr. `global` holds the options before the subcommand
     /// (`--store`, `--prefix`, `--timeout`, …).
     pub fn start(bin: &str, global: &[&str], args: &[&str]) -> Serve {
-        Serve::spawn(bin, global, args, "warn,idalloc::audit=off", None)
+        Serve::spawn(bin, global, args, "warn,idalloc::audit=off", None, None)
+    }
+
+    /// [`Serve::start`] in the working directory `dir` (so that a relative `file:` store, or the
+    /// default `file:idalloc.redb`, is the file there) and without the `IDALLOC_*` variables of
+    /// the test's environment: what a user typing the command in `dir` starts.
+    pub fn start_in(bin: &str, dir: &std::path::Path, global: &[&str], args: &[&str]) -> Serve {
+        Serve::spawn(bin, global, args, "warn,idalloc::audit=off", None, Some(dir))
     }
 
     /// The same with `RUST_LOG=debug` and stderr written to the file `log`, for tests that read
     /// the server's log ([`Serve::log`]).
     pub fn start_logged(bin: &str, global: &[&str], args: &[&str], log: PathBuf) -> Serve {
-        Serve::spawn(bin, global, args, "debug", Some(log))
+        Serve::spawn(bin, global, args, "debug", Some(log), None)
     }
 
     fn spawn(
@@ -50,12 +57,22 @@ impl Serve {
         args: &[&str],
         rust_log: &str,
         stderr: Option<PathBuf>,
+        dir: Option<&std::path::Path>,
     ) -> Serve {
         let err = match &stderr {
             Some(path) => Stdio::from(std::fs::File::create(path).expect("create the stderr file")),
             None => Stdio::inherit(),
         };
-        let mut child = Command::new(bin)
+        let mut cmd = Command::new(bin);
+        if let Some(dir) = dir {
+            cmd.current_dir(dir);
+            for (name, _) in std::env::vars_os() {
+                if name.to_string_lossy().starts_with("IDALLOC_") {
+                    cmd.env_remove(name);
+                }
+            }
+        }
+        let mut child = cmd
             .args(global)
             .args(["serve", "--listen", "127.0.0.1:0", "--sweep-interval", "1s"])
             .args(args)
