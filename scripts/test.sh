@@ -19,6 +19,10 @@ command -v python3 >/dev/null 2>&1 || missing+=(python3)
 # make their TLS certificates with it. pip: the Python client is installed from its directory.
 command -v go >/dev/null 2>&1 || missing+=(golang-go)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+# curl and jq: the guide's examples run as written (crates/idalloc-cli/tests/docs_examples.rs),
+# and the HTTP API's page calls serve with curl and reads a session id with jq.
+command -v curl >/dev/null 2>&1 || missing+=(curl)
+command -v jq >/dev/null 2>&1 || missing+=(jq)
 python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
 # prometheus and promtool: the serve tests scrape a real serve with a real Prometheus and unit-test
 # the shipped alert rules (deploy/prometheus). The package may start a system Prometheus on 9090;

@@ -9,7 +9,7 @@
 //! command sets (`S=$(curl …)`) kept for the commands after it. stderr is shown with stdout, as a
 //! terminal shows them. A command `idalloc … serve … &` starts the page's service: the runner
 //! starts it on a free 127.0.0.1 port (its first stdout line is the command's output), and the
-//! page's port 7379 stands for that port in the commands after it and in their output. The
+//! page's `127.0.0.1:7379` and `localhost:7379` stand for its address in the commands after it and in their output. The
 //! service is stopped at the end of the page.
 
 mod docs;
@@ -31,8 +31,9 @@ const PAGES: &[&str] = &["docs/guide/quick-start.md", "docs/guide/cli.md", "docs
 /// each skipped block is an example that can drift.
 const MAX_NOT_RUN: usize = 6;
 
-/// The port a page's service listens on, as the page writes it.
-const DOC_PORT: &str = ":7379";
+/// The addresses of a page's service, as the page writes them (a bare `:7379` is not replaced:
+/// `"id":73791` is an ID).
+const DOC_ADDRS: &[&str] = &["127.0.0.1:7379", "localhost:7379"];
 
 /// A bound for a command that hangs (every example ends in well under a second), not a
 /// statement about speed.
@@ -122,18 +123,24 @@ impl Page {
 
     /// The page's port in `text` replaced by the service's.
     fn to_service_port(&self, text: &str) -> String {
-        match &self.serve {
-            Some(s) => text.replace(DOC_PORT, &format!(":{}", port(s))),
-            None => text.to_string(),
+        let mut text = text.to_string();
+        if let Some(s) = &self.serve {
+            for doc in DOC_ADDRS {
+                text = text.replace(doc, &doc.replace("7379", port(s)));
+            }
         }
+        text
     }
 
     /// The service's port in `text` replaced by the page's.
     fn from_service_port(&self, text: &str) -> String {
-        match &self.serve {
-            Some(s) => text.replace(&format!(":{}", port(s)), DOC_PORT),
-            None => text.to_string(),
+        let mut text = text.to_string();
+        if let Some(s) = &self.serve {
+            for doc in DOC_ADDRS {
+                text = text.replace(&doc.replace("7379", port(s)), doc);
+            }
         }
+        text
     }
 
     /// Runs `command` with bash in the page's directory and state: stdout and stderr as one text,
