@@ -29,7 +29,7 @@ step() {
 }
 
 echo "demo: working in $work (the store is the file idalloc.redb there)"
-step pool create vni --range 4096-4196 --reserve 4100-4109
+step pool create vni --range 4096-4196 --reserve 4100-4109 --strategy lowest
 step acquire vni tenant-blue
 step acquire vni tenant-green
 step acquire vni tenant-red --holder ops
@@ -39,6 +39,7 @@ step list vni
 step release vni tenant-green
 step --json get vni tenant-blue
 step gc
+step gc --holder ops --dry-run
 step status
 echo
 echo "demo: done"

@@ -66,16 +66,16 @@ struct Mismatch {
 impl std::fmt::Display for Mismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(f, "{}: $ {}", self.at, self.command)?;
-        writeln!(f, "--- the page shows:")?;
+        writeln!(f, "=== the page shows:")?;
         for l in &self.expected {
             writeln!(f, "{l}")?;
         }
-        writeln!(f, "--- the command printed:")?;
+        writeln!(f, "=== the command printed:")?;
         write!(f, "{}", self.actual)?;
         if !self.actual.ends_with('\n') {
             writeln!(f)?;
         }
-        writeln!(f, "---")
+        writeln!(f, "=== end")
     }
 }
 
@@ -298,7 +298,7 @@ fn a_page_whose_output_drifted_fails_naming_file_line_command_and_both_outputs()
     let mut page = Page::new("planted.md");
     page.run(&examples[0]).map_err(|m| m.to_string()).expect("pool create");
     let report = page.run(&examples[1]).map_err(|m| m.to_string()).expect_err("1, not 2");
-    for part in ["planted.md:4: $ idalloc acquire vni k", "--- the page shows:\n2\n", "--- the command printed:\n1\n"] {
+    for part in ["planted.md:4: $ idalloc acquire vni k", "=== the page shows:\n2\n=== the command printed:\n1\n=== end"] {
         assert!(report.contains(part), "{part:?} not in:\n{report}");
     }
 }
