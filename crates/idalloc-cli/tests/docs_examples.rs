@@ -50,8 +50,9 @@ fn bin() -> &'static str {
 /// One page being run: its directory, its shell state, its service, its placeholders.
 struct Page {
     name: &'static str,
-    dir: tempfile::TempDir,
+    // Before `dir`: fields drop in order, so the service is stopped before its directory goes.
     serve: Option<Serve>,
+    dir: tempfile::TempDir,
     bindings: Bindings,
 }
 
@@ -94,6 +95,10 @@ impl Page {
     fn run(&mut self, ex: &Example) -> Result<(), Mismatch> {
         let actual = match serve_command(&ex.command) {
             Some((global, args)) => self.start_serve(&global, &args),
+            // Anything else in the background would outlive its command unwatched.
+            None if ex.command.trim_end().ends_with('&') => {
+                "(not run: only `idalloc … serve … &` may run in the background)\n".to_string()
+            }
             None => self.shell(&ex.command),
         };
         match expect::matches(&ex.output, &actual, &self.bindings) {
@@ -153,7 +158,8 @@ impl Page {
         );
         let bin_dir = Path::new(bin()).parent().expect("bin dir").to_path_buf();
         let path = std::env::join_paths(
-            std::iter::once(bin_dir).chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
+            std::iter::once(bin_dir)
+                .chain(std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())),
         )
         .expect("PATH");
         let mut cmd = Command::new("bash");
@@ -185,7 +191,9 @@ impl Page {
                 break st;
             }
             if Instant::now() > deadline {
-                let _ = Command::new("kill").args(["-KILL", "--", &format!("-{}", child.id())]).status();
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{}", child.id())])
+                    .status();
                 let st = child.wait().expect("wait");
                 let out = reader.join().unwrap_or_default();
                 return format!(
@@ -298,7 +306,10 @@ fn a_page_whose_output_drifted_fails_naming_file_line_command_and_both_outputs()
     let mut page = Page::new("planted.md");
     page.run(&examples[0]).map_err(|m| m.to_string()).expect("pool create");
     let report = page.run(&examples[1]).map_err(|m| m.to_string()).expect_err("1, not 2");
-    for part in ["planted.md:4: $ idalloc acquire vni k", "=== the page shows:\n2\n=== the command printed:\n1\n=== end"] {
+    for part in [
+        "planted.md:4: $ idalloc acquire vni k",
+        "=== the page shows:\n2\n=== the command printed:\n1\n=== end",
+    ] {
         assert!(report.contains(part), "{part:?} not in:\n{report}");
     }
 }
@@ -312,4 +323,23 @@ fn shell_state_carries_over_and_a_failing_command_shows_its_exit_code() {
     for ex in examples {
         page.run(ex).map_err(|m| m.to_string()).expect("runs as shown");
     }
+}
+
+#[test]
+fn only_an_idalloc_serve_runs_in_the_background_and_on_a_free_port() {
+    let words = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        serve_command("idalloc --prefix p serve --listen 127.0.0.1:7379 --max-body 10 &"),
+        Some((words(&["--prefix", "p"]), words(&["--max-body", "10"])))
+    );
+    assert_eq!(
+        serve_command("idalloc serve --listen 127.0.0.1:7379"),
+        None,
+        "not in the background"
+    );
+    assert_eq!(serve_command("sleep 100 &"), None);
+    let mut page = Page::new("background.md");
+    let ex = Example { line: 1, command: "sleep 100 &".into(), output: vec![] };
+    let report = page.run(&ex).map_err(|m| m.to_string()).expect_err("refused");
+    assert!(report.contains("only `idalloc … serve … &`"), "{report}");
 }

@@ -56,7 +56,8 @@ pub fn with_exit(output: &str, code: Option<i32>) -> String {
 /// Whether `actual` is what `expected` shows, given the page's `bindings`; on a match, the
 /// bindings with this output's placeholders added.
 pub fn matches(expected: &[String], actual: &str, bindings: &Bindings) -> Option<Bindings> {
-    let pattern: Vec<Line> = trim_end(expected.iter().map(String::as_str)).map(parse_line).collect();
+    let pattern: Vec<Line> =
+        trim_end(expected.iter().map(String::as_str)).map(parse_line).collect();
     let lines: Vec<&str> = trim_end(actual.lines()).collect();
     let mut b = bindings.clone();
     match_lines(&pattern, &lines, &mut b).then_some(b)
@@ -200,8 +201,10 @@ mod tests {
         assert!(matches(&exp(&["ID    KEY"]), "ID  KEY\n", &none).is_none());
         // A non-zero exit the page does not show fails; the one it shows passes.
         assert!(matches(&exp(&["error: x"]), &with_exit("error: x\n", Some(3)), &none).is_none());
-        assert!(matches(&exp(&["error: x", "(exit 3)"]), &with_exit("error: x", Some(3)), &none).is_some());
-        assert!(matches(&exp(&["error: x", "(exit 3)"]), &with_exit("error: x", Some(2)), &none).is_none());
+        assert!(matches(&exp(&["error: x", "(exit 3)"]), &with_exit("error: x", Some(3)), &none)
+            .is_some());
+        assert!(matches(&exp(&["error: x", "(exit 3)"]), &with_exit("error: x", Some(2)), &none)
+            .is_none());
     }
 
     #[test]
@@ -228,8 +231,9 @@ mod tests {
     #[test]
     fn a_named_placeholder_binds_once_per_page() {
         let none = Bindings::new();
-        let b = matches(&exp(&["{\"id\":<id>,\"new\":true}"]), "{\"id\":4133,\"new\":true}\n", &none)
-            .expect("matches");
+        let b =
+            matches(&exp(&["{\"id\":<id>,\"new\":true}"]), "{\"id\":4133,\"new\":true}\n", &none)
+                .expect("matches");
         assert_eq!(b["id"], "4133");
         // The same name later on the page is the same value: a planted other ID fails.
         assert!(matches(&exp(&["<id>"]), "4133\n", &b).is_some());

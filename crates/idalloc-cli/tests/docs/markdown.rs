@@ -169,7 +169,11 @@ mod tests {
             vec![Block::Run {
                 line: 3,
                 examples: vec![
-                    Example { line: 4, command: "idalloc acquire vni k".into(), output: vec!["4096".into()] },
+                    Example {
+                        line: 4,
+                        command: "idalloc acquire vni k".into(),
+                        output: vec!["4096".into()]
+                    },
                     Example { line: 6, command: "idalloc pool \\\n  list".into(), output: vec![] },
                     Example { line: 8, command: "true".into(), output: vec![] },
                 ],
