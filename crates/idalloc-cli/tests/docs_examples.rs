@@ -123,11 +123,11 @@ impl Page {
         let serve = Serve::start_in(bin(), self.dir.path(), &global, &args);
         let line = format!("listening on {}\n", serve.addr());
         self.serve = Some(serve);
-        self.from_service_port(&line)
+        self.page_addrs_in(&line)
     }
 
-    /// The page's port in `text` replaced by the service's.
-    fn to_service_port(&self, text: &str) -> String {
+    /// `text` with the page's service addresses replaced by the real one.
+    fn service_addrs_in(&self, text: &str) -> String {
         let mut text = text.to_string();
         if let Some(s) = &self.serve {
             for doc in DOC_ADDRS {
@@ -137,8 +137,8 @@ impl Page {
         text
     }
 
-    /// The service's port in `text` replaced by the page's.
-    fn from_service_port(&self, text: &str) -> String {
+    /// `text` with the real service address replaced by the page's.
+    fn page_addrs_in(&self, text: &str) -> String {
         let mut text = text.to_string();
         if let Some(s) = &self.serve {
             for doc in DOC_ADDRS {
@@ -154,7 +154,7 @@ impl Page {
         let script = format!(
             "set -a\n[ -f \"$DOCS_STATE\" ] && . \"$DOCS_STATE\" 2>/dev/null\nexec 2>&1\n{}\n\
              __docs_rc=$?\nexport -p > \"$DOCS_STATE\"\nexit $__docs_rc\n",
-            self.to_service_port(command)
+            self.service_addrs_in(command)
         );
         let bin_dir = Path::new(bin()).parent().expect("bin dir").to_path_buf();
         let path = std::env::join_paths(
@@ -204,7 +204,7 @@ impl Page {
             std::thread::sleep(Duration::from_millis(10));
         };
         let out = reader.join().unwrap_or_default();
-        let text = self.from_service_port(&String::from_utf8_lossy(&out));
+        let text = self.page_addrs_in(&String::from_utf8_lossy(&out));
         expect::with_exit(&text, status.code())
     }
 }
