@@ -131,10 +131,11 @@ pub fn print(holder: &str, dry_run: bool, reports: &[PoolReport], out: Out) -> R
                         render::text(&d.key)
                     ));
                 }
+                let n = r.dropped.len();
                 s.push_str(&format!(
-                    "{}: {verb} {} references of holder {}\n",
+                    "{}: {verb} {n} {} of holder {}\n",
                     r.pool,
-                    r.dropped.len(),
+                    if n == 1 { "reference" } else { "references" },
                     render::text(holder)
                 ));
             }

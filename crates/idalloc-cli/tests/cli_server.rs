@@ -303,11 +303,11 @@ fn through_serve_with_tls_and_a_token() {
     }
     let r = with(&t, &["gc", "--holder", "n1", "p", "--dry-run"]);
     assert_eq!(r.code, 0, "{r:?}");
-    assert!(r.stdout.contains("p: would release 1 references of holder n1"), "{r:?}");
+    assert!(r.stdout.contains("p: would release 1 reference of holder n1"), "{r:?}");
     let r = with(&t, &["gc", "--holder", "n1", "p"]);
     assert_eq!(r.code, 0, "{r:?}");
     assert!(r.stdout.contains(" h1 (reclaimed)"), "{r:?}");
-    assert!(r.stdout.contains("p: released 1 references of holder n1"), "{r:?}");
+    assert!(r.stdout.contains("p: released 1 reference of holder n1"), "{r:?}");
     let r = with(&t, &["list", "p"]);
     assert!(!r.stdout.contains("h1") && r.stdout.contains("h2"), "n2 keeps its key: {r:?}");
     drop(serve);
