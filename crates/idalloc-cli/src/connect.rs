@@ -20,7 +20,7 @@ use crate::fail::Failure;
 use crate::parse::{redact_store, StoreUrl};
 
 /// The default store when nothing selects one.
-pub const DEFAULT_STORE: &str = "file:idalloc.redb";
+pub use idalloc::store::env::DEFAULT_STORE;
 
 /// `--user NAME[:PASSWORD]` (etcdctl's form).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -262,18 +262,7 @@ pub fn resolve(
     let key_file = args.key.clone().or(config.key_file);
     let insecure = args.insecure_skip_tls_verify || config.insecure_skip_tls_verify;
     let tls_given = ca_file.is_some() || cert_file.is_some() || key_file.is_some() || insecure;
-    let endpoints: Vec<String> = endpoints
-        .into_iter()
-        .map(|e| {
-            if e.starts_with("http://") || e.starts_with("https://") {
-                e
-            } else if tls_given {
-                format!("https://{e}")
-            } else {
-                format!("http://{e}")
-            }
-        })
-        .collect();
+    let endpoints = idalloc::store::url::with_scheme(&endpoints, tls_given);
     if insecure {
         (env.warn)(
             "--insecure-skip-tls-verify: etcd's server certificate is NOT verified; anyone on the \
@@ -381,16 +370,7 @@ pub fn remote_connection(
     let StoreUrl::Etcd { endpoints, user, password } = url else {
         return Ok((url.clone(), EtcdSecurity::default()));
     };
-    let endpoints: Vec<String> = endpoints
-        .iter()
-        .map(|e| {
-            if e.starts_with("http://") || e.starts_with("https://") {
-                e.clone()
-            } else {
-                format!("http://{e}")
-            }
-        })
-        .collect();
+    let endpoints = idalloc::store::url::with_scheme(endpoints, false);
     let https = endpoints.iter().all(|e| e.starts_with("https://"));
     let auth = match (user, password) {
         (Some(user), Some(password)) => Some(EtcdAuth::new(user.clone(), password.clone())),
