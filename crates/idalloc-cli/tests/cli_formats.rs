@@ -1,7 +1,7 @@
 //! The output formats (`-o text|json|yaml|wide|name`, `--json`), the same on a store and through
 //! `idalloc serve`; errors as JSON on stderr under `-o json`; the global flags under their own
-//! help heading and `idalloc options`; `serve --config FILE` and the environment over it; bash
-//! completing pool names.
+//! help heading and `idalloc options`; `serve --config FILE` and the environment over it; bash,
+//! zsh and fish completing pool names.
 
 use std::path::Path;
 use std::process::Command;
@@ -218,50 +218,138 @@ fn serve_reads_a_config_file_under_its_flags_and_environment() {
     assert_eq!(post(&env), 404, "the environment overrides the file");
 }
 
+/// A store with pools `vni`, `vxlan` and `ids` in `dir`, and its URL.
+fn store_with_pools(dir: &Path) -> String {
+    let store = format!("file:{}", dir.join("ids.redb").display());
+    for p in ["vni", "vxlan", "ids"] {
+        let r = run(dir, &[], &["--store", &store, "pool", "create", p, "--range", "1-9"]);
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    store
+}
+
+/// The script of `idalloc completions SHELL`, written to `dir/file`.
+fn completion_script(dir: &Path, shell: &str, file: &str) -> String {
+    let script = run(dir, &[], &["completions", shell]);
+    assert_eq!(script.code, 0, "{script:?}");
+    std::fs::write(dir.join(file), &script.stdout).expect("script");
+    script.stdout
+}
+
+/// `shell ARGS` in `dir`, with this build's `idalloc` first on PATH and no store or server in
+/// the environment: its stdout, trimmed.
+fn in_shell(dir: &Path, shell: &str, args: &[&str]) -> String {
+    let bin_dir = Path::new(bin()).parent().expect("bin dir");
+    let o = Command::new(shell)
+        .args(args)
+        .env("PATH", format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()))
+        .env_remove("IDALLOC_STORE")
+        .env_remove("IDALLOC_SERVER")
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{shell}: {e}"));
+    assert!(o.status.success(), "{shell} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Whether `shell` can be run here (scripts/test.sh installs bash, zsh and fish).
+fn have(shell: &str) -> bool {
+    let found = Command::new(shell).arg("-c").arg("true").output().is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("{shell} is not installed: only the script's text is checked");
+    }
+    found
+}
+
+/// Completion lines and the pool names (or other words) each completes to, the same in every
+/// shell: a pool name as the first operand of the commands that take one, wherever the global
+/// flags are; the key after the pool and flags are not pool names; `pool create` names a new
+/// pool. `{st}` is `--store=URL`.
+fn completion_cases(st: &str) -> Vec<(String, &'static str)> {
+    vec![
+        (format!("idalloc {st} get v"), "vni vxlan"),
+        (format!("idalloc {st} pool show "), "ids vni vxlan"),
+        (format!("idalloc {st} pool resize "), "ids vni vxlan"),
+        (format!("idalloc {st} acquire --holder h i"), "ids"),
+        (format!("idalloc list {st} vx"), "vxlan"),
+        (format!("idalloc -o json {} get v", st.replace('=', " ")), "vni vxlan"),
+        (format!("idalloc {st} acquire vni v"), ""),
+        (format!("idalloc {st} pool create v"), ""),
+        (format!("idalloc {st} acquire vni --ho"), "--holder"),
+        ("idalloc sta".to_string(), "status"),
+    ]
+}
+
 /// The bash completion script completes pool names from the store the line (or environment)
 /// names, as the first operand of the commands that take a pool; elsewhere clap's completion.
 #[test]
 fn bash_completes_pool_names() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = format!("file:{}", dir.path().join("ids.redb").display());
-    for p in ["vni", "vxlan", "ids"] {
-        let r = run(dir.path(), &[], &["--store", &store, "pool", "create", p, "--range", "1-9"]);
-        assert_eq!(r.code, 0, "{r:?}");
-    }
-    let script = run(dir.path(), &[], &["completions", "bash"]);
-    let path = dir.path().join("idalloc.bash");
-    std::fs::write(&path, &script.stdout).expect("script");
-    let bin_dir = Path::new(bin()).parent().expect("bin dir");
+    let store = store_with_pools(dir.path());
+    let script = completion_script(dir.path(), "bash", "idalloc.bash");
+    assert!(script.contains("__complete pools"), "the script asks idalloc for the pools");
     let complete = |line: &str| -> String {
         let words: Vec<&str> = line.split(' ').collect();
         let cmd = format!(
-            "source {}; COMP_WORDS=({}); COMP_CWORD={}; COMPREPLY=(); \
+            "source idalloc.bash; COMP_WORDS=({}); COMP_CWORD={}; COMPREPLY=(); \
              _idalloc_with_pools idalloc \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
              echo \"${{COMPREPLY[*]}}\"",
-            path.display(),
             words.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" "),
             words.len() - 1,
         );
-        let o = Command::new("bash")
-            .args(["--norc", "-c", &cmd])
-            .env(
-                "PATH",
-                format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()),
-            )
-            .env_remove("IDALLOC_STORE")
-            .env_remove("IDALLOC_SERVER")
-            .current_dir(dir.path())
-            .output()
-            .expect("bash");
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
+        in_shell(dir.path(), "bash", &["--norc", "-c", &cmd])
     };
-    let st = format!("--store={store}");
-    assert_eq!(complete(&format!("idalloc {st} get v")), "vni vxlan");
-    assert_eq!(complete(&format!("idalloc {st} pool show ")), "ids vni vxlan");
-    assert_eq!(complete(&format!("idalloc {st} acquire --holder h i")), "ids");
-    assert_eq!(complete(&format!("idalloc list {st} vx")), "vxlan");
-    // The key after the pool, and flags, are not pool names.
-    assert_eq!(complete(&format!("idalloc {st} acquire vni v")), "");
-    assert_eq!(complete(&format!("idalloc {st} acquire vni --ho")), "--holder");
-    assert_eq!(complete("idalloc sta"), "status");
+    for (line, want) in completion_cases(&format!("--store={store}")) {
+        assert_eq!(complete(&line), want, "{line}");
+    }
+}
+
+/// zsh: each pool operand's completion is `_idalloc_pools`, which asks `idalloc __complete
+/// pools` with the global flags typed; run in a real interactive zsh (on a pseudo-terminal, by
+/// tests/fixtures/zsh-complete.zsh), a TAB offers what bash offers.
+#[test]
+fn zsh_completes_pool_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store_with_pools(dir.path());
+    let script = completion_script(dir.path(), "zsh", "_idalloc");
+    assert!(script.contains("__complete pools"), "the script asks idalloc for the pools");
+    // The pool operands of `get`, `pool show`, `check` ... complete with it, none with files.
+    let operands: Vec<&str> = script
+        .lines()
+        .filter(|l| l.starts_with("':pool --") || l.starts_with("'::pool --"))
+        .collect();
+    assert!(operands.len() >= 8, "{operands:?}");
+    for l in operands {
+        assert!(l.ends_with(":_idalloc_pools' \\"), "{l}");
+    }
+    if !have("zsh") {
+        return;
+    }
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zsh-complete.zsh");
+    let driver = driver.to_str().expect("utf-8");
+    for (line, want) in completion_cases(&format!("--store={store}")) {
+        let got = in_shell(dir.path(), "zsh", &["-f", driver, &line]);
+        assert_eq!(got.split_whitespace().collect::<Vec<_>>().join(" "), want, "{line}");
+    }
+}
+
+/// fish: a completion for the pool operands that lists `idalloc __complete pools` with the
+/// global flags typed; `complete -C` in a real fish offers what bash offers.
+#[test]
+fn fish_completes_pool_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store_with_pools(dir.path());
+    let script = completion_script(dir.path(), "fish", "idalloc.fish");
+    assert!(script.contains("__complete pools"), "the script asks idalloc for the pools");
+    assert!(script.contains("-a \"(__fish_idalloc_pools)\""), "and offers what it says");
+    if !have("fish") {
+        return;
+    }
+    for (line, want) in completion_cases(&format!("--store={store}")) {
+        let cmd = format!("source idalloc.fish; complete -C '{line}'");
+        let got = in_shell(dir.path(), "fish", &["--no-config", "-c", &cmd]);
+        // fish prints `MATCH\tDESCRIPTION` lines.
+        let names: Vec<&str> = got.lines().filter_map(|l| l.split('\t').next()).collect();
+        assert_eq!(names.join(" "), want, "{line}");
+    }
 }
