@@ -156,6 +156,98 @@ fn every_format_answers_alike_on_a_store_and_through_serve() {
     assert_eq!(r.code, 2, "{r:?}");
 }
 
+/// `list` in each format, the same on a store and through serve: text `ID KEY HOLDERS`; wide
+/// adds the hexadecimal ID, the number of references and how many are leased; `--no-headers`
+/// drops the header line of both; name prints the keys; JSON and YAML one document; `--holder`
+/// and `--key-prefix` apply to every format. Through serve, a client session's reference
+/// counts as leased.
+#[test]
+fn list_in_each_format() {
+    let direct = tempfile::tempdir().expect("tempdir");
+    let served = tempfile::tempdir().expect("tempdir");
+    let direct_store = format!("file:{}", direct.path().join("ids.redb").display());
+    let served_store = format!("file:{}", served.path().join("ids.redb").display());
+    let serve = Serve::start(bin(), &["--store", &served_store], &[]);
+    let url = format!("http://{}", serve.addr());
+    let both = |args: &[&str]| -> String {
+        let a = run(direct.path(), &[("IDALLOC_STORE", &direct_store)], args);
+        let b = run(served.path(), &[("IDALLOC_SERVER", &url)], args);
+        assert_eq!((a.code, &a.stdout, &a.stderr), (b.code, &b.stdout, &b.stderr), "{args:?}");
+        assert_eq!(a.code, 0, "{args:?}: {a:?}");
+        a.stdout
+    };
+    both(&["pool", "create", "v", "--range", "1-300", "--strategy", "lowest"]);
+    both(&["pool", "create", "empty", "--range", "1-9"]);
+    for (key, holder) in [("a", "x"), ("a", "y"), ("b", "y")] {
+        both(&["acquire", "v", key, "--holder", holder]);
+    }
+    // Keys are other people's data: escaped in the tables, as they are in JSON.
+    both(&["acquire", "v", "tab\there", "--holder", "x"]);
+
+    assert_eq!(
+        both(&["list", "v"]),
+        "ID  KEY        HOLDERS\n1   a          x,y\n2   b          y\n3   tab\\there  x\n"
+    );
+    // Without the header, the columns stay as wide as with it.
+    assert_eq!(
+        both(&["--no-headers", "list", "v"]),
+        "1   a          x,y\n2   b          y\n3   tab\\there  x\n"
+    );
+    assert_eq!(
+        both(&["-o", "wide", "list", "v"]),
+        "ID  HEX  KEY        REFS  LEASED  HOLDERS\n\
+         1   0x1  a          2     0       x,y\n\
+         2   0x2  b          1     0       y\n\
+         3   0x3  tab\\there  1     0       x\n"
+    );
+    assert_eq!(
+        both(&["-o", "wide", "--no-headers", "list", "v", "--holder", "y"]),
+        "1   0x1  a    2     0       x,y\n2   0x2  b    1     0       y\n"
+    );
+    assert_eq!(both(&["-o", "name", "list", "v"]), "a\nb\ntab\\there\n");
+    assert_eq!(both(&["-o", "name", "list", "v", "--key-prefix", "t"]), "tab\\there\n");
+    let json = both(&["-o", "json", "list", "v", "--holder", "x"]);
+    assert_eq!(
+        json_docs(&json),
+        [serde_json::json!({"pool": "v", "bindings": [
+            {"id": 1, "key": "a", "holders": ["x", "y"]},
+            {"id": 3, "key": "tab\there", "holders": ["x"]},
+        ]})]
+    );
+    assert_eq!(yaml_docs(&both(&["-o", "yaml", "list", "v", "--holder", "x"])), json_docs(&json));
+    // An empty pool: the header alone, or nothing without it; empty documents.
+    assert_eq!(both(&["list", "empty"]), "ID  KEY  HOLDERS\n");
+    assert_eq!(both(&["-o", "wide", "list", "empty"]), "ID  HEX  KEY  REFS  LEASED  HOLDERS\n");
+    assert_eq!(both(&["-o", "wide", "--no-headers", "list", "empty"]), "");
+    assert_eq!(both(&["-o", "name", "list", "empty"]), "");
+    assert_eq!(
+        json_docs(&both(&["-o", "json", "list", "empty"])),
+        [serde_json::json!({"pool": "empty", "bindings": []})]
+    );
+    assert_eq!(
+        yaml_docs(&both(&["-o", "yaml", "list", "empty"])),
+        [serde_json::json!({"pool": "empty", "bindings": []})]
+    );
+
+    // A client session's reference is leased: its holder is the `session:` name the service
+    // gave it.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let client =
+        idalloc_client::Client::new([url.as_str()], idalloc_client::ClientOptions::default())
+            .expect("client");
+    let session = rt.block_on(async {
+        let s = client.session(std::time::Duration::from_secs(30)).await.expect("session");
+        let pool = client.pool("v").await.expect("pool");
+        s.acquire(&pool, "b").await.expect("acquire");
+        s
+    });
+    let r = run(served.path(), &[("IDALLOC_SERVER", &url)], &["-o", "wide", "list", "v"]);
+    let b: Vec<&str> = r.stdout.lines().nth(2).expect("b's row").split_whitespace().collect();
+    assert_eq!(b[..5], ["2", "0x2", "b", "2", "1"], "{r:?}");
+    assert!(b[5].starts_with("session:lease-") && b[5].ends_with(",y"), "{r:?}");
+    rt.block_on(session.end()).expect("end the session");
+}
+
 /// A command's --help shows its own flags first and the global ones under their own heading;
 /// `idalloc options` lists the global ones.
 #[test]
