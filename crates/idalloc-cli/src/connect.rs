@@ -39,6 +39,12 @@ fn user_arg(s: &str) -> Result<UserArg, String> {
     Ok(UserArg { name: name.to_string(), password })
 }
 
+/// A boolean flag's environment variable as every program reads it
+/// ([`idalloc::store::env::truthy`]: set and not `0`, `false`, `no`, `off`, `n`, `f`).
+fn truthy_arg(s: &str) -> Result<bool, String> {
+    Ok(idalloc::store::env::truthy(s))
+}
+
 fn password_arg(s: &str) -> Result<Password, String> {
     Ok(Password::new(s))
 }
@@ -87,7 +93,8 @@ pub struct EtcdArgs {
         long = "insecure-skip-tls-verify",
         id = "etcd-insecure-skip-tls-verify",
         global = true, help_heading = crate::cli::GLOBAL,
-        env = idalloc::store::env::INSECURE_SKIP_TLS_VERIFY
+        env = idalloc::store::env::INSECURE_SKIP_TLS_VERIFY,
+        value_parser = truthy_arg
     )]
     pub insecure_skip_tls_verify: bool,
 
