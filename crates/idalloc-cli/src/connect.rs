@@ -393,18 +393,15 @@ pub fn remote_connection(
     Ok((StoreUrl::Etcd { endpoints, user: None, password: None }, EtcdSecurity { tls, auth }))
 }
 
+/// `--password-file` (env `IDALLOC_PASSWORD_FILE`), read as every program reads it
+/// ([`idalloc::store::env::read_password_file`]); the message names the flag.
 fn read_password_file(path: &Path) -> Result<Password, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Failure::usage(format!("--password-file: cannot read {}: {e}", path.display()))
-    })?;
-    let p = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
-    if p.is_empty() {
-        return Err(Failure::usage(format!(
-            "--password-file {} is empty: it must hold the etcd password",
-            path.display()
-        )));
-    }
-    Ok(Password::new(p))
+    idalloc::store::env::read_password_file(path).map_err(|e| match e {
+        idalloc::store::StoreError::InvalidRequest(m) => {
+            Failure::usage(format!("--password-file: {m}"))
+        }
+        other => Failure::usage(format!("--password-file: {other}")),
+    })
 }
 
 #[cfg(test)]

@@ -27,10 +27,8 @@ pub fn completions(shell: ShellArg) -> Vec<u8> {
             // The pool operands get a value of their own, replaced in the script by the function
             // that asks for the pools' names.
             clap_complete::generate(shell, &mut marked_pool_operands(), BIN, &mut out);
-            let script = String::from_utf8_lossy(&out).replace(
-                &format!(":({ZSH_MARK})'"),
-                ":_idalloc_pools'",
-            );
+            let script = String::from_utf8_lossy(&out)
+                .replace(&format!(":({ZSH_MARK})'"), ":_idalloc_pools'");
             return zsh_with_pools(&script).into_bytes();
         }
         _ => clap_complete::generate(shell, &mut Cli::command(), BIN, &mut out),
@@ -98,13 +96,7 @@ fn marked_pool_operands() -> clap::Command {
         match path.split_first() {
             // `mut_args` keeps the arguments' order (`mut_arg` moves the argument last, after
             // the operands that follow it).
-            None => cmd.mut_args(|a| {
-                if a.get_id() == id {
-                    a.value_parser([ZSH_MARK])
-                } else {
-                    a
-                }
-            }),
+            None => cmd.mut_args(|a| if a.get_id() == id { a.value_parser([ZSH_MARK]) } else { a }),
             // `mut_subcommands` keeps the commands' order, as the script lists them.
             Some((first, rest)) => cmd.mut_subcommands(|sub| {
                 if sub.get_name() == *first {

@@ -177,11 +177,7 @@ impl Printer {
         } else {
             &render::BINDINGS_HEADER
         };
-        let t = render::table_block(
-            header,
-            &self.rows,
-            !self.header && !self.no_headers,
-        );
+        let t = render::table_block(header, &self.rows, !self.header && !self.no_headers);
         self.header = true;
         self.rows.clear();
         self.w.write_all(t.as_bytes()).and_then(|_| self.w.flush()).map_err(write_failed)

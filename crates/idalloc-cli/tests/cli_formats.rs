@@ -346,7 +346,8 @@ fn in_shell(dir: &Path, shell: &str, args: &[&str]) -> String {
 
 /// Whether `shell` can be run here (scripts/test.sh installs bash, zsh and fish).
 fn have(shell: &str) -> bool {
-    let found = Command::new(shell).arg("-c").arg("true").output().is_ok_and(|o| o.status.success());
+    let found =
+        Command::new(shell).arg("-c").arg("true").output().is_ok_and(|o| o.status.success());
     if !found {
         eprintln!("{shell} is not installed: only the script's text is checked");
     }

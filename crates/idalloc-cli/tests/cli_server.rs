@@ -331,7 +331,13 @@ fn unusable_token_and_tls_files_are_refused_naming_the_flag() {
     let server = [("IDALLOC_SERVER", "http://127.0.0.1:1")];
     for (args, env, flag, value, rule) in [
         (vec!["--token-file", empty.as_str()], None, "--token-file", &empty, "first line"),
-        (vec![], Some(("IDALLOC_TOKEN_FILE", empty.as_str())), "--token-file", &empty, "first line"),
+        (
+            vec![],
+            Some(("IDALLOC_TOKEN_FILE", empty.as_str())),
+            "--token-file",
+            &empty,
+            "first line",
+        ),
         (vec!["--token-file", missing.as_str()], None, "--token-file", &missing, "readable"),
         (vec!["--cacert", missing.as_str()], None, "--cacert", &missing, "readable"),
         (vec!["--cacert", not_pem.as_str()], None, "--cacert", &not_pem, "PEM certificate"),
