@@ -147,8 +147,9 @@ fn flag_words() -> (Vec<String>, Vec<String>) {
 }
 
 /// Zsh: clap's script, whose pool operands complete with `_idalloc_pools`: the names
-/// `idalloc __complete pools` prints, asked with the global flags typed on the line (read from
-/// `$LBUFFER`, since `$words` holds only the subcommand's words there) and the environment.
+/// `idalloc __complete pools` prints, asked with the global flags typed on the line and the
+/// environment. The words before the cursor are kept by `_idalloc` as it starts
+/// (`_idalloc_words`): where a pool is completed, `$words` holds only the subcommand's.
 fn zsh_with_pools(script: &str) -> String {
     let (valued, global) = flag_words();
     let function = format!(
@@ -159,8 +160,8 @@ _idalloc_pools() {{
     local valued=" {valued} " global=" {global} " w
     local -a typed args pools
     local -i i=2
-    typed=( ${{(Q)${{(z)LBUFFER}}}} )
-    [[ "$LBUFFER" == *[[:space:]] || $#typed -eq 0 ]] || typed[-1]=()
+    typed=( "${{(@Q)_idalloc_words}}" )
+    (( $#typed )) || return 1
     while (( i <= $#typed )); do
         w="$typed[i]"
         if [[ "$w" == -* && "$global" == *" ${{w%%=*}} "* ]]; then
@@ -171,12 +172,18 @@ _idalloc_pools() {{
         fi
         i+=1
     done
-    pools=( ${{(f)"$("${{typed[1]:-idalloc}}" "${{args[@]}}" __complete pools 2>/dev/null)"}} )
+    pools=( ${{(f)"$("$typed[1]" "${{args[@]}}" __complete pools 2>/dev/null)"}} )
     compadd -a pools
 }}
 "#,
         valued = valued.join(" "),
         global = global.join(" "),
+    );
+    // `_idalloc` keeps the words before the cursor (a local: seen by the functions it calls).
+    let script = script.replacen(
+        "\n_idalloc() {\n",
+        "\n_idalloc() {\n    local -a _idalloc_words; _idalloc_words=( \"${(@)words[1,CURRENT-1]}\" )\n",
+        1,
     );
     // Defined before the lines that run or register `_idalloc`.
     match script.rfind("\nif [ \"$funcstack[1]\" = \"_idalloc\" ]") {

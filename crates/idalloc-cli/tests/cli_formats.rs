@@ -420,7 +420,13 @@ fn zsh_completes_pool_names() {
     }
     let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zsh-complete.zsh");
     let driver = driver.to_str().expect("utf-8");
-    for (line, want) in completion_cases(&format!("--store={store}")) {
+    let mut cases = completion_cases(&format!("--store={store}"));
+    // The command's own words, whatever comes before them on the line.
+    cases.push((
+        format!("true; IDALLOC_LOG_FORMAT=text idalloc --store={store} get v"),
+        "vni vxlan",
+    ));
+    for (line, want) in cases {
         let got = in_shell(dir.path(), "zsh", &["-f", driver, &line]);
         assert_eq!(got.split_whitespace().collect::<Vec<_>>().join(" "), want, "{line}");
     }
@@ -438,7 +444,13 @@ fn fish_completes_pool_names() {
     if !have("fish") {
         return;
     }
-    for (line, want) in completion_cases(&format!("--store={store}")) {
+    let mut cases = completion_cases(&format!("--store={store}"));
+    // The command's own words, whatever comes before them on the line.
+    cases.push((
+        format!("true; IDALLOC_LOG_FORMAT=text idalloc --store={store} get v"),
+        "vni vxlan",
+    ));
+    for (line, want) in cases {
         let cmd = format!("source idalloc.fish; complete -C '{line}'");
         let got = in_shell(dir.path(), "fish", &["--no-config", "-c", &cmd]);
         // fish prints `MATCH\tDESCRIPTION` lines.
