@@ -38,6 +38,9 @@ command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 # namespaces (crates/idalloc-ipam/tests/bridge.rs; root only, it prints why it skips otherwise).
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
 command -v ping >/dev/null 2>&1 || missing+=(iputils-ping)
+# zsh and fish: the completion scripts are run in them (crates/idalloc-cli/tests/cli_formats.rs).
+command -v zsh >/dev/null 2>&1 || missing+=(zsh)
+command -v fish >/dev/null 2>&1 || missing+=(fish)
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "test.sh: installing ${missing[*]}" >&2
     sudo=()

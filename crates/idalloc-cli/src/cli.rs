@@ -55,7 +55,7 @@ pub struct Cli {
     /// Where the data lives: file:PATH, memory: (throwaway), etcd://[USER@]HOST:PORT[,HOST:PORT...],
     /// http[s]://HOST:PORT[,...] [default: file:idalloc.redb, or etcd with --endpoints or
     /// --etcd-config].
-    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, env = "IDALLOC_STORE", hide_env_values = true, value_parser = parse::store_url, value_name = "URL")]
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, env = idalloc::store::env::STORE, hide_env_values = true, value_parser = parse::store_url, value_name = "URL")]
     pub store: Option<StoreUrl>,
 
     #[command(flatten)]
@@ -67,7 +67,7 @@ pub struct Cli {
     #[arg(
         long,
         global = true, help_heading = crate::cli::GLOBAL,
-        env = "IDALLOC_SERVER",
+        env = idalloc_client::env::SERVER,
         value_delimiter = ',',
         value_name = "URL",
         conflicts_with = "store"
@@ -75,14 +75,14 @@ pub struct Cli {
     pub server: Option<Vec<String>>,
 
     /// Bearer token for --server (a service with --auth-tokens): the first line of FILE.
-    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, env = "IDALLOC_TOKEN_FILE", value_name = "FILE")]
+    #[arg(long, global = true, help_heading = crate::cli::GLOBAL, env = idalloc_client::env::TOKEN_FILE, value_name = "FILE")]
     pub token_file: Option<std::path::PathBuf>,
 
     /// Root of every store key (several independent allocators can share one etcd).
     #[arg(
         long,
         global = true, help_heading = crate::cli::GLOBAL,
-        env = "IDALLOC_PREFIX",
+        env = idalloc::store::env::PREFIX,
         default_value = "idalloc",
         value_name = "P"
     )]

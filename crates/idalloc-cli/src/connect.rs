@@ -20,7 +20,7 @@ use crate::fail::Failure;
 use crate::parse::{redact_store, StoreUrl};
 
 /// The default store when nothing selects one.
-pub const DEFAULT_STORE: &str = "file:idalloc.redb";
+pub use idalloc::store::env::DEFAULT_STORE;
 
 /// `--user NAME[:PASSWORD]` (etcdctl's form).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -37,6 +37,12 @@ fn user_arg(s: &str) -> Result<UserArg, String> {
         None => (s, None),
     };
     Ok(UserArg { name: name.to_string(), password })
+}
+
+/// A boolean flag's environment variable as every program reads it
+/// ([`idalloc::store::env::truthy`]: set and not `0`, `false`, `no`, `off`, `n`, `f`).
+fn truthy_arg(s: &str) -> Result<bool, String> {
+    Ok(idalloc::store::env::truthy(s))
 }
 
 fn password_arg(s: &str) -> Result<Password, String> {
@@ -87,7 +93,8 @@ pub struct EtcdArgs {
         long = "insecure-skip-tls-verify",
         id = "etcd-insecure-skip-tls-verify",
         global = true, help_heading = crate::cli::GLOBAL,
-        env = idalloc::store::env::INSECURE_SKIP_TLS_VERIFY
+        env = idalloc::store::env::INSECURE_SKIP_TLS_VERIFY,
+        value_parser = truthy_arg
     )]
     pub insecure_skip_tls_verify: bool,
 
@@ -262,18 +269,7 @@ pub fn resolve(
     let key_file = args.key.clone().or(config.key_file);
     let insecure = args.insecure_skip_tls_verify || config.insecure_skip_tls_verify;
     let tls_given = ca_file.is_some() || cert_file.is_some() || key_file.is_some() || insecure;
-    let endpoints: Vec<String> = endpoints
-        .into_iter()
-        .map(|e| {
-            if e.starts_with("http://") || e.starts_with("https://") {
-                e
-            } else if tls_given {
-                format!("https://{e}")
-            } else {
-                format!("http://{e}")
-            }
-        })
-        .collect();
+    let endpoints = idalloc::store::url::with_scheme(&endpoints, tls_given);
     if insecure {
         (env.warn)(
             "--insecure-skip-tls-verify: etcd's server certificate is NOT verified; anyone on the \
@@ -381,16 +377,7 @@ pub fn remote_connection(
     let StoreUrl::Etcd { endpoints, user, password } = url else {
         return Ok((url.clone(), EtcdSecurity::default()));
     };
-    let endpoints: Vec<String> = endpoints
-        .iter()
-        .map(|e| {
-            if e.starts_with("http://") || e.starts_with("https://") {
-                e.clone()
-            } else {
-                format!("http://{e}")
-            }
-        })
-        .collect();
+    let endpoints = idalloc::store::url::with_scheme(endpoints, false);
     let https = endpoints.iter().all(|e| e.starts_with("https://"));
     let auth = match (user, password) {
         (Some(user), Some(password)) => Some(EtcdAuth::new(user.clone(), password.clone())),
@@ -406,18 +393,15 @@ pub fn remote_connection(
     Ok((StoreUrl::Etcd { endpoints, user: None, password: None }, EtcdSecurity { tls, auth }))
 }
 
+/// `--password-file` (env `IDALLOC_PASSWORD_FILE`), read as every program reads it
+/// ([`idalloc::store::env::read_password_file`]); the message names the flag.
 fn read_password_file(path: &Path) -> Result<Password, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Failure::usage(format!("--password-file: cannot read {}: {e}", path.display()))
-    })?;
-    let p = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
-    if p.is_empty() {
-        return Err(Failure::usage(format!(
-            "--password-file {} is empty: it must hold the etcd password",
-            path.display()
-        )));
-    }
-    Ok(Password::new(p))
+    idalloc::store::env::read_password_file(path).map_err(|e| match e {
+        idalloc::store::StoreError::InvalidRequest(m) => {
+            Failure::usage(format!("--password-file: {m}"))
+        }
+        other => Failure::usage(format!("--password-file: {other}")),
+    })
 }
 
 #[cfg(test)]

@@ -22,9 +22,21 @@ pub fn completions(shell: ShellArg) -> Vec<u8> {
         ShellArg::Fish => Shell::Fish,
     };
     let mut out = Vec::new();
-    clap_complete::generate(shell, &mut Cli::command(), BIN, &mut out);
-    if shell == Shell::Bash {
-        out.extend(bash_pools().into_bytes());
+    match shell {
+        Shell::Zsh => {
+            // The pool operands get a value of their own, replaced in the script by the function
+            // that asks for the pools' names.
+            clap_complete::generate(shell, &mut marked_pool_operands(), BIN, &mut out);
+            let script = String::from_utf8_lossy(&out)
+                .replace(&format!(":({ZSH_MARK})'"), ":_idalloc_pools'");
+            return zsh_with_pools(&script).into_bytes();
+        }
+        _ => clap_complete::generate(shell, &mut Cli::command(), BIN, &mut out),
+    }
+    match shell {
+        Shell::Bash => out.extend(bash_pools().into_bytes()),
+        Shell::Fish => out.extend(fish_pools().into_bytes()),
+        _ => {}
     }
     out
 }
@@ -44,19 +56,21 @@ pub fn options() -> String {
     cmd.render_help().to_string()
 }
 
-/// The commands whose first operand is a pool name (`acquire`, `pool show`, ...), as space-joined
-/// paths, read from the parser: their positional argument `pool`, and `pool delete`'s `name`.
-fn pool_operand_commands() -> Vec<String> {
-    fn walk(cmd: &clap::Command, above: &str, out: &mut Vec<String>) {
+/// The commands whose first operand is an existing pool's name (`acquire`, `pool show`, ...),
+/// as space-joined paths, with that operand's id, read from the parser: their positional
+/// argument `pool`, and the `name` of `pool delete` and `pool resize`.
+fn pool_operands() -> Vec<(String, String)> {
+    fn walk(cmd: &clap::Command, above: &str, out: &mut Vec<(String, String)>) {
         for sub in cmd.get_subcommands().filter(|s| !s.is_hide_set()) {
             let path = if above.is_empty() {
                 sub.get_name().to_string()
             } else {
                 format!("{above} {}", sub.get_name())
             };
-            let first = sub.get_positionals().next().map(|a| a.get_id().as_str());
-            if first == Some("pool") || path == "pool delete" {
-                out.push(path.clone());
+            if let Some(first) = sub.get_positionals().next().map(|a| a.get_id().as_str()) {
+                if first == "pool" || path == "pool delete" || path == "pool resize" {
+                    out.push((path.clone(), first.to_string()));
+                }
             }
             walk(sub, &path, out);
         }
@@ -66,14 +80,44 @@ fn pool_operand_commands() -> Vec<String> {
     out
 }
 
-/// Bash: pool names completed from the store or server (`idalloc __complete pools`, with the
-/// global flags typed on the line and the environment), wrapped around clap's static
-/// completion. A pool name is completed as the first operand of the commands of
-/// [`pool_operand_commands`]; everything else is clap's.
-fn bash_pools() -> String {
+/// The commands of [`pool_operands`].
+fn pool_operand_commands() -> Vec<String> {
+    pool_operands().into_iter().map(|(path, _)| path).collect()
+}
+
+/// The value zsh's script is generated with for a pool operand, then replaced.
+const ZSH_MARK: &str = "IDALLOC_POOL_NAMES";
+
+/// The parser with each pool operand given the one possible value [`ZSH_MARK`], so that clap's
+/// zsh script names it where the operand's completion goes. Only for generating scripts: the
+/// parser that runs commands is [`Cli::command`].
+fn marked_pool_operands() -> clap::Command {
+    fn mark(cmd: clap::Command, path: &[&str], id: &str) -> clap::Command {
+        match path.split_first() {
+            // `mut_args` keeps the arguments' order (`mut_arg` moves the argument last, after
+            // the operands that follow it).
+            None => cmd.mut_args(|a| if a.get_id() == id { a.value_parser([ZSH_MARK]) } else { a }),
+            // `mut_subcommands` keeps the commands' order, as the script lists them.
+            Some((first, rest)) => cmd.mut_subcommands(|sub| {
+                if sub.get_name() == *first {
+                    mark(sub, rest, id)
+                } else {
+                    sub
+                }
+            }),
+        }
+    }
+    pool_operands().into_iter().fold(Cli::command(), |cmd, (path, id)| {
+        let path: Vec<&str> = path.split(' ').collect();
+        mark(cmd, &path, &id)
+    })
+}
+
+/// The flags that take a value and the global flags, long and short, as typed (`--store`,
+/// `-o`): the words a completion function must skip or pass on to `__complete`.
+fn flag_words() -> (Vec<String>, Vec<String>) {
     let mut cmd = Cli::command();
     cmd.build();
-    // Flags that take a value: the word after them is that value, not an operand.
     let mut valued: Vec<String> = Vec::new();
     let mut global: Vec<String> = Vec::new();
     fn collect(cmd: &clap::Command, valued: &mut Vec<String>, global: &mut Vec<String>) {
@@ -99,6 +143,132 @@ fn bash_pools() -> String {
         }
     }
     collect(&cmd, &mut valued, &mut global);
+    (valued, global)
+}
+
+/// Zsh: clap's script, whose pool operands complete with `_idalloc_pools`: the names
+/// `idalloc __complete pools` prints, asked with the global flags typed on the line and the
+/// environment. The words before the cursor are kept by `_idalloc` as it starts
+/// (`_idalloc_words`): where a pool is completed, `$words` holds only the subcommand's.
+fn zsh_with_pools(script: &str) -> String {
+    let (valued, global) = flag_words();
+    let function = format!(
+        r#"
+# Pool names: asked of the store or server the line names (global flags typed, environment).
+(( $+functions[_idalloc_pools] )) ||
+_idalloc_pools() {{
+    local valued=" {valued} " global=" {global} " w
+    local -a typed args pools
+    local -i i=2
+    typed=( "${{(@Q)_idalloc_words}}" )
+    (( $#typed )) || return 1
+    while (( i <= $#typed )); do
+        w="$typed[i]"
+        if [[ "$w" == -* && "$global" == *" ${{w%%=*}} "* ]]; then
+            args+=("$w")
+            if [[ "$w" != *=* && "$valued" == *" $w "* ]]; then
+                i+=1; args+=("$typed[i]")
+            fi
+        fi
+        i+=1
+    done
+    pools=( ${{(f)"$("$typed[1]" "${{args[@]}}" __complete pools 2>/dev/null)"}} )
+    compadd -a pools
+}}
+"#,
+        valued = valued.join(" "),
+        global = global.join(" "),
+    );
+    // `_idalloc` keeps the words before the cursor (a local: seen by the functions it calls).
+    let script = script.replacen(
+        "\n_idalloc() {\n",
+        "\n_idalloc() {\n    local -a _idalloc_words; _idalloc_words=( \"${(@)words[1,CURRENT-1]}\" )\n",
+        1,
+    );
+    // Defined before the lines that run or register `_idalloc`.
+    match script.rfind("\nif [ \"$funcstack[1]\" = \"_idalloc\" ]") {
+        Some(at) => format!("{}{function}{}", &script[..at], &script[at..]),
+        None => format!("{function}{script}"),
+    }
+}
+
+/// Fish: pool names completed from the store or server (`idalloc __complete pools`, with the
+/// global flags typed on the line and the environment) as the first operand of the commands of
+/// [`pool_operand_commands`], by the same walk over the words as bash's. clap's fish script
+/// completes flags and commands only.
+fn fish_pools() -> String {
+    let (valued, global) = flag_words();
+    let quote = |words: &[String]| -> String {
+        words.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" ")
+    };
+    format!(
+        r#"
+# Pool names: asked of the store or server the line names (global flags typed, environment).
+# Prints the global flags typed (one per line) and succeeds if the word being completed is a
+# pool operand.
+function __fish_idalloc_pool_args
+    set -l valued {valued}
+    set -l global {global}
+    set -l commands {commands}
+    set -l words (commandline -opc)
+    string match -q -- '-*' (commandline -ct); and return 1
+    set -l path ''
+    set -l operands 0
+    set -l args
+    set -l i 2
+    while test $i -le (count $words)
+        set -l w $words[$i]
+        if string match -q -- '-*' $w
+            set -l takes 0
+            if not string match -q -- '*=*' $w; and contains -- $w $valued
+                set takes 1
+            end
+            if contains -- (string split -m 1 -- = $w)[1] $global
+                set -a args $w
+            end
+            if test $takes = 1
+                set i (math $i + 1)
+                test $i -le (count $words); or return 1
+                contains -- (string split -m 1 -- = $w)[1] $global; and set -a args $words[$i]
+            end
+        else if contains -- (string trim -- "$path $w") $commands; or begin
+                test -z "$path"; and string match -q -- "$w *" $commands
+            end
+            set path (string trim -- "$path $w")
+        else if test -z "$path"
+            return 1
+        else
+            set operands (math $operands + 1)
+        end
+        set i (math $i + 1)
+    end
+    contains -- "$path" $commands; and test $operands -eq 0; or return 1
+    for a in $args
+        echo $a
+    end
+    return 0
+end
+
+function __fish_idalloc_pools
+    set -l args (__fish_idalloc_pool_args); or return
+    set -l words (commandline -opc)
+    $words[1] $args __complete pools 2>/dev/null
+end
+
+complete -c idalloc -n "__fish_idalloc_pool_args >/dev/null" -f -a "(__fish_idalloc_pools)" -d pool
+"#,
+        valued = quote(&valued),
+        global = quote(&global),
+        commands = quote(&pool_operand_commands()),
+    )
+}
+
+/// Bash: pool names completed from the store or server (`idalloc __complete pools`, with the
+/// global flags typed on the line and the environment), wrapped around clap's static
+/// completion. A pool name is completed as the first operand of the commands of
+/// [`pool_operand_commands`]; everything else is clap's.
+fn bash_pools() -> String {
+    let (valued, global) = flag_words();
     let commands = pool_operand_commands();
     format!(
         r#"

@@ -1,7 +1,8 @@
 //! `idalloc list POOL`: the pool's bindings printed as they are read, a page at a time
 //! ([`idalloc::Pool::list_each`]), so the command holds a page and not the pool. The output is the
 //! one documented (docs/guide/cli.md): the table `ID  KEY  HOLDERS` in ID
-//! order, or one JSON document `{"pool":…,"bindings":[…]}`, printed a binding at a time. The
+//! order (`-o wide`: `ID  HEX  KEY  REFS  LEASED  HOLDERS`), one name a line (`-o name`), or one
+//! JSON (or YAML) document `{"pool":…,"bindings":[…]}`, printed a binding at a time. The
 //! table's columns are aligned within each block of [`BLOCK`] rows, since the widest key of the
 //! whole pool is not known before the end; a pool of up to [`BLOCK`] bindings prints exactly as
 //! before. An error midway ends the command with its message and a non-zero exit after what was
@@ -158,7 +159,11 @@ impl Printer {
             }
             return Ok(());
         }
-        self.rows.extend(render::bindings_rows(page));
+        if self.format == Format::Wide {
+            self.rows.extend(render::bindings_rows_wide(page));
+        } else {
+            self.rows.extend(render::bindings_rows(page));
+        }
         if self.rows.len() >= BLOCK {
             self.block()?;
         }
@@ -167,11 +172,12 @@ impl Printer {
 
     /// Text: prints the pending rows as one aligned block (the header with the first).
     fn block(&mut self) -> Result<(), Failure> {
-        let t = render::table_block(
-            &render::BINDINGS_HEADER,
-            &self.rows,
-            !self.header && !self.no_headers,
-        );
+        let header: &[&str] = if self.format == Format::Wide {
+            &render::BINDINGS_WIDE_HEADER
+        } else {
+            &render::BINDINGS_HEADER
+        };
+        let t = render::table_block(header, &self.rows, !self.header && !self.no_headers);
         self.header = true;
         self.rows.clear();
         self.w.write_all(t.as_bytes()).and_then(|_| self.w.flush()).map_err(write_failed)

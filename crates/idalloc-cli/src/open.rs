@@ -12,8 +12,8 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
-use idalloc::store::etcd::{EtcdOptions, EtcdStore};
+use idalloc::store::embedded::EmbeddedStore;
+use idalloc::store::url::{open_parsed, OpenOptions};
 use idalloc::store::{Store, StoreError};
 use idalloc::{Allocator, AllocatorOptions};
 
@@ -66,55 +66,47 @@ pub async fn open_store_bounded(
     writes: bool,
     etcd_timeout: Duration,
 ) -> Result<Opened, Failure> {
-    match &s.url {
-        StoreUrl::Memory => {
-            Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: false })
+    if let StoreUrl::File(path) = &s.url {
+        missing_directory(path).map_or(Ok(()), Err)?;
+        if !writes && !Path::new(path).exists() {
+            return Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: true });
         }
-        StoreUrl::File(path) => {
-            missing_directory(path).map_or(Ok(()), Err)?;
-            if !writes && !Path::new(path).exists() {
-                return Ok(Opened { store: Arc::new(EmbeddedStore::memory()), file_missing: true });
-            }
-            let opts = {
-                let mut o = EmbeddedOptions::default();
-                o.lock_timeout = s.lock_timeout;
-                o.check_integrity = s.check_file;
-                o
-            };
-            match EmbeddedStore::open(path, opts).await {
-                Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
-                // Busy, not broken: the other process may finish (exit 5, retry may succeed).
-                Err(StoreError::Locked { path, waited }) => Err(Failure::unavailable(format!(
-                    "store file {path} is still in use by another process after waiting {:.1}s \
-                     (--lock-timeout); retry, or raise --lock-timeout",
-                    waited.as_secs_f64()
-                ))),
-                // A damaged file, not a store, or a newer format: exit 4 (docs/guide/cli.md), like
-                // corrupt records, since a person must look at it; the message names the file.
-                Err(e @ StoreError::Corrupt { .. }) => Err(Failure {
-                    code: crate::fail::CORRUPT,
-                    kind: "corrupt",
-                    message: format!("cannot open store file {path:?}: {e}"),
-                }),
-                Err(e) => Err(Failure::runtime(format!("cannot open store file {path:?}: {e}"))),
-            }
+    }
+    // The URL's credentials were moved into `s.etcd` by `connect`, and its endpoints given
+    // their scheme there.
+    // At least 50 ms, as one attempt's share: `--timeout 0` still means "try".
+    let opts = OpenOptions::builder()
+        .etcd_timeout(etcd_timeout.max(Duration::from_millis(50)))
+        .etcd_tls(s.etcd.tls.clone())
+        .etcd_auth(s.etcd.auth.clone())
+        .lock_timeout(s.lock_timeout)
+        .check_integrity(s.check_file)
+        .build()
+        .map_err(|e| Failure::usage(format!("--timeout: {e}")))?;
+    match (open_parsed(&s.url, &opts).await, &s.url) {
+        (Ok(store), _) => Ok(Opened { store, file_missing: false }),
+        // Busy, not broken: the other process may finish (exit 5, retry may succeed).
+        (Err(StoreError::Locked { path, waited }), _) => Err(Failure::unavailable(format!(
+            "store file {path} is still in use by another process after waiting {:.1}s \
+             (--lock-timeout); retry, or raise --lock-timeout",
+            waited.as_secs_f64()
+        ))),
+        // A damaged file, not a store, or a newer format: exit 4 (docs/guide/cli.md), like
+        // corrupt records, since a person must look at it; the message names the file.
+        (Err(e @ StoreError::Corrupt { .. }), StoreUrl::File(path)) => Err(Failure {
+            code: crate::fail::CORRUPT,
+            kind: "corrupt",
+            message: format!("cannot open store file {path:?}: {e}"),
+        }),
+        (Err(e), StoreUrl::File(path)) => {
+            Err(Failure::runtime(format!("cannot open store file {path:?}: {e}")))
         }
-        StoreUrl::Etcd { endpoints, .. } => {
-            let mut opts = EtcdOptions::new(endpoints.clone());
-            opts.connect_timeout = etcd_timeout;
-            opts.request_timeout = etcd_timeout;
-            opts.tls = s.etcd.tls.clone();
-            opts.auth = s.etcd.auth.clone();
-            match EtcdStore::connect(opts).await {
-                Ok(st) => Ok(Opened { store: Arc::new(st), file_missing: false }),
-                // Bad endpoints, unreadable certificate files: the command line is wrong.
-                Err(StoreError::InvalidRequest(m)) => Err(Failure::usage(m)),
-                // Outages: exit 5 (retry may succeed); refusals (TLS, credentials): exit 1. The
-                // message names the cause.
-                Err(e) if e.is_retryable() => Err(Failure::unavailable(e.to_string())),
-                Err(e) => Err(Failure::runtime(e.to_string())),
-            }
-        }
+        // Bad endpoints, unreadable certificate files: the command line is wrong.
+        (Err(StoreError::InvalidRequest(m)), _) => Err(Failure::usage(m)),
+        // Outages: exit 5 (retry may succeed); refusals (TLS, credentials): exit 1. The
+        // message names the cause.
+        (Err(e), _) if e.is_retryable() => Err(Failure::unavailable(e.to_string())),
+        (Err(e), _) => Err(Failure::runtime(e.to_string())),
     }
 }
 

@@ -361,6 +361,40 @@ pub fn bindings_rows(bindings: &[Binding]) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The header of `list -o wide`'s table.
+pub const BINDINGS_WIDE_HEADER: [&str; 6] = ["ID", "HEX", "KEY", "REFS", "LEASED", "HOLDERS"];
+
+/// Whether `holder` is named as leased holders are: `lease:…` (the library names a process's
+/// holder so) or `session:…` (`idalloc serve` names its client sessions so). Durable holders
+/// may not take the first, nor the second through the service.
+pub fn leased_name(holder: &str) -> bool {
+    holder.starts_with(idalloc::pool::LEASED_HOLDER_PREFIX)
+        || holder.starts_with(idalloc_server::sessions::SESSION_HOLDER_PREFIX)
+}
+
+/// `list -o wide`'s rows: [`bindings_rows`] with the ID in hexadecimal (where prefix bits
+/// show), the number of references, and how many of them are leased by their holder's name
+/// ([`leased_name`]): they go with their lease. All from the listing itself: no read per row.
+pub fn bindings_rows_wide(bindings: &[Binding]) -> Vec<Vec<String>> {
+    bindings
+        .iter()
+        .zip(bindings_rows(bindings))
+        .map(|(b, mut row)| {
+            let leased = b.holders.iter().filter(|h| leased_name(h)).count();
+            let holders = row.pop().unwrap_or_default();
+            let key = row.pop().unwrap_or_default();
+            vec![
+                b.id.to_string(),
+                format!("{:#x}", b.id),
+                key,
+                b.holders.len().to_string(),
+                leased.to_string(),
+                holders,
+            ]
+        })
+        .collect()
+}
+
 #[cfg(test)]
 pub fn bindings_json(pool: &str, bindings: &[Binding]) -> Value {
     json!({
@@ -503,6 +537,19 @@ mod tests {
         assert_eq!(format!("{head} []\n{tail}"), yaml_doc(&bindings_json("p", &[])));
         // Blocks after the first have no header; each is as wide as the header at least.
         assert_eq!(table_block(&BINDINGS_HEADER, &bindings_rows(&b[1..]), false), "10  bb   -\n");
+        // Wide: the hexadecimal ID, the references and the leased ones among them.
+        let leased = Binding {
+            id: 0x1000005,
+            key: "k".into(),
+            holders: vec!["alice".into(), "lease:h-0a0b0c0d".into(), "session:lease-7".into()],
+        };
+        assert_eq!(
+            table(&BINDINGS_WIDE_HEADER, &bindings_rows_wide(&[b[1].clone(), leased])),
+            "ID        HEX        KEY  REFS  LEASED  HOLDERS\n\
+             10        0xa        bb   0     0       -\n\
+             16777221  0x1000005  k    3     2       alice,lease:h-0a0b0c0d,session:lease-7\n"
+        );
+        assert!(!leased_name("leaser") && !leased_name("sessions") && leased_name("session:x"));
     }
 
     #[test]

@@ -33,64 +33,38 @@ pub struct Server {
     timeout: Duration,
 }
 
-/// Reads the bearer token: the file's first line, trimmed; an empty file is refused.
+/// The bearer token of `--token-file`, read as every client of the service reads it
+/// ([`idalloc_client::env::read_token_file`]); the message names the flag.
 pub fn read_token(path: &Path) -> Result<String, Failure> {
-    let text = std::fs::read_to_string(path).map_err(|e| {
-        Failure::usage(format!("--token-file {}: cannot read the token: {e}", path.display()))
-    })?;
-    let token = text.lines().next().unwrap_or_default().trim().to_string();
-    if token.is_empty() {
-        return Err(Failure::usage(format!(
-            "--token-file {}: the file is empty; it holds the bearer token on its first line",
-            path.display()
-        )));
+    idalloc_client::env::read_token_file(path)
+        .map_err(|e| Failure::usage(format!("--token-file: {e}")))
+}
+
+/// The flag that gave the file an error of [`idalloc_client::env::http_client_builder`] is about.
+fn tls_flag(e: &idalloc::Error) -> &'static str {
+    match e {
+        idalloc::Error::InvalidInput { what, .. } => match what.as_str() {
+            "CA file" => "--cacert",
+            "client certificate" => "--cert",
+            "client key" => "--key",
+            _ => "--cacert/--cert/--key",
+        },
+        _ => "--cacert/--cert/--key",
     }
-    Ok(token)
 }
 
-fn read_file(flag: &str, path: &Path) -> Result<Vec<u8>, Failure> {
-    std::fs::read(path).map_err(|e| {
-        Failure::usage(format!("{flag} {}: cannot read the file: {e}", path.display()))
-    })
-}
-
-/// The HTTP client with the TLS flags: `--cacert` replaces the system's roots (as for etcd),
-/// `--cert`/`--key` are the client certificate for a service with `--client-ca`.
+/// The HTTP client with the TLS flags ([`idalloc_client::env::http_client_builder`]): `--cacert`
+/// replaces the system's roots (as for etcd), `--cert`/`--key` are the client certificate for a
+/// service with `--client-ca`, and `--insecure-skip-tls-verify` turns verification off.
 fn http_client(cli: &Cli, timeout: Duration) -> Result<reqwest::Client, Failure> {
-    let mut b = reqwest::Client::builder().connect_timeout(timeout);
-    if let Some(ca) = &cli.etcd.cacert {
-        let pem = read_file("--cacert", ca)?;
-        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
-            Failure::usage(format!("--cacert {}: not a PEM certificate bundle: {e}", ca.display()))
-        })?;
-        if certs.is_empty() {
-            return Err(Failure::usage(format!(
-                "--cacert {}: no PEM certificate in the file",
-                ca.display()
-            )));
-        }
-        b = b.tls_built_in_root_certs(false);
-        for c in certs {
-            b = b.add_root_certificate(c);
-        }
-    }
-    match (&cli.etcd.cert, &cli.etcd.key) {
-        (Some(cert), Some(key)) => {
-            let mut pem = read_file("--cert", cert)?;
-            pem.push(b'\n');
-            pem.extend(read_file("--key", key)?);
-            let id = reqwest::Identity::from_pem(&pem).map_err(|e| {
-                Failure::usage(format!(
-                    "--cert {} / --key {}: not a PEM certificate and its private key: {e}",
-                    cert.display(),
-                    key.display()
-                ))
-            })?;
-            b = b.identity(id);
-        }
-        (None, None) => {}
+    let identity = match (&cli.etcd.cert, &cli.etcd.key) {
+        (Some(cert), Some(key)) => Some((cert.as_path(), key.as_path())),
+        (None, None) => None,
         _ => return Err(Failure::usage("--cert and --key go together: give both or neither")),
-    }
+    };
+    let mut b =
+        idalloc_client::env::http_client_builder(cli.etcd.cacert.as_deref(), identity, timeout)
+            .map_err(|e| Failure::usage(format!("{}: {e}", tls_flag(&e))))?;
     if cli.etcd.insecure_skip_tls_verify {
         crate::fail::say(
             "warning: --insecure-skip-tls-verify: the service's certificate is not verified \

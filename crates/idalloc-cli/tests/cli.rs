@@ -1408,3 +1408,28 @@ fn file_store_is_closed_cleanly_after_every_command() {
         }
     }
 }
+
+/// `IDALLOC_INSECURE_SKIP_TLS_VERIFY` means to the CLI what it means to a program that opens
+/// its store with `idalloc::store::env`: off for the false words, on for any other value (then a
+/// bare endpoint is https:// and a warning says verification is off).
+#[test]
+fn the_insecure_variable_is_read_as_the_library_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for v in ["false", "0", "No", "off", "n", "true", "1", "yes", "on"] {
+        let on = idalloc::store::env::truthy(v);
+        let out = Command::cargo_bin("idalloc")
+            .unwrap()
+            .current_dir(dir.path())
+            .env_remove("IDALLOC_STORE")
+            .env_remove("IDALLOC_ENDPOINTS")
+            .env("IDALLOC_INSECURE_SKIP_TLS_VERIFY", v)
+            .args(["--endpoints", "127.0.0.1:1", "--timeout", "100ms", "pool", "list"])
+            .timeout(Duration::from_secs(60))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(5), "{v}: nothing answers there: {err}");
+        assert_eq!(err.contains("https://127.0.0.1:1"), on, "{v}: {err}");
+        assert_eq!(err.contains("NOT verified"), on, "{v}: {err}");
+    }
+}

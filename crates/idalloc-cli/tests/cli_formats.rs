@@ -1,7 +1,7 @@
 //! The output formats (`-o text|json|yaml|wide|name`, `--json`), the same on a store and through
 //! `idalloc serve`; errors as JSON on stderr under `-o json`; the global flags under their own
-//! help heading and `idalloc options`; `serve --config FILE` and the environment over it; bash
-//! completing pool names.
+//! help heading and `idalloc options`; `serve --config FILE` and the environment over it; bash,
+//! zsh and fish completing pool names.
 
 use std::path::Path;
 use std::process::Command;
@@ -156,6 +156,98 @@ fn every_format_answers_alike_on_a_store_and_through_serve() {
     assert_eq!(r.code, 2, "{r:?}");
 }
 
+/// `list` in each format, the same on a store and through serve: text `ID KEY HOLDERS`; wide
+/// adds the hexadecimal ID, the number of references and how many are leased; `--no-headers`
+/// drops the header line of both; name prints the keys; JSON and YAML one document; `--holder`
+/// and `--key-prefix` apply to every format. Through serve, a client session's reference
+/// counts as leased.
+#[test]
+fn list_in_each_format() {
+    let direct = tempfile::tempdir().expect("tempdir");
+    let served = tempfile::tempdir().expect("tempdir");
+    let direct_store = format!("file:{}", direct.path().join("ids.redb").display());
+    let served_store = format!("file:{}", served.path().join("ids.redb").display());
+    let serve = Serve::start(bin(), &["--store", &served_store], &[]);
+    let url = format!("http://{}", serve.addr());
+    let both = |args: &[&str]| -> String {
+        let a = run(direct.path(), &[("IDALLOC_STORE", &direct_store)], args);
+        let b = run(served.path(), &[("IDALLOC_SERVER", &url)], args);
+        assert_eq!((a.code, &a.stdout, &a.stderr), (b.code, &b.stdout, &b.stderr), "{args:?}");
+        assert_eq!(a.code, 0, "{args:?}: {a:?}");
+        a.stdout
+    };
+    both(&["pool", "create", "v", "--range", "1-300", "--strategy", "lowest"]);
+    both(&["pool", "create", "empty", "--range", "1-9"]);
+    for (key, holder) in [("a", "x"), ("a", "y"), ("b", "y")] {
+        both(&["acquire", "v", key, "--holder", holder]);
+    }
+    // Keys are other people's data: escaped in the tables, as they are in JSON.
+    both(&["acquire", "v", "tab\there", "--holder", "x"]);
+
+    assert_eq!(
+        both(&["list", "v"]),
+        "ID  KEY        HOLDERS\n1   a          x,y\n2   b          y\n3   tab\\there  x\n"
+    );
+    // Without the header, the columns stay as wide as with it.
+    assert_eq!(
+        both(&["--no-headers", "list", "v"]),
+        "1   a          x,y\n2   b          y\n3   tab\\there  x\n"
+    );
+    assert_eq!(
+        both(&["-o", "wide", "list", "v"]),
+        "ID  HEX  KEY        REFS  LEASED  HOLDERS\n\
+         1   0x1  a          2     0       x,y\n\
+         2   0x2  b          1     0       y\n\
+         3   0x3  tab\\there  1     0       x\n"
+    );
+    assert_eq!(
+        both(&["-o", "wide", "--no-headers", "list", "v", "--holder", "y"]),
+        "1   0x1  a    2     0       x,y\n2   0x2  b    1     0       y\n"
+    );
+    assert_eq!(both(&["-o", "name", "list", "v"]), "a\nb\ntab\\there\n");
+    assert_eq!(both(&["-o", "name", "list", "v", "--key-prefix", "t"]), "tab\\there\n");
+    let json = both(&["-o", "json", "list", "v", "--holder", "x"]);
+    assert_eq!(
+        json_docs(&json),
+        [serde_json::json!({"pool": "v", "bindings": [
+            {"id": 1, "key": "a", "holders": ["x", "y"]},
+            {"id": 3, "key": "tab\there", "holders": ["x"]},
+        ]})]
+    );
+    assert_eq!(yaml_docs(&both(&["-o", "yaml", "list", "v", "--holder", "x"])), json_docs(&json));
+    // An empty pool: the header alone, or nothing without it; empty documents.
+    assert_eq!(both(&["list", "empty"]), "ID  KEY  HOLDERS\n");
+    assert_eq!(both(&["-o", "wide", "list", "empty"]), "ID  HEX  KEY  REFS  LEASED  HOLDERS\n");
+    assert_eq!(both(&["-o", "wide", "--no-headers", "list", "empty"]), "");
+    assert_eq!(both(&["-o", "name", "list", "empty"]), "");
+    assert_eq!(
+        json_docs(&both(&["-o", "json", "list", "empty"])),
+        [serde_json::json!({"pool": "empty", "bindings": []})]
+    );
+    assert_eq!(
+        yaml_docs(&both(&["-o", "yaml", "list", "empty"])),
+        [serde_json::json!({"pool": "empty", "bindings": []})]
+    );
+
+    // A client session's reference is leased: its holder is the `session:` name the service
+    // gave it.
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let client =
+        idalloc_client::Client::new([url.as_str()], idalloc_client::ClientOptions::default())
+            .expect("client");
+    let session = rt.block_on(async {
+        let s = client.session(std::time::Duration::from_secs(30)).await.expect("session");
+        let pool = client.pool("v").await.expect("pool");
+        s.acquire(&pool, "b").await.expect("acquire");
+        s
+    });
+    let r = run(served.path(), &[("IDALLOC_SERVER", &url)], &["-o", "wide", "list", "v"]);
+    let b: Vec<&str> = r.stdout.lines().nth(2).expect("b's row").split_whitespace().collect();
+    assert_eq!(b[..5], ["2", "0x2", "b", "2", "1"], "{r:?}");
+    assert!(b[5].starts_with("session:lease-") && b[5].ends_with(",y"), "{r:?}");
+    rt.block_on(session.end()).expect("end the session");
+}
+
 /// A command's --help shows its own flags first and the global ones under their own heading;
 /// `idalloc options` lists the global ones.
 #[test]
@@ -218,50 +310,151 @@ fn serve_reads_a_config_file_under_its_flags_and_environment() {
     assert_eq!(post(&env), 404, "the environment overrides the file");
 }
 
+/// A store with pools `vni`, `vxlan` and `ids` in `dir`, and its URL.
+fn store_with_pools(dir: &Path) -> String {
+    let store = format!("file:{}", dir.join("ids.redb").display());
+    for p in ["vni", "vxlan", "ids"] {
+        let r = run(dir, &[], &["--store", &store, "pool", "create", p, "--range", "1-9"]);
+        assert_eq!(r.code, 0, "{r:?}");
+    }
+    store
+}
+
+/// The script of `idalloc completions SHELL`, written to `dir/file`.
+fn completion_script(dir: &Path, shell: &str, file: &str) -> String {
+    let script = run(dir, &[], &["completions", shell]);
+    assert_eq!(script.code, 0, "{script:?}");
+    std::fs::write(dir.join(file), &script.stdout).expect("script");
+    script.stdout
+}
+
+/// `shell ARGS` in `dir`, with this build's `idalloc` first on PATH and no store or server in
+/// the environment: its stdout, trimmed.
+fn in_shell(dir: &Path, shell: &str, args: &[&str]) -> String {
+    let bin_dir = Path::new(bin()).parent().expect("bin dir");
+    let o = Command::new(shell)
+        .args(args)
+        .env("PATH", format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()))
+        .env_remove("IDALLOC_STORE")
+        .env_remove("IDALLOC_SERVER")
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{shell}: {e}"));
+    assert!(o.status.success(), "{shell} {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    String::from_utf8_lossy(&o.stdout).trim().to_string()
+}
+
+/// Whether `shell` can be run here (scripts/test.sh installs bash, zsh and fish).
+fn have(shell: &str) -> bool {
+    let found =
+        Command::new(shell).arg("-c").arg("true").output().is_ok_and(|o| o.status.success());
+    if !found {
+        eprintln!("{shell} is not installed: only the script's text is checked");
+    }
+    found
+}
+
+/// Completion lines and the pool names (or other words) each completes to, the same in every
+/// shell: a pool name as the first operand of the commands that take one, wherever the global
+/// flags are; the key after the pool and flags are not pool names; `pool create` names a new
+/// pool. `{st}` is `--store=URL`.
+fn completion_cases(st: &str) -> Vec<(String, &'static str)> {
+    vec![
+        (format!("idalloc {st} get v"), "vni vxlan"),
+        (format!("idalloc {st} pool show "), "ids vni vxlan"),
+        (format!("idalloc {st} pool resize "), "ids vni vxlan"),
+        (format!("idalloc {st} acquire --holder h i"), "ids"),
+        (format!("idalloc list {st} vx"), "vxlan"),
+        (format!("idalloc -o json {} get v", st.replace('=', " ")), "vni vxlan"),
+        (format!("idalloc {st} acquire vni v"), ""),
+        (format!("idalloc {st} pool create v"), ""),
+        (format!("idalloc {st} acquire vni --ho"), "--holder"),
+        ("idalloc sta".to_string(), "status"),
+    ]
+}
+
 /// The bash completion script completes pool names from the store the line (or environment)
 /// names, as the first operand of the commands that take a pool; elsewhere clap's completion.
 #[test]
 fn bash_completes_pool_names() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = format!("file:{}", dir.path().join("ids.redb").display());
-    for p in ["vni", "vxlan", "ids"] {
-        let r = run(dir.path(), &[], &["--store", &store, "pool", "create", p, "--range", "1-9"]);
-        assert_eq!(r.code, 0, "{r:?}");
-    }
-    let script = run(dir.path(), &[], &["completions", "bash"]);
-    let path = dir.path().join("idalloc.bash");
-    std::fs::write(&path, &script.stdout).expect("script");
-    let bin_dir = Path::new(bin()).parent().expect("bin dir");
+    let store = store_with_pools(dir.path());
+    let script = completion_script(dir.path(), "bash", "idalloc.bash");
+    assert!(script.contains("__complete pools"), "the script asks idalloc for the pools");
     let complete = |line: &str| -> String {
         let words: Vec<&str> = line.split(' ').collect();
         let cmd = format!(
-            "source {}; COMP_WORDS=({}); COMP_CWORD={}; COMPREPLY=(); \
+            "source idalloc.bash; COMP_WORDS=({}); COMP_CWORD={}; COMPREPLY=(); \
              _idalloc_with_pools idalloc \"${{COMP_WORDS[COMP_CWORD]}}\" \"${{COMP_WORDS[COMP_CWORD-1]}}\"; \
              echo \"${{COMPREPLY[*]}}\"",
-            path.display(),
             words.iter().map(|w| format!("'{w}'")).collect::<Vec<_>>().join(" "),
             words.len() - 1,
         );
-        let o = Command::new("bash")
-            .args(["--norc", "-c", &cmd])
-            .env(
-                "PATH",
-                format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default()),
-            )
-            .env_remove("IDALLOC_STORE")
-            .env_remove("IDALLOC_SERVER")
-            .current_dir(dir.path())
-            .output()
-            .expect("bash");
-        String::from_utf8_lossy(&o.stdout).trim().to_string()
+        in_shell(dir.path(), "bash", &["--norc", "-c", &cmd])
     };
-    let st = format!("--store={store}");
-    assert_eq!(complete(&format!("idalloc {st} get v")), "vni vxlan");
-    assert_eq!(complete(&format!("idalloc {st} pool show ")), "ids vni vxlan");
-    assert_eq!(complete(&format!("idalloc {st} acquire --holder h i")), "ids");
-    assert_eq!(complete(&format!("idalloc list {st} vx")), "vxlan");
-    // The key after the pool, and flags, are not pool names.
-    assert_eq!(complete(&format!("idalloc {st} acquire vni v")), "");
-    assert_eq!(complete(&format!("idalloc {st} acquire vni --ho")), "--holder");
-    assert_eq!(complete("idalloc sta"), "status");
+    for (line, want) in completion_cases(&format!("--store={store}")) {
+        assert_eq!(complete(&line), want, "{line}");
+    }
+}
+
+/// zsh: each pool operand's completion is `_idalloc_pools`, which asks `idalloc __complete
+/// pools` with the global flags typed; run in a real interactive zsh (on a pseudo-terminal, by
+/// tests/fixtures/zsh-complete.zsh), a TAB offers what bash offers.
+#[test]
+fn zsh_completes_pool_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store_with_pools(dir.path());
+    let script = completion_script(dir.path(), "zsh", "_idalloc");
+    assert!(script.contains("__complete pools"), "the script asks idalloc for the pools");
+    // The pool operands of `get`, `pool show`, `check` ... complete with it, none with files.
+    let operands: Vec<&str> = script
+        .lines()
+        .filter(|l| l.starts_with("':pool --") || l.starts_with("'::pool --"))
+        .collect();
+    assert!(operands.len() >= 8, "{operands:?}");
+    for l in operands {
+        assert!(l.ends_with(":_idalloc_pools' \\"), "{l}");
+    }
+    if !have("zsh") {
+        return;
+    }
+    let driver = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/zsh-complete.zsh");
+    let driver = driver.to_str().expect("utf-8");
+    let mut cases = completion_cases(&format!("--store={store}"));
+    // The command's own words, whatever comes before them on the line.
+    cases.push((
+        format!("true; IDALLOC_LOG_FORMAT=text idalloc --store={store} get v"),
+        "vni vxlan",
+    ));
+    for (line, want) in cases {
+        let got = in_shell(dir.path(), "zsh", &["-f", driver, &line]);
+        assert_eq!(got.split_whitespace().collect::<Vec<_>>().join(" "), want, "{line}");
+    }
+}
+
+/// fish: a completion for the pool operands that lists `idalloc __complete pools` with the
+/// global flags typed; `complete -C` in a real fish offers what bash offers.
+#[test]
+fn fish_completes_pool_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store_with_pools(dir.path());
+    let script = completion_script(dir.path(), "fish", "idalloc.fish");
+    assert!(script.contains("__complete pools"), "the script asks idalloc for the pools");
+    assert!(script.contains("-a \"(__fish_idalloc_pools)\""), "and offers what it says");
+    if !have("fish") {
+        return;
+    }
+    let mut cases = completion_cases(&format!("--store={store}"));
+    // The command's own words, whatever comes before them on the line.
+    cases.push((
+        format!("true; IDALLOC_LOG_FORMAT=text idalloc --store={store} get v"),
+        "vni vxlan",
+    ));
+    for (line, want) in cases {
+        let cmd = format!("source idalloc.fish; complete -C '{line}'");
+        let got = in_shell(dir.path(), "fish", &["--no-config", "-c", &cmd]);
+        // fish prints `MATCH\tDESCRIPTION` lines.
+        let names: Vec<&str> = got.lines().filter_map(|l| l.split('\t').next()).collect();
+        assert_eq!(names.join(" "), want, "{line}");
+    }
 }

@@ -313,6 +313,65 @@ fn through_serve_with_tls_and_a_token() {
     drop(serve);
 }
 
+/// A token file or TLS file that cannot be used is a usage error (exit 2) before any request,
+/// naming the flag (or its variable's flag), the file and what it must hold; `--cert` without
+/// `--key` too.
+#[test]
+fn unusable_token_and_tls_files_are_refused_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).expect("write");
+        p.to_str().expect("utf-8").to_string()
+    };
+    let empty = file("empty.token", "\n  \n");
+    let not_pem = file("not.pem", "not a certificate\n");
+    let missing = dir.path().join("missing.pem").to_str().expect("utf-8").to_string();
+    // Nothing listens there: a request would end in exit 5, not 2.
+    let server = [("IDALLOC_SERVER", "http://127.0.0.1:1")];
+    for (args, env, flag, value, rule) in [
+        (vec!["--token-file", empty.as_str()], None, "--token-file", &empty, "first line"),
+        (
+            vec![],
+            Some(("IDALLOC_TOKEN_FILE", empty.as_str())),
+            "--token-file",
+            &empty,
+            "first line",
+        ),
+        (vec!["--token-file", missing.as_str()], None, "--token-file", &missing, "readable"),
+        (vec!["--cacert", missing.as_str()], None, "--cacert", &missing, "readable"),
+        (vec!["--cacert", not_pem.as_str()], None, "--cacert", &not_pem, "PEM certificate"),
+        (
+            vec!["--cert", not_pem.as_str(), "--key", missing.as_str()],
+            None,
+            "--key",
+            &missing,
+            "readable",
+        ),
+        (
+            vec!["--cert", not_pem.as_str(), "--key", not_pem.as_str()],
+            None,
+            "--cert",
+            &not_pem,
+            "private key",
+        ),
+    ] {
+        let mut env_all = server.to_vec();
+        env_all.extend(env);
+        let mut a = args.clone();
+        a.extend(["get", "p", "k"]);
+        let r = run(dir.path(), &env_all, &a);
+        assert_eq!(r.code, 2, "{args:?} {env:?}: {r:?}");
+        let e = r.stderr.trim_end();
+        assert_eq!(e.lines().count(), 1, "{e}");
+        assert!(e.starts_with(&format!("error: {flag}: ")), "{args:?}: {e}");
+        assert!(e.contains(value.as_str()) && e.contains(rule), "{args:?}: {e}");
+    }
+    let r = run(dir.path(), &server, &["--cert", &not_pem, "get", "p", "k"]);
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("--cert and --key go together"), "{r:?}");
+}
+
 /// Requests `serve` counted for `method` on `route` (its `idalloc_http_requests_total`, any
 /// status), read from its /metrics.
 fn requests_on(serve: &Serve, method: &str, route: &str) -> u64 {

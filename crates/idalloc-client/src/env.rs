@@ -53,6 +53,19 @@ pub fn http_client(
     identity: Option<(&Path, &Path)>,
     connect_timeout: Duration,
 ) -> Result<reqwest::Client> {
+    http_client_builder(ca, identity, connect_timeout)?.build().map_err(|e| {
+        invalid("HTTP client", "(TLS settings)", format!("one this platform can build ({e})"))
+    })
+}
+
+/// The builder of [`http_client`], with the files read and checked, for a program that sets
+/// more on it (the `idalloc` CLI's `--insecure-skip-tls-verify`). Errors name the file and say
+/// which one it is: `what` is "CA file", "client certificate" or "client key".
+pub fn http_client_builder(
+    ca: Option<&Path>,
+    identity: Option<(&Path, &Path)>,
+    connect_timeout: Duration,
+) -> Result<reqwest::ClientBuilder> {
     let read = |what: &str, p: &Path| {
         std::fs::read(p)
             .map_err(|e| invalid(what, &p.display().to_string(), format!("a readable file ({e})")))
@@ -83,9 +96,7 @@ pub fn http_client(
         })?;
         b = b.identity(id);
     }
-    b.build().map_err(|e| {
-        invalid("HTTP client", "(TLS settings)", format!("one this platform can build ({e})"))
-    })
+    Ok(b)
 }
 
 /// The endpoints and options the variables describe, `var` answering each variable's value

@@ -10,7 +10,7 @@
 //! `NAME:PASSWORD`) with `IDALLOC_PASSWORD` or `IDALLOC_PASSWORD_FILE` its user. [`settings`] is
 //! the pure part: variables in, URL and options out.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::etcd::{EtcdAuth, EtcdTls, Password};
@@ -50,6 +50,22 @@ pub fn truthy(value: &str) -> bool {
     )
 }
 
+/// The etcd password of a password file ([`PASSWORD_FILE`], the CLI's `--password-file`): the
+/// file's text without one trailing newline (`\n` or `\r\n`). An unreadable or empty file is
+/// refused, naming it (the caller adds which setting named it).
+pub fn read_password_file(path: &Path) -> StoreResult<Password> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| StoreError::InvalidRequest(format!("{}: cannot read: {e}", path.display())))?;
+    let p = text.strip_suffix('\n').map(|t| t.strip_suffix('\r').unwrap_or(t)).unwrap_or(&text);
+    if p.is_empty() {
+        return Err(StoreError::InvalidRequest(format!(
+            "{} is empty: it must hold the etcd password",
+            path.display()
+        )));
+    }
+    Ok(Password::new(p))
+}
+
 /// The store URL and open options the variables describe, `var` answering each variable's
 /// value (`None`: unset). Files are not read here, except the password file.
 pub fn settings(var: impl Fn(&str) -> Option<String>) -> StoreResult<(String, OpenOptions)> {
@@ -78,14 +94,9 @@ pub fn settings(var: impl Fn(&str) -> Option<String>) -> StoreResult<(String, Op
         let password = match (inline, var(PASSWORD), var(PASSWORD_FILE)) {
             (Some(p), _, _) => p,
             (None, Some(p), _) => Password::new(p),
-            (None, None, Some(file)) => {
-                let text = std::fs::read_to_string(&file).map_err(|e| {
-                    StoreError::InvalidRequest(format!("{PASSWORD_FILE} {file}: cannot read: {e}"))
-                })?;
-                Password::new(
-                    text.strip_suffix('\n').map_or(text.as_str(), |t| t.trim_end_matches('\r')),
-                )
-            }
+            (None, None, Some(file)) => read_password_file(Path::new(&file)).map_err(|e| {
+                StoreError::InvalidRequest(format!("{PASSWORD_FILE}: {}", message(e)))
+            })?,
             (None, None, None) => {
                 return Err(StoreError::InvalidRequest(format!(
                     "{USER} names etcd user {name:?} without a password: set {PASSWORD} or \
@@ -96,6 +107,14 @@ pub fn settings(var: impl Fn(&str) -> Option<String>) -> StoreResult<(String, Op
         opts.etcd_auth = Some(EtcdAuth::new(name, password));
     }
     Ok((url, opts))
+}
+
+/// The text of an error of [`read_password_file`].
+fn message(e: StoreError) -> String {
+    match e {
+        StoreError::InvalidRequest(m) => m,
+        other => other.to_string(),
+    }
 }
 
 /// Opens the store the process environment describes ([`settings`] over `std::env::var`).
@@ -139,6 +158,24 @@ mod tests {
         let e = settings(vars(&[(USER, "bob")])).err().unwrap().to_string();
         assert!(e.contains("bob") && e.contains(PASSWORD), "{e}");
         assert!(truthy("1") && truthy("true") && !truthy("off") && !truthy(""));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("pw");
+        for (text, want) in [("pw\n", "pw"), ("pw\r\n", "pw"), ("pw", "pw"), ("p w\n\n", "p w\n")] {
+            std::fs::write(&file, text).unwrap();
+            assert_eq!(read_password_file(&file).unwrap().expose(), want, "{text:?}");
+        }
+        let f = file.display().to_string();
+        let (_, o) = settings(vars(&[(USER, "ann"), (PASSWORD_FILE, &f)])).unwrap();
+        assert_eq!(o.etcd_auth.unwrap().password.expose(), "p w\n");
+        for text in ["", "\n", "\r\n"] {
+            std::fs::write(&file, text).unwrap();
+            let e =
+                settings(vars(&[(USER, "ann"), (PASSWORD_FILE, &f)])).err().unwrap().to_string();
+            assert!(e.contains(PASSWORD_FILE) && e.contains(&f) && e.contains("empty"), "{e}");
+        }
+        std::fs::remove_file(&file).unwrap();
+        let e = settings(vars(&[(USER, "ann"), (PASSWORD_FILE, &f)])).err().unwrap().to_string();
+        assert!(e.contains(PASSWORD_FILE) && e.contains("cannot read"), "{e}");
     }
 
     #[tokio::test]

@@ -193,6 +193,9 @@ pub struct OpenOptions {
     pub lock_timeout: Duration,
     /// The etcd user, for a URL without one (a URL's own `USER:PASSWORD@` wins).
     pub etcd_auth: Option<EtcdAuth>,
+    /// Run the file store's whole-file integrity check on opening
+    /// ([`EmbeddedOptions::check_integrity`]). Default false.
+    pub check_integrity: bool,
 }
 
 impl Default for OpenOptions {
@@ -202,6 +205,7 @@ impl Default for OpenOptions {
             etcd_tls: None,
             lock_timeout: Duration::from_secs(30),
             etcd_auth: None,
+            check_integrity: false,
         }
     }
 }
@@ -241,6 +245,11 @@ impl OpenOptionsBuilder {
         self.opts.etcd_auth = auth;
         self
     }
+    /// [`OpenOptions::check_integrity`].
+    pub fn check_integrity(mut self, check: bool) -> Self {
+        self.opts.check_integrity = check;
+        self
+    }
     /// The options; a zero timeout is refused, naming it.
     pub fn build(self) -> StoreResult<OpenOptions> {
         if self.opts.etcd_timeout.is_zero() {
@@ -250,6 +259,22 @@ impl OpenOptionsBuilder {
         }
         Ok(self.opts)
     }
+}
+
+/// etcd client URLs with their scheme: a bare `HOST:PORT` is `https://` when `tls` (TLS settings
+/// are given), else `http://`; a URL with a scheme is kept.
+pub fn with_scheme(endpoints: &[String], tls: bool) -> Vec<String> {
+    let scheme = if tls { "https://" } else { "http://" };
+    endpoints
+        .iter()
+        .map(|e| {
+            if e.starts_with("http://") || e.starts_with("https://") {
+                e.clone()
+            } else {
+                format!("{scheme}{e}")
+            }
+        })
+        .collect()
 }
 
 /// Opens the store `url` names: a file store (created if missing), a fresh memory store, or an
@@ -266,21 +291,15 @@ pub async fn open_parsed(url: &StoreUrl, opts: &OpenOptions) -> StoreResult<Arc<
     match url {
         StoreUrl::Memory => Ok(Arc::new(EmbeddedStore::memory())),
         StoreUrl::File(path) => {
-            let eo =
-                EmbeddedOptions { lock_timeout: opts.lock_timeout, ..EmbeddedOptions::default() };
+            let eo = EmbeddedOptions {
+                lock_timeout: opts.lock_timeout,
+                check_integrity: opts.check_integrity,
+                ..EmbeddedOptions::default()
+            };
             Ok(Arc::new(EmbeddedStore::open(path, eo).await?))
         }
         StoreUrl::Etcd { endpoints, user, password } => {
-            // A bare HOST:PORT is https:// with TLS settings, else http://.
-            let scheme = if opts.etcd_tls.is_some() { "https://" } else { "http://" };
-            let endpoints = endpoints.iter().map(|e| {
-                if e.starts_with("http://") || e.starts_with("https://") {
-                    e.clone()
-                } else {
-                    format!("{scheme}{e}")
-                }
-            });
-            let mut eo = EtcdOptions::new(endpoints);
+            let mut eo = EtcdOptions::new(with_scheme(endpoints, opts.etcd_tls.is_some()));
             eo.connect_timeout = opts.etcd_timeout;
             eo.request_timeout = opts.etcd_timeout;
             eo.tls = opts.etcd_tls.clone();
@@ -321,6 +340,9 @@ mod tests {
         let e = store_url("etcd://u:secret@h").unwrap_err();
         assert!(!e.contains("secret") && e.contains("accepted stores"), "{e}");
         assert!(store_url("ftp://x").unwrap_err().contains("\"ftp://x\""));
+        let eps = ["h:1".to_string(), "http://a:2".to_string(), "https://b:3".to_string()];
+        assert_eq!(with_scheme(&eps, true), ["https://h:1", "http://a:2", "https://b:3"]);
+        assert_eq!(with_scheme(&eps, false), ["http://h:1", "http://a:2", "https://b:3"]);
     }
 
     #[tokio::test]
