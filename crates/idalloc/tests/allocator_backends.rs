@@ -294,7 +294,8 @@ async fn a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding(backend
 
 /// Growing a full pool frees IDs for every process that has it open (it learns the new range from
 /// the spec record's watch, without reopening); shrinking or reserving over a bound ID is refused
-/// with the ID and its key named; once the ID is released the shrink goes through, and a process
+/// with the ID and its key named; once the ID is released and the cluster version finalized
+/// the shrink goes through, and a process
 /// that had the wide range open binds only inside the narrow one.
 async fn a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns_it(
     backend: Backend,
@@ -331,6 +332,12 @@ async fn a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns
     assert_eq!(a.pool("p").await.expect("pool").spec().max(), 5, "a refusal changes nothing");
 
     pb.release("k4").await.expect("release");
+    // Nothing is outside, but shrinking also waits for the finalized cluster version.
+    let e = a.resize_pool("p", 1, 3, None).await.expect_err("not finalized");
+    assert!(e.to_string().contains("idalloc upgrade finalize"), "{e}");
+    idalloc::cluster_version::finalize(&*env.store, &env.layout, Duration::ZERO)
+        .await
+        .expect("finalize");
     let shrunk = a.resize_pool("p", 1, 3, None).await.expect("shrink once nothing is outside");
     assert_eq!(shrunk.max(), 3);
     wait_until(|| pb.spec().max() == 3).await;
