@@ -530,7 +530,7 @@ Example:
     /// older builds would break go into force. Only once every process of an older build has
     /// stopped. Cannot be undone.
     #[command(after_help = "\
-JSON: {\"prefix\":\"idalloc\",\"from\":1,\"to\":2,\"finalized\":true,\"grace_seconds\":600}
+JSON: {\"prefix\":\"idalloc\",\"from\":1,\"to\":2,\"finalized\":true,\"grace_seconds\":1200}
       (finalized: false if it was already; grace_seconds: 0 then)
 
 The grace covers requests an older process sent before it stopped and the network still
@@ -541,7 +541,7 @@ Example:
     Finalize {
         /// How long the new features wait after the finalize: longer than any request of an older
         /// process can take to reach the store. 0s puts them in force at once.
-        #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "10m")]
+        #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "20m")]
         grace: Duration,
     },
 }

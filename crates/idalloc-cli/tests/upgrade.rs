@@ -41,14 +41,14 @@ fn a_store_without_a_version_record_is_at_version_one_until_finalized() {
         (f["from"].as_u64(), f["to"].as_u64(), f["finalized"].as_bool()),
         (Some(1), Some(2), Some(true))
     );
-    assert_eq!(f["grace_seconds"].as_u64(), Some(600), "the default grace: {f}");
+    assert_eq!(f["grace_seconds"].as_u64(), Some(1200), "the default grace: {f}");
     let s = json(&["--store", &file, "--json", "upgrade", "status"]);
     assert_eq!(
         (s["cluster_version"].as_u64(), s["finalize_pending"].as_bool()),
         (Some(2), Some(false))
     );
     // During the grace the features of version 1 stay in force.
-    assert_eq!(s["grace_seconds"].as_u64(), Some(600), "{s}");
+    assert_eq!(s["grace_seconds"].as_u64(), Some(1200), "{s}");
     assert!(!s["features"].as_array().unwrap().iter().any(|f| f == "fence-floor-fold"), "{s}");
     let again = json(&["--store", &file, "--json", "upgrade", "finalize"]);
     assert_eq!(again["finalized"].as_bool(), Some(false));

@@ -21,7 +21,7 @@
 //!   excluded).
 //!
 //! The grace is a record, `P/cluster/grace`, written by the finalize txn on a lease as long as the
-//! grace (10 minutes by default): the gated features compare it absent in the store, so nothing
+//! grace (20 minutes by default): the gated features compare it absent in the store, so nothing
 //! depends on a process's clock or on when it last read the version.
 //!
 //! Everything here is pure (record values, txns and their outcomes) except [`read`] and
@@ -51,9 +51,11 @@ pub const OLDEST_CLUSTER_VERSION: u32 = PROTOCOL_VERSION - 1;
 pub const UNRECORDED_VERSION: u32 = 1;
 
 /// How long after a finalize the new version's features wait by default: longer than a request
-/// sent before the finalize, by a process of the previous version, can take to reach the store
-/// (the client's own timeouts are seconds; this also covers TCP retransmission and a slow relay).
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(600);
+/// sent before the finalize, by a process of the previous version, can take to reach the store.
+/// Its client gives up after seconds, but bytes it wrote stay in its kernel's socket, which
+/// retransmits them for up to about 15.5 minutes at Linux defaults (`tcp_retries2` = 15), even
+/// after the process is gone; 20 minutes covers that.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(1200);
 
 /// The longest grace [`finalize`] accepts.
 pub const MAX_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
@@ -432,7 +434,7 @@ mod tests {
     fn graces_are_whole_seconds_rounded_up_and_bounded() {
         assert_eq!(grace_seconds(Duration::ZERO).unwrap(), 0);
         assert_eq!(grace_seconds(Duration::from_millis(1)).unwrap(), 1);
-        assert_eq!(grace_seconds(DEFAULT_GRACE).unwrap(), 600);
+        assert_eq!(grace_seconds(DEFAULT_GRACE).unwrap(), 1200);
         let e = grace_seconds(MAX_GRACE + Duration::from_secs(1)).unwrap_err().to_string();
         assert!(e.contains("upgrade grace") && e.contains("at most 7 days"), "{e}");
     }
