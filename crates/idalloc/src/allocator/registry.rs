@@ -180,7 +180,13 @@ impl Inner {
         let version = records.in_force();
         let before = self.cluster_version.swap(version, Ordering::AcqRel);
         if before != version {
-            info!(prefix = %self.layout.prefix(), cluster_version = records.version, grace = records.grace, in_force = version, "cluster version read");
+            info!(
+                prefix = %self.layout.prefix(),
+                cluster_version = records.version,
+                grace = records.grace,
+                in_force = version,
+                "cluster version read"
+            );
         }
         Ok(())
     }

@@ -49,8 +49,9 @@ impl Allocator {
     /// Growing always succeeds. Narrowing is refused (`InvalidInput` with [`Input::PoolInUse`])
     /// while an ID the new spec would not hand out is bound or quarantined (the error names one
     /// such ID and its key), and until the cluster version is finalized and its grace is over
-    /// (`idalloc upgrade finalize`: processes of protocol 1 do not see a narrowed range). Prefix pools resize their raw range (the prefix stays; the new max
-    /// must leave the prefix bits free). One read of the spec, one listing of the pool's ID
+    /// (`idalloc upgrade finalize`: processes of protocol 1 do not see a narrowed range). Prefix
+    /// pools resize their raw range (the prefix stays; the new max must leave the prefix bits
+    /// free). One read of the spec, one listing of the pool's ID
     /// records when narrowing, and one txn; retried while concurrent writes keep changing the
     /// pool (`Unavailable` after a few attempts).
     pub async fn resize_pool(
