@@ -214,6 +214,14 @@ if cargo tree -p idalloc-client -e normal,build --prefix none | grep -E '^(tonic
     exit 1
 fi
 PROTOC=/nonexistent cargo build -p idalloc-client --quiet
+# The previous build's CLI for the mixed-build chaos test (crates/idalloc-chaos/tests/mixed_builds.rs),
+# built once into target/prev/ (a few minutes, dependencies shared with this build); without it
+# that test says why and skips.
+if prev_bin="$(scripts/build-previous.sh)"; then
+    export IDALLOC_PREV_BIN="$prev_bin"
+else
+    echo "test.sh: no previous build; the mixed-build chaos test skips" >&2
+fi
 # The workspace run includes the 2-minute soak (crates/idalloc-chaos/tests/soak.rs;
 # IDALLOC_SOAK_SECS sets its length): chaos load and faults plus serve, failing on resource growth.
 # --no-fail-fast: one flaky or failing binary must not hide the results of the others.

@@ -516,7 +516,7 @@ pub enum UpgradeCommand {
     /// and whether a finalize is pending.
     #[command(after_help = "\
 JSON: {\"prefix\":\"idalloc\",\"cluster_version\":1,\"recorded\":false,\"features\":[\"holder-fences\"],
-       \"protocol\":2,\"runs_on\":[1,2],\"finalize_pending\":true,\"client_sessions\":0}
+       \"grace_seconds\":null,\"protocol\":2,\"runs_on\":[1,2],\"finalize_pending\":true,\"client_sessions\":0}
 Exit 1 if this build does not run on the store's cluster version.
 
 Processes do not record their build in the store: before finalize, make sure (from your
@@ -526,14 +526,24 @@ Example:
   idalloc --store etcd://127.0.0.1:2379 upgrade status")]
     Status,
 
-    /// Move the cluster version to this build's protocol: the features older builds would break
-    /// go into force. Only once every process of an older build has stopped. Cannot be undone.
+    /// Move the cluster version to this build's protocol: once the grace has passed, the features
+    /// older builds would break go into force. Only once every process of an older build has
+    /// stopped. Cannot be undone.
     #[command(after_help = "\
-JSON: {\"prefix\":\"idalloc\",\"from\":1,\"to\":2,\"finalized\":true}   (finalized: false if it was already)
+JSON: {\"prefix\":\"idalloc\",\"from\":1,\"to\":2,\"finalized\":true,\"grace_seconds\":1200}
+      (finalized: false if it was already; grace_seconds: 0 then)
+
+The grace covers requests an older process sent before it stopped and the network still
+delivers: fence folding and narrowing resizes wait for it (the store ends it, on a lease).
 
 Example:
   idalloc --store etcd://127.0.0.1:2379 upgrade finalize")]
-    Finalize,
+    Finalize {
+        /// How long the new features wait after the finalize: longer than any request of an older
+        /// process can take to reach the store. 0s puts them in force at once.
+        #[arg(long, value_parser = parse::duration, value_name = "DUR", default_value = "20m")]
+        grace: Duration,
+    },
 }
 
 #[derive(Subcommand, Debug)]

@@ -1,6 +1,8 @@
 //! `idalloc upgrade status` and `idalloc upgrade finalize`: the store's cluster version
 //! (`idalloc::cluster_version`, docs/guide/deployment.md "Upgrades").
 
+use std::time::Duration;
+
 use idalloc::cluster_version::{self as cv, Finalized, OLDEST_CLUSTER_VERSION, PROTOCOL_VERSION};
 use idalloc::layout::Layout;
 use idalloc::store::{GetRequest, KeyRange, Store};
@@ -18,7 +20,7 @@ pub async fn run(
 ) -> Result<u8, Failure> {
     match command {
         UpgradeCommand::Status => status(layout, store, out).await,
-        UpgradeCommand::Finalize => finalize(layout, store, out).await,
+        UpgradeCommand::Finalize { grace } => finalize(layout, store, *grace, out).await,
     }
 }
 
@@ -40,11 +42,12 @@ async fn status(layout: &Layout, store: &dyn Store, out: Out) -> Result<u8, Fail
         .count;
     let supported = cv::check_supported(layout, now.version);
     let pending = supported.is_ok() && now.version < PROTOCOL_VERSION;
+    let grace = now.grace.map(|g| g.as_secs());
     out.either(
         || {
             json!({"prefix": layout.prefix(), "cluster_version": now.version,
-                   "recorded": now.recorded, "features": cv::features(now.version),
-                   "protocol": PROTOCOL_VERSION,
+                   "recorded": now.recorded, "features": cv::features(now.in_force()),
+                   "grace_seconds": grace, "protocol": PROTOCOL_VERSION,
                    "runs_on": [OLDEST_CLUSTER_VERSION, PROTOCOL_VERSION],
                    "finalize_pending": pending, "client_sessions": sessions})
         },
@@ -56,8 +59,15 @@ async fn status(layout: &Layout, store: &dyn Store, out: Out) -> Result<u8, Fail
                  {OLDEST_CLUSTER_VERSION} to {PROTOCOL_VERSION}\nclient sessions: {sessions}\n",
                 layout.prefix(),
                 now.version,
-                cv::features(now.version).join(", "),
+                cv::features(now.in_force()).join(", "),
             );
+            if let Some(secs) = grace {
+                t.push_str(&format!(
+                    "grace:           running (set to {secs}s at the finalize): the features of \
+                     version {} wait for it\n",
+                    now.version
+                ));
+            }
             match &supported {
                 Err(e) => t.push_str(&format!("refused:         {e}\n")),
                 Ok(()) if pending => t.push_str(&format!(
@@ -72,20 +82,34 @@ async fn status(layout: &Layout, store: &dyn Store, out: Out) -> Result<u8, Fail
     Ok(if supported.is_ok() { OK } else { RUNTIME })
 }
 
-async fn finalize(layout: &Layout, store: &dyn Store, out: Out) -> Result<u8, Failure> {
+async fn finalize(
+    layout: &Layout,
+    store: &dyn Store,
+    grace: Duration,
+    out: Out,
+) -> Result<u8, Failure> {
     let before = cv::read(store, layout).await?.version;
-    let done = cv::finalize(store, layout).await?;
+    let done = cv::finalize(store, layout, grace).await?;
     let (from, moved) = match done {
         Finalized::Moved { from, .. } => (from, true),
         Finalized::Already => (before, false),
     };
+    // As the store holds it: whole seconds, rounded up.
+    let secs = if moved { grace.as_secs() + u64::from(grace.subsec_nanos() > 0) } else { 0 };
     out.either(
         || {
             json!({"prefix": layout.prefix(), "from": from, "to": PROTOCOL_VERSION,
-                   "finalized": moved})
+                   "finalized": moved, "grace_seconds": secs})
         },
         || {
-            if moved {
+            if moved && secs > 0 {
+                format!(
+                    "cluster version {from} -> {PROTOCOL_VERSION} at prefix {:?}: {} in force \
+                     after a grace of {secs}s\n",
+                    layout.prefix(),
+                    cv::features(PROTOCOL_VERSION).join(", ")
+                )
+            } else if moved {
                 format!(
                     "cluster version {from} -> {PROTOCOL_VERSION} at prefix {:?}: {} in force\n",
                     layout.prefix(),

@@ -28,6 +28,11 @@ fn every_command_through_serve_answers_as_on_a_store() {
     let keys = keys.to_str().expect("utf-8").to_string();
     let direct_store = format!("file:{}", direct.path().join("ids.redb").display());
     let served_store = format!("file:{}", served.path().join("ids.redb").display());
+    // Both stores finalized (no grace), so the script's shrinks and new reserved IDs may commit.
+    for store in [&direct_store, &served_store] {
+        let r = run(direct.path(), &[], &["--store", store, "upgrade", "finalize", "--grace", "0"]);
+        assert_eq!(r.code, 0, "{r:?}");
+    }
     let serve = Serve::start(bin(), &["--store", &served_store], &[]);
     let url = format!("http://{}", serve.addr());
 

@@ -41,12 +41,15 @@ fn a_store_without_a_version_record_is_at_version_one_until_finalized() {
         (f["from"].as_u64(), f["to"].as_u64(), f["finalized"].as_bool()),
         (Some(1), Some(2), Some(true))
     );
+    assert_eq!(f["grace_seconds"].as_u64(), Some(1200), "the default grace: {f}");
     let s = json(&["--store", &file, "--json", "upgrade", "status"]);
     assert_eq!(
         (s["cluster_version"].as_u64(), s["finalize_pending"].as_bool()),
         (Some(2), Some(false))
     );
-    assert!(s["features"].as_array().unwrap().iter().any(|f| f == "fence-floor-fold"), "{s}");
+    // During the grace the features of version 1 stay in force.
+    assert_eq!(s["grace_seconds"].as_u64(), Some(1200), "{s}");
+    assert!(!s["features"].as_array().unwrap().iter().any(|f| f == "fence-floor-fold"), "{s}");
     let again = json(&["--store", &file, "--json", "upgrade", "finalize"]);
     assert_eq!(again["finalized"].as_bool(), Some(false));
 
@@ -117,4 +120,50 @@ fn upgrade_status_counts_client_sessions_not_slot_records() {
     drop(rt);
     let s = json(&["--store", &file, "--json", "upgrade", "status"]);
     assert_eq!(s["client_sessions"].as_u64(), Some(1), "{s}");
+}
+
+/// A shrink or a newly reserved ID is refused until the cluster version is finalized and its
+/// grace is over, naming the step; growing is allowed meanwhile. The grace is a leased record of
+/// the file store too: it ends across processes.
+#[test]
+fn narrowing_waits_for_finalize_and_its_grace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = format!("file:{}", dir.path().join("ids.redb").display());
+    let (code, _, err) = run(&["--store", &file, "pool", "create", "p", "--range", "1-9"]);
+    assert_eq!(code, Some(0), "{err}");
+    for narrow in [&["--range", "1-5"][..], &["--range", "1-9", "--reserve", "3"]] {
+        let args = [&["--store", &file, "pool", "resize", "p"][..], narrow].concat();
+        let (code, _, err) = run(&args);
+        assert_eq!(code, Some(1), "{args:?}: {err}");
+        assert!(err.contains("idalloc upgrade finalize") && err.contains("grace"), "{err}");
+    }
+    let (code, _, err) = run(&["--store", &file, "pool", "resize", "p", "--range", "1-20"]);
+    assert_eq!(code, Some(0), "growing: {err}");
+
+    let (code, _, err) = run(&["--store", &file, "upgrade", "finalize", "--grace", "8d"]);
+    assert_eq!(code, Some(2), "not a duration the CLI takes: {err}");
+    let (code, _, err) = run(&["--store", &file, "upgrade", "finalize", "--grace", "200h"]);
+    assert!(code != Some(0) && err.contains("at most 7 days"), "{code:?} {err}");
+    assert_eq!(json(&["--store", &file, "--json", "upgrade", "status"])["cluster_version"], 1);
+
+    let f = json(&["--store", &file, "--json", "upgrade", "finalize", "--grace", "1s"]);
+    assert_eq!((f["finalized"].as_bool(), f["grace_seconds"].as_u64()), (Some(true), Some(1)));
+    let (code, out, _) = run(&["--store", &file, "upgrade", "status"]);
+    assert!(code == Some(0) && out.contains("grace:           running"), "{out}");
+    let (code, _, err) = run(&["--store", &file, "pool", "resize", "p", "--range", "1-5"]);
+    assert!(code == Some(1) && err.contains("grace"), "during the grace: {err}");
+
+    // Wait out the grace (the store ends it when its lease's deadline has passed).
+    let mut s = json(&["--store", &file, "--json", "upgrade", "status"]);
+    for _ in 0..100 {
+        if s["grace_seconds"].is_null() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        s = json(&["--store", &file, "--json", "upgrade", "status"]);
+    }
+    assert!(s["grace_seconds"].is_null(), "the grace ended: {s}");
+    assert!(s["features"].as_array().unwrap().iter().any(|f| f == "fence-floor-fold"), "{s}");
+    let (code, _, err) = run(&["--store", &file, "pool", "resize", "p", "--range", "1-5"]);
+    assert_eq!(code, Some(0), "after the grace: {err}");
 }

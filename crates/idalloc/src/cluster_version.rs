@@ -5,23 +5,35 @@
 //! protocol of every build that predates the record. A process of this build runs on cluster
 //! versions [`OLDEST_CLUSTER_VERSION`] ..= [`PROTOCOL_VERSION`] and refuses any other with one line
 //! naming both versions. Features that processes of the previous version would break stay off
-//! until `idalloc upgrade finalize` moves the record up (one txn, logged); until then this build
-//! behaves so that a process of the previous version beside it stays safe:
+//! until `idalloc upgrade finalize` moves the record up (one txn, logged) and a grace after it
+//! has passed; until then this build behaves so that a process of the previous version beside
+//! it, or a request such a process sent before the finalize and the network delivers late, stays
+//! safe:
 //!
 //! - it does not fold holder fence records into the pool's fence floor (a previous-version bind
 //!   does not compare the floor, so a fold would let one applied late commit: a leak);
 //! - a process with a pinned holder name (`AllocatorOptions::holder`) bumps its holder fence
 //!   record, on its session lease, before its first bind in a pool (a previous-version bind does
 //!   not compare its own reference, so a late bind of an earlier life under the same name could
-//!   otherwise move the reference back onto that life's lease: G2).
+//!   otherwise move the reference back onto that life's lease: G2);
+//! - it does not narrow a pool (a previous-version process never rereads a spec whose create
+//!   revision is unchanged, so it would keep handing out the IDs a shrink or a new reserved ID
+//!   excluded).
+//!
+//! The grace is a record, `P/cluster/grace`, written by the finalize txn on a lease as long as the
+//! grace (20 minutes by default): the gated features compare it absent in the store, so nothing
+//! depends on a process's clock or on when it last read the version.
 //!
 //! Everything here is pure (record values, txns and their outcomes) except [`read`] and
-//! [`finalize`], one store request each, used by `idalloc upgrade`.
+//! [`finalize`], a few store requests each, used by `idalloc upgrade`.
 
-use crate::error::{Error, Result};
+use std::time::Duration;
+
+use crate::error::{Error, Input, Result};
 use crate::layout::Layout;
 use crate::store::{
-    Compare, GetRequest, KeyValue, OpResponse, Revision, Store, TxnOp, TxnRequest, TxnResponse,
+    Compare, GetRequest, KeyRange, KeyValue, OpResponse, Revision, Store, TxnOp, TxnRequest,
+    TxnResponse,
 };
 
 /// The protocol version this build speaks: the cluster version it finalizes to.
@@ -38,6 +50,16 @@ pub const OLDEST_CLUSTER_VERSION: u32 = PROTOCOL_VERSION - 1;
 /// The cluster version of a store that holds no version record.
 pub const UNRECORDED_VERSION: u32 = 1;
 
+/// How long after a finalize the new version's features wait by default: longer than a request
+/// sent before the finalize, by a process of the previous version, can take to reach the store.
+/// Its client gives up after seconds, but bytes it wrote stay in its kernel's socket, which
+/// retransmits them for up to about 15.5 minutes at Linux defaults (`tcp_retries2` = 15), even
+/// after the process is gone; 20 minutes covers that.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(1200);
+
+/// The longest grace [`finalize`] accepts.
+pub const MAX_GRACE: Duration = Duration::from_secs(7 * 24 * 3600);
+
 /// The protocol features a cluster version puts in force, for `idalloc upgrade status` and
 /// `idalloc version`.
 pub fn features(version: u32) -> &'static [&'static str] {
@@ -48,16 +70,54 @@ pub fn features(version: u32) -> &'static [&'static str] {
     }
 }
 
-/// Whether this build folds holder fence records at `version` (off before finalize: see the
-/// module docs).
+/// Whether this build folds holder fence records at the version in force `version` (off before
+/// finalize and during its grace: see the module docs).
 pub fn folds_fences(version: u32) -> bool {
     version >= 2
 }
 
 /// Whether this build bumps a pinned holder's fence record before its first bind in a pool at
-/// `version` (on before finalize: see the module docs).
+/// the version in force `version` (on before finalize and during its grace: see the module docs).
 pub fn bumps_pinned_holder(version: u32) -> bool {
     version < 2
+}
+
+/// Whether this build narrows pools (a higher min, a lower max, newly reserved IDs) at the
+/// version in force `version` (off before finalize and during its grace: see the module docs).
+pub fn narrows_pools(version: u32) -> bool {
+    version >= 2
+}
+
+/// The cluster records as read: the recorded version and whether its grace still runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Records {
+    /// The recorded version ([`UNRECORDED_VERSION`] without a record): what a build must know to
+    /// run on the store ([`check_supported`]).
+    pub version: u32,
+    /// Whether the grace after the finalize to `version` still runs (`P/cluster/grace` exists).
+    pub grace: bool,
+}
+
+impl Records {
+    /// The version whose features are in force: the recorded one, or the one before it while
+    /// the grace after its finalize runs.
+    pub fn in_force(&self) -> u32 {
+        if self.grace && self.version > UNRECORDED_VERSION {
+            self.version - 1
+        } else {
+            self.version
+        }
+    }
+
+    /// The records among `kvs` (a read of `P/cluster/`); other keys are ignored.
+    pub fn from_kvs(layout: &Layout, kvs: &[KeyValue]) -> Result<Records> {
+        let version_key = layout.cluster_version_key();
+        let grace_key = layout.cluster_grace_key();
+        Ok(Records {
+            version: decode(kvs.iter().find(|kv| kv.key == version_key))?,
+            grace: kvs.iter().any(|kv| kv.key == grace_key),
+        })
+    }
 }
 
 /// A version record's value: the version in decimal.
@@ -109,15 +169,16 @@ pub fn check_supported(layout: &Layout, version: u32) -> Result<()> {
     Err(Error::Unavailable { reason, retryable: false, source: None })
 }
 
-/// The read of the version record, an op to add to a txn that reads anyway (pool open).
+/// The read of the cluster records (the version and its grace), an op to add to a txn that reads
+/// anyway (pool open).
 pub fn read_op(layout: &Layout) -> TxnOp {
-    TxnOp::get_key(layout.cluster_version_key())
+    TxnOp::get(GetRequest::new(KeyRange::prefix(layout.cluster_prefix())))
 }
 
-/// The version a [`read_op`]'s response holds.
-pub fn from_response(r: Option<&OpResponse>) -> Result<u32> {
+/// The records a [`read_op`]'s response holds.
+pub fn from_response(layout: &Layout, r: Option<&OpResponse>) -> Result<Records> {
     match r {
-        Some(OpResponse::Get(g)) => decode(g.kvs.first()),
+        Some(OpResponse::Get(g)) => Records::from_kvs(layout, &g.kvs),
         other => Err(Error::Unavailable {
             reason: format!("expected the cluster version read, got {other:?}"),
             retryable: false,
@@ -126,23 +187,33 @@ pub fn from_response(r: Option<&OpResponse>) -> Result<u32> {
     }
 }
 
-/// A txn that runs `txn` only if the cluster version is at least 2 (the fold of fence records):
-/// `If value(version) == "2" Then txn(...) Else get version`. In the store, so a fold decided
-/// by a process whose view of the version is stale still happens only once finalized.
+/// The compares that hold once version 2 is in force: the record says 2 and its grace is over.
+/// In the txn that uses a version-2 feature, so a process whose view of the version is stale
+/// still uses it only once in force.
+pub fn in_force_compares(layout: &Layout) -> [Compare; 2] {
+    [
+        Compare::value_is(layout.cluster_version_key(), encode(2)),
+        Compare::absent(layout.cluster_grace_key()),
+    ]
+}
+
+/// A txn that runs `txn` only once version 2 is in force (the fold of fence records):
+/// `If value(version) == "2" and grace absent Then txn(...) Else get cluster/`.
 pub fn when_finalized(layout: &Layout, txn: TxnRequest) -> TxnRequest {
     TxnRequest::new()
-        .when([Compare::value_is(layout.cluster_version_key(), encode(2))])
+        .when(in_force_compares(layout))
         .and_then([TxnOp::Txn(txn)])
         .or_else([read_op(layout)])
 }
 
-/// What a [`when_finalized`] txn came to: the inner txn's response, or the cluster version that
+/// What a [`when_finalized`] txn came to: the inner txn's response, or the version in force that
 /// kept it from running.
-pub fn when_finalized_outcome(
-    resp: &TxnResponse,
-) -> Result<std::result::Result<&TxnResponse, u32>> {
+pub fn when_finalized_outcome<'r>(
+    layout: &Layout,
+    resp: &'r TxnResponse,
+) -> Result<std::result::Result<&'r TxnResponse, u32>> {
     if !resp.succeeded {
-        return from_response(resp.responses.first()).map(Err);
+        return from_response(layout, resp.responses.first()).map(|r| Err(r.in_force()));
     }
     match resp.responses.first() {
         Some(OpResponse::Txn(inner)) => Ok(Ok(inner)),
@@ -157,20 +228,39 @@ pub fn when_finalized_outcome(
 /// The cluster version of a store, as read.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterVersion {
-    /// The version in force ([`UNRECORDED_VERSION`] without a record).
+    /// The recorded version ([`UNRECORDED_VERSION`] without a record).
     pub version: u32,
     /// Whether the store holds a version record.
     pub recorded: bool,
+    /// The grace after the finalize to `version`, as the finalize set it, while it still runs:
+    /// the features of `version` wait until it ends.
+    pub grace: Option<Duration>,
     /// The revision of the read.
     pub revision: Revision,
 }
 
+impl ClusterVersion {
+    /// The version whose features are in force (the one before `version` during its grace).
+    pub fn in_force(&self) -> u32 {
+        Records { version: self.version, grace: self.grace.is_some() }.in_force()
+    }
+}
+
 /// Reads the cluster version of the deployment at `layout`'s prefix (one request).
 pub async fn read(store: &dyn Store, layout: &Layout) -> Result<ClusterVersion> {
-    let resp = store.get(GetRequest::key(layout.cluster_version_key())).await?;
+    let resp = store.get(GetRequest::new(KeyRange::prefix(layout.cluster_prefix()))).await?;
+    let records = Records::from_kvs(layout, &resp.kvs)?;
+    let version_key = layout.cluster_version_key();
+    let grace_key = layout.cluster_grace_key();
+    let grace = resp.kvs.iter().find(|kv| kv.key == grace_key).map(|kv| {
+        // Written by `finalize` as whole seconds; anything else still means a grace runs.
+        let secs = std::str::from_utf8(&kv.value).ok().and_then(|s| s.parse::<u64>().ok());
+        Duration::from_secs(secs.unwrap_or(0))
+    });
     Ok(ClusterVersion {
-        version: decode(resp.kvs.first())?,
-        recorded: !resp.kvs.is_empty(),
+        version: records.version,
+        recorded: resp.kvs.iter().any(|kv| kv.key == version_key),
+        grace,
         revision: resp.revision,
     })
 }
@@ -189,19 +279,44 @@ pub enum Finalized {
     Already,
 }
 
-/// The finalize txn: `If the record is as read (mod revision, 0 when absent) Then put version`.
-pub fn finalize_txn(layout: &Layout, read_mod_revision: Revision) -> TxnRequest {
+/// The finalize txn: `If the record is as read (mod revision, 0 when absent) Then put version`,
+/// and, with a grace, the grace record on `grace` = (its lease, its length in whole seconds).
+pub fn finalize_txn(
+    layout: &Layout,
+    read_mod_revision: Revision,
+    grace: Option<(crate::store::LeaseId, u64)>,
+) -> TxnRequest {
+    let mut then = vec![TxnOp::put(layout.cluster_version_key(), encode(PROTOCOL_VERSION))];
+    if let Some((lease, secs)) = grace {
+        then.push(TxnOp::put_on_lease(layout.cluster_grace_key(), secs.to_string(), lease));
+    }
     TxnRequest::new()
         .when([Compare::mod_revision_is(layout.cluster_version_key(), read_mod_revision)])
-        .and_then([TxnOp::put(layout.cluster_version_key(), encode(PROTOCOL_VERSION))])
+        .and_then(then)
         .or_else([read_op(layout)])
 }
 
-/// Moves the cluster version at `layout`'s prefix to [`PROTOCOL_VERSION`]: the new features go
-/// into force for every process of this build at once (each checks the record in the txn that
-/// uses a feature, or before). Only after every process of an older build has stopped: they
-/// cannot read the record. Refuses a cluster this build does not run on. Logged.
-pub async fn finalize(store: &dyn Store, layout: &Layout) -> Result<Finalized> {
+/// `grace` in whole seconds (rounded up), or the refusal naming it.
+fn grace_seconds(grace: Duration) -> Result<u64> {
+    if grace > MAX_GRACE {
+        return Err(Error::invalid(
+            Input::Options,
+            "upgrade grace",
+            format!("{grace:?}"),
+            format!("at most {} days", MAX_GRACE.as_secs() / 86_400),
+        ));
+    }
+    Ok(grace.as_secs() + u64::from(grace.subsec_nanos() > 0))
+}
+
+/// Moves the cluster version at `layout`'s prefix to [`PROTOCOL_VERSION`]: once `grace` has
+/// passed, the new features go into force for every process of this build at once (each checks
+/// the records in the txn that uses a feature, or before). Only after every process of an older
+/// build has stopped: they cannot read the record; the grace covers their requests still in
+/// flight ([`DEFAULT_GRACE`]; zero puts the features in force at once). Refuses a cluster this
+/// build does not run on. Logged.
+pub async fn finalize(store: &dyn Store, layout: &Layout, grace: Duration) -> Result<Finalized> {
+    let secs = grace_seconds(grace)?;
     for _ in 0..8 {
         let resp = store.get(GetRequest::key(layout.cluster_version_key())).await?;
         let kv = resp.kvs.first();
@@ -211,16 +326,26 @@ pub async fn finalize(store: &dyn Store, layout: &Layout) -> Result<Finalized> {
             return Ok(Finalized::Already);
         }
         let read_mod = kv.map_or(0, |kv| kv.mod_revision);
-        let resp = store.txn(finalize_txn(layout, read_mod)).await?;
+        // The grace's lease, granted first and never kept alive: the store ends the grace.
+        let lease = match secs {
+            0 => None,
+            s => Some(store.lease_grant(i64::try_from(s).unwrap_or(i64::MAX)).await?.id),
+        };
+        let resp = store.txn(finalize_txn(layout, read_mod, lease.map(|l| (l, secs)))).await?;
         if resp.succeeded {
             tracing::info!(
                 prefix = %layout.prefix(),
                 from = version,
                 to = PROTOCOL_VERSION,
                 revision = resp.revision,
-                "cluster version finalized"
+                grace_seconds = secs,
+                "cluster version finalized; its features wait for the grace"
             );
             return Ok(Finalized::Moved { from: version, revision: resp.revision });
+        }
+        if let Some(l) = lease {
+            // Unused; it would expire anyway.
+            let _ = store.lease_revoke(l).await;
         }
     }
     Err(Error::Unavailable {
@@ -274,14 +399,43 @@ mod tests {
     fn new_behaviour_waits_for_finalize() {
         assert!(!folds_fences(1) && folds_fences(2));
         assert!(bumps_pinned_holder(1) && !bumps_pinned_holder(2));
+        assert!(!narrows_pools(1) && narrows_pools(2));
         assert!(features(2).contains(&"fence-floor-fold"));
         assert!(!features(1).contains(&"fence-floor-fold"));
     }
 
     #[test]
-    fn the_fold_gate_compares_the_record_in_the_store() {
+    fn the_fold_gate_compares_the_record_and_the_grace_in_the_store() {
         let l = Layout::default();
         let t = when_finalized(&l, TxnRequest::new());
-        assert_eq!(t.compare, vec![Compare::value_is(l.cluster_version_key(), b"2".to_vec())]);
+        assert_eq!(
+            t.compare,
+            vec![
+                Compare::value_is(l.cluster_version_key(), b"2".to_vec()),
+                Compare::absent(l.cluster_grace_key())
+            ]
+        );
+    }
+
+    #[test]
+    fn during_the_grace_the_version_before_is_in_force() {
+        let l = Layout::default();
+        let mut grace = kv("600");
+        grace.key = l.cluster_grace_key();
+        let r = Records::from_kvs(&l, &[grace.clone(), kv("2")]).unwrap();
+        assert_eq!((r.version, r.grace, r.in_force()), (2, true, 1));
+        let r = Records::from_kvs(&l, &[kv("2")]).unwrap();
+        assert_eq!((r.version, r.grace, r.in_force()), (2, false, 2));
+        // A grace record without a version record (never written so) changes nothing.
+        assert_eq!(Records::from_kvs(&l, &[grace]).unwrap().in_force(), 1);
+    }
+
+    #[test]
+    fn graces_are_whole_seconds_rounded_up_and_bounded() {
+        assert_eq!(grace_seconds(Duration::ZERO).unwrap(), 0);
+        assert_eq!(grace_seconds(Duration::from_millis(1)).unwrap(), 1);
+        assert_eq!(grace_seconds(DEFAULT_GRACE).unwrap(), 1200);
+        let e = grace_seconds(MAX_GRACE + Duration::from_secs(1)).unwrap_err().to_string();
+        assert!(e.contains("upgrade grace") && e.contains("at most 7 days"), "{e}");
     }
 }

@@ -26,7 +26,8 @@ pub enum Input {
     Options,
     /// The call is well formed, but the pool's records stand in the way: deleting a pool that
     /// still has bindings, references or tombstones (or another deployment's records) without
-    /// `force`. Not the caller's typing: the state of the pool must change first.
+    /// `force`; narrowing a pool over bound IDs, or before the cluster version allows narrowing.
+    /// Not the caller's typing: the state of the pool or store must change first.
     PoolInUse,
     /// A client session whose lease has expired or was ended: its references are gone; open a new
     /// session.

@@ -8,6 +8,7 @@
 //! P/data/p/ref/<enc(k)>/<enc(h)> -> ID (decimal)
 //! P/sessions/<lease:016x>   -> a shared client session's record, on its lease (opaque here)
 //! P/cluster/version         -> the cluster version (decimal; none means 1)
+//! P/cluster/grace           -> the grace after a finalize, on a lease of its length (seconds)
 //! ```
 //!
 //! Everything here is pure: building record names, parsing them back, encoding record values. The
@@ -169,7 +170,14 @@ impl Layout {
         format!("{}/cluster/version", self.prefix).into_bytes()
     }
 
-    /// `P/cluster/`: the deployment-wide records (the cluster version).
+    /// `P/cluster/grace`: present, on a lease as long as the grace, for a while after the cluster
+    /// version moved up; the new version's features wait until it is gone (see
+    /// [`crate::cluster_version`]).
+    pub fn cluster_grace_key(&self) -> Vec<u8> {
+        format!("{}/cluster/grace", self.prefix).into_bytes()
+    }
+
+    /// `P/cluster/`: the deployment-wide records (the cluster version and its grace).
     pub fn cluster_prefix(&self) -> Vec<u8> {
         format!("{}/cluster/", self.prefix).into_bytes()
     }

@@ -35,6 +35,7 @@ on_backends!(
         crashed_process_is_reclaimed_after_its_ttl,
         a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding,
         a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns_it,
+        the_grace_after_finalize_is_ended_by_the_store,
     ]
 );
 
@@ -294,7 +295,8 @@ async fn a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding(backend
 
 /// Growing a full pool frees IDs for every process that has it open (it learns the new range from
 /// the spec record's watch, without reopening); shrinking or reserving over a bound ID is refused
-/// with the ID and its key named; once the ID is released the shrink goes through, and a process
+/// with the ID and its key named; once the ID is released and the cluster version finalized
+/// the shrink goes through, and a process
 /// that had the wide range open binds only inside the narrow one.
 async fn a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns_it(
     backend: Backend,
@@ -331,6 +333,12 @@ async fn a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns
     assert_eq!(a.pool("p").await.expect("pool").spec().max(), 5, "a refusal changes nothing");
 
     pb.release("k4").await.expect("release");
+    // Nothing is outside, but shrinking also waits for the finalized cluster version.
+    let e = a.resize_pool("p", 1, 3, None).await.expect_err("not finalized");
+    assert!(e.to_string().contains("idalloc upgrade finalize"), "{e}");
+    idalloc::cluster_version::finalize(&*env.store, &env.layout, Duration::ZERO)
+        .await
+        .expect("finalize");
     let shrunk = a.resize_pool("p", 1, 3, None).await.expect("shrink once nothing is outside");
     assert_eq!(shrunk.max(), 3);
     wait_until(|| pb.spec().max() == 3).await;
@@ -341,4 +349,30 @@ async fn a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns
     assert!(matches!(a.resize_pool("nope", 1, 3, None).await, Err(Error::PoolNotFound { .. })));
     let e = a.resize_pool("p", 5, 1, None).await.expect_err("min above max");
     assert!(e.to_string().contains("min must not exceed max"), "{e}");
+}
+
+/// The grace after a finalize is a record on a lease nobody keeps alive: until the store ends it,
+/// narrowing is refused (the gate compared in the store); then it commits. On etcd, in real time.
+async fn the_grace_after_finalize_is_ended_by_the_store(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
+    let a = alloc(env.store.clone(), &env.layout, "a");
+    a.ensure_pool(&PoolSpec::new("p", 1, 9)).await.expect("pool");
+    let grace = Duration::from_secs(3);
+    idalloc::cluster_version::finalize(&*env.store, &env.layout, grace).await.expect("finalize");
+    let now = idalloc::cluster_version::read(&*env.store, &env.layout).await.expect("read");
+    assert_eq!((now.version, now.grace, now.in_force()), (2, Some(grace), 1));
+    let e = a.resize_pool("p", 1, 5, None).await.expect_err("during the grace");
+    assert!(e.to_string().contains("grace"), "{e}");
+    let mut ended = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = idalloc::cluster_version::read(&*env.store, &env.layout).await.expect("read");
+        if now.grace.is_none() {
+            assert_eq!(now.in_force(), 2);
+            ended = true;
+            break;
+        }
+    }
+    assert!(ended, "the store ended the grace");
+    assert_eq!(a.resize_pool("p", 1, 5, None).await.expect("after the grace").max(), 5);
 }

@@ -107,7 +107,9 @@ async fn check_knows_every_record_kind_a_healthy_store_holds() {
         ]))
         .await
         .unwrap();
-    idalloc::cluster_version::finalize(&*store, &l).await.unwrap();
+    idalloc::cluster_version::finalize(&*store, &l, idalloc::cluster_version::DEFAULT_GRACE)
+        .await
+        .unwrap();
     let all = store.get(GetRequest::prefix(format!("{}/", l.prefix()))).await.unwrap();
     let names: Vec<String> =
         all.kvs.iter().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()).collect();
@@ -119,6 +121,7 @@ async fn check_knows_every_record_kind_a_healthy_store_holds() {
         "/quota/~creator",
         "/sessions/quota-pools/",
         "/cluster/version",
+        "/cluster/grace",
     ] {
         assert!(names.iter().any(|n| n.contains(kind)), "no {kind} record in {names:?}");
     }

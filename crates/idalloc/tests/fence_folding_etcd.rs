@@ -77,7 +77,9 @@ async fn a_thousand_holder_names_leave_a_bounded_number_of_fence_records() {
     let layout = Layout::new("fold").expect("layout");
     let admin = alloc(store.clone(), &layout, "admin", FOLD_ABOVE);
     admin.init_pool(&PoolSpec::new("p", 1, 1000)).await.expect("pool");
-    idalloc::cluster_version::finalize(&*store, &layout).await.expect("finalize");
+    idalloc::cluster_version::finalize(&*store, &layout, std::time::Duration::ZERO)
+        .await
+        .expect("finalize");
 
     let next = Arc::new(AtomicUsize::new(0));
     let failed_acquires = Arc::new(AtomicUsize::new(0));

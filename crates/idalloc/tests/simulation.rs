@@ -388,9 +388,12 @@ impl Sim {
         }
         setup.close().await.expect("close setup");
         // Half the seeds run on a finalized cluster (folds in force), half on cluster version 1,
-        // where folds wait and pinned holders fence their earlier lives instead.
-        if seed % 2 == 0 {
-            idalloc::cluster_version::finalize(&*raw, &layout()).await.expect("finalize");
+        // where folds and shrinks wait and pinned holders fence their earlier lives instead. The
+        // resizing seeds all run finalized: shrinking waits for it.
+        if seed % 2 == 0 || variant == Variant::Resizing {
+            idalloc::cluster_version::finalize(&*raw, &layout(), Duration::ZERO)
+                .await
+                .expect("finalize");
         }
         let seen: Seen = Arc::new(Mutex::new(Vec::new()));
         // Specs too: a pool deletion's revision excuses the records it deleted (G5).
@@ -1650,8 +1653,11 @@ impl Sim {
                 .unwrap(),
         )
         .expect("janitor");
-        // Every process runs this build: the operator finalizes, which lets the sweeps fold.
-        idalloc::cluster_version::finalize(&*self.raw, &layout()).await.expect("finalize");
+        // Every process runs this build: the operator finalizes, which lets the sweeps fold once
+        // the grace (shorter than the wait below) is over.
+        idalloc::cluster_version::finalize(&*self.raw, &layout(), SESSION_TTL)
+            .await
+            .expect("finalize");
         tokio::time::sleep(SESSION_TTL * 2).await;
         for _round in 0..3 {
             for s in &self.specs {

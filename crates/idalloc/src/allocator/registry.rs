@@ -53,7 +53,8 @@ pub(crate) struct Inner {
     pub(super) tasks: Mutex<Vec<AbortHandle>>,
     pub(super) repairs: RepairQueue,
     pub(super) closed: AtomicBool,
-    /// The cluster version last read with a pool's spec (0 until then; `cluster_version.rs`).
+    /// The cluster version in force last read with a pool's spec (0 until then;
+    /// `cluster_version.rs`).
     pub(super) cluster_version: AtomicU32,
 }
 
@@ -171,18 +172,27 @@ impl Inner {
         }
     }
 
-    /// Records the cluster version read in `r` and refuses a store this build does not run on.
+    /// Records the cluster version in force read in `r` and refuses a store whose recorded
+    /// version this build does not run on.
     fn note_cluster_version(&self, r: Option<&OpResponse>) -> Result<()> {
-        let version = cluster_version::from_response(r)?;
-        cluster_version::check_supported(&self.layout, version)?;
+        let records = cluster_version::from_response(&self.layout, r)?;
+        cluster_version::check_supported(&self.layout, records.version)?;
+        let version = records.in_force();
         let before = self.cluster_version.swap(version, Ordering::AcqRel);
         if before != version {
-            info!(prefix = %self.layout.prefix(), cluster_version = version, "cluster version read");
+            info!(
+                prefix = %self.layout.prefix(),
+                cluster_version = records.version,
+                grace = records.grace,
+                in_force = version,
+                "cluster version read"
+            );
         }
         Ok(())
     }
 
-    /// The cluster version last read (0 if none was read yet).
+    /// The cluster version in force last read (0 if none was read yet; the version before the
+    /// recorded one while the grace after its finalize runs).
     pub(super) fn cluster_version(&self) -> u32 {
         self.cluster_version.load(Ordering::Acquire)
     }

@@ -8,7 +8,13 @@
 //! only if the spec is still the version the new one was derived from. Every bind compares the
 //! spec record's mod revision, so a bind decided against the old range and sent before the resize
 //! commits either commits first (and then fails the resize's compare) or fails its own.
+//!
+//! Narrowing also waits for the cluster version to be finalized and its grace to pass, compared
+//! in the same txn: a process of protocol 1 compares only the spec record's create revision,
+//! which a resize keeps, and never rereads a spec of the same create revision, so beside it a
+//! narrowed range would not keep it from binding the excluded IDs (docs/design/cluster-version.md).
 
+use crate::cluster_version;
 use crate::error::{Error, Input, Result};
 use crate::layout::IdRecord;
 use crate::pool::{validate_pool_name, PoolSpec};
@@ -41,9 +47,11 @@ impl Allocator {
     /// and reclaim settings never change. Returns the spec now in force.
     ///
     /// Growing always succeeds. Narrowing is refused (`InvalidInput` with [`Input::PoolInUse`])
-    /// while an ID the new spec would not hand out is bound or quarantined; the error names one
-    /// such ID and its key. Prefix pools resize their raw range (the prefix stays; the new max
-    /// must leave the prefix bits free). One read of the spec, one listing of the pool's ID
+    /// while an ID the new spec would not hand out is bound or quarantined (the error names one
+    /// such ID and its key), and until the cluster version is finalized and its grace is over
+    /// (`idalloc upgrade finalize`: processes of protocol 1 do not see a narrowed range). Prefix
+    /// pools resize their raw range (the prefix stays; the new max must leave the prefix bits
+    /// free). One read of the spec, one listing of the pool's ID
     /// records when narrowing, and one txn; retried while concurrent writes keep changing the
     /// pool (`Unavailable` after a few attempts).
     pub async fn resize_pool(
@@ -81,19 +89,32 @@ impl Allocator {
                 return Ok(new);
             }
             let mut when = vec![Compare::mod_revision_is(l.pool_spec_key(name), read.rev)];
-            if !only_grows(old, &new) {
+            let narrows = !only_grows(old, &new);
+            if narrows {
                 let at = self.check_narrowing(name, &new).await?;
+                if !cluster_version::narrows_pools(inner.cluster_version()) {
+                    return Err(not_finalized(name, &new));
+                }
                 // No ID record written since the check's revision: what it saw still holds.
                 when.push(Compare::new(
                     KeyRange::prefix(l.id_prefix(name)),
                     CompareOp::Less,
                     CompareTarget::ModRevision(at.saturating_add(1)),
                 ));
+                // In the txn too, so the version read above cannot be stale.
+                when.extend(cluster_version::in_force_compares(l));
             }
             let txn = TxnRequest::new()
                 .when(when)
-                .and_then([TxnOp::put(l.pool_spec_key(name), new.to_json())]);
+                .and_then([TxnOp::put(l.pool_spec_key(name), new.to_json())])
+                .or_else([cluster_version::read_op(l)]);
             let resp = inner.req.txn(txn).await?;
+            if !resp.succeeded && narrows {
+                let now = cluster_version::from_response(l, resp.responses.first())?;
+                if !cluster_version::narrows_pools(now.in_force()) {
+                    return Err(not_finalized(name, &new));
+                }
+            }
             if resp.succeeded {
                 tracing::info!(pool = %name, from = %old, to = %new, "pool resized");
                 if let Some(p) = lock(&inner.pools).get(name).cloned() {
@@ -146,4 +167,18 @@ impl Allocator {
         }
         Ok(pages.revision())
     }
+}
+
+/// The refusal of a narrowing resize before version 2 is in force.
+fn not_finalized(name: &str, new: &PoolSpec) -> Error {
+    Error::invalid(
+        Input::PoolInUse,
+        "new range of pool",
+        format!("{name:?}: {new}"),
+        "it narrows the pool (a higher min, a lower max or newly reserved IDs), which waits until \
+         the cluster version is finalized and its grace is over: processes of protocol 1 do not \
+         see a narrowed range and could still hand out the IDs it excludes. Once every process \
+         runs this build, run `idalloc upgrade finalize` (and wait out its grace); growing is \
+         allowed meanwhile",
+    )
 }

@@ -194,12 +194,13 @@ pub(crate) async fn sweep(
 
 /// Folds the pool's holder fence records into its fence floor (one txn; `protocol::fold_fences_txn`
 /// says why no late bind survives it): the number of records deleted. Only once the cluster
-/// version is finalized (compared in the same txn): a bind of a build before it does not compare
-/// the floor, and a fold would let one applied late commit (`cluster_version.rs`).
+/// version is finalized and its grace is over (compared in the same txn): a bind of a build
+/// before it does not compare the floor, and a fold would let one applied late commit
+/// (`cluster_version.rs`).
 async fn fold_fences(req: &Requester, layout: &Layout, pool: &PoolState) -> Result<usize> {
     let fold = fold_fences_txn(layout, pool.spec.name(), pool.spec_fence());
     let resp = req.txn(cluster_version::when_finalized(layout, fold)).await?;
-    let resp = match cluster_version::when_finalized_outcome(&resp)? {
+    let resp = match cluster_version::when_finalized_outcome(layout, &resp)? {
         Ok(inner) => inner,
         Err(version) => {
             debug!(pool = %pool.spec.name(), cluster_version = version, "fence records not folded before the cluster version is finalized");

@@ -134,10 +134,12 @@ pub fn is_holder_fence(l: &Layout, record: &[u8]) -> bool {
     l.parse_holder_key(&pool, record).is_some() || record == l.fence_floor_key(&pool).as_slice()
 }
 
-/// Moves the cluster version at `l`'s prefix to this build's, which puts the fold of fence
-/// records in force (tests of the fold).
+/// Moves the cluster version at `l`'s prefix to this build's with no grace, which puts the fold
+/// of fence records in force at once (tests of the fold).
 pub async fn finalize<S: Store>(store: &S, l: &Layout) {
-    idalloc::cluster_version::finalize(store, l).await.expect("finalize");
+    idalloc::cluster_version::finalize(store, l, std::time::Duration::ZERO)
+        .await
+        .expect("finalize");
 }
 
 /// G4: nothing but pool specs (and durable holders' fence records, and the cluster version)
