@@ -5,9 +5,10 @@
 # docs/design/compatibility.md says.
 #
 # The source comes from `git archive` into target/prev-src/<commit> (no worktree is registered);
-# its binary is renamed `idalloc-prev` so that it cannot replace this build's target/debug/idalloc,
-# and it builds in this workspace's target/ so that dependencies of the same version and features
-# are compiled once. The binary is kept at target/prev/idalloc-<commit>: later runs reuse it.
+# it builds in a target directory of its own (target/prev-build: sharing this workspace's saves
+# little, as most dependencies differ in version or features, and would let the older build's
+# uplifted files replace this build's), its binary renamed `idalloc-prev`. The binary is kept at
+# target/prev/idalloc-<commit>: later runs reuse it.
 # Exits non-zero, with the reason on stderr, when the commit is not in the history (a shallow
 # clone) or does not build.
 set -euo pipefail
@@ -34,10 +35,10 @@ grep -q '^name = "idalloc-prev"$' "$src/crates/idalloc-cli/Cargo.toml" || {
 }
 start=$(date +%s)
 build() {
-    (cd "$src" && cargo build --quiet --locked "$@" --target-dir "$root/target" -p idalloc-cli --bin idalloc-prev) >&2
+    (cd "$src" && cargo build --quiet --locked "$@" --target-dir "$root/target/prev-build" -p idalloc-cli --bin idalloc-prev) >&2
 }
 # Offline first (the registry cache usually holds every version); then with the network.
 build --offline || build
-cp "$root/target/debug/idalloc-prev" "$out"
+cp "$root/target/prev-build/debug/idalloc-prev" "$out"
 echo "build-previous: built $commit in $(( $(date +%s) - start ))s" >&2
 echo "$out"

@@ -215,7 +215,7 @@ if cargo tree -p idalloc-client -e normal,build --prefix none | grep -E '^(tonic
 fi
 PROTOC=/nonexistent cargo build -p idalloc-client --quiet
 # The previous build's CLI for the mixed-build chaos test (crates/idalloc-chaos/tests/mixed_builds.rs),
-# built once into target/prev/ (a few minutes, dependencies shared with this build); without it
+# built once into target/prev/ (a few minutes, in a target directory of its own); without it
 # that test says why and skips.
 if prev_bin="$(scripts/build-previous.sh)"; then
     export IDALLOC_PREV_BIN="$prev_bin"
