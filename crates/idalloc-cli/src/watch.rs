@@ -41,6 +41,24 @@ pub fn diff(old: &BTreeMap<u64, String>, new: &BTreeMap<u64, String>) -> Vec<Cha
     out
 }
 
+/// A resize (`Event::Spec`) in a structured format: the range and reserved IDs now in force.
+pub fn spec_doc(pool: &str, spec: &idalloc::PoolSpec) -> serde_json::Value {
+    json!({"event": "spec", "pool": pool, "min": spec.min(), "max": spec.max(), "reserved": spec.reserved()})
+}
+
+/// A resize as a text line: `resized 1-200 reserved 5-9,17`.
+pub fn spec_line(spec: &idalloc::PoolSpec) -> String {
+    let reserved: Vec<String> = spec
+        .reserved()
+        .iter()
+        .map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") })
+        .collect();
+    match reserved.is_empty() {
+        true => format!("resized {}-{}\n", spec.min(), spec.max()),
+        false => format!("resized {}-{} reserved {}\n", spec.min(), spec.max(), reserved.join(",")),
+    }
+}
+
 struct Printer {
     pool: String,
     out: Out,
@@ -197,6 +215,15 @@ async fn follow_pool<P: Followed>(pool: &P, w: &WatchArgs, out: Out) -> Result<(
                 let now: BTreeMap<u64, String> = pool.bindings().into_iter().collect();
                 diff(&known, &now)
             }
+            Event::Spec(spec) => {
+                out.either(|| spec_doc(&w.pool, &spec), || spec_line(&spec))?;
+                if p.count()? {
+                    return Ok(());
+                }
+                continue;
+            }
+            // Kinds this version does not know say nothing about the bindings.
+            _ => continue,
         };
         for c in &changes {
             match c {

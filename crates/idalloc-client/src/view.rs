@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use idalloc::Event;
 use idalloc_wire::errors::kind;
-use idalloc_wire::{Change, ErrorEvent, Synced};
+use idalloc_wire::{Change, ErrorEvent, SpecChange, Synced};
 
 /// One message of the watch stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +40,8 @@ pub(crate) enum Msg {
     },
     /// The pool was deleted or re-created: watch it again from scratch.
     Gone,
+    /// The pool was resized: the spec now in force.
+    Spec(Box<idalloc::PoolSpec>),
     /// A comment, or an event this client does not know (ignored).
     Other,
 }
@@ -58,6 +60,12 @@ pub(crate) fn parse(event: &str, data: &str) -> Result<Msg, String> {
         }
         "synced" => {
             Msg::Synced { revision: serde_json::from_str::<Synced>(data).map_err(bad)?.revision }
+        }
+        "spec" => {
+            let c: SpecChange = serde_json::from_str(data).map_err(bad)?;
+            let spec = crate::api::to_spec(&c.spec)
+                .map_err(|e| format!("{event} event with data {data}: {e}"))?;
+            Msg::Spec(Box::new(spec))
         }
         "error" => {
             let e: ErrorEvent = serde_json::from_str(data).map_err(bad)?;
@@ -148,6 +156,7 @@ impl View {
                 }
             }
             Msg::Gone => self.forget_revision(),
+            Msg::Spec(spec) => out.push(Event::Spec(*spec)),
             Msg::Other => {}
         }
         // Only a resumed stream's ids move the revision: a listing's ids come with its `synced`.

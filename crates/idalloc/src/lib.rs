@@ -221,6 +221,7 @@ pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 /// are no part of the public API.
 #[cfg(feature = "bench")]
 pub mod bench_api {
+    pub use crate::allocator::resize::{only_grows, resize_txn};
     pub use crate::batch::{assemble, pack, split, Frame};
     pub use crate::cache::PoolCache;
     pub use crate::idset::IdSet;
@@ -230,7 +231,7 @@ pub mod bench_api {
     pub use crate::protocol::{
         fold_fences_txn, fold_outcome, init_pool_record, init_pool_txn, stray_ref_release_outcome,
         stray_ref_release_txn, sweep_outcome, sweep_txn, BindOutcome, BindPlan, Fences,
-        LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
+        id_is_allocatable, LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
     };
     /// The memory store's state machine, synchronous and clonable (the model checker's store).
     pub use crate::store::embedded::bench_core::MemoryCore;
