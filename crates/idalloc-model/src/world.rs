@@ -930,18 +930,20 @@ impl World {
                 let pr = &mut self.procs[p];
                 let Some(Op::Release(rel)) = &mut pr.op else { unreachable!() };
                 if let Some(spec_now) = &out.pool_gone {
-                    pr.op = None;
                     let resized = spec_now.as_ref().filter(|kv| {
                         pr.spec_rev == Some(kv.create_revision) && kv.mod_revision >= pr.spec_ver
                     });
                     match resized.cloned() {
-                        // Resized: adopted; the release answers `unavailable` and wrote nothing,
-                        // and its caller retries it (not a new operation).
+                        // Resized: adopted; the release answers `unavailable` (this attempt wrote
+                        // nothing, an earlier one may have) and its caller retries it.
                         Some(kv) => {
-                            pr.ops_left += 1;
                             self.adopt(ctx, p, &kv);
+                            self.send_release(ctx, p);
                         }
-                        None => pr.retired = true,
+                        None => {
+                            pr.op = None;
+                            pr.retired = true;
+                        }
                     }
                     return vec![self];
                 }

@@ -751,7 +751,7 @@ mod tests {
     fn bare_hub() -> Arc<Hub> {
         Arc::new(Hub {
             pool: "p".into(),
-            state: Mutex::new(HubState { ring: Ring::new(10, 0), revision: None, ended: None }),
+            state: Mutex::new(HubState { ring: Ring::new(10, 0), revision: None, ended: None, spec: None }),
             ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
             moved: Notify::new(),
             wakes: Arc::new(Notify::new()),
