@@ -288,4 +288,18 @@ mod tests {
         let e = parse("upsert", r#"{"id":"x"}"#).expect_err("bad");
         assert!(e.contains("upsert") && e.contains(r#"{"id":"x"}"#), "{e}");
     }
+
+    #[test]
+    fn a_spec_event_is_the_spec_now_in_force_and_a_bad_one_is_named() {
+        let data = r#"{"revision":9,"spec":{"name":"p","min":1,"max":20,"reserved":[[3,4]],"prefix":0,"strategy":"random","idle_grace_ms":0,"reuse_delay_ms":0}}"#;
+        let want = idalloc::PoolSpec::new("p", 1, 20).reserve(3..=4);
+        assert_eq!(parse("spec", data), Ok(Msg::Spec(Box::new(want.clone()))));
+        let mut v = View::default();
+        assert_eq!(v.apply(Msg::Spec(Box::new(want.clone())), ""), vec![Event::Spec(want)]);
+        assert_eq!(v.resume_from(), None, "a spec event moves no revision");
+        // A spec the library would refuse (min above max) is named, not taken.
+        let bad = r#"{"revision":9,"spec":{"name":"p","min":5,"max":1,"reserved":[],"prefix":0,"strategy":"random","idle_grace_ms":0,"reuse_delay_ms":0}}"#;
+        let e = parse("spec", bad).expect_err("bad");
+        assert!(e.contains("spec event") && e.contains("min"), "{e}");
+    }
 }

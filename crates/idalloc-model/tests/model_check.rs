@@ -268,6 +268,13 @@ fn sabotage_dropping_the_spec_compare_is_found_with_a_resize() {
     found(Sabotage::SkipSpecCompare, Scope { resizes: 1, ..small() }, &["G3"]);
 }
 
+/// Without the narrowing resize's compare on the ID records, a bind committed after the resize's
+/// listing is left outside the narrowed spec.
+#[test]
+fn sabotage_dropping_the_resize_listing_compare_is_found() {
+    found(Sabotage::SkipResizeListingCompare, Scope { ops: 1, resizes: 1, ..small() }, &["G3"]);
+}
+
 #[test]
 fn sabotage_dropping_the_spec_compare_is_found() {
     found(Sabotage::SkipSpecCompare, Scope { deletes: 1, ..small() }, &["G4", "G2", "G1"]);
