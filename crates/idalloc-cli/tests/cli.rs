@@ -590,7 +590,10 @@ fn etcd_watch_prints_a_resize_in_every_format() {
                 );
             }
             _ => {
-                assert!(out.contains("event: spec") && out.ends_with(&format!("max: {max}")), "{out}");
+                assert!(
+                    out.contains("event: spec") && out.ends_with(&format!("max: {max}")),
+                    "{out}"
+                );
             }
         }
     }

@@ -691,7 +691,9 @@ fn watch_streams_replay_then_live_and_resumes_from_a_revision() {
 }
 
 /// The next SSE event of `lines`: its name, id and data.
-fn sse_event(lines: &mut impl Iterator<Item = std::io::Result<String>>) -> (String, Option<i64>, Value) {
+fn sse_event(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> (String, Option<i64>, Value) {
     let (mut name, mut id, mut data) = (String::new(), None, Value::Null);
     loop {
         let line = lines.next().expect("stream open").expect("read");
@@ -727,18 +729,23 @@ fn a_resize_during_a_watch_is_a_spec_event() {
     assert_eq!(n, "synced");
     let synced_rev = synced_rev.expect("synced carries the revision");
 
-    let r = send("PATCH", &s.http("/v1/pools/rs"), Some(r#"{"min":1,"max":20,"reserved":[[3,4]]}"#));
+    let r =
+        send("PATCH", &s.http("/v1/pools/rs"), Some(r#"{"min":1,"max":20,"reserved":[[3,4]]}"#));
     r.ok();
     let (n, id, d) = sse_event(&mut lines);
     assert_eq!(n, "spec", "{d}");
     assert_eq!(id, None, "a spec event names no revision the client has all of");
     let shown = get(&s, "/v1/pools/rs").ok();
     assert_eq!(d["spec"], shown["spec"], "the spec as the pool endpoint shows it");
-    assert_eq!((d["spec"]["max"].as_u64(), d["spec"]["reserved"].clone()), (Some(20), json!([[3, 4]])));
+    assert_eq!(
+        (d["spec"]["max"].as_u64(), d["spec"]["reserved"].clone()),
+        (Some(20), json!([[3, 4]]))
+    );
     let spec_rev = d["revision"].as_i64().expect("the resize's revision");
     assert!(spec_rev > synced_rev, "{spec_rev} after {synced_rev}");
 
-    let k = post(&s, "/v1/pools/rs/acquire", json!({"key": "k", "holder": "h"})).ok()["id"].as_u64();
+    let k =
+        post(&s, "/v1/pools/rs/acquire", json!({"key": "k", "holder": "h"})).ok()["id"].as_u64();
     // The service re-lists the pool after a resize: a `synced` may come first.
     let (mut n, mut rev, mut d) = sse_event(&mut lines);
     while n == "synced" {

@@ -6,8 +6,9 @@ use std::fmt::Write as _;
 
 use idalloc::bench_api::{
     assemble, fold_fences_txn, id_is_allocatable, init_pool_txn, only_grows, pack, resize_txn,
-    split, stray_ref_release_outcome, stray_ref_release_txn, sweep_txn, Action, BindLoop, BindPlan, Candidates, Failure, Fences,
-    Frame, Hints, Input, LastRelease, MemoryCore, Orphan, RefTarget, ReleasePlan,
+    split, stray_ref_release_outcome, stray_ref_release_txn, sweep_txn, Action, BindLoop, BindPlan,
+    Candidates, Failure, Fences, Frame, Hints, Input, LastRelease, MemoryCore, Orphan, RefTarget,
+    ReleasePlan,
 };
 use idalloc::layout::{IdRecord, Layout};
 use idalloc::records::PoolSnapshot;
@@ -811,7 +812,8 @@ impl World {
                         // A resize is adopted (the acquire answers `unavailable`); anything else
                         // retires the handle.
                         let resized = spec_now.as_ref().is_some_and(|kv| {
-                            pr.spec_rev == Some(kv.create_revision) && kv.mod_revision >= pr.spec_ver
+                            pr.spec_rev == Some(kv.create_revision)
+                                && kv.mod_revision >= pr.spec_ver
                         });
                         if resized {
                             if let Some(kv) = spec_now.as_ref() {
@@ -1142,7 +1144,9 @@ impl World {
                     out.push(format!("G2: P{p} holds {key} as {id} but its reference is gone"));
                 }
                 if !id_is_allocatable(spec, *id) {
-                    out.push(format!("G3: P{p} holds {key} as {id}, outside the pool's IDs ({spec})"));
+                    out.push(format!(
+                        "G3: P{p} holds {key} as {id}, outside the pool's IDs ({spec})"
+                    ));
                 }
             }
         }

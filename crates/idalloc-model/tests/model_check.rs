@@ -115,8 +115,15 @@ fn resizes_racing_binds_break_nothing() {
 /// resize, and a resize txn applied late after binds its listing did not see.
 #[test]
 fn resizes_racing_late_binds_break_nothing() {
-    let scope =
-        Scope { procs: 1, ops: 2, crashes: 0, timeouts: 1, sweeps: 0, resizes: 1, ..Scope::default() };
+    let scope = Scope {
+        procs: 1,
+        ops: 2,
+        crashes: 0,
+        timeouts: 1,
+        sweeps: 0,
+        resizes: 1,
+        ..Scope::default()
+    };
     let r = explore(scope.clone());
     line("clean protocol, resizes and late applies", &scope, &r);
     if let Some(v) = &r.violation {

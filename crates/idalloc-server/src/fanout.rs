@@ -360,7 +360,12 @@ impl Hub {
     pub fn start(pool: Pool, cap: usize, budget: u64, stop: watch::Receiver<bool>) -> Arc<Hub> {
         let hub = Arc::new(Hub {
             pool: pool.name().to_string(),
-            state: Mutex::new(HubState { ring: Ring::new(cap, 0), revision: None, ended: None, spec: None }),
+            state: Mutex::new(HubState {
+                ring: Ring::new(cap, 0),
+                revision: None,
+                ended: None,
+                spec: None,
+            }),
             ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
             moved: Notify::new(),
             wakes: Arc::new(Notify::new()),
@@ -751,7 +756,12 @@ mod tests {
     fn bare_hub() -> Arc<Hub> {
         Arc::new(Hub {
             pool: "p".into(),
-            state: Mutex::new(HubState { ring: Ring::new(10, 0), revision: None, ended: None, spec: None }),
+            state: Mutex::new(HubState {
+                ring: Ring::new(10, 0),
+                revision: None,
+                ended: None,
+                spec: None,
+            }),
             ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
             moved: Notify::new(),
             wakes: Arc::new(Notify::new()),

@@ -229,9 +229,9 @@ pub mod bench_api {
         Action, BindLoop, Candidates, Failure, Hints, Input, Step, PROBE_COLLISIONS,
     };
     pub use crate::protocol::{
-        fold_fences_txn, fold_outcome, init_pool_record, init_pool_txn, stray_ref_release_outcome,
-        stray_ref_release_txn, sweep_outcome, sweep_txn, BindOutcome, BindPlan, Fences,
-        id_is_allocatable, LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
+        fold_fences_txn, fold_outcome, id_is_allocatable, init_pool_record, init_pool_txn,
+        stray_ref_release_outcome, stray_ref_release_txn, sweep_outcome, sweep_txn, BindOutcome,
+        BindPlan, Fences, LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
     };
     /// The memory store's state machine, synchronous and clonable (the model checker's store).
     pub use crate::store::embedded::bench_core::MemoryCore;

@@ -373,7 +373,10 @@ async fn a_resize_is_a_spec_event_for_the_subscribers_of_every_process(backend: 
     for ev in [&mut ea, &mut eb] {
         let (before, spec) = until_spec(ev).await;
         assert_eq!(spec, grown, "the spec in force");
-        assert!(before.iter().all(|e| matches!(e, Event::Upsert { .. } | Event::Synced)), "{before:?}");
+        assert!(
+            before.iter().all(|e| matches!(e, Event::Upsert { .. } | Event::Synced)),
+            "{before:?}"
+        );
     }
     // The same spec again changes nothing and is no event: the next one is the bind after it.
     assert_eq!(a.resize_pool("p", 1, 5, None).await.expect("no-op"), grown);
@@ -399,7 +402,10 @@ async fn a_resize_is_a_spec_event_for_the_subscribers_of_every_process(backend: 
     for ev in [&mut ea, &mut eb] {
         let (mut before, spec) = until_spec(ev).await;
         assert_eq!(spec, reserved);
-        assert!(before.contains(&Event::Delete { id: k2, key: "k2".into() }), "in order: {before:?}");
+        assert!(
+            before.contains(&Event::Delete { id: k2, key: "k2".into() }),
+            "in order: {before:?}"
+        );
         assert!(!before.iter().any(|e| matches!(e, Event::Spec(_))), "one spec event: {before:?}");
     }
     assert_eq!(pa.spec(), reserved);
