@@ -567,11 +567,22 @@ fn etcd_watch_of_a_deleted_pool_ends_with_not_found() {
 #[test]
 fn etcd_watch_prints_a_resize_in_every_format() {
     let Some(t) = Target::etcd() else { return };
+    watch_prints_a_resize_in_every_format(&t);
+}
+
+#[test]
+fn file_store_watch_prints_a_resize_in_every_format() {
+    watch_prints_a_resize_in_every_format(&Target::file());
+}
+
+fn watch_prints_a_resize_in_every_format(t: &Target) {
     t.run(&["pool", "create", "rw", "--range", "1-10"]).ok();
     for (i, format) in ["text", "wide", "json", "yaml"].into_iter().enumerate() {
         let max = (20 + i).to_string();
         let mut w = Watched::spawn(
-            t.std_cmd().args(["-o", format, "watch", "rw", "--count", "1"]).stderr(Stdio::piped()),
+            t.std_cmd()
+                .args(["-o", format, "watch", "rw", "--count", "1", "--interval", "100ms"])
+                .stderr(Stdio::piped()),
         );
         w.read_until(|l| l.contains("synced"));
         t.run(&["pool", "resize", "rw", "--range", &format!("1-{max}"), "--reserve", "3-4"]).ok();
