@@ -400,7 +400,7 @@ async fn a_resize_is_a_spec_event_for_the_subscribers_of_every_process(backend: 
     let reserved = b.resize_pool("p", 1, 5, Some(&[(k2, k2)])).await.expect("reserve");
     assert_eq!(reserved.reserved(), &[(k2, k2)]);
     for ev in [&mut ea, &mut eb] {
-        let (mut before, spec) = until_spec(ev).await;
+        let (before, spec) = until_spec(ev).await;
         assert_eq!(spec, reserved);
         assert!(
             before.contains(&Event::Delete { id: k2, key: "k2".into() }),
