@@ -233,6 +233,53 @@ func TestAViewFollowsThePoolAndReportsEvents(t *testing.T) {
 	}
 }
 
+// A resize while a view watches the pool is an EventSpec, in order with the bindings' events,
+// and View.Spec is the new spec.
+func TestAResizeDuringAWatchIsAnEventSpec(t *testing.T) {
+	s := startServe(t, uniquePrefix(t))
+	c := newClient(t, Options{Endpoints: []string{s.url("http")}})
+	ctx := testCtx(t)
+	if _, err := c.EnsurePool(ctx, PoolSpec{Name: "rs", Min: 1, Max: 10}); err != nil {
+		t.Fatal(err)
+	}
+	p, _ := c.Pool("rs")
+	v := p.Watch(ctx)
+	events := v.Observe(ctx, 0)
+	if err := v.WaitSynced(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := v.Spec(); ok {
+		t.Fatal("a spec before any resize")
+	}
+	if _, err := c.ResizePool(ctx, "rs", 1, 20, [][2]uint64{{13, 14}}); err != nil {
+		t.Fatal(err)
+	}
+	a, _ := p.AcquireDurable(ctx, "h", "after")
+	// The service re-lists the pool after a resize: a second synced may come, and is skipped.
+	var seen []Event
+	for len(seen) < 3 {
+		select {
+		case e := <-events:
+			if len(seen) > 0 && e.Type == EventSynced {
+				continue
+			}
+			seen = append(seen, e)
+		case <-ctx.Done():
+			t.Fatalf("events: %v", seen)
+		}
+	}
+	want := []Event{{Type: EventSynced}, {Type: EventSpec}, {EventUpsert, a.ID, "after"}}
+	for i := range want {
+		if seen[i] != want[i] {
+			t.Fatalf("events %v, want %v", seen, want)
+		}
+	}
+	spec, ok := v.Spec()
+	if !ok || spec.Max != 20 || len(spec.Reserved) != 1 || spec.Reserved[0] != [2]uint64{13, 14} {
+		t.Fatal(spec, ok)
+	}
+}
+
 // The view re-lists after a restart of the service (its history is gone: 410 on resume) and
 // ends equal to the pool, with events for the differences only.
 func TestAViewReListsWhenTheServiceForgotItsHistory(t *testing.T) {

@@ -154,6 +154,13 @@ func TestStreamMessagesParseAndBadOnesAreNamed(t *testing.T) {
 	if m, _ := parseEvent("ping", "x"); m.kind != msgOther {
 		t.Fatal(m)
 	}
+	m, err = parseEvent("spec", `{"revision":9,"spec":{"name":"p","min":1,"max":20,"reserved":[[3,4]]}}`)
+	if err != nil || m.kind != msgSpec || m.revision != 9 || m.spec.Max != 20 || len(m.spec.Reserved) != 1 {
+		t.Fatal(m, err)
+	}
+	if _, err := parseEvent("spec", `{"revision":9}`); err == nil || !contains(err.Error(), "spec", `{"revision":9}`) {
+		t.Fatal(err)
+	}
 	if _, err := parseEvent("upsert", `{"id":"x"}`); err == nil || !contains(err.Error(), "upsert", `{"id":"x"}`) {
 		t.Fatal(err)
 	}

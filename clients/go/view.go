@@ -19,6 +19,8 @@ const (
 	// EventSynced: the view holds the whole pool as of a revision (after the first listing and
 	// after every re-listing).
 	EventSynced
+	// EventSpec: the pool was resized; View.Spec is the spec now in force (ID and Key are empty).
+	EventSpec
 )
 
 func (t EventType) String() string {
@@ -29,6 +31,8 @@ func (t EventType) String() string {
 		return "delete"
 	case EventSynced:
 		return "synced"
+	case EventSpec:
+		return "spec"
 	}
 	return "unknown"
 }
@@ -50,6 +54,7 @@ const (
 	msgSynced
 	msgLagged
 	msgGone
+	msgSpec
 )
 
 // msg is one parsed SSE event of the watch stream.
@@ -58,6 +63,7 @@ type msg struct {
 	id       uint64
 	key      string
 	revision int64
+	spec     *PoolSpec
 }
 
 // parseEvent parses one SSE event (its name and data). The error names what is wrong.
@@ -88,6 +94,15 @@ func parseEvent(event, data string) (msg, error) {
 			return msg{}, bad(fmt.Errorf("a revision is required (%v)", err))
 		}
 		return msg{kind: msgSynced, revision: *s.Revision}, nil
+	case "spec":
+		var s struct {
+			Revision *int64   `json:"revision"`
+			Spec     *PoolSpec `json:"spec"`
+		}
+		if err := json.Unmarshal([]byte(data), &s); err != nil || s.Revision == nil || s.Spec == nil {
+			return msg{}, bad(fmt.Errorf("a revision and a spec are required (%v)", err))
+		}
+		return msg{kind: msgSpec, revision: *s.Revision, spec: s.Spec}, nil
 	case "error":
 		var e struct {
 			Kind     string `json:"kind"`
@@ -120,6 +135,8 @@ type viewState struct {
 	revision int64
 	synced   bool
 	listing  map[uint64]string
+	// spec is the last spec a spec event brought (nil before any resize was seen).
+	spec *PoolSpec
 }
 
 func newViewState() *viewState {
@@ -179,6 +196,9 @@ func (v *viewState) apply(m msg, sseID string) []Event {
 		}
 	case msgGone:
 		v.forget()
+	case msgSpec:
+		v.spec = m.spec
+		out = append(out, Event{Type: EventSpec})
 	}
 	if v.listing == nil && v.synced {
 		if r, err := strconv.ParseInt(strings.TrimSpace(sseID), 10, 64); err == nil && r > v.revision {

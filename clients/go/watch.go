@@ -70,6 +70,20 @@ func (v *View) Len() int {
 	return len(v.state.byID)
 }
 
+// Spec is the pool's spec as the last spec event of the stream brought it (a resize seen while
+// watching: an EventSpec); false if the view has seen none (the pool's spec is then
+// Client.ShowPool's).
+func (v *View) Spec() (PoolSpec, bool) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.state.spec == nil {
+		return PoolSpec{}, false
+	}
+	s := *v.state.spec
+	s.Reserved = append([][2]uint64(nil), s.Reserved...)
+	return s, true
+}
+
 // Revision is the last store revision the view has all the changes of (0 before the first sync).
 func (v *View) Revision() int64 {
 	v.mu.Lock()

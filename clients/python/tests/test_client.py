@@ -91,6 +91,12 @@ def test_stream_messages_parse_and_bad_ones_are_named() -> None:
     assert parse_event("error", '{"kind":"lagged","message":"m","revision":5}') == Msg("lagged", revision=5)
     assert parse_event("error", '{"kind":"gone","message":"m"}').kind == "gone"
     assert parse_event("ping", "x").kind == "other"
+    m = parse_event("spec", '{"revision":9,"spec":{"name":"p","min":1,"max":20,"reserved":[[3,4]]}}')
+    assert (m.kind, m.revision, m.spec["max"]) == ("spec", 9, 20)
+    with pytest.raises(ValueError, match=r'spec event with data \{"revision":9\}'):
+        parse_event("spec", '{"revision":9}')
+    with pytest.raises(ValueError, match="not an object"):
+        parse_event("spec", '{"revision":9,"spec":[1]}')
     with pytest.raises(ValueError, match=r'upsert event with data \{"id":"x"\}'):
         parse_event("upsert", '{"id":"x"}')
 
@@ -213,6 +219,29 @@ def test_a_view_follows_the_pool_and_reports_events(start_serve) -> None:
         seen = [q.get(timeout=60) for _ in range(4)]
         assert seen == [Event("upsert", before.id, "before"), Event("synced"),
                         Event("upsert", after.id, "after"), Event("delete", after.id, "after")]
+
+
+def test_a_resize_during_a_watch_is_a_spec_event(start_serve) -> None:
+    s = start_serve()
+    c = client(s.url())
+    c.ensure_pool("rs", 1, 10)
+    p = c.pool("rs")
+    with p.watch() as v:
+        q = v.subscribe()
+        assert v.wait_synced(60)
+        assert v.spec is None
+        c.resize_pool("rs", 1, 20, [[13, 14]])
+        after = p.acquire_durable("h", "after")
+        # The service re-lists the pool after a resize: a second synced may come, and is skipped.
+        seen = [q.get(timeout=60)]
+        while len(seen) < 3:
+            e = q.get(timeout=60)
+            if e.type != "synced":
+                seen.append(e)
+        shown = c.show_pool("rs")["spec"]
+        assert seen == [Event("synced"), Event("spec", spec=shown), Event("upsert", after.id, "after")]
+        assert (shown["max"], shown["reserved"]) == (20, [[13, 14]])
+        assert v.spec == shown
 
 
 def test_a_view_relists_when_the_service_forgot_its_history(start_serve, prefix) -> None:

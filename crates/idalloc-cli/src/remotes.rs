@@ -332,6 +332,13 @@ pub async fn watch(
                 }
                 continue;
             }
+            Event::Spec(spec) => {
+                let mut v = crate::watch::spec_doc(&name, &spec);
+                v["cluster"] = json!(c);
+                (v, format!("{c} {}", crate::watch::spec_line(&spec)))
+            }
+            // Kinds this version does not know say nothing about the bindings.
+            _ => continue,
         };
         out.either(|| line.0, || line.1)?;
         printed += 1;

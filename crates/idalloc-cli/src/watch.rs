@@ -41,6 +41,24 @@ pub fn diff(old: &BTreeMap<u64, String>, new: &BTreeMap<u64, String>) -> Vec<Cha
     out
 }
 
+/// A resize (`Event::Spec`) in a structured format: the range and reserved IDs now in force.
+pub fn spec_doc(pool: &str, spec: &idalloc::PoolSpec) -> serde_json::Value {
+    json!({"event": "spec", "pool": pool, "min": spec.min(), "max": spec.max(), "reserved": spec.reserved()})
+}
+
+/// A resize as a text line: `resized 1-200 reserved 5-9,17`.
+pub fn spec_line(spec: &idalloc::PoolSpec) -> String {
+    let reserved: Vec<String> = spec
+        .reserved()
+        .iter()
+        .map(|&(lo, hi)| if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") })
+        .collect();
+    match reserved.is_empty() {
+        true => format!("resized {}-{}\n", spec.min(), spec.max()),
+        false => format!("resized {}-{} reserved {}\n", spec.min(), spec.max(), reserved.join(",")),
+    }
+}
+
 struct Printer {
     pool: String,
     out: Out,
@@ -197,6 +215,15 @@ async fn follow_pool<P: Followed>(pool: &P, w: &WatchArgs, out: Out) -> Result<(
                 let now: BTreeMap<u64, String> = pool.bindings().into_iter().collect();
                 diff(&known, &now)
             }
+            Event::Spec(spec) => {
+                out.either(|| spec_doc(&w.pool, &spec), || spec_line(&spec))?;
+                if p.count()? {
+                    return Ok(());
+                }
+                continue;
+            }
+            // Kinds this version does not know say nothing about the bindings.
+            _ => continue,
         };
         for c in &changes {
             match c {
@@ -213,11 +240,11 @@ async fn follow_pool<P: Followed>(pool: &P, w: &WatchArgs, out: Out) -> Result<(
 /// Polls a file store (see the module docs).
 pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(), Failure> {
     let mut p = Printer { pool: w.pool.clone(), out, printed: 0, limit: w.count };
-    let mut known: Option<BTreeMap<u64, String>> = None;
+    let mut known: Option<(idalloc::PoolSpec, BTreeMap<u64, String>)> = None;
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
-        let now = tokio::select! {
+        let (spec, now) = tokio::select! {
             r = read_bindings(settings, &w.pool) => r?,
             _ = &mut ctrl_c => return Ok(()),
         };
@@ -228,7 +255,14 @@ pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(
                     return Ok(());
                 }
             }
-            Some(old) => {
+            Some((old_spec, old)) => {
+                // A resize between two readings: printed as the event stream prints it.
+                if *old_spec != spec {
+                    p.out.either(|| spec_doc(&w.pool, &spec), || spec_line(&spec))?;
+                    if p.count()? {
+                        return Ok(());
+                    }
+                }
                 for c in diff(old, &now) {
                     if p.change(&c)? {
                         return Ok(());
@@ -236,7 +270,7 @@ pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(
                 }
             }
         }
-        known = Some(now);
+        known = Some((spec, now));
         tokio::select! {
             _ = tokio::time::sleep(w.interval) => {}
             _ = &mut ctrl_c => return Ok(()),
@@ -248,14 +282,17 @@ pub async fn poll_file(settings: &Settings, w: &WatchArgs, out: Out) -> Result<(
 /// once synced, as [`follow`] reads them on etcd: the opened pool lists its ID records anyway,
 /// and a `Pool::list` on top read every record of the pool a second time (about half of a
 /// poll's CPU at 1M bindings; docs/benchmarks/scale.md, "Linear cost").
-async fn read_bindings(settings: &Settings, pool: &str) -> Result<BTreeMap<u64, String>, Failure> {
+async fn read_bindings(
+    settings: &Settings,
+    pool: &str,
+) -> Result<(idalloc::PoolSpec, BTreeMap<u64, String>), Failure> {
     let opened = open::open_store(settings, false).await?;
     let alloc =
         open::allocator(settings, opened.store, false, idalloc::allocator::DEFAULT_BULK_IN_FLIGHT)?;
     let result = async {
         let pool = alloc.pool(pool).await?;
         pool.wait_synced().await?;
-        Ok::<_, Failure>(pool.snapshot().into_iter().collect())
+        Ok::<_, Failure>((pool.spec(), pool.snapshot().into_iter().collect()))
     }
     .await;
     let _ = alloc.close().await;

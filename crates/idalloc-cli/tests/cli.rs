@@ -561,6 +561,55 @@ fn etcd_watch_of_a_deleted_pool_ends_with_not_found() {
     assert_eq!(done.status.code(), Some(3), "{}", String::from_utf8_lossy(&done.stderr));
 }
 
+/// A resize while `watch` follows the pool prints a line saying so in every output format:
+/// `resized MIN-MAX [reserved ...]` as text, an `{"event": "spec", ...}` document in the
+/// structured ones, and counts as one of `--count`.
+#[test]
+fn etcd_watch_prints_a_resize_in_every_format() {
+    let Some(t) = Target::etcd() else { return };
+    watch_prints_a_resize_in_every_format(&t);
+}
+
+#[test]
+fn file_store_watch_prints_a_resize_in_every_format() {
+    watch_prints_a_resize_in_every_format(&Target::file());
+}
+
+fn watch_prints_a_resize_in_every_format(t: &Target) {
+    t.run(&["pool", "create", "rw", "--range", "1-10"]).ok();
+    for (i, format) in ["text", "wide", "json", "yaml"].into_iter().enumerate() {
+        let max = (20 + i).to_string();
+        let mut w = Watched::spawn(
+            t.std_cmd()
+                .args(["-o", format, "watch", "rw", "--count", "1", "--interval", "100ms"])
+                .stderr(Stdio::piped()),
+        );
+        w.read_until(|l| l.contains("synced"));
+        t.run(&["pool", "resize", "rw", "--range", &format!("1-{max}"), "--reserve", "13-14"]).ok();
+        let from = w.seen.len();
+        w.read_until(|l| l.starts_with("resized") || l.contains("\"spec\"") || l.contains("max:"));
+        let out = w.seen[from..].join("\n");
+        let done = w.finish();
+        assert!(done.status.success(), "{format}: {}", String::from_utf8_lossy(&done.stderr));
+        match format {
+            "text" | "wide" => assert_eq!(out, format!("resized 1-{max} reserved 13-14"), "{format}"),
+            "json" => {
+                let v: Value = serde_json::from_str(&out).expect("one JSON line");
+                assert_eq!(
+                    v,
+                    serde_json::json!({"event": "spec", "pool": "rw", "min": 1, "max": 20 + i, "reserved": [[13, 14]]})
+                );
+            }
+            _ => {
+                assert!(
+                    out.contains("event: spec") && out.ends_with(&format!("max: {max}")),
+                    "{out}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn file_store_watch() {
     watch_sees_changes(&Target::file());

@@ -135,6 +135,29 @@ fn every_command_through_serve_answers_as_on_a_store() {
     assert_eq!((j["event"].as_str(), j["key"].as_str()), (Some("upsert"), Some("watched")), "{j}");
     assert_eq!(w.wait().expect("watch exits").code(), Some(0));
 
+    // And a resize made through the service (the SSE `spec` event, through idalloc-client).
+    let mut w = Command::new(bin())
+        .args(["--server", &url, "watch", "p", "--count", "1"])
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn watch");
+    let mut stdout = std::io::BufReader::new(w.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("synced line");
+    assert!(line.starts_with("synced"), "{line}");
+    let r = run(
+        served.path(),
+        &[("IDALLOC_SERVER", &url)],
+        &["pool", "resize", "p", "--range", "1-500"],
+    );
+    assert_eq!(r.code, 0, "{r:?}");
+    line.clear();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("resized line");
+    assert!(line.starts_with("resized 1-500"), "{line}");
+    assert_eq!(w.wait().expect("watch exits").code(), Some(0));
+
     // status: the service, its revision and pools.
     let r = run(served.path(), &[("IDALLOC_SERVER", &url)], &["--json", "status"]);
     assert_eq!(r.code, 0, "{r:?}");

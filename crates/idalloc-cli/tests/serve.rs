@@ -690,6 +690,97 @@ fn watch_streams_replay_then_live_and_resumes_from_a_revision() {
     assert!(!got.contains("\"key\":\"new\""), "{got}");
 }
 
+/// The next SSE event of `lines`: its name, id and data.
+fn sse_event(
+    lines: &mut impl Iterator<Item = std::io::Result<String>>,
+) -> (String, Option<i64>, Value) {
+    let (mut name, mut id, mut data) = (String::new(), None, Value::Null);
+    loop {
+        let line = lines.next().expect("stream open").expect("read");
+        if line.is_empty() {
+            if !name.is_empty() {
+                return (name, id, data);
+            }
+            continue;
+        }
+        if let Some(v) = line.strip_prefix("event:") {
+            name = v.trim().to_string();
+        } else if let Some(v) = line.strip_prefix("id:") {
+            id = v.trim().parse().ok();
+        } else if let Some(v) = line.strip_prefix("data:") {
+            data = serde_json::from_str(v.trim()).expect("data is JSON");
+        }
+    }
+}
+
+/// A resize (`PATCH /v1/pools/{pool}`) during a watch is a `spec` event with the spec as `GET
+/// /v1/pools/{pool}` shows it and the resize's revision, without an SSE id; the bindings' events
+/// go on after it; a stream resumed from before the resize starts with it, one resumed from after
+/// it does not.
+#[test]
+fn a_resize_during_a_watch_is_a_spec_event() {
+    let Some((_rt, etcd)) = etcd() else { return };
+    let s = start_serve(&etcd.endpoint(), &unique_prefix(), &[]);
+    post(&s, "/v1/pools", json!({"name": "rs", "min": 1, "max": 10})).ok();
+    let resp = agent().get(&s.http("/v1/pools/rs/watch")).call().expect("watch");
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut lines = BufReader::new(resp.into_body().into_reader()).lines();
+    let (n, synced_rev, _) = sse_event(&mut lines);
+    assert_eq!(n, "synced");
+    let synced_rev = synced_rev.expect("synced carries the revision");
+
+    let r =
+        send("PATCH", &s.http("/v1/pools/rs"), Some(r#"{"min":1,"max":20,"reserved":[[13,14]]}"#));
+    r.ok();
+    let (n, id, d) = sse_event(&mut lines);
+    assert_eq!(n, "spec", "{d}");
+    assert_eq!(id, None, "a spec event names no revision the client has all of");
+    let shown = get(&s, "/v1/pools/rs").ok();
+    assert_eq!(d["spec"], shown["spec"], "the spec as the pool endpoint shows it");
+    assert_eq!(
+        (d["spec"]["max"].as_u64(), d["spec"]["reserved"].clone()),
+        (Some(20), json!([[13, 14]]))
+    );
+    let spec_rev = d["revision"].as_i64().expect("the resize's revision");
+    assert!(spec_rev > synced_rev, "{spec_rev} after {synced_rev}");
+
+    let k =
+        post(&s, "/v1/pools/rs/acquire", json!({"key": "k", "holder": "h"})).ok()["id"].as_u64();
+    // The service re-lists the pool after a resize: a `synced` may come first.
+    let (mut n, mut rev, mut d) = sse_event(&mut lines);
+    while n == "synced" {
+        (n, rev, d) = sse_event(&mut lines);
+    }
+    assert_eq!((n.as_str(), d["id"].as_u64(), d["key"].as_str()), ("upsert", k, Some("k")));
+    let rev = rev.expect("an upsert carries its revision");
+
+    // Resumed from before the resize: the spec first, then the upsert.
+    let resumed = agent()
+        .get(&s.http(&format!("/v1/pools/rs/watch?from_revision={}", synced_rev + 1)))
+        .call()
+        .expect("resume");
+    let mut again = BufReader::new(resumed.into_body().into_reader()).lines();
+    let (n, _, d) = sse_event(&mut again);
+    assert_eq!((n.as_str(), d["revision"].as_i64()), ("spec", Some(spec_rev)));
+    loop {
+        let (n, _, d) = sse_event(&mut again);
+        if n == "upsert" {
+            assert_eq!(d["key"].as_str(), Some("k"));
+            break;
+        }
+        assert!(n == "spec" || n == "synced", "only the spec (again) before the upsert: {n} {d}");
+    }
+    // Resumed from after it: the next event is the next change, no spec.
+    let later = agent()
+        .get(&s.http(&format!("/v1/pools/rs/watch?from_revision={}", rev + 1)))
+        .call()
+        .expect("resume");
+    let mut later = BufReader::new(later.into_body().into_reader()).lines();
+    post(&s, "/v1/pools/rs/release", json!({"key": "k", "holder": "h"})).ok();
+    let (n, _, d) = sse_event(&mut later);
+    assert_eq!((n.as_str(), d["key"].as_str()), ("delete", Some("k")), "{d}");
+}
+
 #[test]
 fn sigterm_ends_watches_exits_zero_and_refuses_new_connections() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -17,7 +17,7 @@ use std::collections::HashMap;
 
 use idalloc::Event;
 use idalloc_wire::errors::kind;
-use idalloc_wire::{Change, ErrorEvent, Synced};
+use idalloc_wire::{Change, ErrorEvent, SpecChange, Synced};
 
 /// One message of the watch stream.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,6 +40,8 @@ pub(crate) enum Msg {
     },
     /// The pool was deleted or re-created: watch it again from scratch.
     Gone,
+    /// The pool was resized: the spec now in force.
+    Spec(Box<idalloc::PoolSpec>),
     /// A comment, or an event this client does not know (ignored).
     Other,
 }
@@ -58,6 +60,12 @@ pub(crate) fn parse(event: &str, data: &str) -> Result<Msg, String> {
         }
         "synced" => {
             Msg::Synced { revision: serde_json::from_str::<Synced>(data).map_err(bad)?.revision }
+        }
+        "spec" => {
+            let c: SpecChange = serde_json::from_str(data).map_err(bad)?;
+            let spec = crate::api::to_spec(&c.spec)
+                .map_err(|e| format!("{event} event with data {data}: {e}"))?;
+            Msg::Spec(Box::new(spec))
         }
         "error" => {
             let e: ErrorEvent = serde_json::from_str(data).map_err(bad)?;
@@ -148,6 +156,7 @@ impl View {
                 }
             }
             Msg::Gone => self.forget_revision(),
+            Msg::Spec(spec) => out.push(Event::Spec(*spec)),
             Msg::Other => {}
         }
         // Only a resumed stream's ids move the revision: a listing's ids come with its `synced`.
@@ -278,5 +287,19 @@ mod tests {
         assert_eq!(parse("ping", "x"), Ok(Msg::Other));
         let e = parse("upsert", r#"{"id":"x"}"#).expect_err("bad");
         assert!(e.contains("upsert") && e.contains(r#"{"id":"x"}"#), "{e}");
+    }
+
+    #[test]
+    fn a_spec_event_is_the_spec_now_in_force_and_a_bad_one_is_named() {
+        let data = r#"{"revision":9,"spec":{"name":"p","min":1,"max":20,"reserved":[[3,4]],"prefix":0,"strategy":"random","idle_grace_ms":0,"reuse_delay_ms":0}}"#;
+        let want = idalloc::PoolSpec::new("p", 1, 20).reserve(3..=4);
+        assert_eq!(parse("spec", data), Ok(Msg::Spec(Box::new(want.clone()))));
+        let mut v = View::default();
+        assert_eq!(v.apply(Msg::Spec(Box::new(want.clone())), ""), vec![Event::Spec(want)]);
+        assert_eq!(v.resume_from(), None, "a spec event moves no revision");
+        // A spec the library would refuse (min above max) is named, not taken.
+        let bad = r#"{"revision":9,"spec":{"name":"p","min":5,"max":1,"reserved":[],"prefix":0,"strategy":"random","idle_grace_ms":0,"reuse_delay_ms":0}}"#;
+        let e = parse("spec", bad).expect_err("bad");
+        assert!(e.contains("spec event") && e.contains("min"), "{e}");
     }
 }

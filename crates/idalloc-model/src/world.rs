@@ -5,9 +5,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 
 use idalloc::bench_api::{
-    assemble, fold_fences_txn, init_pool_txn, pack, split, stray_ref_release_outcome,
-    stray_ref_release_txn, sweep_txn, Action, BindLoop, BindPlan, Candidates, Failure, Fences,
-    Frame, Hints, Input, LastRelease, MemoryCore, Orphan, RefTarget, ReleasePlan,
+    assemble, fold_fences_txn, id_is_allocatable, init_pool_txn, only_grows, pack, resize_txn,
+    split, stray_ref_release_outcome, stray_ref_release_txn, sweep_txn, Action, BindLoop, BindPlan,
+    Candidates, Failure, Fences, Frame, Hints, Input, LastRelease, MemoryCore, Orphan, RefTarget,
+    ReleasePlan,
 };
 use idalloc::layout::{IdRecord, Layout};
 use idalloc::records::PoolSnapshot;
@@ -55,6 +56,11 @@ pub struct Scope {
     pub sweeps: u32,
     /// Pool deletions (each may be followed by a re-create).
     pub deletes: u32,
+    /// Resizes (`Allocator::resize_pool`: a read of the spec and, when narrowing, a listing
+    /// of the ID records, then the resize txn, applied at any later point). Each goes from the
+    /// spec in force to one of: the range grown by one ID, shrunk by one (its last ID), its
+    /// first ID reserved, or back to the first spec.
+    pub resizes: u32,
     /// Acquires may take two keys in one batched request (`pack` + `assemble` + `split`).
     pub batch: bool,
     /// A restarted process keeps its holder name (a configured holder) instead of taking a new
@@ -89,6 +95,7 @@ impl Default for Scope {
             dups: 0,
             sweeps: 1,
             deletes: 0,
+            resizes: 0,
             batch: true,
             same_holder: false,
             lazy: false,
@@ -105,7 +112,10 @@ pub type Event = String;
 /// Things fixed for one search.
 pub(crate) struct Ctx {
     pub scope: Scope,
+    /// The pool's first spec (created with the pool, and again on a re-create).
     pub spec: &'static PoolSpec,
+    /// Every spec the pool can have: the first, then the resize targets (see `Scope::resizes`).
+    specs: Vec<&'static PoolSpec>,
     pub layout: Layout,
     saboteur: Saboteur,
 }
@@ -119,11 +129,40 @@ impl Ctx {
             Err(e) => panic!("the model's layout prefix is valid: {e}"),
         };
         let saboteur = Saboteur::new(layout.clone(), scope.sabotage);
-        Ctx { scope, spec, layout, saboteur }
+        let n = scope.ids;
+        let mut targets = vec![spec.resized(1, n + 1, &[])];
+        if n >= 2 {
+            targets.push(spec.resized(1, n - 1, &[]));
+            targets.push(spec.resized(1, n, &[(1, 1)]));
+        }
+        let mut specs = vec![spec];
+        for t in targets {
+            if let Err(e) = t.validate() {
+                panic!("a resize target of the model is invalid: {e}");
+            }
+            specs.push(Box::leak(Box::new(t)));
+        }
+        Ctx { scope, spec, specs, layout, saboteur }
     }
 
-    fn ids(&self) -> impl Iterator<Item = u64> + '_ {
-        (1..=self.scope.ids).map(|raw| self.spec.apply_prefix(raw))
+    /// The IDs spec `i` hands out (with the prefix bits).
+    fn ids(&self, i: usize) -> impl Iterator<Item = u64> + '_ {
+        let spec = self.specs[i];
+        (spec.min()..=spec.max())
+            .filter(|raw| spec.is_allocatable(*raw))
+            .map(|raw| spec.apply_prefix(raw))
+    }
+
+    /// Which of [`Ctx::specs`] a spec record holds.
+    fn spec_index(&self, kv: &KeyValue) -> usize {
+        let spec = match PoolSpec::from_json(&kv.value) {
+            Ok(s) => s,
+            Err(e) => panic!("the model's spec record is unreadable: {e}"),
+        };
+        match self.specs.iter().position(|s| **s == spec) {
+            Some(i) => i,
+            None => panic!("the model's spec record {spec} is none of its specs"),
+        }
     }
 }
 
@@ -178,6 +217,10 @@ struct Proc {
     stale_leases: Vec<LeaseId>,
     /// The spec's create revision the process's pool handle was opened on (`None`: no pool).
     spec_rev: Option<Revision>,
+    /// The version (mod revision) of the spec the handle uses, and which spec it is
+    /// ([`Ctx::specs`]): what a resize changes, learned from the spec watch or a failed write.
+    spec_ver: Revision,
+    spec_i: usize,
     /// A failed request said the pool is gone: the handle is retired until reopened.
     retired: bool,
     seen: Revision,
@@ -203,9 +246,10 @@ enum Reply {
         batch: bool,
     },
     Release,
-    /// Sweep and fold txns: nobody waits for them.
+    /// Sweep, fold and resize txns: nobody waits for them.
     Sweep,
     Fold,
+    Resize,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -226,6 +270,7 @@ struct Budget {
     sweeps: u32,
     deletes: u32,
     creates: u32,
+    resizes: u32,
 }
 
 /// A state of the whole system.
@@ -252,6 +297,7 @@ impl World {
                 sweeps: s.sweeps,
                 deletes: s.deletes,
                 creates: s.deletes,
+                resizes: s.resizes,
             },
         };
         let create = init_pool_txn(&ctx.layout, POOL, ctx.spec.to_json());
@@ -286,7 +332,7 @@ impl World {
         for (i, p) in self.procs.iter().enumerate() {
             let _ = write!(
                 s,
-                "|P{i} {} {} {} {:?} {:?} {:?} {:?} {} {} {:?} {:?} {:?} {:?} {:?} {} ",
+                "|P{i} {} {} {} {:?} {:?} {:?} {:?} v{} s{} {} {} {:?} {:?} {:?} {:?} {:?} {} ",
                 p.up,
                 p.lazy,
                 p.life,
@@ -294,6 +340,8 @@ impl World {
                 p.lease,
                 p.stale_leases,
                 p.spec_rev,
+                p.spec_ver,
+                p.spec_i,
                 p.retired,
                 p.seen,
                 p.view_ids,
@@ -322,8 +370,32 @@ impl World {
     }
 
     fn current_spec_rev(&self, ctx: &Ctx) -> Option<Revision> {
+        self.spec_record(ctx).map(|kv| kv.create_revision)
+    }
+
+    /// The pool's spec record as the store holds it now.
+    fn spec_record(&self, ctx: &Ctx) -> Option<KeyValue> {
         let req = GetRequest::new(KeyRange::key(ctx.layout.pool_spec_key(POOL)));
-        self.store.get(&req).ok()?.kvs.first().map(|kv| kv.create_revision)
+        self.store.get(&req).ok()?.kvs.into_iter().next()
+    }
+
+    /// The spec in force ([`Ctx::specs`] index), the first one while there is no pool.
+    fn spec_now(&self, ctx: &Ctx) -> usize {
+        self.spec_record(ctx).map_or(0, |kv| ctx.spec_index(&kv))
+    }
+
+    /// `p` adopts spec record `kv` if it is a newer version of the pool its handle is on (a
+    /// resize: `PoolState::adopt`); returns false for anything else (deleted, re-created).
+    fn adopt(&mut self, ctx: &Ctx, p: usize, kv: &KeyValue) -> bool {
+        let pr = &mut self.procs[p];
+        if pr.spec_rev != Some(kv.create_revision) {
+            return false;
+        }
+        if kv.mod_revision > pr.spec_ver {
+            pr.spec_ver = kv.mod_revision;
+            pr.spec_i = ctx.spec_index(kv);
+        }
+        true
     }
 
     fn pool_records(&self, ctx: &Ctx) -> (Vec<KeyValue>, Revision) {
@@ -347,10 +419,13 @@ impl World {
                 Err(e) => panic!("lease grant on the memory core failed: {e}"),
             }
         }
-        let spec_rev = self.current_spec_rev(ctx);
+        let spec = self.spec_record(ctx);
+        let spec_i = spec.as_ref().map_or(0, |kv| ctx.spec_index(kv));
         let pr = &mut self.procs[p];
         pr.up = true;
-        pr.spec_rev = spec_rev;
+        pr.spec_rev = spec.as_ref().map(|kv| kv.create_revision);
+        pr.spec_ver = spec.as_ref().map_or(0, |kv| kv.mod_revision);
+        pr.spec_i = spec_i;
         pr.retired = false;
         pr.held.clear();
         pr.abandon.clear();
@@ -398,7 +473,8 @@ impl World {
     pub fn successors(&self, ctx: &Ctx) -> Vec<(Event, World)> {
         let mut out = Vec::new();
         let s = &ctx.scope;
-        let spec_now = self.current_spec_rev(ctx);
+        let spec_kv = self.spec_record(ctx);
+        let spec_now = spec_kv.as_ref().map(|kv| kv.create_revision);
         for p in 0..self.procs.len() {
             let pr = &self.procs[p];
             if pr.up && pr.op.is_none() {
@@ -439,6 +515,13 @@ impl World {
                 let mut w = self.clone();
                 w.sync(ctx, p);
                 out.push((format!("P{p} view syncs"), w));
+            }
+            if let Some(kv) = spec_kv.as_ref().filter(|kv| {
+                pr.up && pr.spec_rev == Some(kv.create_revision) && kv.mod_revision > pr.spec_ver
+            }) {
+                let mut w = self.clone();
+                w.adopt(ctx, p, kv);
+                out.push((format!("P{p} learns the resize (spec watch)"), w));
             }
             if pr.up {
                 if self.budget.crashes > 0 {
@@ -511,11 +594,44 @@ impl World {
             w.apply(ctx, &delete_pool_txn(&ctx.layout));
             out.push(("the pool is deleted (force)".to_string(), w));
         }
+        if let Some(kv) = spec_kv.as_ref().filter(|_| self.budget.resizes > 0) {
+            out.extend(self.resizes(ctx, kv));
+        }
         if self.budget.creates > 0 && spec_now.is_none() {
             let mut w = self.clone();
             w.budget.creates -= 1;
             w.apply(ctx, &init_pool_txn(&ctx.layout, POOL, ctx.spec.to_json()));
             out.push(("the pool is re-created".to_string(), w));
+        }
+        out
+    }
+
+    /// `Allocator::resize_pool`'s decision from spec record `kv` to each other spec: when
+    /// narrowing, a listing of the ID records now, refused (no successor) if one is outside the
+    /// new spec; the resize txn then goes in flight (applied at any later point, or lost).
+    fn resizes(&self, ctx: &Ctx, kv: &KeyValue) -> Vec<(Event, World)> {
+        let from = ctx.spec_index(kv);
+        let mut out = Vec::new();
+        for (to, &new) in ctx.specs.iter().enumerate() {
+            if to == from {
+                continue;
+            }
+            let listed_at = if only_grows(ctx.specs[from], new) {
+                None
+            } else {
+                let (kvs, rev) = self.pool_records(ctx);
+                let snap = PoolSnapshot::parse(&ctx.layout, POOL, &kvs, rev);
+                if snap.ids.keys().any(|id| !id_is_allocatable(new, *id)) {
+                    continue;
+                }
+                Some(rev)
+            };
+            let mut w = self.clone();
+            w.budget.resizes -= 1;
+            let txn = resize_txn(&ctx.layout, POOL, kv.mod_revision, listed_at, new);
+            w.net.push(Msg { waiter: None, reply: Reply::Resize, txn, dup_used: false });
+            let how = listed_at.map_or(String::new(), |r| format!(", no ID outside it at r{r}"));
+            out.push((format!("resize decided: {} -> {new}{how}", ctx.specs[from]), w));
         }
         out
     }
@@ -535,6 +651,8 @@ impl World {
         pr.learned.clear();
         pr.seen = 0;
         pr.spec_rev = None;
+        pr.spec_ver = 0;
+        pr.spec_i = 0;
         pr.retired = false;
         if let Some(l) = pr.lease.take() {
             pr.stale_leases.push(l);
@@ -615,7 +733,7 @@ impl World {
         match step.action {
             Action::Pick { .. } => {
                 let free: Vec<u64> = ctx
-                    .ids()
+                    .ids(pr.spec_i)
                     .filter(|id| {
                         !pr.view_ids.contains_key(id)
                             && !pr.learned.contains(id)
@@ -690,7 +808,22 @@ impl World {
                     LpSt::Done(id) => {
                         pr.held.insert(l.key.to_string(), id);
                     }
-                    LpSt::Failed(Failure::PoolGone { .. }) => pr.retired = true,
+                    LpSt::Failed(Failure::PoolGone { spec_now }) => {
+                        // A resize is adopted (the acquire answers `unavailable`); anything else
+                        // retires the handle.
+                        let resized = spec_now.as_ref().is_some_and(|kv| {
+                            pr.spec_rev == Some(kv.create_revision)
+                                && kv.mod_revision >= pr.spec_ver
+                        });
+                        if resized {
+                            if let Some(kv) = spec_now.as_ref() {
+                                pr.spec_ver = pr.spec_ver.max(kv.mod_revision);
+                                pr.spec_i = ctx.spec_index(kv);
+                            }
+                        } else {
+                            pr.retired = true;
+                        }
+                    }
                     _ => {}
                 }
                 if !pr.held.contains_key(l.key) && pr.doubt.contains(l.key) && !pr.retired {
@@ -699,7 +832,20 @@ impl World {
             }
             return vec![self];
         }
-        let fences = Fences { spec_rev: pr.spec_rev, seen: Some(pr.seen) };
+        // `bind_fences`: the spec version in force now, and no new binding of an ID it does not
+        // hand out (`unavailable`, nothing sent).
+        let spec = ctx.specs[pr.spec_i];
+        let outside = sending.iter().any(|&i| {
+            matches!(&loops[i].st, LpSt::Sending(plan)
+                if plan.creates_binding() && !id_is_allocatable(spec, plan.id))
+        });
+        if outside {
+            for &i in &sending {
+                loops[i].st = LpSt::Failed(Failure::Aborted);
+            }
+            return self.round(ctx, p);
+        }
+        let fences = Fences { spec_rev: pr.spec_rev.map(|_| pr.spec_ver), seen: Some(pr.seen) };
         let holder = RefTarget { holder: holder_name, lease: pr.lease.unwrap_or(0) };
         let mut txns = Vec::new();
         for &i in &sending {
@@ -785,9 +931,22 @@ impl World {
                 };
                 let pr = &mut self.procs[p];
                 let Some(Op::Release(rel)) = &mut pr.op else { unreachable!() };
-                if out.pool_gone.is_some() {
-                    pr.op = None;
-                    pr.retired = true;
+                if let Some(spec_now) = &out.pool_gone {
+                    let resized = spec_now.as_ref().filter(|kv| {
+                        pr.spec_rev == Some(kv.create_revision) && kv.mod_revision >= pr.spec_ver
+                    });
+                    match resized.cloned() {
+                        // Resized: adopted; the release answers `unavailable` (this attempt wrote
+                        // nothing, an earlier one may have) and its caller retries it.
+                        Some(kv) => {
+                            self.adopt(ctx, p, &kv);
+                            self.send_release(ctx, p);
+                        }
+                        None => {
+                            pr.op = None;
+                            pr.retired = true;
+                        }
+                    }
                     return vec![self];
                 }
                 if out.fenced_out {
@@ -814,7 +973,7 @@ impl World {
                 }
                 vec![self]
             }
-            Reply::Sweep | Reply::Fold => vec![self],
+            Reply::Sweep | Reply::Fold | Reply::Resize => vec![self],
         }
     }
 
@@ -835,7 +994,7 @@ impl World {
                 self.send_release(ctx, p);
                 vec![self]
             }
-            Reply::Sweep | Reply::Fold => vec![self],
+            Reply::Sweep | Reply::Fold | Reply::Resize => vec![self],
         }
     }
 
@@ -885,7 +1044,7 @@ impl World {
     fn send_release(&mut self, ctx: &Ctx, p: usize) {
         let pr = &mut self.procs[p];
         let life = pr.life;
-        let fences = Fences { spec_rev: pr.spec_rev, seen: Some(pr.seen) };
+        let fences = Fences { spec_rev: pr.spec_rev.map(|_| pr.spec_ver), seen: Some(pr.seen) };
         let bump = if pr.doubt.iter().any(|k| Some(k.as_str()) == op_key(&pr.op)) {
             pr.lease
         } else {
@@ -950,7 +1109,7 @@ impl World {
                 }
             }
         }
-        (orphans, snap.fences.len(), self.current_spec_rev(ctx))
+        (orphans, snap.fences.len(), self.spec_record(ctx).map(|kv| kv.mod_revision))
     }
 
     /// G1–G3 in this state (and G4 if it is quiescent): the broken rules, as messages.
@@ -960,9 +1119,11 @@ impl World {
         let snap = PoolSnapshot::parse(&ctx.layout, POOL, &kvs, rev);
         out.extend(g1::check(&snap).iter().map(|p| p.to_string()));
         out.extend(g1::check_references(&snap).iter().map(|p| p.to_string()));
+        // G3 against the spec in force: a resize never leaves an ID record outside it.
+        let spec = ctx.specs[self.spec_now(ctx)];
         for id in snap.ids.keys() {
-            if !ctx.spec.strip_prefix(*id).is_some_and(|raw| ctx.spec.is_allocatable(raw)) {
-                out.push(format!("G3: ID record {id} is outside the pool's IDs"));
+            if !id_is_allocatable(spec, *id) {
+                out.push(format!("G3: ID record {id} is outside the pool's IDs ({spec})"));
             }
         }
         let spec_now = self.current_spec_rev(ctx);
@@ -982,8 +1143,10 @@ impl World {
                 if r.and_then(|r| r.id) != Some(*id) {
                     out.push(format!("G2: P{p} holds {key} as {id} but its reference is gone"));
                 }
-                if !ctx.spec.strip_prefix(*id).is_some_and(|raw| ctx.spec.is_allocatable(raw)) {
-                    out.push(format!("G3: P{p} holds {key} as {id}, outside the pool's IDs"));
+                if !id_is_allocatable(spec, *id) {
+                    out.push(format!(
+                        "G3: P{p} holds {key} as {id}, outside the pool's IDs ({spec})"
+                    ));
                 }
             }
         }
@@ -1043,8 +1206,12 @@ impl World {
     pub fn summary(&self, ctx: &Ctx) -> String {
         let (kvs, rev) = self.pool_records(ctx);
         let mut s = format!("r{rev}");
-        if self.current_spec_rev(ctx).is_none() {
-            s.push_str(" (no pool)");
+        match self.spec_record(ctx) {
+            None => s.push_str(" (no pool)"),
+            Some(kv) if ctx.spec_index(&kv) != 0 => {
+                let _ = write!(s, " spec {}", ctx.specs[ctx.spec_index(&kv)]);
+            }
+            Some(_) => {}
         }
         for kv in &kvs {
             let name = String::from_utf8_lossy(&kv.key);
@@ -1119,6 +1286,7 @@ fn describe(m: &Msg) -> String {
         Reply::Release => "release".to_string(),
         Reply::Sweep => "sweep txn".to_string(),
         Reply::Fold => "fence fold".to_string(),
+        Reply::Resize => "resize txn".to_string(),
     };
     let puts: Vec<String> = writes(&m.txn).into_iter().collect();
     format!("{who}{what} [{}]", puts.join(", "))

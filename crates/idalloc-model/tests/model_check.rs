@@ -15,7 +15,7 @@ fn env_u(name: &str, default: u64) -> u64 {
 
 /// The CI scope, widened by `MODEL_SCOPE=wide` or field by field (`MODEL_PROCS`, `MODEL_KEYS`,
 /// `MODEL_IDS`, `MODEL_OPS`, `MODEL_CRASHES`, `MODEL_TIMEOUTS`, `MODEL_DUPS`, `MODEL_SWEEPS`,
-/// `MODEL_DELETES`).
+/// `MODEL_DELETES`, `MODEL_RESIZES`).
 fn scope() -> Scope {
     let base = match std::env::var("MODEL_SCOPE").as_deref() {
         Ok("wide") => Scope { ops: 2, ..Scope::default() },
@@ -31,6 +31,7 @@ fn scope() -> Scope {
         dups: env_u("MODEL_DUPS", base.dups.into()) as u32,
         sweeps: env_u("MODEL_SWEEPS", base.sweeps.into()) as u32,
         deletes: env_u("MODEL_DELETES", base.deletes.into()) as u32,
+        resizes: env_u("MODEL_RESIZES", base.resizes.into()) as u32,
         same_holder: env_u("MODEL_SAME_HOLDER", 0) == 1,
         ..base
     }
@@ -39,7 +40,7 @@ fn scope() -> Scope {
 fn line(what: &str, scope: &Scope, r: &Report) {
     println!(
         "model check {what}: {} states, {} transitions, {} quiescent, depth {}, {:.1} s \
-         (procs {} keys {} ids {} ops {} crashes {} timeouts {} dups {} sweeps {} deletes {} batch {})",
+         (procs {} keys {} ids {} ops {} crashes {} timeouts {} dups {} sweeps {} deletes {} resizes {} batch {})",
         r.states,
         r.transitions,
         r.quiescent,
@@ -54,6 +55,7 @@ fn line(what: &str, scope: &Scope, r: &Report) {
         scope.dups,
         scope.sweeps,
         scope.deletes,
+        scope.resizes,
         scope.batch
     );
 }
@@ -89,6 +91,41 @@ fn pool_delete_and_re_create_break_nothing() {
     let scope = Scope { crashes: 0, deletes: 1, ..Scope::default() };
     let r = explore(scope.clone());
     line("clean protocol, pool delete", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated && r.quiescent > 0);
+}
+
+/// Resizes (grow, shrink, a reserved ID, and back) racing binds and releases of two processes
+/// whose decisions were made under the old spec, which learn the new one from the spec watch or
+/// from a failed write: G1 holds, and no ID record or held ID is ever outside the spec in force.
+#[test]
+fn resizes_racing_binds_break_nothing() {
+    let scope = Scope { crashes: 0, sweeps: 0, resizes: 1, ..Scope::default() };
+    let r = explore(scope.clone());
+    line("clean protocol, resizes", &scope, &r);
+    if let Some(v) = &r.violation {
+        panic!("the protocol breaks a guarantee:\n{v}");
+    }
+    assert!(!r.truncated && r.quiescent > 0);
+}
+
+/// Resizes with a late apply: a bind that timed out under the old range and commits after the
+/// resize, and a resize txn applied late after binds its listing did not see.
+#[test]
+fn resizes_racing_late_binds_break_nothing() {
+    let scope = Scope {
+        procs: 1,
+        ops: 2,
+        crashes: 0,
+        timeouts: 1,
+        sweeps: 0,
+        resizes: 1,
+        ..Scope::default()
+    };
+    let r = explore(scope.clone());
+    line("clean protocol, resizes and late applies", &scope, &r);
     if let Some(v) = &r.violation {
         panic!("the protocol breaks a guarantee:\n{v}");
     }
@@ -229,6 +266,20 @@ fn sabotage_dropping_the_fence_floor_compare_is_found() {
         Scope { procs: 1, timeouts: 1, sweeps: 1, ..small() },
         &["G4", "G2", "G1"],
     );
+}
+
+/// Without the spec version compare, a bind decided under the old range commits after a shrink
+/// (or a reservation) of it: an ID record outside the spec in force.
+#[test]
+fn sabotage_dropping_the_spec_compare_is_found_with_a_resize() {
+    found(Sabotage::SkipSpecCompare, Scope { resizes: 1, ..small() }, &["G3"]);
+}
+
+/// Without the narrowing resize's compare on the ID records, a bind committed after the resize's
+/// listing is left outside the narrowed spec.
+#[test]
+fn sabotage_dropping_the_resize_listing_compare_is_found() {
+    found(Sabotage::SkipResizeListingCompare, Scope { ops: 1, resizes: 1, ..small() }, &["G3"]);
 }
 
 #[test]

@@ -111,6 +111,12 @@ impl Ring {
         self.floor = floor;
     }
 
+    /// The revision of the newest group (the floor if there is none): where a group that is no
+    /// revision of its own (a spec change) goes, keeping the groups in revision order.
+    pub fn end_revision(&self) -> i64 {
+        self.groups.back().map_or(self.floor, |g| g.revision).max(self.floor)
+    }
+
     /// Up to `max` groups from sequence `seq` on (empty if none yet).
     pub fn read(&self, seq: u64, max: usize) -> Result<Vec<Group>, Lagged> {
         if seq < self.front_seq {
@@ -247,12 +253,24 @@ pub fn render(revision: i64, events: &[Event], bindings: impl Fn() -> usize) -> 
             Event::Synced => {
                 sse("synced", id, &json!({"revision": revision, "bindings": bindings()}))
             }
-            // Not store changes: never stamped.
-            Event::Conflict { .. } | Event::Lagged { .. } => continue,
+            // Not store changes of the bindings: never stamped, or sent apart (`render_spec`).
+            _ => continue,
         };
         out.push_str(&s);
     }
     Group { revision, events: n, chunk: Bytes::from(out) }
+}
+
+/// A spec change (a resize at store revision `revision`) as an SSE `spec` event without an
+/// `id`: the bindings' changes before `revision` may still be on their way (the spec is followed
+/// by a watch of its own), so it names no revision the client has all of, and the stream's
+/// `Last-Event-ID` stays the last one that does. `at`: the ring's newest revision, where the
+/// group goes.
+pub fn render_spec(revision: i64, spec: &idalloc::PoolSpec, at: i64) -> Group {
+    use crate::api::{PoolSpecBody, SpecBody};
+    let change = idalloc_wire::SpecChange { revision, spec: PoolSpecBody::from_spec(spec) };
+    let data = serde_json::to_value(change).unwrap_or_default();
+    Group { revision: at, events: 1, chunk: Bytes::from(sse("spec", None, &data)) }
 }
 
 /// Groups' chunks as one frame (one write); one group's chunk as it is (no copy).
@@ -304,6 +322,9 @@ pub struct HubState {
     /// Set when the hub stopped for good (the pool was deleted or re-created, the allocator
     /// closed): subscribers end with this message.
     pub ended: Option<String>,
+    /// The newest spec change the hub saw (its store revision and rendered `spec` event): a
+    /// stream resumed from before that revision starts with it.
+    pub spec: Option<(i64, Bytes)>,
 }
 
 /// The shared feed of one pool.
@@ -339,7 +360,12 @@ impl Hub {
     pub fn start(pool: Pool, cap: usize, budget: u64, stop: watch::Receiver<bool>) -> Arc<Hub> {
         let hub = Arc::new(Hub {
             pool: pool.name().to_string(),
-            state: Mutex::new(HubState { ring: Ring::new(cap, 0), revision: None, ended: None }),
+            state: Mutex::new(HubState {
+                ring: Ring::new(cap, 0),
+                revision: None,
+                ended: None,
+                spec: None,
+            }),
             ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
             moved: Notify::new(),
             wakes: Arc::new(Notify::new()),
@@ -550,6 +576,19 @@ async fn run(hub: std::sync::Weak<Hub>, pool: Pool, mut stop: watch::Receiver<bo
                 // The hub fell more than the pool's event buffer behind (it only copies, so the
                 // machine is overloaded): start over; every subscriber is told it lagged.
                 Some(Err(_missed)) => continue 'subscribe,
+                // A resize: sent at once, apart from the bindings' revisions (`render_spec`).
+                Some(Ok(Stamped::Event { revision, event: Event::Spec(spec) })) => {
+                    {
+                        let mut st = h.lock();
+                        let g = render_spec(revision, &spec, st.ring.end_revision());
+                        st.spec = Some((revision, g.chunk.clone()));
+                        st.ring.push(g);
+                    }
+                    h.moved.notify_waiters();
+                    if pacer.changed(Instant::now(), window(h.subscribers(), h.budget)) {
+                        h.request_wake();
+                    }
+                }
                 Some(Ok(Stamped::Event { revision, event })) => {
                     if revision > start {
                         pending.push((revision, event));
@@ -717,7 +756,12 @@ mod tests {
     fn bare_hub() -> Arc<Hub> {
         Arc::new(Hub {
             pool: "p".into(),
-            state: Mutex::new(HubState { ring: Ring::new(10, 0), revision: None, ended: None }),
+            state: Mutex::new(HubState {
+                ring: Ring::new(10, 0),
+                revision: None,
+                ended: None,
+                spec: None,
+            }),
             ticks: (0..SHARDS).map(|_| watch::channel(Tick::default()).0).collect(),
             moved: Notify::new(),
             wakes: Arc::new(Notify::new()),

@@ -11,7 +11,9 @@
 //!
 //! Events: `upsert {id,key,revision}`, `delete {id,key,revision}` (a binding ended: tombstoned,
 //! reclaimed or deleted), `synced {revision,bindings}` (after the initial bindings, and after the
-//! service re-listed the pool), and `error {kind,message,...}` before the stream ends: `lagged`
+//! service re-listed the pool), `spec {revision,spec}` (the pool was resized: the spec now in
+//! force, as `GET /v1/pools/{pool}` shows it; it carries no `id`, and a stream resumed from
+//! before the resize starts with it), and `error {kind,message,...}` before the stream ends: `lagged`
 //! (this client fell more than the history behind; `revision` is the last revision it has all of:
 //! resume with `Last-Event-ID` = it, or `from_revision` = `from_revision` of the event), `gone`
 //! (the pool was deleted or re-created).
@@ -124,7 +126,11 @@ pub async fn watch(
             let current = caught_up(&hub, None).await?;
             let st = hub.lock();
             match st.ring.seq_after(m) {
-                Some(seq) => (Bytes::new(), seq, m),
+                // A resize after `m` is sent first (again, if the stream's changes hold it too).
+                Some(seq) => match &st.spec {
+                    Some((r, chunk)) if *r > m => (chunk.clone(), seq, m),
+                    _ => (Bytes::new(), seq, m),
+                },
                 None => {
                     let floor = st.ring.floor();
                     return Err(ApiError {

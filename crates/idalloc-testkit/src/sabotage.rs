@@ -43,6 +43,10 @@ pub enum Sabotage {
     /// Sweeps lose their "no reference" compare on each orphan: a sweep decided on a snapshot
     /// where the key was idle reclaims it after a holder referenced it again (breaks G2).
     SkipSweepRefsEmpty,
+    /// A narrowing resize loses its compare that no ID record of the pool changed since the
+    /// listing that found none outside the new spec: a bind committed between the listing and
+    /// the resize is left outside the spec in force (breaks G3). Found by the model checker.
+    SkipResizeListingCompare,
 }
 
 /// The [`Hook`] that applies one [`Sabotage`] (or none) to every txn, nested txns included.
@@ -132,6 +136,13 @@ impl Saboteur {
             Some(Sabotage::SkipFenceFloor) => req.compare.retain(|c| {
                 let floor = self.pool_of(&c.range.key).map(|p| self.layout.fence_floor_key(&p));
                 floor.as_deref() != Some(c.range.key.as_slice())
+            }),
+            Some(Sabotage::SkipResizeListingCompare) => req.compare.retain(|c| {
+                let over_ids = !c.range.range_end.is_empty()
+                    && self
+                        .pool_of(&c.range.key)
+                        .is_some_and(|p| c.range.key == self.layout.id_prefix(&p));
+                !(over_ids && c.op == CompareOp::Less)
             }),
             Some(Sabotage::SkipLateFences) => req.compare.retain(|c| {
                 !(c.op == CompareOp::Less && matches!(c.target, CompareTarget::ModRevision(_)))

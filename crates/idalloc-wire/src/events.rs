@@ -1,6 +1,6 @@
 //! The data of the watch stream's Server-Sent Events (`GET /v1/pools/{pool}/watch`,
 //! docs/guide/api.md "Watch"). The event's name says which type its data is: `upsert` and `delete`
-//! carry a [`Change`], `synced` a [`Synced`], `error` an [`ErrorEvent`].
+//! carry a [`Change`], `synced` a [`Synced`], `spec` a [`SpecChange`], `error` an [`ErrorEvent`].
 
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +17,14 @@ pub struct Change {
 pub struct Synced {
     pub bindings: u64,
     pub revision: i64,
+}
+
+/// `spec`: the pool was resized at store revision `revision`; `spec` is the spec now in force,
+/// as `GET /v1/pools/{pool}` shows it. Sent without an SSE id.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct SpecChange {
+    pub revision: i64,
+    pub spec: crate::PoolSpecBody,
 }
 
 /// `error`, the last event of a stream: `lagged` (resume from `from_revision`) or `gone` (the

@@ -26,7 +26,7 @@ pub mod pools;
 pub mod sessions;
 
 pub use errors::ErrorBody;
-pub use events::{Change, ErrorEvent, Synced};
+pub use events::{Change, ErrorEvent, SpecChange, Synced};
 pub use keys::{
     AcquireBody, Acquired, BindingBody, BindingsPage, IdAnswer, KeyAnswer, Released, Results,
     MAX_KEYS_PER_REQUEST,

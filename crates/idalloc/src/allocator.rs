@@ -26,7 +26,7 @@ mod release;
 mod repair;
 pub(crate) mod repair_queue;
 pub(crate) mod request;
-mod resize;
+pub(crate) mod resize;
 mod session;
 mod spec_watch;
 pub(crate) mod sweeper;

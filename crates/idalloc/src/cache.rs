@@ -18,8 +18,10 @@ use crate::layout::IdRecord;
 use crate::pool::PoolSpec;
 use crate::store::{KeyValue, Revision, WatchEvent};
 
-/// What subscribers of a pool see (DESIGN §6).
+/// What subscribers of a pool see (DESIGN §6). More kinds may be added: a `match` needs a
+/// wildcard arm.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Event {
     /// `key` is bound to `id` (new, or seen for the first time after a re-list).
     Upsert { id: u64, key: String },
@@ -35,6 +37,10 @@ pub enum Event {
     /// change, the changes of one watch response, or all the changes of one listing); re-read
     /// `Pool::snapshot()` to catch up. Allocation never waits for a slow subscriber.
     Lagged { missed: u64 },
+    /// The pool's spec changed (a resize: new range or reserved IDs; docs/design/resize.md):
+    /// this is the spec now in force. Only changes are sent, not the spec a subscription starts
+    /// with (`Pool::spec`).
+    Spec(PoolSpec),
 }
 
 /// What the event channels carry: the events of one change, or all the events of one listing, in

@@ -221,6 +221,7 @@ pub use remote::{Cluster, ClusterEvent, RemoteOptions, RemotePool, RemoteState};
 /// are no part of the public API.
 #[cfg(feature = "bench")]
 pub mod bench_api {
+    pub use crate::allocator::resize::{only_grows, resize_txn};
     pub use crate::batch::{assemble, pack, split, Frame};
     pub use crate::cache::PoolCache;
     pub use crate::idset::IdSet;
@@ -228,9 +229,9 @@ pub mod bench_api {
         Action, BindLoop, Candidates, Failure, Hints, Input, Step, PROBE_COLLISIONS,
     };
     pub use crate::protocol::{
-        fold_fences_txn, fold_outcome, init_pool_record, init_pool_txn, stray_ref_release_outcome,
-        stray_ref_release_txn, sweep_outcome, sweep_txn, BindOutcome, BindPlan, Fences,
-        LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
+        fold_fences_txn, fold_outcome, id_is_allocatable, init_pool_record, init_pool_txn,
+        stray_ref_release_outcome, stray_ref_release_txn, sweep_outcome, sweep_txn, BindOutcome,
+        BindPlan, Fences, LastRelease, Orphan, RefTarget, ReleaseOutcome, ReleasePlan,
     };
     /// The memory store's state machine, synchronous and clonable (the model checker's store).
     pub use crate::store::embedded::bench_core::MemoryCore;

@@ -36,6 +36,7 @@ on_backends!(
         a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding,
         a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns_it,
         the_grace_after_finalize_is_ended_by_the_store,
+        a_resize_is_a_spec_event_for_the_subscribers_of_every_process,
     ]
 );
 
@@ -375,4 +376,75 @@ async fn the_grace_after_finalize_is_ended_by_the_store(backend: Backend) {
     }
     assert!(ended, "the store ended the grace");
     assert_eq!(a.resize_pool("p", 1, 5, None).await.expect("after the grace").max(), 5);
+}
+
+/// The events after the replay's `Synced` up to the first `Spec`, and that spec.
+async fn until_spec(ev: &mut idalloc::Events) -> (Vec<Event>, PoolSpec) {
+    let mut before = Vec::new();
+    loop {
+        match next_event(ev).await {
+            Some(Event::Spec(spec)) => return (before, spec),
+            Some(e) => before.push(e),
+            None => panic!("the subscription ended before a spec event; it had {before:?}"),
+        }
+    }
+}
+
+/// A resize reaches the subscribers of the resizing process and of another one (which learns it
+/// from the spec record's watch) as `Event::Spec` with the spec now in force, once per resize and
+/// in order with the bindings' changes; a resize to the spec already in force sends nothing.
+async fn a_resize_is_a_spec_event_for_the_subscribers_of_every_process(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
+    let a = alloc(env.store.clone(), &env.layout, "a");
+    let b = alloc(env.store.clone(), &env.layout, "b");
+    let pa = a.ensure_pool(&PoolSpec::new("p", 1, 3)).await.expect("pool");
+    pa.acquire("k1").await.expect("acquire");
+    let pb = b.pool("p").await.expect("pool");
+    pb.wait_synced().await.expect("synced");
+    let (mut ea, mut eb) = (pa.events(), pb.events());
+
+    let grown = a.resize_pool("p", 1, 5, None).await.expect("grow");
+    for ev in [&mut ea, &mut eb] {
+        let (before, spec) = until_spec(ev).await;
+        assert_eq!(spec, grown, "the spec in force");
+        assert!(
+            before.iter().all(|e| matches!(e, Event::Upsert { .. } | Event::Synced)),
+            "{before:?}"
+        );
+    }
+    // The same spec again changes nothing and is no event: the next one is the bind after it.
+    assert_eq!(a.resize_pool("p", 1, 5, None).await.expect("no-op"), grown);
+    let k2 = pa.acquire("k2").await.expect("acquire").id;
+    for ev in [&mut ea, &mut eb] {
+        // A resize re-lists the pool (a `Synced`, maybe the known bindings again): whatever
+        // comes before the bind, no second spec event.
+        let want = Event::Upsert { id: k2, key: "k2".into() };
+        loop {
+            let e = next_event(ev).await.expect("the subscription ended");
+            assert!(!matches!(e, Event::Spec(_)), "a spec event for a no-op resize");
+            if e == want {
+                break;
+            }
+        }
+    }
+    // A reservation by the other process: both see it, after the release before it.
+    pa.release("k2").await.expect("release");
+    // The bindings and the spec come through separate watches: the release is seen first.
+    wait_until(|| pa.get("k2").is_none() && pb.get("k2").is_none()).await;
+    // Reserving narrows: the cluster version is finalized first.
+    idalloc::cluster_version::finalize(&*env.store, &env.layout, Duration::ZERO)
+        .await
+        .expect("finalize");
+    let reserved = b.resize_pool("p", 1, 5, Some(&[(k2, k2)])).await.expect("reserve");
+    assert_eq!(reserved.reserved(), &[(k2, k2)]);
+    for ev in [&mut ea, &mut eb] {
+        let (before, spec) = until_spec(ev).await;
+        assert_eq!(spec, reserved);
+        assert!(
+            before.contains(&Event::Delete { id: k2, key: "k2".into() }),
+            "in order: {before:?}"
+        );
+        assert!(!before.iter().any(|e| matches!(e, Event::Spec(_))), "one spec event: {before:?}");
+    }
+    assert_eq!(pa.spec(), reserved);
 }

@@ -8,34 +8,38 @@ import queue
 import socket
 import threading
 import urllib.error
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .client import Binding, Pool, backoff_delay
 
 log = logging.getLogger("idalloc_client")
 
-UPSERT, DELETE, SYNCED = "upsert", "delete", "synced"
+UPSERT, DELETE, SYNCED, SPEC = "upsert", "delete", "synced", "spec"
 
 
 @dataclass(frozen=True)
 class Event:
     """A change of the pool's bindings as the view saw it: ``type`` is ``upsert`` (key bound to
-    id), ``delete`` (the binding ended) or ``synced`` (the view holds the whole pool)."""
+    id), ``delete`` (the binding ended), ``synced`` (the view holds the whole pool) or ``spec``
+    (the pool was resized: ``spec`` is the spec now in force, as ``show_pool`` gives it)."""
 
     type: str
     id: int = 0
     key: str = ""
+    spec: Optional[Dict[str, Any]] = field(default=None, hash=False)
 
 
 @dataclass(frozen=True)
 class Msg:
-    """One parsed message of the watch stream: upsert, delete, synced, lagged, gone or other."""
+    """One parsed message of the watch stream: upsert, delete, synced, spec, lagged, gone or
+    other."""
 
     kind: str
     id: int = 0
     key: str = ""
     revision: int = 0
+    spec: Optional[Dict[str, Any]] = field(default=None, hash=False)
 
 
 def parse_event(event: str, data: str) -> Msg:
@@ -46,6 +50,12 @@ def parse_event(event: str, data: str) -> Msg:
             return Msg(event, int(c["id"]), str(c["key"]))
         if event == SYNCED:
             return Msg(SYNCED, revision=int(json.loads(data)["revision"]))
+        if event == SPEC:
+            d = json.loads(data)
+            spec = d["spec"]
+            if not isinstance(spec, dict):
+                raise TypeError(f"spec is {type(spec).__name__}, not an object")
+            return Msg(SPEC, revision=int(d["revision"]), spec=spec)
         if event == "error":
             e = json.loads(data)
             if e.get("kind") == "lagged" and e.get("revision") is not None:
@@ -71,6 +81,8 @@ class ViewState:
         self.revision = 0
         self.synced = False
         self.listing: Optional[Dict[int, str]] = None
+        # The spec the last ``spec`` event brought (None before any resize was seen).
+        self.spec: Optional[Dict[str, Any]] = None
 
     def resume_from(self) -> int:
         return self.revision if self.synced and self.revision > 0 else 0
@@ -104,6 +116,9 @@ class ViewState:
                 self.revision = max(self.revision, m.revision)
         elif m.kind == "gone":
             self.forget()
+        elif m.kind == SPEC:
+            self.spec = m.spec
+            out.append(Event(SPEC, spec=m.spec))
         if self.listing is None and self.synced and sse_id.strip().isdigit():
             self.revision = max(self.revision, int(sse_id.strip()))
         return out
@@ -180,6 +195,13 @@ class View:
     def revision(self) -> int:
         with self._lock:
             return self._state.revision
+
+    @property
+    def spec(self) -> Optional[Dict[str, Any]]:
+        """The pool's spec as the last ``spec`` event brought it (a resize seen while watching),
+        or None if the view has seen none (the spec is then ``show_pool``'s)."""
+        with self._lock:
+            return None if self._state.spec is None else dict(self._state.spec)
 
     def wait_synced(self, timeout: Optional[float] = None) -> bool:
         """Blocks until the view held the whole pool once (True) or ``timeout`` passes."""

@@ -75,6 +75,9 @@ pub fn request(
         }
         ("POST", None) => with_auth!(a.post(url)).send_empty(),
         ("PUT", _) => with_auth!(a.put(url)).send_empty(),
+        ("PATCH", Some(b)) => {
+            with_auth!(a.patch(url)).header("content-type", "application/json").send(b)
+        }
         _ => panic!("unsupported {method}"),
     };
     let mut r = r.map_err(|e| e.to_string())?;

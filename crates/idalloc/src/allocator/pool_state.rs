@@ -239,7 +239,10 @@ impl PoolState {
             tracing::info!(pool = %spec.name(), spec = %spec, "the pool was resized; using its new spec");
             let spec = Arc::new(spec);
             cache.set_spec((*spec).clone());
-            *now = SpecVersion { spec, rev };
+            *now = SpecVersion { spec: spec.clone(), rev };
+            drop(now);
+            // Under the cache lock, in order with the bindings' changes.
+            self.emit_spec(rev, (*spec).clone());
         }
         self.relist.request();
         true
@@ -394,6 +397,17 @@ impl PoolState {
     pub(crate) fn emitted_through(&self, revision: Revision) {
         self.through.store(revision, std::sync::atomic::Ordering::Release);
         self.stamped.send(super::events::Stamped::Through { revision });
+    }
+
+    /// Tells the pool's subscribers (plain, cluster and stamped) that the spec version `rev` is
+    /// now in force. Stamped subscribers get it as [`Stamped::Event`] at `rev` with no
+    /// [`Stamped::Through`]: the bindings' watch may still deliver changes before `rev`, and
+    /// only it says when a revision is complete. Call with the cache lock held.
+    ///
+    /// [`Stamped::Event`]: super::events::Stamped::Event
+    /// [`Stamped::Through`]: super::events::Stamped::Through
+    pub(crate) fn emit_spec(&self, rev: Revision, spec: PoolSpec) {
+        self.emit_at(rev, Event::Spec(spec));
     }
 
     /// Sends `e` to the pool's subscribers. Changes of the cache's bindings are emitted with the

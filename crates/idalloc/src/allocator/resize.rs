@@ -16,9 +16,9 @@
 
 use crate::cluster_version;
 use crate::error::{Error, Input, Result};
-use crate::layout::IdRecord;
+use crate::layout::{IdRecord, Layout};
 use crate::pool::{validate_pool_name, PoolSpec};
-use crate::store::{Compare, CompareOp, CompareTarget, KeyRange, TxnOp, TxnRequest};
+use crate::store::{Compare, CompareOp, CompareTarget, KeyRange, Revision, TxnOp, TxnRequest};
 
 use super::pool_state::lock;
 use super::Allocator;
@@ -27,7 +27,7 @@ use super::Allocator;
 const MAX_RESIZE_ATTEMPTS: usize = 8;
 
 /// True if `new` hands out every raw ID `old` hands out: a resize that only grows.
-pub(crate) fn only_grows(old: &PoolSpec, new: &PoolSpec) -> bool {
+pub fn only_grows(old: &PoolSpec, new: &PoolSpec) -> bool {
     new.min() <= old.min()
         && new.max() >= old.max()
         && new.reserved().iter().all(|&(lo, hi)| {
@@ -39,6 +39,29 @@ pub(crate) fn only_grows(old: &PoolSpec, new: &PoolSpec) -> bool {
                     .iter()
                     .any(|&(a, b)| a <= lo.max(old.min()) && hi.min(old.max()) <= b)
         })
+}
+
+/// The resize txn: `If mod_revision(pools/name) == spec_rev [∧ every ID record of the pool has
+/// mod_revision ≤ listed_at] Then put new`. `spec_rev` is the version `new` was derived from;
+/// `listed_at` (narrowing only) the revision at which a listing found no ID record outside
+/// `new`: a bind committed after it makes the txn fail, so the listing's verdict still holds
+/// when the new spec is written.
+pub fn resize_txn(
+    l: &Layout,
+    name: &str,
+    spec_rev: Revision,
+    listed_at: Option<Revision>,
+    new: &PoolSpec,
+) -> TxnRequest {
+    let mut when = vec![Compare::mod_revision_is(l.pool_spec_key(name), spec_rev)];
+    if let Some(at) = listed_at {
+        when.push(Compare::new(
+            KeyRange::prefix(l.id_prefix(name)),
+            CompareOp::Less,
+            CompareTarget::ModRevision(at.saturating_add(1)),
+        ));
+    }
+    TxnRequest::new().when(when).and_then([TxnOp::put(l.pool_spec_key(name), new.to_json())])
 }
 
 impl Allocator {
@@ -88,26 +111,23 @@ impl Allocator {
             if new == *old {
                 return Ok(new);
             }
-            let mut when = vec![Compare::mod_revision_is(l.pool_spec_key(name), read.rev)];
             let narrows = !only_grows(old, &new);
-            if narrows {
+            let listed_at = if narrows {
                 let at = self.check_narrowing(name, &new).await?;
                 if !cluster_version::narrows_pools(inner.cluster_version()) {
                     return Err(not_finalized(name, &new));
                 }
-                // No ID record written since the check's revision: what it saw still holds.
-                when.push(Compare::new(
-                    KeyRange::prefix(l.id_prefix(name)),
-                    CompareOp::Less,
-                    CompareTarget::ModRevision(at.saturating_add(1)),
-                ));
+                Some(at)
+            } else {
+                None
+            };
+            let mut txn = resize_txn(l, name, read.rev, listed_at, &new);
+            if narrows {
                 // In the txn too, so the version read above cannot be stale.
-                when.extend(cluster_version::in_force_compares(l));
+                txn = txn
+                    .when(cluster_version::in_force_compares(l))
+                    .or_else([cluster_version::read_op(l)]);
             }
-            let txn = TxnRequest::new()
-                .when(when)
-                .and_then([TxnOp::put(l.pool_spec_key(name), new.to_json())])
-                .or_else([cluster_version::read_op(l)]);
             let resp = inner.req.txn(txn).await?;
             if !resp.succeeded && narrows {
                 let now = cluster_version::from_response(l, resp.responses.first())?;
