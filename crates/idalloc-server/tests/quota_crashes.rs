@@ -280,6 +280,17 @@ async fn an_acquire_racing_a_release_of_the_same_reference_stays_counted() {
     assert!(advance(&w, &mut acquire).await);
     let s = w.state().await;
     assert!(s.uncounted("c1").is_empty() && s.slots["c1"].len() == 1, "{s:?}");
+
+    // And the acquire confirms before the free: the free must leave the slot to the reference.
+    let mut release = Op::Release { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
+    let mut acquire = Op::Acquire { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
+    assert!(!advance(&w, &mut acquire).await);
+    assert!(!advance(&w, &mut release).await);
+    assert!(!advance(&w, &mut acquire).await, "the bind");
+    assert!(advance(&w, &mut acquire).await, "the confirm: the mirror is there");
+    assert!(advance(&w, &mut release).await, "the free finds the reference present");
+    let s = w.state().await;
+    assert!(s.uncounted("c1").is_empty() && s.slots["c1"].len() == 1, "{s:?}");
 }
 
 /// `check --repair` between an acquire's slot txn and its bind frees the slot (the reference is
