@@ -43,8 +43,12 @@ use idalloc::store::{
 
 use crate::error::ApiError;
 
-/// Keys per txn: up to three compares and two puts each.
-const CHUNK: usize = MAX_TXN_OPS / 3;
+/// Keys per txn: two compares and two puts each (a store takes up to `MAX_TXN_OPS` compares and
+/// as many operations per branch).
+const CHUNK: usize = MAX_TXN_OPS / 2;
+
+/// Keys per txn of a slot taken after the bind: three compares each.
+const BOUND_CHUNK: usize = MAX_TXN_OPS / 3;
 
 /// Attempts per chunk before an acquire gives up as contended.
 const ATTEMPTS: usize = 16;
@@ -167,7 +171,10 @@ impl<'a> RefSlots<'a> {
         for chunk in keys.chunks(CHUNK) {
             let compares = chunk.iter().map(|k| present(self.mirror_key(holder, k)));
             let reads = chunk.iter().flat_map(|k| {
-                [TxnOp::get_key(self.mirror_key(holder, k)), TxnOp::get_key(self.ref_key(holder, k))]
+                [
+                    TxnOp::get_key(self.mirror_key(holder, k)),
+                    TxnOp::get_key(self.ref_key(holder, k)),
+                ]
             });
             let r = self.store.txn(TxnRequest::new().when(compares).or_else(reads)).await?;
             if r.succeeded {
@@ -184,14 +191,16 @@ impl<'a> RefSlots<'a> {
             if missing.is_empty() {
                 continue;
             }
-            let mut taken = Taken::default();
-            match self.acquire_chunk(holder, lease, &missing, &mut taken, true).await {
-                Ok(()) => {}
-                Err(e) if e.kind == "quota_exceeded" => {
-                    let (_, keys) = uncounted.get_or_insert_with(|| (e, Vec::new()));
-                    keys.extend(missing.iter().map(|k| k.to_string()));
+            for part in missing.chunks(BOUND_CHUNK) {
+                let mut taken = Taken::default();
+                match self.acquire_chunk(holder, lease, part, &mut taken, true).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind == "quota_exceeded" => {
+                        let (_, keys) = uncounted.get_or_insert_with(|| (e, Vec::new()));
+                        keys.extend(part.iter().map(|k| k.to_string()));
+                    }
+                    Err(e) => return Err(e),
                 }
-                Err(e) => return Err(e),
             }
         }
         Ok(uncounted)

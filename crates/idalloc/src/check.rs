@@ -218,7 +218,8 @@ async fn pool_slots(
         }
     }
     let creators = |v: &[u8]| {
-        let pool = std::str::from_utf8(v).ok().filter(|p| crate::pool::validate_pool_name(p).is_ok());
+        let pool =
+            std::str::from_utf8(v).ok().filter(|p| crate::pool::validate_pool_name(p).is_ok());
         pool.map(|p| layout.quota_creator_key(p))
     };
     let keys: Vec<Option<Vec<u8>>> = slots.iter().map(|(_, _, s)| creators(&s.value)).collect();
@@ -436,9 +437,12 @@ impl PoolRead<'_> {
         }
         out.extend(self.client_quota(client).await?);
         if let Some(c) = creator {
-            let named = parse_creator_value(&c.value).map(|(client, n)| l.pool_slot_key(&client, n));
+            let named =
+                parse_creator_value(&c.value).map(|(client, n)| l.pool_slot_key(&client, n));
             let slot = match named {
-                Some(k) => point_read(self.store, self.revision, vec![k]).await?.into_values().next(),
+                Some(k) => {
+                    point_read(self.store, self.revision, vec![k]).await?.into_values().next()
+                }
                 None => None,
             };
             out.extend(quota_audit::audit_creator(l, p, &c, spec_revision, slot.as_ref()));
@@ -460,7 +464,9 @@ impl PoolRead<'_> {
                 ((k, h), key)
             })
             .collect();
-        let read = point_read(self.store, self.revision, wanted.iter().map(|(_, k)| k.clone()).collect()).await?;
+        let read =
+            point_read(self.store, self.revision, wanted.iter().map(|(_, k)| k.clone()).collect())
+                .await?;
         let refs = wanted
             .into_iter()
             .filter_map(|(id, key)| {

@@ -101,7 +101,10 @@ pub fn audit_client(
         let ref_key = l.ref_key(pool, &key, &holder);
         let slot_rev = |n: u64| q.slots.get(&n).map_or(0, |s| s.mod_revision);
         let guard_read = |c: &mut Vec<Compare>| {
-            c.push(Compare::mod_revision_is(mirror_key.clone(), mirror.map_or(0, |m| m.mod_revision)));
+            c.push(Compare::mod_revision_is(
+                mirror_key.clone(),
+                mirror.map_or(0, |m| m.mod_revision),
+            ));
             for n in &slots {
                 c.push(Compare::mod_revision_is(l.quota_slot_key(pool, client, *n), slot_rev(*n)));
             }
@@ -312,7 +315,8 @@ mod tests {
 
     /// Every txn compares each record it writes or deletes (and the reference).
     fn assert_guarded(l: &Layout, r: &Repair) {
-        let compared: BTreeSet<Vec<u8>> = r.txn.compare.iter().map(|c| c.range.key.clone()).collect();
+        let compared: BTreeSet<Vec<u8>> =
+            r.txn.compare.iter().map(|c| c.range.key.clone()).collect();
         for op in &r.txn.success {
             let key = match op {
                 TxnOp::Put(p) => p.key.clone(),
@@ -327,7 +331,10 @@ mod tests {
             "{r:?}"
         );
         assert!(r.txn.compare.iter().all(|c| c.op == CompareOp::Equal
-            && matches!(c.target, CompareTarget::ModRevision(_) | CompareTarget::CreateRevision(0))));
+            && matches!(
+                c.target,
+                CompareTarget::ModRevision(_) | CompareTarget::CreateRevision(0)
+            )));
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //! P/sessions/quota-pools/<client>/<n>              -> pool name              (a pool slot)
 //! ```
 //!
-//! Client names are letters, digits, `-`, `_` and `.` (the tokens file refuses others), so a
-//! client's segment never holds `/`, and `~creator` is no client's.
+//! Client names are lower-case letters, digits, `.`, `_` and `-` (the tokens file refuses
+//! others), so a client's segment never holds `/`, and `~creator` is no client's.
 
 use crate::layout::{dec, enc, Layout};
 

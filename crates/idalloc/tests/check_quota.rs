@@ -19,7 +19,8 @@ use idalloc::PoolSpec;
 use common::{allocator, layout};
 
 async fn put(store: &EmbeddedStore, key: Vec<u8>, value: Vec<u8>, lease: LeaseId) {
-    let op = if lease == 0 { TxnOp::put(key, value) } else { TxnOp::put_on_lease(key, value, lease) };
+    let op =
+        if lease == 0 { TxnOp::put(key, value) } else { TxnOp::put_on_lease(key, value, lease) };
     store.txn(TxnRequest::new().and_then([op])).await.expect("raw put");
 }
 
@@ -30,7 +31,14 @@ async fn under(store: &EmbeddedStore, prefix: Vec<u8>) -> Vec<(String, LeaseId)>
 }
 
 /// A slot and its mirror as the service takes them for `holder`'s reference on `key`.
-async fn counted(store: &EmbeddedStore, client: &str, n: u64, key: &str, holder: &str, lease: LeaseId) {
+async fn counted(
+    store: &EmbeddedStore,
+    client: &str,
+    n: u64,
+    key: &str,
+    holder: &str,
+    lease: LeaseId,
+) {
     let l = layout();
     put(store, l.quota_slot_key("a", client, n), slot_value(key, holder), lease).await;
     put(store, l.quota_mirror_key("a", client, holder, key), mirror_value(n), lease).await;
