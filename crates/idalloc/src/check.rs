@@ -419,7 +419,7 @@ impl PoolRead<'_> {
                 };
                 // A client's records are contiguous (its name never holds `/`).
                 if let Some(c) = of.filter(|c| *c != client.client) {
-                    let done = std::mem::replace(&mut client, ClientQuota::default());
+                    let done = std::mem::take(&mut client);
                     out.extend(self.client_quota(done).await?);
                     client.client = c.to_string();
                 }
