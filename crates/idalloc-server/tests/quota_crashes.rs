@@ -1,7 +1,8 @@
 //! The reference quota (`refs=`, docs/design/quotas.md) under crashes and races, driven step by
 //! step against the embedded store: the service's slot code (`ref_slots`) and the library's binds
 //! as the acquire and release handlers call them, interleaved by a seeded scheduler, with
-//! instances that die between the slot and the bind or between the release and the free.
+//! instances that die between the slot and the bind or between the release and the free, and
+//! client sessions that end (their lease, references, slots and mirrors go at once).
 //!
 //! After every step no client has more slot records than its limit; whenever nothing is in
 //! flight, every reference is counted (a slot and a mirror naming it); and after
@@ -9,14 +10,15 @@
 //! exactly its references, and a second check finds nothing.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use idalloc::layout::Layout;
 use idalloc::quota_names::{parse_mirror_value, parse_slot_value, QuotaName};
 use idalloc::store::embedded::EmbeddedStore;
 use idalloc::store::{list_all, KeyRange, Store};
-use idalloc::{check, Allocator, AllocatorOptions, Pool, PoolSpec};
-use idalloc_server::ref_slots::RefSlots;
+use idalloc::{check, Allocator, AllocatorOptions, ClientSession, Pool, PoolSpec};
+use idalloc_server::ref_slots::{RefSlots, Taken};
 
 const POOL: &str = "q";
 const CLIENTS: [(&str, u64); 2] = [("c1", 3), ("c2", 2)];
@@ -24,7 +26,12 @@ const CLIENTS: [(&str, u64); 2] = [("c1", 3), ("c2", 2)];
 struct World {
     store: Arc<dyn Store>,
     layout: Layout,
+    alloc: Allocator,
     pool: Pool,
+    /// Each client's current session.
+    sessions: Mutex<BTreeMap<&'static str, Arc<ClientSession>>>,
+    /// Session holder -> its client (durable holders are `<client>/…`).
+    owners: Mutex<BTreeMap<String, &'static str>>,
 }
 
 impl World {
@@ -32,7 +39,28 @@ impl World {
         let store: Arc<dyn Store> = Arc::new(EmbeddedStore::memory());
         let alloc = Allocator::from_arc(store.clone(), AllocatorOptions::default()).expect("alloc");
         let pool = alloc.ensure_pool(&PoolSpec::new(POOL, 1, 1000)).await.expect("pool");
-        World { store, layout: Layout::default(), pool }
+        let w = World {
+            store,
+            layout: Layout::default(),
+            alloc,
+            pool,
+            sessions: Mutex::default(),
+            owners: Mutex::default(),
+        };
+        for (client, _) in CLIENTS {
+            w.open_session(client).await;
+        }
+        w
+    }
+
+    async fn open_session(&self, client: &'static str) {
+        let s = self.alloc.client_session(Duration::from_secs(600)).await.expect("session");
+        self.owners.lock().expect("owners").insert(s.holder().to_string(), client);
+        self.sessions.lock().expect("sessions").insert(client, Arc::new(s));
+    }
+
+    fn session(&self, client: &str) -> Arc<ClientSession> {
+        self.sessions.lock().expect("sessions")[client].clone()
     }
 
     fn slots<'a>(&'a self, client: &'a str) -> RefSlots<'a> {
@@ -45,7 +73,8 @@ impl World {
         let l = &self.layout;
         let range = KeyRange::prefix(l.pool_data_prefix(POOL));
         let (kvs, _) = list_all(&*self.store, &range, 500).await.expect("list");
-        let mut s = State::default();
+        let mut s =
+            State { owners: self.owners.lock().expect("owners").clone(), ..State::default() };
         for kv in kvs {
             if let Some(r) = l.parse_ref_key(POOL, &kv.key) {
                 s.refs.insert(r);
@@ -77,6 +106,7 @@ impl World {
 
 #[derive(Default, Debug)]
 struct State {
+    owners: BTreeMap<String, &'static str>,
     refs: BTreeSet<(String, String)>,
     /// client -> slot -> (key, holder) it names.
     slots: BTreeMap<String, BTreeMap<u64, (String, String)>>,
@@ -87,7 +117,8 @@ struct State {
 impl State {
     fn client_refs(&self, client: &str) -> BTreeSet<(String, String)> {
         let ns = format!("{client}/");
-        self.refs.iter().filter(|(_, h)| h.starts_with(&ns)).cloned().collect()
+        let of = |h: &str| h.starts_with(&ns) || self.owners.get(h) == Some(&client);
+        self.refs.iter().filter(|(_, h)| of(h)).cloned().collect()
     }
 
     /// References of `client` not counted by a mirror naming a slot that names them.
@@ -117,39 +148,80 @@ impl Rng {
     }
 }
 
-/// One request of one instance, as the handlers run it, a stage at a time.
-#[derive(Debug)]
+/// One request of one instance, as the handlers run it, a stage at a time. `session`: the
+/// client session the reference is on (`None`: a durable holder).
 enum Op {
     /// The slot txn (stage 0), the bind (1), the confirm (2).
-    Acquire { client: &'static str, holder: String, key: String, stage: u8 },
+    Acquire {
+        client: &'static str,
+        holder: String,
+        session: Option<Arc<ClientSession>>,
+        key: String,
+        stage: u8,
+        taken: Option<Taken>,
+    },
     /// The library's release (stage 0), the free of the slot (1).
-    Release { client: &'static str, holder: String, key: String, stage: u8 },
+    Release {
+        client: &'static str,
+        holder: String,
+        session: Option<Arc<ClientSession>>,
+        key: String,
+        stage: u8,
+    },
+    /// The client's session ends (its lease is revoked) and it opens another.
+    EndSession { client: &'static str },
+}
+
+fn acquire_op(client: &'static str, holder: &str, key: &str) -> Op {
+    let (holder, key) = (holder.to_string(), key.to_string());
+    Op::Acquire { client, holder, session: None, key, stage: 0, taken: None }
+}
+
+fn release_op(client: &'static str, holder: &str, key: &str) -> Op {
+    let (holder, key) = (holder.to_string(), key.to_string());
+    Op::Release { client, holder, session: None, key, stage: 0 }
 }
 
 /// Runs stage of `op`; `true` when the op is finished.
 async fn advance(w: &World, op: &mut Op) -> bool {
     match op {
-        Op::Acquire { client, holder, key, stage } => {
+        Op::Acquire { client, holder, session, key, stage, taken } => {
             let rs = w.slots(client);
             let keys = [key.clone()];
+            let lease = session.as_ref().map(|s| s.lease());
             match stage {
-                0 => {
-                    // Refused over the quota: nothing taken, nothing bound.
-                    if rs.acquire(holder, None, &keys).await.is_err() {
+                0 => match rs.acquire(holder, lease, &keys).await {
+                    Ok(t) => *taken = Some(t),
+                    // Refused over the quota, or the session is gone: nothing taken.
+                    Err(_) => return true,
+                },
+                1 => {
+                    let bound = match session {
+                        Some(s) => s.acquire(&w.pool, key).await,
+                        None => w.pool.acquire_durable(key, holder).await,
+                    };
+                    if let Err(e) = bound {
+                        // As the handler: a definite failure gives the slot back.
+                        assert!(session.is_some(), "a durable bind failed: {e}");
+                        if let Some(t) = taken {
+                            rs.give_back(holder, t, &[key.as_str()]).await;
+                        }
                         return true;
                     }
                 }
-                1 => {
-                    w.pool.acquire_durable(key, holder).await.expect("bind");
-                }
                 _ => {
                     let bound: Vec<&String> = keys.iter().collect();
-                    if let Some((_, uncounted)) =
-                        rs.confirm(holder, None, &bound).await.expect("confirm")
-                    {
+                    let confirmed = rs.confirm(holder, lease, &bound).await;
+                    if let Ok(Some((_, uncounted))) = confirmed {
                         for k in uncounted {
-                            w.pool.release_durable(&k, holder).await.expect("undo");
+                            let _ = match session {
+                                Some(s) => s.release(&w.pool, &k).await.map(|_| ()),
+                                None => w.pool.release_durable(&k, holder).await.map(|_| ()),
+                            };
                         }
+                    } else if let Err(e) = confirmed {
+                        // Only a session that ended meanwhile makes the confirm fail.
+                        assert!(session.is_some(), "{e:?}");
                     }
                     return true;
                 }
@@ -157,13 +229,26 @@ async fn advance(w: &World, op: &mut Op) -> bool {
             *stage += 1;
             false
         }
-        Op::Release { client, holder, key, stage } => {
+        Op::Release { client, holder, session, key, stage } => {
             if *stage == 0 {
-                w.pool.release_durable(key, holder).await.expect("release");
+                let released = match session {
+                    Some(s) => s.release(&w.pool, key).await.map(|_| ()),
+                    None => w.pool.release_durable(key, holder).await.map(|_| ()),
+                };
+                if let Err(e) = released {
+                    // The session ended: its records went with its lease.
+                    assert!(session.is_some(), "a durable release failed: {e}");
+                    return true;
+                }
                 *stage = 1;
                 return false;
             }
             w.slots(client).release(holder, &[key.as_str()]).await.expect("free");
+            true
+        }
+        Op::EndSession { client } => {
+            w.session(client).end().await.expect("end");
+            w.open_session(client).await;
             true
         }
     }
@@ -175,32 +260,43 @@ fn may_crash_after(op: &Op) -> bool {
     matches!(op, Op::Acquire { stage: 1, .. } | Op::Release { stage: 1, .. })
 }
 
-fn new_op(rng: &mut Rng) -> Op {
+fn new_op(w: &World, rng: &mut Rng) -> Op {
     let (client, _) = CLIENTS[rng.below(2) as usize];
-    let holder = format!("{client}/h{}", rng.below(2));
+    if rng.below(20) == 0 {
+        return Op::EndSession { client };
+    }
+    // Durable holders `<client>/h0`, `<client>/h1`, and the client's session.
+    let (holder, session) = match rng.below(3) {
+        2 => {
+            let s = w.session(client);
+            (s.holder().to_string(), Some(s))
+        }
+        h => (format!("{client}/h{h}"), None),
+    };
     let key = format!("k{}", rng.below(5));
     if rng.below(2) == 0 {
-        Op::Acquire { client, holder, key, stage: 0 }
+        Op::Acquire { client, holder, session, key, stage: 0, taken: None }
     } else {
-        Op::Release { client, holder, key, stage: 0 }
+        Op::Release { client, holder, session, key, stage: 0 }
     }
 }
 
 async fn run(seed: u64) {
     let w = World::new().await;
     let mut rng = Rng(seed | 1);
-    let (mut crashes, mut steps) = (0, 0);
+    let (mut crashes, mut steps, mut ends, mut session_refs) = (0, 0, 0, 0);
     for round in 0..12 {
         let mut flight: Vec<Op> = Vec::new();
         let mut started = 0;
         while started < 25 || !flight.is_empty() {
             steps += 1;
             if started < 25 && ((flight.len() < 3 && rng.below(3) != 0) || flight.is_empty()) {
-                flight.push(new_op(&mut rng));
+                flight.push(new_op(&w, &mut rng));
                 started += 1;
                 continue;
             }
             let i = rng.below(flight.len() as u64) as usize;
+            ends += usize::from(matches!(flight[i], Op::EndSession { .. }));
             if may_crash_after(&flight[i]) && rng.below(5) == 0 {
                 flight.swap_remove(i);
                 crashes += 1;
@@ -217,6 +313,7 @@ async fn run(seed: u64) {
         }
         // Nothing in flight: every reference is counted (crashes leave extra slots only).
         let s = w.state().await;
+        session_refs += s.refs.iter().filter(|(_, h)| s.owners.contains_key(h)).count();
         for (client, _) in CLIENTS {
             let missing = s.uncounted(client);
             assert!(missing.is_empty(), "seed {seed} round {round}: {client} {missing:?}: {s:?}");
@@ -237,6 +334,7 @@ async fn run(seed: u64) {
     }
     // The scheduler did reach the cases the test is about.
     assert!(crashes > 5 && steps > 500, "seed {seed}: {crashes} crashes in {steps} steps");
+    assert!(ends > 0 && session_refs > 0, "seed {seed}: {ends} session ends, {session_refs}");
 }
 
 #[tokio::test]
@@ -253,11 +351,11 @@ async fn crashes_leave_extra_slots_that_check_repair_frees() {
 async fn an_acquire_racing_a_release_of_the_same_reference_stays_counted() {
     let w = World::new().await;
     let (h, k) = ("c1/h0".to_string(), "k0".to_string());
-    let held = Op::Acquire { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
+    let held = acquire_op("c1", &h, &k);
     let mut held = held;
     while !advance(&w, &mut held).await {}
-    let mut acquire = Op::Acquire { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
-    let mut release = Op::Release { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
+    let mut acquire = acquire_op("c1", &h, &k);
+    let mut release = release_op("c1", &h, &k);
     assert!(!advance(&w, &mut acquire).await, "slot txn: the mirror is there, nothing taken");
     assert!(!advance(&w, &mut release).await, "the library's release");
     assert!(advance(&w, &mut release).await, "the free: the reference is absent");
@@ -271,8 +369,8 @@ async fn an_acquire_racing_a_release_of_the_same_reference_stays_counted() {
     assert_eq!(s.slots["c1"].len(), 1, "{s:?}");
 
     // The other order: the bind lands before the free, which then leaves the slot to it.
-    let mut release = Op::Release { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
-    let mut acquire = Op::Acquire { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
+    let mut release = release_op("c1", &h, &k);
+    let mut acquire = acquire_op("c1", &h, &k);
     assert!(!advance(&w, &mut acquire).await);
     assert!(!advance(&w, &mut release).await);
     assert!(!advance(&w, &mut acquire).await, "the bind, before the free");
@@ -282,8 +380,8 @@ async fn an_acquire_racing_a_release_of_the_same_reference_stays_counted() {
     assert!(s.uncounted("c1").is_empty() && s.slots["c1"].len() == 1, "{s:?}");
 
     // And the acquire confirms before the free: the free must leave the slot to the reference.
-    let mut release = Op::Release { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
-    let mut acquire = Op::Acquire { client: "c1", holder: h.clone(), key: k.clone(), stage: 0 };
+    let mut release = release_op("c1", &h, &k);
+    let mut acquire = acquire_op("c1", &h, &k);
     assert!(!advance(&w, &mut acquire).await);
     assert!(!advance(&w, &mut release).await);
     assert!(!advance(&w, &mut acquire).await, "the bind");
@@ -299,7 +397,7 @@ async fn an_acquire_racing_a_release_of_the_same_reference_stays_counted() {
 #[tokio::test]
 async fn a_repair_racing_a_bind_does_not_leave_it_uncounted() {
     let w = World::new().await;
-    let mut a = Op::Acquire { client: "c2", holder: "c2/h0".into(), key: "k0".into(), stage: 0 };
+    let mut a = acquire_op("c2", "c2/h0", "k0");
     assert!(!advance(&w, &mut a).await, "slot txn");
     assert_eq!(w.check_repair().await, Vec::<String>::new());
     assert!(w.state().await.slots.is_empty(), "the repair freed the slot of the unbound key");
@@ -310,10 +408,10 @@ async fn a_repair_racing_a_bind_does_not_leave_it_uncounted() {
 
     // c2 has refs=2. Another acquire takes its slot, a repair frees it, a third fills the quota
     // meanwhile: the second's confirm finds no slot free and undoes its bind.
-    let mut b = Op::Acquire { client: "c2", holder: "c2/h1".into(), key: "k1".into(), stage: 0 };
+    let mut b = acquire_op("c2", "c2/h1", "k1");
     assert!(!advance(&w, &mut b).await);
     assert_eq!(w.check_repair().await, Vec::<String>::new());
-    let mut c = Op::Acquire { client: "c2", holder: "c2/h1".into(), key: "k2".into(), stage: 0 };
+    let mut c = acquire_op("c2", "c2/h1", "k2");
     while !advance(&w, &mut c).await {}
     assert!(!advance(&w, &mut b).await, "the bind");
     assert!(advance(&w, &mut b).await, "the confirm");
