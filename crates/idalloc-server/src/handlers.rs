@@ -337,7 +337,24 @@ pub async fn acquire(
         let failed: Vec<&str> =
             keys.iter().zip(&got).filter(|(_, a)| definite(a)).map(|(k, _)| k.as_str()).collect();
         if !failed.is_empty() {
-            rs.give_back(taken, &failed).await;
+            rs.give_back(holder, taken, &failed).await;
+        }
+        // Every bound key is counted: a slot freed between the slot txn and the bind (a racing
+        // release, `check --repair`) is taken again; a key that finds none free is released
+        // again and the request refused, so no client ends above its limit.
+        let bound: Vec<&String> =
+            keys.iter().zip(&got).filter(|(_, a)| a.is_ok()).map(|(k, _)| k).collect();
+        if let Some((over, uncounted)) = rs.confirm(holder, lease, &bound).await? {
+            for key in &uncounted {
+                let undone = match &owner {
+                    Owner::Session(s) => s.release(&pool, key).await.map(|_| ()),
+                    Owner::Holder(h) => pool.release_durable(key, h).await.map(|_| ()),
+                };
+                if let Err(e) = undone {
+                    tracing::warn!(pool = %name, error = %e, "releasing an uncounted key failed");
+                }
+            }
+            return Err(over);
         }
     }
     let mut out = Vec::with_capacity(keys.len());

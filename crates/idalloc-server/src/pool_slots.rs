@@ -16,9 +16,11 @@
 //! - **A slot whose creator record does not name it** counts no pool: the pool was deleted (by an
 //!   instance that died before freeing the slot, or by `idalloc pool delete` on the store). A
 //!   client at its limit frees such slots before it is refused ([`orphaned`], pure), so no slot
-//!   outlives its pool for long. A slot whose creator record names it but whose pool was never
-//!   created (an instance died in between) counts until the client creates that pool again, or
-//!   `idalloc check --repair` is run on the pool: always on the safe side (stricter).
+//!   outlives its pool for long; `idalloc check --repair` frees them too. A slot whose creator
+//!   record names it but whose pool was never created (an instance died in between) counts
+//!   until the client creates that pool again or the pool's records are deleted (`idalloc check`
+//!   reports them as data without a spec, and leaves them: a create may be in flight): always
+//!   on the safe side (stricter).
 //!
 //! The store work is one read of the client's slots (at most N small records) and one txn per
 //! create; a client at its limit reads the creator records of its slots (at most N) once.
@@ -38,21 +40,17 @@ const ATTEMPTS: usize = 16;
 
 /// `P/sessions/quota-pools/<client>/`: the pool slots of `client`.
 pub fn pool_slots_prefix(layout: &Layout, client: &str) -> Vec<u8> {
-    let mut p = layout.sessions_prefix();
-    p.extend_from_slice(format!("quota-pools/{client}/").as_bytes());
-    p
+    layout.pool_slots_prefix(client)
 }
 
 /// `P/data/<pool>/quota/~creator`: which client's slot counts `pool`.
 pub fn creator_key(layout: &Layout, pool: &str) -> Vec<u8> {
-    let mut p = layout.quota_prefix(pool);
-    p.extend_from_slice(b"~creator");
-    p
+    layout.quota_creator_key(pool)
 }
 
 /// The value of a creator record: `<client>/<n>`.
 pub fn creator_value(client: &str, slot: u64) -> Vec<u8> {
-    format!("{client}/{slot}").into_bytes()
+    idalloc::quota_names::creator_value(client, slot)
 }
 
 /// One of a client's slot records, as read: its number and the pool its value names.

@@ -72,6 +72,32 @@ pub enum Finding {
     /// An ID the pool never hands out (outside its range, without its prefix bits, or reserved),
     /// in a key or ID record.
     IdOutOfRange { id: u64, key: Option<String>, reserved: bool },
+    /// A quota record of `idalloc serve` whose value it would not have written.
+    UnreadableQuotaValue { record: String },
+    /// Reference slots (`slots`) or a mirror (`mirror`) of `client` counting holder `holder`'s
+    /// reference on `key`, which is absent: they count nothing.
+    QuotaWithoutReference {
+        client: String,
+        key: String,
+        holder: String,
+        slots: Vec<u64>,
+        mirror: bool,
+    },
+    /// A reference that `client`'s quota records name but that is not counted by exactly one
+    /// slot and a mirror naming it (`mirror`: the slot the mirror names), all on its lease.
+    QuotaMiscounted {
+        client: String,
+        key: String,
+        holder: String,
+        slots: Vec<u64>,
+        mirror: Option<u64>,
+    },
+    /// A pool whose creator record names pool slot `slot` of `client`, which is absent or
+    /// counts another pool (`counts`): the pool counts against nobody's `pools=`.
+    PoolCreatorWithoutSlot { pool: String, client: String, slot: u64, counts: Option<String> },
+    /// Pool slot `slot` of `client` naming `pool`, whose creator record does not name it (the
+    /// pool is gone, or counted by another slot): it counts no pool.
+    PoolSlotWithoutPool { client: String, slot: u64, pool: String },
 }
 
 impl fmt::Display for Finding {
@@ -149,6 +175,51 @@ impl fmt::Display for Finding {
                     None => write!(f, "ID {id} is {why}"),
                 }
             }
+            Finding::UnreadableQuotaValue { record } => {
+                write!(f, "quota record {record:?} holds a value the service does not write")
+            }
+            Finding::QuotaWithoutReference { client, key, holder, slots, mirror } => {
+                let m = if *mirror { " and a mirror" } else { "" };
+                write!(
+                    f,
+                    "client {client:?} has slots {slots:?}{m} counting the reference of {} on \
+                     key {}, which is absent",
+                    v(holder),
+                    v(key)
+                )
+            }
+            Finding::QuotaMiscounted { client, key, holder, slots, mirror } => {
+                let m = match mirror {
+                    Some(n) => format!("a mirror naming slot {n}"),
+                    None => "no readable mirror".to_string(),
+                };
+                write!(
+                    f,
+                    "the reference of {} on key {} has slots {slots:?} and {m} of client \
+                     {client:?}: it needs one slot and a mirror naming it, on its lease",
+                    v(holder),
+                    v(key)
+                )
+            }
+            Finding::PoolCreatorWithoutSlot { client, slot, counts, .. } => match counts {
+                None => write!(
+                    f,
+                    "the pool's creator record names pool slot {slot} of client {client:?}, \
+                     which is absent"
+                ),
+                Some(p) => write!(
+                    f,
+                    "the pool's creator record names pool slot {slot} of client {client:?}, \
+                     which counts pool {}",
+                    v(p)
+                ),
+            },
+            Finding::PoolSlotWithoutPool { client, slot, pool } => write!(
+                f,
+                "pool slot {slot} of client {client:?} names pool {}, whose creator record does \
+                 not name it",
+                v(pool)
+            ),
         }
     }
 }

@@ -10,13 +10,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::Serialize;
 
 use crate::audit::{self, Finding, RepairContext, Suspects};
-use crate::layout::{IdRecord, Layout};
+use crate::layout::{parse_id_value, IdRecord, Layout};
 use crate::point_reads;
-use crate::records::{self, PoolSnapshot};
+use crate::quota_audit::{self, ClientQuota, Planned, QuotaRecord};
+use crate::quota_names::{parse_creator_value, QuotaName};
+use crate::records::{self, PoolSnapshot, RefEntry};
 use crate::store::listing::{BoundedPages, PageBound};
 use crate::store::{
-    prefix_end, GetRequest, KeyRange, KeyValue, OpResponse, Revision, Store, StoreResult, TxnOp,
-    TxnRequest,
+    prefix_end, GetRequest, KeyRange, KeyValue, OpResponse, Revision, Store, StoreError,
+    StoreResult, TxnOp, TxnRequest,
 };
 
 /// One pool's result.
@@ -49,6 +51,9 @@ pub struct Scan {
     pub report: Report,
     /// pool -> (usable spec and its record's mod revision, snapshot).
     snapshots: BTreeMap<String, (Option<(crate::PoolSpec, Revision)>, PoolSnapshot)>,
+    /// The findings about the service's quota records and their repairs, planned while reading
+    /// them (a client's records at a time): pool -> planned, `""` for the pool slots.
+    quota: BTreeMap<String, Vec<Planned>>,
 }
 
 /// Reads pool `pool` (or, with `None`, every record under the prefix) at one revision and audits
@@ -126,6 +131,12 @@ pub async fn scan_bounded(
     let names: BTreeSet<String> = specs.keys().cloned().chain(data_names).collect();
     let mut report = Report { revision, pools: Vec::new(), other };
     let mut snapshots = BTreeMap::new();
+    let mut quota = BTreeMap::new();
+    if pool.is_none() {
+        let planned = pool_slots(store, layout, page, bound, revision).await?;
+        report.other.extend(planned.iter().map(|(f, _)| f.clone()));
+        quota.insert(String::new(), planned);
+    }
     for name in names {
         let spec = match specs.remove(&name) {
             Some(Ok(s)) => Ok(Some(s)),
@@ -138,9 +149,13 @@ pub async fn scan_bounded(
         let read =
             PoolRead { store, layout, pool: &name, page, bound, revision, exact: pool.is_none() };
         let valid_name = crate::pool::validate_pool_name(&name).is_ok();
+        let mut planned = Vec::new();
         let (snap, records, unreadable_names) = if valid_name {
-            let (snap, records) = read.audited(usable.as_ref().map(|(s, _)| s)).await?;
-            (snap, records, Vec::new())
+            let (mut snap, records) = read.audited(usable.as_ref().map(|(s, _)| s)).await?;
+            let (quota_records, p) = read.quota(usable.as_ref().map(|(_, r)| *r)).await?;
+            snap.quota_records = quota_records;
+            planned = p;
+            (snap, records + quota_records, Vec::new())
         } else {
             let (records, names) = read.names().await?;
             (PoolSnapshot { pool: name.clone(), revision, ..Default::default() }, records, names)
@@ -157,6 +172,7 @@ pub async fn scan_bounded(
         }
         if valid_name {
             findings.extend(audit::audit(usable.as_ref().map(|(s, _)| s), &snap));
+            findings.extend(planned.iter().map(|(f, _)| f.clone()));
         } else {
             findings.extend(
                 unreadable_names
@@ -172,9 +188,74 @@ pub async fn scan_bounded(
             continue;
         }
         report.pools.push(PoolCheck { pool: name.clone(), findings });
+        quota.insert(name.clone(), planned);
         snapshots.insert(name, (usable, snap));
     }
-    Ok(Scan { report, snapshots })
+    Ok(Scan { report, snapshots, quota })
+}
+
+/// Every client's pool slots (`P/sessions/quota-pools/`, at most the sum of the clients'
+/// `pools=`), each against the creator record of the pool it names.
+async fn pool_slots(
+    store: &dyn Store,
+    layout: &Layout,
+    page: i64,
+    bound: &PageBound,
+    revision: Revision,
+) -> StoreResult<Vec<Planned>> {
+    let range = KeyRange::prefix(layout.pool_slots_root());
+    let mut pages = BoundedPages::new(store, &range, page, bound.clone())
+        .named("the pool slots")
+        .at_revision(revision);
+    let mut out = Vec::new();
+    let mut slots = Vec::new();
+    while let Some(kvs) = pages.next_page().await? {
+        for kv in kvs {
+            match layout.parse_pool_slot_key(&kv.key) {
+                Some((client, n)) => slots.push((client, n, record(kv))),
+                None => out.push((unreadable(&kv.key), None)),
+            }
+        }
+    }
+    let creators = |v: &[u8]| {
+        let pool =
+            std::str::from_utf8(v).ok().filter(|p| crate::pool::validate_pool_name(p).is_ok());
+        pool.map(|p| layout.quota_creator_key(p))
+    };
+    let keys: Vec<Option<Vec<u8>>> = slots.iter().map(|(_, _, s)| creators(&s.value)).collect();
+    let read = point_read(store, revision, keys.iter().flatten().cloned().collect()).await?;
+    for ((client, n, slot), key) in slots.iter().zip(&keys) {
+        let creator = key.as_ref().and_then(|k| read.get(k));
+        out.extend(quota_audit::audit_pool_slot(layout, client, *n, slot, creator));
+    }
+    Ok(out)
+}
+
+/// A record as the quota audit takes it.
+fn record(kv: KeyValue) -> QuotaRecord {
+    QuotaRecord { value: kv.value, mod_revision: kv.mod_revision, lease: kv.lease }
+}
+
+fn unreadable(key: &[u8]) -> Finding {
+    Finding::UnreadableRecord { record: String::from_utf8_lossy(key).into_owned(), nested: false }
+}
+
+/// The records among `keys` that exist at `revision`, read in txns of point reads.
+async fn point_read(
+    store: &dyn Store,
+    revision: Revision,
+    keys: Vec<Vec<u8>>,
+) -> StoreResult<BTreeMap<Vec<u8>, QuotaRecord>> {
+    let ops = keys.into_iter().map(|k| TxnOp::get(GetRequest::key(k).at_revision(revision)));
+    let mut out = BTreeMap::new();
+    for batch in point_reads::batches(ops.collect()) {
+        for r in store.txn(TxnRequest::new().and_then(batch)).await?.responses {
+            if let OpResponse::Get(g) = r {
+                out.extend(g.kvs.into_iter().map(|kv| (kv.key.clone(), record(kv))));
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// The pool names under `data/` (the segment after it, up to the next `/`), each found with one
@@ -279,15 +360,18 @@ impl PoolRead<'_> {
         let (l, p) = (self.layout, self.pool);
         let data = l.pool_data_prefix(p);
         let (ids, keys, refs) = (l.id_prefix(p), l.key_prefix(p), l.refs_prefix(p));
+        let quota = l.quota_prefix(p);
         // The three families in the order the audit needs them, then the rest of the pool's
-        // prefix (fence records, names no allocator writes).
+        // prefix (fence records, names no allocator writes) but the service's quota records
+        // (`key/` < `quota/` < `ref/`), which [`PoolRead::quota`] reads.
         let ranges = [
             KeyRange::prefix(ids.clone()),
             KeyRange::prefix(keys.clone()),
             KeyRange::prefix(refs.clone()),
             KeyRange::range(data.clone(), ids.clone()),
             KeyRange::range(prefix_end(&ids), keys.clone()),
-            KeyRange::range(prefix_end(&keys), refs.clone()),
+            KeyRange::range(prefix_end(&keys), quota.clone()),
+            KeyRange::range(prefix_end(&quota), refs.clone()),
             KeyRange::range(prefix_end(&refs), prefix_end(&data)),
         ];
         let mut suspects = Suspects::new(spec.cloned());
@@ -308,6 +392,94 @@ impl PoolRead<'_> {
         let mut snap = self.closure(keys, ids).await?;
         snap.unreadable = unreadable;
         Ok((snap, records))
+    }
+
+    /// The service's quota records of the pool ([`crate::quota_names`]), a client at a time: how
+    /// many, and what [`quota_audit`] finds in them. Memory is one client's records (at most
+    /// twice its `refs=` when the service wrote them), never the pool's. `spec_revision`: the
+    /// pool's spec record's mod revision, `None` without a usable spec.
+    async fn quota(&self, spec_revision: Option<Revision>) -> StoreResult<(usize, Vec<Planned>)> {
+        let (l, p) = (self.layout, self.pool);
+        let range = KeyRange::prefix(l.quota_prefix(p));
+        let mut pages = BoundedPages::new(self.store, &range, self.page, self.bound.clone())
+            .named(format!("the quota records of pool {p:?}"))
+            .at_revision(self.revision);
+        let (mut records, mut out) = (0, Vec::new());
+        let mut client = ClientQuota::default();
+        let mut creator = None;
+        while let Some(kvs) = pages.next_page().await? {
+            records += kvs.len();
+            for kv in kvs {
+                let name = l.parse_quota_key(p, &kv.key);
+                let of = match &name {
+                    Some(QuotaName::Slot { client, .. } | QuotaName::Mirror { client, .. }) => {
+                        Some(client.as_str())
+                    }
+                    _ => None,
+                };
+                // A client's records are contiguous (its name never holds `/`).
+                if let Some(c) = of.filter(|c| *c != client.client) {
+                    let done = std::mem::take(&mut client);
+                    out.extend(self.client_quota(done).await?);
+                    client.client = c.to_string();
+                }
+                match name {
+                    Some(QuotaName::Slot { n, .. }) => {
+                        client.slots.insert(n, record(kv));
+                    }
+                    Some(QuotaName::Mirror { holder, key, .. }) => {
+                        client.mirrors.insert((key, holder), record(kv));
+                    }
+                    Some(QuotaName::Creator) => creator = Some(record(kv)),
+                    None => out.push((unreadable(&kv.key), None)),
+                }
+            }
+        }
+        out.extend(self.client_quota(client).await?);
+        if let Some(c) = creator {
+            let named =
+                parse_creator_value(&c.value).map(|(client, n)| l.pool_slot_key(&client, n));
+            let slot = match named {
+                Some(k) => {
+                    point_read(self.store, self.revision, vec![k]).await?.into_values().next()
+                }
+                None => None,
+            };
+            out.extend(quota_audit::audit_creator(l, p, &c, spec_revision, slot.as_ref()));
+        }
+        Ok((records, out))
+    }
+
+    /// One client's quota records against the references they name.
+    async fn client_quota(&self, q: ClientQuota) -> StoreResult<Vec<Planned>> {
+        if q.client.is_empty() {
+            return Ok(Vec::new());
+        }
+        let (l, p) = (self.layout, self.pool);
+        let wanted: Vec<((String, String), Vec<u8>)> = q
+            .references()
+            .into_iter()
+            .map(|(k, h)| {
+                let key = l.ref_key(p, &k, &h);
+                ((k, h), key)
+            })
+            .collect();
+        let read =
+            point_read(self.store, self.revision, wanted.iter().map(|(_, k)| k.clone()).collect())
+                .await?;
+        let refs = wanted
+            .into_iter()
+            .filter_map(|(id, key)| {
+                let r = read.get(&key)?;
+                let entry = RefEntry {
+                    id: parse_id_value(&r.value),
+                    mod_revision: r.mod_revision,
+                    lease: r.lease,
+                };
+                Some((id, entry))
+            })
+            .collect();
+        Ok(quota_audit::audit_client(l, p, &q, &refs))
     }
 
     /// The records of `keys` (key record and references) and `ids` (ID record), then of every
@@ -384,36 +556,47 @@ pub async fn repair(
     scan: &Scan,
 ) -> StoreResult<Vec<RepairOutcome>> {
     let mut out = Vec::new();
+    // A quota finding's repair was planned with it.
+    let quota_plan = |pool: &str, f: &Finding| {
+        let planned = scan.quota.get(pool)?.iter().find(|(q, _)| q == f)?;
+        Some(planned.1.clone())
+    };
     for f in &scan.report.other {
-        out.push(RepairOutcome {
-            pool: String::new(),
-            finding: f.clone(),
-            action: None,
-            applied: false,
-        });
+        let plan = quota_plan("", f).flatten();
+        let (action, applied) = send(store, plan).await?;
+        out.push(RepairOutcome { pool: String::new(), finding: f.clone(), action, applied });
     }
     for pc in &scan.report.pools {
         let entry = scan.snapshots.get(&pc.pool);
         for f in &pc.findings {
-            let plan = match entry {
-                Some((Some((spec, spec_revision)), snap)) => audit::plan(
+            let plan = match (quota_plan(&pc.pool, f), entry) {
+                (Some(plan), _) => plan,
+                (None, Some((Some((spec, spec_revision)), snap))) => audit::plan(
                     RepairContext { layout, spec, spec_revision: *spec_revision },
                     snap,
                     f,
                 ),
                 _ => None,
             };
-            let (action, applied) = match plan {
-                None => (None, false),
-                Some(r) => {
-                    let resp = store.txn(r.txn).await?;
-                    (Some(r.action), resp.succeeded)
-                }
-            };
+            let (action, applied) = send(store, plan).await?;
             out.push(RepairOutcome { pool: pc.pool.clone(), finding: f.clone(), action, applied });
         }
     }
     Ok(out)
+}
+
+/// Sends one planned repair: (its action, whether it committed). A put on a session's lease
+/// that etcd has removed meanwhile is a repair that did not apply (the records went with it).
+async fn send(
+    store: &dyn Store,
+    plan: Option<audit::Repair>,
+) -> StoreResult<(Option<String>, bool)> {
+    let Some(r) = plan else { return Ok((None, false)) };
+    match store.txn(r.txn).await {
+        Ok(resp) => Ok((Some(r.action), resp.succeeded)),
+        Err(StoreError::LeaseNotFound(_)) => Ok((Some(r.action), false)),
+        Err(e) => Err(e),
+    }
 }
 
 /// Other deployments this one's prefix overlaps: one message per overlap, empty

@@ -185,6 +185,8 @@ pub mod metrics;
 mod point_reads;
 pub mod pool;
 mod protocol;
+mod quota_audit;
+pub mod quota_names;
 pub mod records;
 pub mod remote;
 mod retry;

@@ -93,14 +93,18 @@ async fn check_knows_every_record_kind_a_healthy_store_holds() {
     let shared = a.shared_client_session(HOUR, "s-", b"opaque session record").await.unwrap();
     shared.acquire(&p, "leased").await.unwrap();
     let fence_floor = l.fence_floor_key("kinds");
-    let quota = [l.quota_prefix("kinds"), b"client-a/slot/0".to_vec()].concat();
+    // The leased reference counted as the service counts it: a slot and its mirror, on its lease.
+    let (holder, lease) = (shared.holder().to_string(), shared.lease());
+    let quota = l.quota_slot_key("kinds", "client-a", 0);
+    let mirror = l.quota_mirror_key("kinds", "client-a", &holder, "leased");
     let creator = [l.quota_prefix("kinds"), b"~creator".to_vec()].concat();
     let session_slot = format!("{}/sessions/quota/client-a/0", l.prefix()).into_bytes();
     let pool_slot = format!("{}/sessions/quota-pools/client-a/0", l.prefix()).into_bytes();
     store
         .txn(TxnRequest::new().and_then([
             TxnOp::put(fence_floor.clone(), b"".to_vec()),
-            TxnOp::put(quota, b"x".to_vec()),
+            TxnOp::put_on_lease(quota, idalloc::quota_names::slot_value("leased", &holder), lease),
+            TxnOp::put_on_lease(mirror, idalloc::quota_names::mirror_value(0), lease),
             TxnOp::put(creator, b"client-a/0".to_vec()),
             TxnOp::put(session_slot, b"x".to_vec()),
             TxnOp::put(pool_slot, b"kinds".to_vec()),
