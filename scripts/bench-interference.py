@@ -100,17 +100,19 @@ def main():
                 counts["pages"] += 1
 
         def watches():
-            for _ in range(1000):
-                s = socket.create_connection(("127.0.0.1", port))
+            # One after another (a stream being set up holds a request slot: 128 at once would
+            # be refused by --max-requests-per-client); each answers 200 (its head arrives),
+            # nothing is read after that.
+            for n in range(1000):
+                s = socket.socket()
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.connect(("127.0.0.1", port))
                 s.sendall(f"GET /v1/pools/b/watch HTTP/1.1\r\nhost: x\r\n"
                           f"authorization: Bearer {toks['flood']}\r\n\r\n".encode())
                 held.append(s)
-            # Each answers 200 (its head arrives); nothing is read after that.
-            for s in held:
                 head = s.recv(12)
                 if not head.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"watch refused: {head!r}")
+                    raise RuntimeError(f"watch {n + 1} refused: {head!r}")
             # At the cap: one more is refused.
             extra = socket.create_connection(("127.0.0.1", port))
             extra.sendall(f"GET /v1/pools/b/watch HTTP/1.1\r\nhost: x\r\n"

@@ -14,7 +14,12 @@ use std::time::Duration;
 /// [`PROBES`] unanswered probes. So a vanished peer is found within [`give_up_after`].
 pub fn tcp_params(every: Duration) -> socket2::TcpKeepalive {
     let ka = socket2::TcpKeepalive::new().with_time(every);
-    #[cfg(any(target_os = "linux", target_os = "android", target_os = "macos", target_os = "freebsd"))]
+    #[cfg(any(
+        target_os = "linux",
+        target_os = "android",
+        target_os = "macos",
+        target_os = "freebsd"
+    ))]
     let ka = ka.with_interval(probe_interval(every)).with_retries(PROBES);
     ka
 }
@@ -83,9 +88,15 @@ mod tests {
         #[cfg(target_os = "linux")]
         {
             assert_eq!(sock.tcp_keepalive_time().expect("TCP_KEEPIDLE"), Duration::from_secs(45));
-            assert_eq!(sock.tcp_keepalive_interval().expect("TCP_KEEPINTVL"), Duration::from_secs(15));
+            assert_eq!(
+                sock.tcp_keepalive_interval().expect("TCP_KEEPINTVL"),
+                Duration::from_secs(15)
+            );
             assert_eq!(sock.tcp_keepalive_retries().expect("TCP_KEEPCNT"), PROBES);
-            assert_eq!(sock.tcp_user_timeout().expect("TCP_USER_TIMEOUT"), Some(Duration::from_secs(90)));
+            assert_eq!(
+                sock.tcp_user_timeout().expect("TCP_USER_TIMEOUT"),
+                Some(Duration::from_secs(90))
+            );
         }
         drop(client);
     }
