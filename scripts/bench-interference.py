@@ -112,22 +112,32 @@ def main():
             # One after another (a stream being set up holds a request slot: 128 at once would
             # be refused by --max-requests-per-client); each answers 200 (its head arrives),
             # nothing is read after that.
+            # A head that does not come within 30 s is counted, not waited for.
+            answers = {}
             for n in range(1000):
                 s = socket.socket()
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.settimeout(30)
                 s.connect(("127.0.0.1", port))
                 s.sendall(f"GET /v1/pools/b/watch HTTP/1.1\r\nhost: x\r\n"
                           f"authorization: Bearer {toks['flood']}\r\n\r\n".encode())
                 held.append(s)
-                head = s.recv(12)
-                if not head.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"watch {n + 1} refused: {head!r}")
+                try:
+                    head = s.recv(12).decode(errors="replace")[9:] or "closed"
+                except socket.timeout:
+                    head = "no head in 30 s"
+                answers[head] = answers.get(head, 0) + 1
+            counts["watch answers"] = answers
             # One more: refused 429 while all 1,000 hold their slots; a stream the service ended
             # (it lagged: its client reads nothing) has freed its slot.
             extra = socket.create_connection(("127.0.0.1", port))
             extra.sendall(f"GET /v1/pools/b/watch HTTP/1.1\r\nhost: x\r\n"
                           f"authorization: Bearer {toks['flood']}\r\n\r\n".encode())
-            counts["1001st watch"] = extra.recv(12).decode(errors="replace")[9:]
+            extra.settimeout(30)
+            try:
+                counts["1001st watch"] = extra.recv(12).decode(errors="replace")[9:] or "closed"
+            except socket.timeout:
+                counts["1001st watch"] = "no head in 30 s"
             held.append(extra)
             counts["subscribers at the start"] = subscribers()
 
