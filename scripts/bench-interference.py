@@ -112,7 +112,7 @@ def main():
             # One after another (a stream being set up holds a request slot: 128 at once would
             # be refused by --max-requests-per-client); each answers 200 (its head arrives),
             # nothing is read after that.
-            # A head that does not come within 30 s is counted, not waited for.
+            # A head that does not come within 30 s is counted, not waited for (three: stop opening).
             answers = {}
             for n in range(1000):
                 s = socket.socket()
@@ -127,6 +127,8 @@ def main():
                 except socket.timeout:
                     head = "no head in 30 s"
                 answers[head] = answers.get(head, 0) + 1
+                if answers.get("no head in 30 s", 0) >= 3:
+                    break
             counts["watch answers"] = answers
             # One more: refused 429 while all 1,000 hold their slots; a stream the service ended
             # (it lagged: its client reads nothing) has freed its slot.
