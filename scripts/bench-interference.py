@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """Another client's acquire latency while one client floods `idalloc serve`. Usage:
-    scripts/bench-interference.py IDALLOC_BIN ETCD_URL [TIMED] (default 300 acquires a run)
+    scripts/bench-interference.py IDALLOC_BIN ETCD_URL [--csv PATH] [TIMED] (default 300 a run)
 
 One `serve` with tokens on a fresh etcd prefix; pool `b` preloaded with 20,000 bindings (so a
 10,000-binding page exists). A `victim` client times TIMED sequential one-key acquires of new keys
-(each released after), on its own connection, in four runs:
+(each released after), on its own connection, in five runs:
   quiet     nobody else;
   bulk      the `flood` client, 8 connections, each acquiring 1,000 new keys then releasing them,
             over and over;
@@ -12,8 +12,10 @@ One `serve` with tokens on a fresh etcd prefix; pool `b` preloaded with 20,000 b
             over and over;
   watches   the `flood` client holding watch streams at its cap (1,000, the default of
             --max-watches-per-client), one connection each, never reading them, so every change
-            the victim makes is queued for 1,000 streams that never drain.
-Prints p50/p99 per run and the ratio to the quiet run. Run under `flock /work/bench.lock`, with a
+            the victim makes is queued for 1,000 streams that never drain (a 1,001st is
+            refused 429: the cap holds);
+  quiet-after  nobody else again (the streams closed): the machine's drift over the runs.
+Prints p50/p99 per run and the ratio to the quiet run; with --csv, every timed acquire. Run under `flock /work/bench.lock`, with a
 release build (`cargo build --release -p idalloc-cli`)."""
 import json, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
 import http.client
@@ -38,7 +40,11 @@ def pct(xs, p):
 
 def main():
     binary, etcd = sys.argv[1], sys.argv[2]
-    timed = int(sys.argv[3]) if len(sys.argv) > 3 else 300
+    rest = sys.argv[3:]
+    csv = None
+    if "--csv" in rest:
+        i = rest.index("--csv"); csv = rest[i + 1]; del rest[i:i + 2]
+    timed = int(rest[0]) if rest else 300
     d = tempfile.mkdtemp()
     names = {"victim": "allocate", "flood": "allocate", "root": "admin"}
     toks = {n: f"tok-{n}-{os.getpid()}-bench-interference" for n in names}
@@ -93,21 +99,54 @@ def main():
                 c.call("GET", "/v1/pools/b/bindings?limit=10000")
                 counts["pages"] += 1
 
+        def subscribers():
+            metrics = Conn(port, toks["root"])
+            metrics.c.request("GET", "/metrics", headers=metrics.h)
+            body = metrics.c.getresponse().read().decode()
+            for line in body.splitlines():
+                if line.startswith('idalloc_watch_subscribers{pool="b"}'):
+                    return int(float(line.split()[-1]))
+            return 0
+
         def watches():
-            for _ in range(1000):
-                s = socket.create_connection(("127.0.0.1", port))
+            # One after another (a stream being set up holds a request slot: 128 at once would
+            # be refused by --max-requests-per-client); each answers 200 (its head arrives),
+            # nothing is read after that.
+            # A head that does not come within 30 s is counted, not waited for (three: stop opening).
+            answers = {}
+            for n in range(1000):
+                s = socket.socket()
                 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+                s.settimeout(30)
+                s.connect(("127.0.0.1", port))
                 s.sendall(f"GET /v1/pools/b/watch HTTP/1.1\r\nhost: x\r\n"
                           f"authorization: Bearer {toks['flood']}\r\n\r\n".encode())
                 held.append(s)
-            # Each answers 200 (its head arrives); nothing is read after that.
-            for s in held:
-                head = s.recv(12)
-                if not head.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"watch refused: {head!r}")
+                try:
+                    head = s.recv(12).decode(errors="replace")[9:] or "closed"
+                except socket.timeout:
+                    head = "no head in 30 s"
+                answers[head] = answers.get(head, 0) + 1
+                if answers.get("no head in 30 s", 0) >= 3:
+                    break
+            counts["watch answers"] = answers
+            # One more: refused 429 while all 1,000 hold their slots; a stream the service ended
+            # (it lagged: its client reads nothing) has freed its slot.
+            extra = socket.create_connection(("127.0.0.1", port))
+            extra.sendall(f"GET /v1/pools/b/watch HTTP/1.1\r\nhost: x\r\n"
+                          f"authorization: Bearer {toks['flood']}\r\n\r\n".encode())
+            extra.settimeout(30)
+            try:
+                counts["1001st watch"] = extra.recv(12).decode(errors="replace")[9:] or "closed"
+            except socket.timeout:
+                counts["1001st watch"] = "no head in 30 s"
+            held.append(extra)
+            counts["subscribers at the start"] = subscribers()
 
-        rows = []
-        for tag, flood in (("quiet", None), ("bulk", bulk), ("pages", pages), ("watches", None)):
+        rows, raw = [], []
+        runs = (("quiet", None), ("bulk", bulk), ("pages", pages), ("watches", None),
+                ("quiet-after", None))
+        for tag, flood in runs:
             stop.clear()
             threads = []
             if flood:
@@ -116,17 +155,31 @@ def main():
                 time.sleep(2)
             if tag == "watches":
                 watches(); time.sleep(2)
+            before = dict(counts)
             t = victim_run(tag)
             stop.set()
             for th in threads: th.join()
-            rows.append((tag, pct(t, .5), pct(t, .99)))
+            if tag == "watches":
+                counts["subscribers at the end"] = subscribers()
+                for s in held: s.close()
+                held.clear()
+                time.sleep(2)
+            done = {k: (v - before[k] if isinstance(v, int) and k in ("bulk", "pages") else v)
+                    for k, v in counts.items() if v != before.get(k)}
+            rows.append((tag, pct(t, .5), pct(t, .99), done))
+            raw.extend((tag, i, ms) for i, ms in enumerate(t))
             print(f"{tag}: done ({counts})", file=sys.stderr, flush=True)
         q50, q99 = rows[0][1], rows[0][2]
         print(f"load {open('/proc/loadavg').read().split()[:3]}; {timed} timed acquires a run")
-        print("| run | victim p50 | victim p99 | p99 / quiet p99 |")
-        print("|---|---|---|---|")
-        for tag, p50, p99 in rows:
-            print(f"| {tag} | {p50:.1f} ms | {p99:.1f} ms | {p99 / q99:.2f}× |")
+        print("| run | victim p50 | victim p99 | p99 / quiet p99 | flood calls during the run |")
+        print("|---|---|---|---|---|")
+        for tag, p50, p99, done in rows:
+            flood = ", ".join(f"{v} {k}" for k, v in done.items()) or "-"
+            print(f"| {tag} | {p50:.1f} ms | {p99:.1f} ms | {p99 / q99:.2f}× | {flood} |")
+        if csv:
+            with open(csv, "w") as f:
+                f.write("run,i,acquire_ms\n")
+                f.writelines(f"{tag},{i},{ms:.3f}\n" for tag, i, ms in raw)
     finally:
         for s in held: s.close()
         proc.terminate(); proc.wait()

@@ -1,12 +1,15 @@
 #!/usr/bin/env python3
 """Quota-limited (`refs=`) against unlimited acquire latency of `idalloc serve` on etcd, at growing
-pool sizes. Usage: scripts/bench-quota.py IDALLOC_BIN ETCD_URL [SIZES...] (default 1000 100000).
+pool sizes. Usage:
+    scripts/bench-quota.py IDALLOC_BIN ETCD_URL [--csv PATH] [SIZES...] (default 1000 100000)
 
 Starts one `serve` on a fresh prefix, preloads the pool with durable references of another client
-(1,000 keys per request), then times sequential single-key acquires of new keys, alternating an
+(1,000 keys per request, 4 requests at once), then times sequential single-key acquires of new keys, alternating an
 unlimited client and one with `refs=` (each holds the same number of references), and prints
-p50/p99 per size. Run it under `flock /work/bench.lock`."""
+p50/p99 per size; with --csv, every timed acquire (size, client, i, ms) too. Run it under
+`flock /work/bench.lock`."""
 import json, os, socket, subprocess, sys, tempfile, time, urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 def free_port():
     s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
@@ -24,7 +27,12 @@ def pct(xs, p):
 
 def main():
     binary, etcd = sys.argv[1], sys.argv[2]
-    sizes = [int(x) for x in sys.argv[3:]] or [1000, 100000]
+    rest = sys.argv[3:]
+    csv = None
+    if "--csv" in rest:
+        i = rest.index("--csv"); csv = rest[i + 1]; del rest[i:i + 2]
+    sizes = [int(x) for x in rest] or [1000, 100000]
+    raw = []
     d = tempfile.mkdtemp()
     toks = {n: f"tok-{n}-{os.getpid()}-bench-quota" for n in ["lim", "free", "load", "root"]}
     lines = ["lim allocate file:lim.token refs=10000000", "free allocate file:free.token",
@@ -49,11 +57,19 @@ def main():
         print(f"| references in the pool | unlimited p50 | unlimited p99 | `refs=` p50 | `refs=` p99 |")
         print("|---|---|---|---|---|")
         for size in sizes:
-            while loaded < size:
-                k = min(1000, size - loaded)
+            t0 = time.time()
+            starts = list(range(loaded, size, 1000))
+
+            def load(start):
+                k = min(1000, size - start)
                 call(port, toks["load"], "POST", "/v1/pools/b/acquire",
-                     {"keys": [f"load-{loaded + i}" for i in range(k)], "holder": "h"})
-                loaded += k
+                     {"keys": [f"load-{start + i}" for i in range(k)], "holder": "h"})
+
+            with ThreadPoolExecutor(4) as ex:
+                list(ex.map(load, starts))
+            loaded = size
+            print(f"preloaded to {size:,} in {time.time() - t0:.0f} s; load "
+                  f"{open('/proc/loadavg').read().split()[:3]}", file=sys.stderr, flush=True)
             t = {"free": [], "lim": []}
             for i in range(n_timed):
                 for who in ("free", "lim"):
@@ -61,8 +77,14 @@ def main():
                     call(port, toks[who], "POST", "/v1/pools/b/acquire",
                          {"key": f"{who}-{size}-{i}", "holder": "h"})
                     t[who].append((time.perf_counter() - s) * 1000)
+                    raw.append((size, who, i, t[who][-1]))
             f, l = t["free"], t["lim"]
             print(f"| {size:,} | {pct(f, .5):.1f} ms | {pct(f, .99):.1f} ms | {pct(l, .5):.1f} ms | {pct(l, .99):.1f} ms |", flush=True)
+        if csv:
+            with open(csv, "w") as f:
+                f.write("references,client,i,acquire_ms\n")
+                f.writelines(f"{n},{'refs' if w == 'lim' else 'unlimited'},{i},{ms:.3f}\n"
+                             for n, w, i, ms in raw)
     finally:
         proc.terminate(); proc.wait()
 

@@ -482,6 +482,13 @@ pub struct ServeArgs {
     #[arg(long, env = "IDALLOC_IDLE_TIMEOUT", value_parser = parse::duration, value_name = "DUR",
           default_value = "60s")]
     pub idle_timeout: Duration,
+    /// Probes for clients whose host vanished without closing: TCP keepalive on every accepted
+    /// connection after this long without traffic (then every third of it; dropped after 3
+    /// unanswered probes, and when sent data stays unacknowledged that long in all), and HTTP/2
+    /// PINGs at this interval. 0 turns both off.
+    #[arg(long, env = "IDALLOC_KEEPALIVE", value_parser = parse::duration, value_name = "DUR",
+          default_value = "30s")]
+    pub keepalive: Duration,
     /// The longest a request body may take to arrive, whole (a deadline from the request's
     /// head, however slowly the body trickles).
     #[arg(long, env = "IDALLOC_BODY_TIMEOUT", value_parser = parse::duration, value_name = "DUR",

@@ -68,6 +68,7 @@ fn limits(a: &ServeArgs) -> Result<idalloc_server::limits::Limits, Failure> {
     l.max_requests_per_client = a.max_requests_per_client as usize;
     l.max_connections_per_client = a.max_connections_per_client.map(|n| n as usize);
     l.max_watches_per_client = a.max_watches_per_client as usize;
+    l.keepalive = (!a.keepalive.is_zero()).then_some(a.keepalive);
     Ok(l)
 }
 

@@ -285,3 +285,102 @@ fn one_worker() -> tokio::runtime::Runtime {
         .build()
         .expect("runtime")
 }
+
+/// The timer column (`tr`, `tm->when` in clock ticks) of the service's side of a TCP connection,
+/// from the kernel's `/proc/net/tcp`: the socket whose local port is `server_port` and whose peer
+/// is `client_port`. On an established socket, timer 2 is its keepalive timer.
+#[cfg(target_os = "linux")]
+fn server_socket_timer(server_port: u16, client_port: u16) -> (u8, u64) {
+    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
+    let port_of = |a: &str| u16::from_str_radix(a.rsplit(':').next().unwrap_or(""), 16).ok();
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[3] != "01" {
+            continue;
+        }
+        if port_of(f[1]) == Some(server_port) && port_of(f[2]) == Some(client_port) {
+            let (tr, when) = f[5].split_once(':').expect("tr:when");
+            let tr = u8::from_str_radix(tr, 16).expect("tr");
+            return (tr, u64::from_str_radix(when, 16).expect("when"));
+        }
+    }
+    panic!("no established socket {server_port} -> {client_port} in /proc/net/tcp:\n{table}");
+}
+
+/// A connection whose client's host vanishes (no FIN) is found by TCP keepalive: the service's
+/// side of an accepted connection carries a keepalive timer of at most `--keepalive` (the
+/// kernel's own default is 2 hours), and none with `--keepalive 0`. Read from the kernel's socket
+/// table, so it is the service's socket that is checked, not the test's.
+#[cfg(target_os = "linux")]
+#[test]
+fn accepted_connections_carry_the_keepalive_timer_of_the_setting() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (setting, want) in [("45s", Some(45u64)), ("0", None)] {
+        let s = start(dir.path(), &["--keepalive", setting]);
+        let mut c = std::net::TcpStream::connect(s.addr()).expect("connect");
+        c.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n").expect("request");
+        let mut head = [0u8; 12];
+        c.read_exact(&mut head).expect("answer");
+        assert_eq!(&head, b"HTTP/1.1 200", "--keepalive {setting}");
+        let server_port = c.peer_addr().expect("peer").port();
+        let client_port = c.local_addr().expect("local").port();
+        let (tr, when) = server_socket_timer(server_port, client_port);
+        match want {
+            Some(secs) => {
+                assert_eq!(tr, 2, "--keepalive {setting}: the keepalive timer runs");
+                // In clock ticks (USER_HZ, 100 a second): due within the setting.
+                assert!(when > 0 && when <= secs * 100, "--keepalive {setting}: due in {when}");
+            }
+            None => assert_eq!(tr, 0, "--keepalive 0: no timer on an idle connection"),
+        }
+    }
+}
+
+/// An HTTP/2 connection is pinged every `--keepalive`, stays open while its client answers, and
+/// is closed when the client stops answering (its host gone), long before the idle timeout.
+#[test]
+fn http2_connections_are_pinged_and_closed_when_pings_go_unanswered() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let s = start(dir.path(), &["--keepalive", "1s", "--idle-timeout", "600s"]);
+    let mut c = std::net::TcpStream::connect(s.addr()).expect("connect");
+    c.set_read_timeout(Some(Duration::from_secs(60))).expect("read timeout");
+    // The preface and an empty SETTINGS frame (9-byte frame headers: length, type, flags, stream).
+    c.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").expect("preface");
+    c.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).expect("settings");
+    let frame = |c: &mut std::net::TcpStream| -> Option<(u8, u8, Vec<u8>)> {
+        let mut h = [0u8; 9];
+        c.read_exact(&mut h).ok()?;
+        let len = (usize::from(h[0]) << 16) | (usize::from(h[1]) << 8) | usize::from(h[2]);
+        let mut payload = vec![0u8; len];
+        c.read_exact(&mut payload).ok()?;
+        Some((h[3], h[4], payload))
+    };
+    let mut answered = 0;
+    while answered < 2 {
+        let (kind, flags, payload) = frame(&mut c).expect("a frame within 60 s");
+        match (kind, flags & 1) {
+            // SETTINGS: acknowledged.
+            (4, 0) => c.write_all(&[0, 0, 0, 4, 1, 0, 0, 0, 0]).expect("settings ack"),
+            // PING: answered with the same 8 bytes.
+            (6, 0) => {
+                assert_eq!(payload.len(), 8);
+                c.write_all(&[0, 0, 8, 6, 1, 0, 0, 0, 0]).expect("ping ack");
+                c.write_all(&payload).expect("ping ack payload");
+                answered += 1;
+            }
+            _ => {}
+        }
+    }
+    // Pings now go unanswered: the service closes the connection (a GOAWAY may come first).
+    loop {
+        let mut buf = [0u8; 512];
+        match c.read(&mut buf) {
+            Ok(0) => break,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => break,
+            Err(e) => panic!("the connection was not closed within 60 s of unanswered pings: {e}"),
+        }
+    }
+}

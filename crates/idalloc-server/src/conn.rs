@@ -351,6 +351,9 @@ impl Builders {
         h2.timer(TokioTimer::new()).max_concurrent_streams(
             u32::try_from(limits.max_requests_per_client).unwrap_or(u32::MAX),
         );
+        if let Some(every) = limits.keepalive {
+            h2.keep_alive_interval(every).keep_alive_timeout(crate::keepalive::ping_timeout(every));
+        }
         Builders { http1: h1, http2: h2 }
     }
 }

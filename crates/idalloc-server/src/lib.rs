@@ -21,6 +21,7 @@ pub mod fanout;
 pub mod flight;
 pub mod grants;
 pub mod handlers;
+pub mod keepalive;
 pub mod labels;
 pub mod limits;
 pub mod openapi;
@@ -581,8 +582,12 @@ pub async fn serve(
     info!(%addr, "idalloc serve listening (plain HTTP)");
     // No Nagle delay: a watch stream's small paced writes would otherwise wait for the client's
     // delayed ACK of the previous one (tens of milliseconds).
-    let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+    let keepalive = state.config.limits.keepalive;
+    let listener = axum::serve::ListenerExt::tap_io(listener, move |tcp| {
         let _ = tcp.set_nodelay(true);
+        if let Err(e) = keepalive::tune(tcp, keepalive) {
+            warn!(error = %e, "cannot set TCP keepalive on a connection");
+        }
     });
     serve_on(state, listener, shutdown).await
 }
@@ -602,7 +607,7 @@ pub async fn serve_tls(
         "idalloc serve listening (HTTPS)"
     );
     let reload = tokio::spawn(tls.clone().watch(Duration::from_secs(5)));
-    let listener = tls::TlsListener::new(listener, tls)?;
+    let listener = tls::TlsListener::new(listener, tls, state.config.limits.keepalive)?;
     let r = serve_on(state, listener, shutdown).await;
     reload.abort();
     r

@@ -52,6 +52,9 @@ pub struct Limits {
     /// Watch streams one client may hold open at once (HTTP/1 and HTTP/2 alike); a further one
     /// is refused 429.
     pub max_watches_per_client: usize,
+    /// Probes for peers that vanished without closing (`crate::keepalive`): TCP keepalive on
+    /// accepted sockets and HTTP/2 PINGs after this long without traffic. `None`: no probes.
+    pub keepalive: Option<Duration>,
 }
 
 /// The routes every client may always reach, whatever others hold: liveness, readiness and
@@ -80,6 +83,7 @@ impl Default for Limits {
             max_requests_per_client: 128,
             max_connections_per_client: None,
             max_watches_per_client: 1000,
+            keepalive: Some(Duration::from_secs(30)),
         }
     }
 }

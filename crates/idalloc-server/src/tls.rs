@@ -204,10 +204,15 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    pub fn new(tcp: TcpListener, tls: Arc<TlsReloader>) -> std::io::Result<TlsListener> {
+    /// `keepalive`: as [`crate::limits::Limits::keepalive`], set on every accepted socket.
+    pub fn new(
+        tcp: TcpListener,
+        tls: Arc<TlsReloader>,
+        keepalive: Option<Duration>,
+    ) -> std::io::Result<TlsListener> {
         let local = tcp.local_addr()?;
         let (tx, rx) = mpsc::channel(64);
-        let task = tokio::spawn(accept_loop(tcp, tls, tx)).abort_handle();
+        let task = tokio::spawn(accept_loop(tcp, tls, keepalive, tx)).abort_handle();
         Ok(TlsListener { rx, local, task })
     }
 }
@@ -222,6 +227,7 @@ impl Drop for TlsListener {
 async fn accept_loop(
     tcp: TcpListener,
     tls: Arc<TlsReloader>,
+    keepalive: Option<Duration>,
     tx: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
     loop {
@@ -236,6 +242,9 @@ async fn accept_loop(
         };
         // No Nagle delay (as for plain HTTP: `serve`).
         let _ = stream.set_nodelay(true);
+        if let Err(e) = crate::keepalive::tune(&stream, keepalive) {
+            warn!(error = %e, "cannot set TCP keepalive on a connection");
+        }
         let acceptor = TlsAcceptor::from(tls.current());
         let tx = tx.clone();
         tokio::spawn(async move {
