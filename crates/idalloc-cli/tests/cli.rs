@@ -592,7 +592,9 @@ fn watch_prints_a_resize_in_every_format(t: &Target) {
         let done = w.finish();
         assert!(done.status.success(), "{format}: {}", String::from_utf8_lossy(&done.stderr));
         match format {
-            "text" | "wide" => assert_eq!(out, format!("resized 1-{max} reserved 13-14"), "{format}"),
+            "text" | "wide" => {
+                assert_eq!(out, format!("resized 1-{max} reserved 13-14"), "{format}")
+            }
             "json" => {
                 let v: Value = serde_json::from_str(&out).expect("one JSON line");
                 assert_eq!(
