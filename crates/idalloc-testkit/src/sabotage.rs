@@ -5,6 +5,7 @@
 //! The library carries no switch for this: the sabotage happens between the allocator and the
 //! store, on the txns themselves, exactly as a buggy protocol would send them.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use idalloc::layout::{IdRecord, Layout};
@@ -47,12 +48,23 @@ pub enum Sabotage {
     /// listing that found none outside the new spec: a bind committed between the listing and
     /// the resize is left outside the spec in force (breaks G3). Found by the model checker.
     SkipResizeListingCompare,
+    /// Not a bug but an older build: txns as a process of cluster protocol 1 sends them
+    /// (docs/design/cluster-version.md). Its binds compare neither the pool's fence floor nor the
+    /// holder's own reference, and a process with a pinned holder name does not bump its holder
+    /// record before its first bind on a lease (the bump becomes an empty txn, which succeeds and
+    /// writes nothing). Its spec compare stays on the mod revision, which equals protocol 1's
+    /// create-revision compare on a pool never resized. Safe beside this build until the
+    /// cluster version is finalized; beside a finalized one, a late create after a fold leaks
+    /// (G4) as with [`Sabotage::SkipFenceFloor`].
+    Protocol1,
 }
 
 /// The [`Hook`] that applies one [`Sabotage`] (or none) to every txn, nested txns included.
 pub struct Saboteur {
     layout: Layout,
     sabotage: Option<Sabotage>,
+    /// While false, txns pass unchanged (a process upgraded in place: [`sabotaged_while`]).
+    on: Option<Arc<AtomicBool>>,
 }
 
 /// A store whose txns are rewritten by a [`Saboteur`].
@@ -64,13 +76,23 @@ pub fn sabotaged<S: Store>(
     layout: Layout,
     sabotage: Option<Sabotage>,
 ) -> SabotagedStore<S> {
-    HookedStore::with_hook(inner, Saboteur { layout, sabotage })
+    HookedStore::with_hook(inner, Saboteur { layout, sabotage, on: None })
+}
+
+/// [`sabotaged`] while `on` is true; txns sent after it turned false pass unchanged.
+pub fn sabotaged_while<S: Store>(
+    inner: S,
+    layout: Layout,
+    sabotage: Option<Sabotage>,
+    on: Arc<AtomicBool>,
+) -> SabotagedStore<S> {
+    HookedStore::with_hook(inner, Saboteur { layout, sabotage, on: Some(on) })
 }
 
 impl Saboteur {
     /// The rewriter alone, for drivers that apply txns themselves (the model checker).
     pub fn new(layout: Layout, sabotage: Option<Sabotage>) -> Self {
-        Saboteur { layout, sabotage }
+        Saboteur { layout, sabotage, on: None }
     }
 
     /// Whether `c` is an empty-range compare over references of some pool; `whole`: over one
@@ -93,6 +115,28 @@ impl Saboteur {
         rest.split_once('/').map(|(pool, _)| pool.to_string())
     }
 
+    fn is_floor(&self, c: &idalloc::store::Compare) -> bool {
+        let floor = self.pool_of(&c.range.key).map(|p| self.layout.fence_floor_key(&p));
+        floor.as_deref() == Some(c.range.key.as_slice())
+    }
+
+    fn is_ref_record(&self, record: &[u8]) -> bool {
+        self.pool_of(record).is_some_and(|p| self.layout.parse_ref_key(&p, record).is_some())
+    }
+
+    /// The txn of `fence_earlier_lives`: its only op puts an empty holder record.
+    fn is_pinned_holder_bump(&self, req: &TxnRequest) -> bool {
+        match req.success.as_slice() {
+            [TxnOp::Put(p)] => {
+                p.value.is_empty()
+                    && self
+                        .pool_of(&p.key)
+                        .is_some_and(|pool| self.layout.parse_holder_key(&pool, &p.key).is_some())
+            }
+            _ => false,
+        }
+    }
+
     fn is_key_record(&self, record: &[u8]) -> bool {
         self.pool_of(record).is_some_and(|p| self.layout.parse_key_key(&p, record).is_some())
     }
@@ -103,6 +147,9 @@ impl Saboteur {
 
     /// `req` as the sabotaged protocol would have sent it.
     pub fn rewrite(&self, mut req: TxnRequest) -> TxnRequest {
+        if self.on.as_ref().is_some_and(|on| !on.load(Ordering::SeqCst)) {
+            return req;
+        }
         match self.sabotage {
             None => return req,
             Some(Sabotage::SkipKeyAbsentCompare) => req.compare.retain(|c| {
@@ -133,10 +180,27 @@ impl Saboteur {
                     !(on_spec && c.range.key.starts_with(&pools))
                 })
             }
-            Some(Sabotage::SkipFenceFloor) => req.compare.retain(|c| {
-                let floor = self.pool_of(&c.range.key).map(|p| self.layout.fence_floor_key(&p));
-                floor.as_deref() != Some(c.range.key.as_slice())
-            }),
+            Some(Sabotage::SkipFenceFloor) => req.compare.retain(|c| !self.is_floor(c)),
+            Some(Sabotage::Protocol1) => {
+                if self.is_pinned_holder_bump(&req) {
+                    return TxnRequest::new();
+                }
+                let own_refs: Vec<Vec<u8>> = req
+                    .success
+                    .iter()
+                    .filter_map(|op| match op {
+                        TxnOp::Put(p) if self.is_ref_record(&p.key) => Some(p.key.clone()),
+                        _ => None,
+                    })
+                    .collect();
+                req.compare.retain(|c| {
+                    let own_ref = c.op == CompareOp::Less
+                        && matches!(c.target, CompareTarget::ModRevision(_))
+                        && c.range.range_end.is_empty()
+                        && own_refs.contains(&c.range.key);
+                    !(own_ref || self.is_floor(c))
+                })
+            }
             Some(Sabotage::SkipResizeListingCompare) => req.compare.retain(|c| {
                 let over_ids = !c.range.range_end.is_empty()
                     && self
@@ -188,7 +252,7 @@ mod tests {
     use idalloc::store::Compare;
 
     fn saboteur(s: Option<Sabotage>) -> Saboteur {
-        Saboteur { layout: Layout::new("idalloc").unwrap(), sabotage: s }
+        Saboteur { layout: Layout::new("idalloc").unwrap(), sabotage: s, on: None }
     }
 
     fn bind(l: &Layout) -> TxnRequest {
@@ -228,6 +292,41 @@ mod tests {
         let mut want = fenced;
         want.compare.pop();
         assert_eq!(got, want, "the holder's own fence stays");
+    }
+
+    #[test]
+    fn protocol_1_drops_the_floor_and_own_reference_compares_of_binds_and_the_pinned_bump() {
+        let l = Layout::new("idalloc").unwrap();
+        let seen = |k: Vec<u8>| {
+            Compare::new(
+                idalloc::store::KeyRange::key(k),
+                CompareOp::Less,
+                CompareTarget::ModRevision(9),
+            )
+        };
+        let own = l.ref_key("p", "k", "h");
+        let bind = TxnRequest::new()
+            .when([
+                Compare::absent(l.key_key("p", "k")),
+                seen(own.clone()),
+                seen(l.holder_key("p", "h")),
+                seen(l.fence_floor_key("p")),
+            ])
+            .and_then([
+                TxnOp::put(l.key_key("p", "k"), "3"),
+                TxnOp::put_on_lease(own.clone(), "3", 7),
+            ]);
+        let s = saboteur(Some(Sabotage::Protocol1));
+        let mut want = bind.clone();
+        want.compare = vec![want.compare[0].clone(), want.compare[2].clone()];
+        assert_eq!(s.rewrite(bind), want, "the key and holder compares stay");
+        // A release compares its own reference in protocol 1 too: unchanged.
+        let release = TxnRequest::new().when([seen(own.clone())]).and_then([TxnOp::delete(own)]);
+        assert_eq!(s.rewrite(release.clone()), release);
+        let bump = TxnRequest::new()
+            .when([Compare::mod_revision_is(l.pool_spec_key("p"), 4)])
+            .and_then([TxnOp::put_on_lease(l.holder_key("p", "h"), Vec::new(), 7)]);
+        assert_eq!(s.rewrite(bump), TxnRequest::new(), "no bump: an empty txn");
     }
 
     #[test]

@@ -18,6 +18,7 @@
 use std::cell::Cell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Once};
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ use idalloc_testkit::fault::{FaultConfig, FaultStore};
 use idalloc_testkit::g1::{check, read_pool, Problem};
 use idalloc_testkit::hooked::HookedStore;
 use idalloc_testkit::hooks::HoldBack;
-use idalloc_testkit::sabotage::{sabotaged, Sabotage, SabotagedStore};
+use idalloc_testkit::sabotage::{sabotaged, sabotaged_while, Sabotage, SabotagedStore, Saboteur};
 use tokio::time::Instant;
 
 const NODES: usize = 8;
@@ -63,7 +64,28 @@ pub enum Variant {
     /// record outside the narrowed range may appear (G3, checked on the raw store every step), with
     /// G1 intact throughout.
     Resizing,
+    /// A rolling upgrade: nodes 5–7 run as a build of cluster protocol 1
+    /// ([`Sabotage::Protocol1`]: binds without the fence floor and own-reference compares, no
+    /// fence bump of a pinned holder name, no folds) until their first restart, which upgrades
+    /// them to this build; a txn of the old life held back and applied late stays the old
+    /// build's. The cluster version stays 1 for the whole run, as the skew policy requires while
+    /// any old process runs, so every seed must keep every guarantee.
+    LegacyNodes,
+    /// [`Variant::LegacyNodes`] on a cluster finalized from the start (no grace): the skew
+    /// policy broken on purpose, so that the checker shows the variant can bite (folds in force
+    /// beside binds that do not compare the floor).
+    LegacyNodesFinalized,
 }
+
+impl Variant {
+    fn legacy(self) -> bool {
+        matches!(self, Variant::LegacyNodes | Variant::LegacyNodesFinalized)
+    }
+}
+
+/// Nodes from this index on run the previous protocol until their first restart in
+/// [`Variant::LegacyNodes`].
+const FIRST_LEGACY_NODE: usize = 5;
 
 /// Nodes from this index on open their pools lazily in [`Variant::LazyNodes`].
 const FIRST_LAZY_NODE: usize = 5;
@@ -163,6 +185,10 @@ struct Node {
     pools: Vec<Option<(Pool, Option<Events>)>>,
     incarnation: u64,
     partitioned: bool,
+    /// [`Variant::LegacyNodes`]: true while this node runs protocol 1 (its saboteur's switch).
+    legacy: Option<Arc<AtomicBool>>,
+    /// A txn of its protocol-1 life held back when it was upgraded, as that build sent it.
+    held_legacy: Option<TxnRequest>,
 }
 
 /// What the checker expects of one hold (a leased hold of a live node, or a durable one).
@@ -315,6 +341,8 @@ pub struct RunResult {
     pub ops: usize,
     pub violation: Option<String>,
     pub tail: Vec<String>,
+    /// The whole history (`tail` is its end).
+    pub trace: Vec<String>,
 }
 
 /// Runs one seed to the end (or its first violation) on a fresh paused-time runtime.
@@ -371,6 +399,7 @@ pub fn run_seed_with(
             .rev()
             .cloned()
             .collect(),
+        trace,
     }
 }
 
@@ -390,7 +419,12 @@ impl Sim {
         // Half the seeds run on a finalized cluster (folds in force), half on cluster version 1,
         // where folds and shrinks wait and pinned holders fence their earlier lives instead. The
         // resizing seeds all run finalized: shrinking waits for it.
-        if seed % 2 == 0 || variant == Variant::Resizing {
+        let finalized = match variant {
+            Variant::Resizing | Variant::LegacyNodesFinalized => true,
+            Variant::LegacyNodes => false,
+            _ => seed % 2 == 0,
+        };
+        if finalized {
             idalloc::cluster_version::finalize(&*raw, &layout(), Duration::ZERO)
                 .await
                 .expect("finalize");
@@ -410,10 +444,15 @@ impl Sim {
         });
         let mut nodes = Vec::new();
         for i in 0..NODES {
-            let node_store = HookedStore::with_hook(
-                sabotaged(raw.clone(), layout(), sabotage),
-                HoldBack::default(),
-            );
+            let legacy = (variant.legacy() && i >= FIRST_LEGACY_NODE)
+                .then(|| Arc::new(AtomicBool::new(true)));
+            let saboteur = match &legacy {
+                Some(on) => {
+                    sabotaged_while(raw.clone(), layout(), Some(Sabotage::Protocol1), on.clone())
+                }
+                None => sabotaged(raw.clone(), layout(), sabotage),
+            };
+            let node_store = HookedStore::with_hook(saboteur, HoldBack::default());
             let fault = Arc::new(
                 FaultStore::new(node_store, mix(seed, 1000 + i as u64), faults()).expect("faults"),
             );
@@ -424,6 +463,8 @@ impl Sim {
                 pools: Vec::new(),
                 incarnation: 0,
                 partitioned: false,
+                legacy,
+                held_legacy: None,
             });
         }
         let mut sim = Sim {
@@ -463,6 +504,23 @@ impl Sim {
     fn start(&mut self, i: usize) {
         let seed = self.seed;
         let n = &mut self.nodes[i];
+        if n.incarnation > 0 {
+            if let Some(on) = n.legacy.take() {
+                // The restart upgrades it; an attempt of the old life still on its way stays
+                // as the old build sent it.
+                n.held_legacy = n
+                    .fault
+                    .inner()
+                    .hook()
+                    .take_held()
+                    .map(|txn| Saboteur::new(layout(), Some(Sabotage::Protocol1)).rewrite(txn));
+                on.store(false, Ordering::SeqCst);
+                let held = n.held_legacy.is_some();
+                self.note(format!("upgrade n{i} to this build; an old txn on its way: {held}"));
+            }
+        }
+        let n = &mut self.nodes[i];
+        let legacy_life = n.legacy.is_some();
         n.incarnation += 1;
         let opts = AllocatorOptions::builder()
             .holder(n.holder.clone())
@@ -473,7 +531,7 @@ impl Sim {
             // Every node's sweeps fold fence records with a tiny threshold (node 0 whenever it
             // finds one), so folds race binds, late and duplicated attempts, releases and pool
             // deletes in every seed.
-            .fold_fences_above(i % 3)
+            .fold_fences_above(if legacy_life { usize::MAX } else { i % 3 })
             .lazy_view(self.variant == Variant::LazyNodes && i >= FIRST_LAZY_NODE)
             // Bulk admission (docs/design/bulk-admission.md) at its tightest on every other node: that node's
             // batched calls and repairs queue behind one another, each holding the one slot
@@ -483,6 +541,24 @@ impl Sim {
             .unwrap();
         n.alloc = Some(Allocator::from_arc(n.fault.clone(), opts).expect("valid options"));
         n.pools = (0..self.specs.len()).map(|_| None).collect();
+    }
+
+    /// A step of the rolling upgrade: a node still on protocol 1 (one with a txn held back if
+    /// there is one, else the first) is killed (no close: what it had sent may still arrive)
+    /// and started again as this build.
+    fn upgrade_one(&mut self, step: usize) {
+        let old = |n: &Node| n.legacy.is_some();
+        let holding = |n: &Node| old(n) && n.fault.inner().hook().is_holding();
+        let Some(n) =
+            self.nodes.iter().position(holding).or_else(|| self.nodes.iter().position(old))
+        else {
+            return;
+        };
+        self.note(format!("{step} kill n{n} to upgrade it"));
+        self.nodes[n].pools.clear();
+        self.leased.retain(|(i, _, _), _| *i != n);
+        drop(self.nodes[n].alloc.take());
+        self.start(n);
     }
 
     fn key(k: usize) -> String {
@@ -567,6 +643,7 @@ impl Sim {
                 self.note(format!("{step} sleep {d:?}"));
                 tokio::time::sleep(d).await;
             }
+            64..=67 if self.variant.legacy() && self.rng.chance(50) => self.upgrade_one(step),
             64..=67 => {
                 let n = self.rng.below(NODES as u64) as usize;
                 if self.nodes[n].alloc.is_some() {
@@ -611,8 +688,13 @@ impl Sim {
             80..=83 => self.data_loss(step).await,
             84..=87 => {
                 // The node's next txn is held back past its request timeout (its caller retries)
-                // and applied later, by a later step or at the very end (DESIGN §11).
-                let n = self.rng.below(NODES as u64) as usize;
+                // and applied later, by a later step or at the very end (DESIGN §11). In the
+                // legacy variants, half the time one of the nodes that started on protocol 1.
+                let n = if self.variant.legacy() && self.rng.chance(50) {
+                    FIRST_LEGACY_NODE + self.rng.below((NODES - FIRST_LEGACY_NODE) as u64) as usize
+                } else {
+                    self.rng.below(NODES as u64) as usize
+                };
                 let hold = self.nodes[n].fault.inner().hook();
                 if !hold.is_holding() {
                     hold.hold_next();
@@ -787,7 +869,13 @@ impl Sim {
     /// request) twice: it was sent before everything the node did since, so its compares must
     /// fail against all of that, and its else branch must write nothing (DESIGN §11).
     async fn apply_held(&mut self, step: usize, n: usize) {
-        let Some(txn) = self.nodes[n].fault.inner().hook().take_held() else { return };
+        let held = self.nodes[n].held_legacy.take();
+        if held.is_some() {
+            self.note(format!("{step} n{n}'s held txn is the old build's"));
+        }
+        let Some(txn) = held.or_else(|| self.nodes[n].fault.inner().hook().take_held()) else {
+            return;
+        };
         // Half the time, the fence records are folded between the held attempt's send and its
         // late apply (at the end: always), so an attempt decided before a fold lands after it.
         if step == usize::MAX || self.rng.chance(50) {
@@ -1850,6 +1938,30 @@ fn simulation_seeds_resizing() {
     run_seeds("simulation_seeds_resizing", Variant::Resizing, 100);
 }
 
+/// The seeds again as a rolling upgrade from protocol 1 ([`Variant::LegacyNodes`]).
+#[test]
+fn simulation_seeds_legacy_nodes() {
+    run_seeds("simulation_seeds_legacy_nodes", Variant::LegacyNodes, 100);
+}
+
+/// The legacy variant does what it says within its default seeds: old-build nodes are upgraded
+/// while a txn of their old life is on its way, and that txn is applied late beside this build.
+#[test]
+fn legacy_nodes_are_upgraded_with_old_txns_on_their_way() {
+    let (mut upgrades, mut in_flight, mut late) = (0, 0, 0);
+    for seed in 0..100 {
+        let r = run_seed_with(seed, DEFAULT_STEPS, None, Variant::LegacyNodes);
+        assert_eq!(r.violation, None, "seed {seed}");
+        for line in &r.trace {
+            upgrades += usize::from(line.starts_with("upgrade n"));
+            in_flight += usize::from(line.ends_with("an old txn on its way: true"));
+            late += usize::from(line.contains("held txn is the old build's"));
+        }
+    }
+    eprintln!("100 seeds: {upgrades} upgrades, {in_flight} with an old txn on its way, {late} applied late");
+    assert!(upgrades > 0 && in_flight > 0 && late > 0, "{upgrades} / {in_flight} / {late}");
+}
+
 /// Runs a batch of seeds (`SEED`, or `SIM_FIRST` and `SIM_SEEDS`, default `default_count`) on the
 /// pools of `variant`; fails with the list of failing seeds.
 fn run_seeds(test: &str, variant: Variant, default_count: u64) {
@@ -1954,6 +2066,20 @@ fn checker_catches_late_applies_without_fences() {
 #[test]
 fn checker_catches_late_creates_after_a_fold_without_the_floor() {
     sabotage_is_caught_as(Sabotage::SkipFenceFloor, &["G4", "G2"]);
+}
+
+/// Legacy nodes bite: beside a cluster finalized while protocol-1 processes still run (the
+/// skew policy broken), their creates held back across a release and a fold, then applied,
+/// leak, as the missing floor compare does.
+#[test]
+fn checker_catches_legacy_nodes_beside_a_finalized_cluster() {
+    let found = (0..300).find_map(|seed| {
+        let r = run_seed_with(seed, DEFAULT_STEPS, None, Variant::LegacyNodesFinalized);
+        r.violation.map(|msg| (seed, msg))
+    });
+    let (seed, msg) = found.expect("protocol-1 nodes beside a finalized cluster went unnoticed");
+    eprintln!("caught at seed {seed}: {msg}");
+    assert!(["G4", "G2"].iter().any(|g| msg.starts_with(g)), "seed {seed} said: {msg}");
 }
 
 /// Found by the simulation: a node whose cache lagged (its watch was cut by a partition) still
