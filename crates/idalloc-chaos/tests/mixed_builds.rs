@@ -38,6 +38,66 @@ fn this_bin() -> Option<PathBuf> {
     p.exists().then_some(p)
 }
 
+/// The previous build's binary and this build's, or `None` (having said why) if either is
+/// missing.
+fn both_builds() -> Option<(PathBuf, PathBuf)> {
+    let Some(prev) = std::env::var_os("IDALLOC_PREV_BIN").map(PathBuf::from) else {
+        println!(
+            "skipped: IDALLOC_PREV_BIN is not set (scripts/test.sh builds the previous build and \
+             sets it)"
+        );
+        return None;
+    };
+    assert!(prev.exists(), "IDALLOC_PREV_BIN names no file: {}", prev.display());
+    let Some(this) = this_bin() else {
+        println!("skipped: no idalloc binary of this build (set IDALLOC_BIN or build the CLI)");
+        return None;
+    };
+    Some((prev, this))
+}
+
+/// Runs `bin` on `store` with `args` to the end: (exit code, stdout, stderr).
+fn run(bin: &Path, store: &str, args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(bin)
+        .args(["--store", store])
+        .args(args)
+        .env_remove("IDALLOC_STORE")
+        .output()
+        .expect("run");
+    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
+    (out.status.code(), text(&out.stdout), text(&out.stderr))
+}
+
+/// The previous build reads file format 1 only; a file this build wrote is format 2. Every
+/// command of the previous build refuses it before reading or writing a record, naming both
+/// versions, and this build reads it unchanged afterwards (docs/design/compatibility.md).
+#[test]
+fn the_previous_build_refuses_a_file_this_build_wrote() {
+    let Some((prev, this)) = both_builds() else { return };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = format!("file:{}", dir.path().join("ids.redb").display());
+    let (code, _, err) = run(&this, &store, &["pool", "create", "p", "--range", "1-9"]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, id, err) = run(&this, &store, &["acquire", "p", "k", "--holder", "h"]);
+    assert_eq!(code, Some(0), "{err}");
+    for args in [&["status"][..], &["list", "p"], &["acquire", "p", "k2"], &["check"]] {
+        let (code, out, err) = run(&prev, &store, args);
+        assert!(code.is_some_and(|c| c != 0), "{args:?} of the previous build: {out}");
+        assert!(
+            err.contains(
+                "format version 2 was written by a newer idalloc; this build reads versions up to 1"
+            ),
+            "{args:?}: {err}"
+        );
+    }
+    let (code, now, err) = run(&this, &store, &["get", "p", "k"]);
+    assert_eq!((code, now), (Some(0), id), "{err}");
+    let (code, out, err) = run(&this, &store, &["get", "p", "k2"]);
+    assert_ne!(code, Some(0), "k2 was never bound: {out} {err}");
+    let (code, out, err) = run(&this, &store, &["check"]);
+    assert_eq!(code, Some(0), "{out} {err}");
+}
+
 /// What one worker saw.
 #[derive(Default)]
 struct Tally {
@@ -139,18 +199,7 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
     if !etcd_or_skip("the mixed-build run") {
         return;
     }
-    let Some(prev) = std::env::var_os("IDALLOC_PREV_BIN").map(PathBuf::from) else {
-        println!(
-            "skipped: IDALLOC_PREV_BIN is not set (scripts/test.sh builds the previous build and \
-             sets it)"
-        );
-        return;
-    };
-    assert!(prev.exists(), "IDALLOC_PREV_BIN names no file: {}", prev.display());
-    let Some(this) = this_bin() else {
-        println!("skipped: no idalloc binary of this build (set IDALLOC_BIN or build the CLI)");
-        return;
-    };
+    let Some((prev, this)) = both_builds() else { return };
     let secs: u64 = std::env::var("MIXED_SECS").ok().and_then(|s| s.parse().ok()).unwrap_or(30);
     let mut cluster = EtcdCluster::start_fast(3).await.expect("3-member etcd cluster");
     let endpoints = cluster.endpoints().join(",");

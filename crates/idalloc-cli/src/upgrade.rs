@@ -59,7 +59,10 @@ async fn status(layout: &Layout, store: &dyn Store, out: Out) -> Result<u8, Fail
                  {OLDEST_CLUSTER_VERSION} to {PROTOCOL_VERSION}\nclient sessions: {sessions}\n",
                 layout.prefix(),
                 now.version,
-                cv::features(now.in_force()).join(", "),
+                match cv::features(now.in_force()) {
+                    [] => "unknown to this build".to_string(),
+                    known => known.join(", "),
+                },
             );
             if let Some(secs) = grace {
                 t.push_str(&format!(

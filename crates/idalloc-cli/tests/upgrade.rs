@@ -167,3 +167,46 @@ fn narrowing_waits_for_finalize_and_its_grace() {
     let (code, _, err) = run(&["--store", &file, "pool", "resize", "p", "--range", "1-5"]);
     assert_eq!(code, Some(0), "after the grace: {err}");
 }
+
+/// A store finalized past this build (cluster version 3, as a later release's finalize writes
+/// it) is a downgrade: every command that opens a pool refuses it with exit 5 and one line
+/// naming both versions, and writes nothing; `upgrade status` says so and `finalize` cannot
+/// move the version back.
+#[test]
+fn a_store_finalized_past_this_build_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ids.redb");
+    let file = format!("file:{}", path.display());
+    let (code, _, err) = run(&["--store", &file, "pool", "create", "p", "--range", "1-9"]);
+    assert_eq!(code, Some(0), "{err}");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let store = rt.block_on(async {
+        use idalloc::store::embedded::{EmbeddedOptions, EmbeddedStore};
+        use idalloc::store::{Store, TxnOp, TxnRequest};
+        let store = EmbeddedStore::open(&path, EmbeddedOptions::default()).await.expect("open");
+        let l = idalloc::layout::Layout::new("idalloc").expect("layout");
+        let put = TxnOp::put(l.cluster_version_key(), "3");
+        store.txn(TxnRequest::new().and_then([put])).await.expect("write the version");
+        store
+    });
+    drop(store);
+    drop(rt);
+    for args in [&["acquire", "p", "k"][..], &["get", "p", "k"], &["pool", "show", "p"]] {
+        let args: Vec<&str> =
+            ["--store", file.as_str()].into_iter().chain(args.iter().copied()).collect();
+        let (code, out, err) = run(&args);
+        assert_eq!(code, Some(1), "{args:?}: {out}{err}");
+        assert!(err.contains("cluster version 3") && err.contains("protocol 2"), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+    }
+    let (code, out, _) = run(&["--store", &file, "upgrade", "status"]);
+    assert_eq!(code, Some(1), "{out}");
+    assert!(out.contains("cluster version: 3\n"), "{out}");
+    assert!(out.contains("features:        unknown to this build"), "{out}");
+    assert!(out.contains("refused:         store unavailable: cluster version 3"), "{out}");
+    let (code, out, err) = run(&["--store", &file, "upgrade", "finalize"]);
+    assert_eq!(code, Some(1), "no finalize from a newer version: {out}");
+    assert!(err.contains("a finalized upgrade cannot be undone"), "{err}");
+    let s = json(&["--store", &file, "--json", "pool", "list"]);
+    assert!(s.to_string().contains("\"p\""), "the pool is still there: {s}");
+}
