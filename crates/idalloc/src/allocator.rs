@@ -135,6 +135,7 @@ impl Allocator {
             repairs,
             closed: AtomicBool::new(false),
             cluster_version: std::sync::atomic::AtomicU32::new(0),
+            spec_watch: Arc::default(),
         });
         let task = tokio::spawn(repair::repair_loop(Arc::downgrade(&inner), repair_rx));
         lock(&inner.tasks).push(task.abort_handle());

@@ -77,6 +77,26 @@ async fn round_trip_budgets_are_exact() {
     assert_eq!(raw_binding(&*counted, "p", "x").await, None);
 }
 
+/// A process's pools share one watch of the spec records: N pools followed take N watches of
+/// their `id/` records and one more, not 2N (each etcd watch stream costs buffers and a watcher).
+#[tokio::test(start_paused = true)]
+async fn the_spec_records_of_every_pool_are_followed_by_one_watch() {
+    let counted = Arc::new(CountingStore::new(EmbeddedStore::memory()));
+    let a = allocator(counted.clone(), "a");
+    for i in 0..5 {
+        let p = a.ensure_pool(&PoolSpec::new(format!("p{i}"), 1, 10)).await.expect("pool");
+        p.wait_synced().await.expect("synced");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = allocator(counted.clone(), "b");
+    counted.reset();
+    for i in 0..5 {
+        b.pool(&format!("p{i}")).await.expect("open").wait_synced().await.expect("synced");
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(counted.counts().watch, 5 + 1, "{:?}", counted.counts());
+}
+
 #[tokio::test(start_paused = true)]
 async fn concurrent_acquires_of_one_key_share_one_request() {
     let counted = Arc::new(CountingStore::new(EmbeddedStore::memory()));

@@ -37,6 +37,7 @@ on_backends!(
         a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns_it,
         the_grace_after_finalize_is_ended_by_the_store,
         a_resize_is_a_spec_event_for_the_subscribers_of_every_process,
+        one_spec_watch_serves_every_pool_whenever_it_was_opened,
     ]
 );
 
@@ -292,6 +293,52 @@ async fn a_deleted_pool_ends_its_subscriptions_with_a_delete_per_binding(backend
     assert!(matches!(pa.acquire("z").await, Err(Error::PoolNotFound { .. })));
     // A subscription taken after the delete ends at once.
     assert_eq!(next_event(&mut pa.events()).await, None);
+}
+
+/// A process follows the spec records of all its pools with one watch: a pool opened long after
+/// that watch started (its spec older than the watch's position) still learns of its deletion,
+/// and deletions, re-creations and resizes by another process reach exactly the pools they
+/// concern.
+async fn one_spec_watch_serves_every_pool_whenever_it_was_opened(backend: Backend) {
+    let Some(env) = env(backend).await else { return };
+    let a = alloc(env.store.clone(), &env.layout, "a");
+    let b = alloc(env.store.clone(), &env.layout, "b");
+    let mut pools = Vec::new();
+    for i in 0..4 {
+        let p = a.ensure_pool(&PoolSpec::new(format!("p{i}"), 1, 10)).await.expect("pool");
+        p.wait_synced().await.expect("synced");
+        pools.push(p);
+    }
+    // Made by the other process before `a` opens it; `a`'s spec watch is already past it.
+    b.ensure_pool(&PoolSpec::new("late", 1, 10)).await.expect("pool");
+    b.ensure_pool(&PoolSpec::new("busy", 1, 10))
+        .await
+        .expect("pool")
+        .acquire("k")
+        .await
+        .expect("k");
+    let late = a.pool("late").await.expect("open late");
+    late.wait_synced().await.expect("synced");
+    let mut late_events = late.events();
+    assert!(b.delete_pool("late", false).await.expect("delete"));
+    assert_eq!(rest_after_synced(&mut late_events).await, Vec::<Event>::new());
+    wait_until(|| late.is_retired()).await;
+
+    assert!(b.delete_pool("p1", false).await.expect("delete"));
+    b.ensure_pool(&PoolSpec::new("p1", 5, 20)).await.expect("re-create");
+    let grown = b.resize_pool("p2", 1, 30, None).await.expect("grow");
+    wait_until(|| pools[1].is_retired() && pools[2].spec() == grown).await;
+    assert!(matches!(
+        pools[1].acquire("x").await,
+        Err(Error::PoolReplaced { .. } | Error::PoolNotFound { .. } | Error::RangeMismatch { .. })
+    ));
+    for i in [0, 2, 3] {
+        assert!(!pools[i].is_retired(), "p{i} was not touched");
+        pools[i].acquire("x").await.expect("acquire in an untouched pool");
+    }
+    let busy = a.pool("busy").await.expect("open busy");
+    busy.wait_synced().await.expect("synced");
+    assert_eq!(busy.get("k").map(|_| ()), Some(()), "a pool opened last has its view");
 }
 
 /// Growing a full pool frees IDs for every process that has it open (it learns the new range from

@@ -56,6 +56,8 @@ pub(crate) struct Inner {
     /// The cluster version in force last read with a pool's spec (0 until then;
     /// `cluster_version.rs`).
     pub(super) cluster_version: AtomicU32,
+    /// The one watch of the spec records, for every followed pool (`spec_watch.rs`).
+    pub(super) spec_watch: Arc<super::spec_watch::SpecWatch>,
 }
 
 impl Drop for Inner {
@@ -340,14 +342,14 @@ impl Inner {
         lock(&state.tasks).push(task.abort_handle());
         // The spec watch retires the state the moment the pool is deleted, for the view's
         // subscribers; a pool without a view has none, and its writes compare the spec anyway.
-        let task = tokio::spawn(super::spec_watch::run(
+        let (shared, once) = self.spec_watch.follow(
             Arc::downgrade(&self.req),
-            self.layout.clone(),
-            state.clone(),
+            &self.layout,
+            &state,
             self.jitter_seed(),
-        ));
-        lock(&self.tasks).push(task.abort_handle());
-        lock(&state.tasks).push(task.abort_handle());
+        );
+        lock(&self.tasks).extend(shared.into_iter().chain([once.clone()]));
+        lock(&state.tasks).push(once);
     }
 
     /// A seed for a follower's retry jitter (`backoff.rs`), from the allocator's generator: a
