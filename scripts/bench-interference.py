@@ -17,7 +17,7 @@ One `serve` with tokens on a fresh etcd prefix; pool `b` preloaded with 20,000 b
   quiet-after  nobody else again (the streams closed): the machine's drift over the runs.
 Prints p50/p99 per run and the ratio to the quiet run; with --csv, every timed acquire. Run under `flock /work/bench.lock`, with a
 release build (`cargo build --release -p idalloc-cli`)."""
-import json, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
+import json, multiprocessing, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
 import http.client
 
 def free_port():
@@ -34,6 +34,29 @@ class Conn:
         if r.status != 200:
             raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
         return json.loads(data or b"null")
+    def raw(self, method, path, body=None):
+        """`call` without parsing the answer (a body already encoded)."""
+        self.c.request(method, path, body=body, headers=self.h)
+        r = self.c.getresponse(); data = r.read()
+        if r.status != 200:
+            raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
+
+def flood_worker(kind, n, port, token, stop, done_calls):
+    """One flooding connection, in a process of its own (the victim's timings must not wait for
+    the flood's JSON work under one interpreter lock)."""
+    # Bodies made once and answers read but not parsed: the harness's own CPU (2 shared cores)
+    # must not be what slows the victim.
+    c, r = Conn(port, token), 0
+    body = json.dumps({"keys": [f"f-{n}-{j}" for j in range(1000)], "holder": "f"})
+    while not stop.is_set():
+        if kind == "bulk":
+            c.raw("POST", "/v1/pools/b/acquire", body)
+            c.raw("POST", "/v1/pools/b/release", body)
+        else:
+            c.raw("GET", "/v1/pools/b/bindings?limit=10000")
+        with done_calls.get_lock():
+            done_calls.value += 1
+        r += 1
 
 def pct(xs, p):
     xs = sorted(xs); return xs[min(len(xs) - 1, int(len(xs) * p))]
@@ -70,9 +93,10 @@ def main():
         for i in range(20):
             root.call("POST", "/v1/pools/b/acquire",
                       {"keys": [f"load-{i}-{j}" for j in range(1000)], "holder": "load"})
-        victim = Conn(port, toks["victim"])
-
         def victim_run(tag):
+            # A connection of its own per run: one kept from the run before may have been
+            # closed as idle while the flood was set up (the watch streams take a while).
+            victim = Conn(port, toks["victim"])
             t = []
             for i in range(timed):
                 k = f"v-{tag}-{i}"
@@ -82,22 +106,9 @@ def main():
                 victim.call("POST", "/v1/pools/b/release", {"key": k, "holder": "v"})
             return t
 
-        stop = threading.Event()
+        stop = multiprocessing.Event()
         counts = {"bulk": 0, "pages": 0}
-
-        def bulk(n):
-            c, r = Conn(port, toks["flood"]), 0
-            while not stop.is_set():
-                keys = [f"f-{n}-{r}-{j}" for j in range(1000)]
-                c.call("POST", "/v1/pools/b/acquire", {"keys": keys, "holder": "f"})
-                c.call("POST", "/v1/pools/b/release", {"keys": keys, "holder": "f"})
-                counts["bulk"] += 1; r += 1
-
-        def pages(n):
-            c = Conn(port, toks["flood"])
-            while not stop.is_set():
-                c.call("GET", "/v1/pools/b/bindings?limit=10000")
-                counts["pages"] += 1
+        done_calls = multiprocessing.Value("i", 0)
 
         def subscribers():
             metrics = Conn(port, toks["root"])
@@ -144,13 +155,17 @@ def main():
             counts["subscribers at the start"] = subscribers()
 
         rows, raw = [], []
-        runs = (("quiet", None), ("bulk", bulk), ("pages", pages), ("watches", None),
+        runs = (("quiet", None), ("bulk", "bulk"), ("pages", "pages"), ("watches", None),
                 ("quiet-after", None))
-        for tag, flood in runs:
+        for tag, kind in runs:
             stop.clear()
             threads = []
-            if flood:
-                threads = [threading.Thread(target=flood, args=(n,), daemon=True) for n in range(8)]
+            if kind:
+                with done_calls.get_lock():
+                    done_calls.value = 0
+                threads = [multiprocessing.Process(target=flood_worker, daemon=True,
+                                                   args=(kind, n, port, toks["flood"], stop, done_calls))
+                           for n in range(8)]
                 for th in threads: th.start()
                 time.sleep(2)
             if tag == "watches":
@@ -159,6 +174,8 @@ def main():
             t = victim_run(tag)
             stop.set()
             for th in threads: th.join()
+            if kind:
+                counts[kind] += done_calls.value
             if tag == "watches":
                 counts["subscribers at the end"] = subscribers()
                 for s in held: s.close()
