@@ -148,6 +148,20 @@ impl<S: Store> CountingStore<S> {
         }
     }
 
+    /// Waits until no request but keep-alives was sent for `quiet`, at most 100 such windows: a
+    /// test's setup may leave background work still to send (a follower's listing, then its
+    /// watch; the spec watch's one read of a newly followed pool) that would count against what
+    /// the test measures next. On a paused clock the windows pass at once.
+    pub async fn settle(&self, quiet: std::time::Duration) {
+        for _ in 0..100 {
+            let before = self.counts().excluding_keep_alives();
+            tokio::time::sleep(quiet).await;
+            if self.counts().excluding_keep_alives() == before {
+                return;
+            }
+        }
+    }
+
     /// Sets every count back to zero (e.g. after a test's setup).
     pub fn reset(&self) {
         let c = self.hook();

@@ -57,6 +57,8 @@ async fn round_trip_budgets_are_exact(backend: Backend) {
     let pb = b.pool("p").await.expect("pool");
     pa.acquire("warm-a").await.expect("warm");
     pb.acquire("warm-b").await.expect("warm");
+    // The followers' and spec watch's first requests are sent in the background.
+    counted.settle(Duration::from_millis(300)).await;
 
     counted.reset();
     let x = pa.acquire("x").await.expect("new key");
