@@ -1,8 +1,10 @@
 //! CLI workers of this build and of the previous build on one pool of a 3-member etcd, with
 //! client kills, member kills and member pauses (docs/design/cluster-version.md). The cluster
-//! stays at version 1, as during a rolling upgrade. Checked: G1 on raw scans during and after
-//! the run; every key's ID unchanged while a worker holds it (its `get` between acquire and
-//! release answers the ID its acquire printed); today's `idalloc check` finds nothing.
+//! stays at version 1, as during a rolling upgrade. Each worker's steps use either build, so a
+//! reference one build wrote is read and released by the other, in both directions (an upgrade
+//! and a rollback mid-hold). Checked: G1 on raw scans during and after the run; every key's ID
+//! unchanged while a worker holds it (its `get` between acquire and release answers the ID its
+//! acquire printed); today's `idalloc check` finds nothing.
 //!
 //! The previous build is a binary named by `IDALLOC_PREV_BIN` (`scripts/test.sh` builds it from
 //! the commit before the fence floor); without it the test prints why and passes. This build's
@@ -103,6 +105,9 @@ fn the_previous_build_refuses_a_file_this_build_wrote() {
 struct Tally {
     /// Acquires that answered, per build (this, previous).
     acquired: [AtomicUsize; 2],
+    /// Releases that answered of a key the other build acquired: (acquired by the previous build,
+    /// released by this one: an upgrade), (the other way: a rollback).
+    crossed: [AtomicUsize; 2],
     kills: AtomicUsize,
     violations: Mutex<Vec<String>>,
 }
@@ -144,20 +149,19 @@ fn cli(
     Some((out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr)))
 }
 
-/// One worker: acquire a key, check it with `get`, release it; a kill or failure moves it to a
-/// new holder name, so a late request of an earlier attempt never touches what it checks next.
-fn worker(
-    i: usize,
-    bin: PathBuf,
-    old: bool,
-    endpoints: String,
-    stop: Arc<AtomicBool>,
-    t: Arc<Tally>,
-) {
+/// One worker: acquire a key, check it with `get`, release it, each step with either build (the
+/// acquire alternates between them; `get` and the release pick one at random, so a holder's
+/// reference written by one build is read and released by the other, in both directions); a kill
+/// or failure moves it to a new holder name, so a late request of an earlier attempt never
+/// touches what it checks next. `bins`: this build's binary, then the previous build's.
+fn worker(i: usize, bins: [PathBuf; 2], endpoints: String, stop: Arc<AtomicBool>, t: Arc<Tally>) {
     let mut rng = StdRng::seed_from_u64(i as u64 * 7919 + 1);
     let mut generation = 0;
-    let build = if old { "previous" } else { "this" };
+    let name = |b: usize| if b == 1 { "previous" } else { "this" };
     while !stop.load(Ordering::Relaxed) {
+        let old = (i + generation) % 2;
+        let bin = &bins[old];
+        let build = name(old);
         let key = format!("k{}", rng.random_range(0..KEYS));
         let holder = format!("w{i}-{generation}");
         let kill = |rng: &mut StdRng| {
@@ -172,19 +176,32 @@ fn worker(
             generation += 1;
             continue;
         };
-        t.acquired[usize::from(old)].fetch_add(1, Ordering::Relaxed);
+        t.acquired[old].fetch_add(1, Ordering::Relaxed);
         // Held: nothing may move the key's ID. `get` reads only; an unanswered one proves nothing.
-        match cli(&bin, &endpoints, &["get", POOL, &key], None) {
+        let reader = usize::from(rng.random_bool(0.5));
+        match cli(&bins[reader], &endpoints, &["get", POOL, &key], None) {
             Some((0, now, _)) if now != id => t.violations.lock().unwrap().push(format!(
-                "{build} build: {holder} holds {key} with ID {id}, but get answers {now}"
+                "{holder} holds {key} with ID {id} (acquired by the {build} build), but get of \
+                 the {} build answers {now}",
+                name(reader)
             )),
             Some((3, _, err)) => t.violations.lock().unwrap().push(format!(
-                "{build} build: {holder} holds {key} with ID {id}, but get finds no binding: {err}"
+                "{holder} holds {key} with ID {id} (acquired by the {build} build), but get of \
+                 the {} build finds no binding: {err}",
+                name(reader)
             )),
             _ => {}
         }
-        let released =
-            cli(&bin, &endpoints, &["release", POOL, &key, "--holder", &holder], kill(&mut rng));
+        let releaser = usize::from(rng.random_bool(0.5));
+        let released = cli(
+            &bins[releaser],
+            &endpoints,
+            &["release", POOL, &key, "--holder", &holder],
+            kill(&mut rng),
+        );
+        if matches!(released, Some((0, _, _))) && releaser != old {
+            t.crossed[old].fetch_add(1, Ordering::Relaxed);
+        }
         if !matches!(released, Some((0, _, _))) {
             if released.is_none() {
                 t.kills.fetch_add(1, Ordering::Relaxed);
@@ -211,10 +228,9 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
     let tally = Arc::new(Tally::default());
     let workers: Vec<_> = (0..WORKERS)
         .map(|i| {
-            let old = i % 2 == 0;
-            let bin = if old { prev.clone() } else { this.clone() };
+            let bins = [this.clone(), prev.clone()];
             let (endpoints, stop, tally) = (endpoints.clone(), stop.clone(), tally.clone());
-            std::thread::spawn(move || worker(i, bin, old, endpoints, stop, tally))
+            std::thread::spawn(move || worker(i, bins, endpoints, stop, tally))
         })
         .collect();
 
@@ -258,15 +274,20 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
 
     let violations = tally.violations.lock().unwrap().clone();
     let acquired = [0, 1].map(|b| tally.acquired[b].load(Ordering::Relaxed));
+    let crossed = [0, 1].map(|b| tally.crossed[b].load(Ordering::Relaxed));
     println!(
         "mixed builds: {secs}s, {faults} member faults, {} client kills, {scans} scans, acquires \
-         answered: {} by this build, {} by the previous",
+         answered: {} by this build, {} by the previous; released by the other build: {} \
+         acquired by this one, {} by the previous",
         tally.kills.load(Ordering::Relaxed),
         acquired[0],
-        acquired[1]
+        acquired[1],
+        crossed[0],
+        crossed[1]
     );
     assert!(problems.is_empty(), "raw scans: {problems:?}");
     assert!(violations.is_empty(), "{violations:?}");
     assert!(matches!(check, Some((0, _, _))), "today's check: {check:?}");
     assert!(acquired[0] > 0 && acquired[1] > 0, "both builds worked: {acquired:?}");
+    assert!(crossed[0] > 0 && crossed[1] > 0, "releases across builds, both ways: {crossed:?}");
 }
