@@ -168,7 +168,7 @@ fn worker(i: usize, bins: [PathBuf; 2], endpoints: String, stop: Arc<AtomicBool>
             rng.random_bool(0.2).then(|| Duration::from_millis(rng.random_range(0..400)))
         };
         let acquired =
-            cli(&bin, &endpoints, &["acquire", POOL, &key, "--holder", &holder], kill(&mut rng));
+            cli(bin, &endpoints, &["acquire", POOL, &key, "--holder", &holder], kill(&mut rng));
         let Some((0, id, _)) = acquired else {
             if acquired.is_none() {
                 t.kills.fetch_add(1, Ordering::Relaxed);
