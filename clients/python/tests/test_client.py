@@ -346,3 +346,34 @@ def test_tokens_and_mutual_tls(start_serve, tmp_path: Path) -> None:
     no_cert = client(s.url("https"), token=token, cafile=k["ca.crt"], attempts=1)
     with pytest.raises(ia.TransportError):
         no_cert.list_pools()
+
+
+def test_the_client_puts_no_token_or_session_id_in_errors_reprs_or_logs(start_serve, tmp_path: Path,
+                                                                         caplog) -> None:
+    """The token and a session id (a capability) appear in no exception text, ``repr`` or log
+    line of the client: through a session's renewals and a service that goes away (its
+    renewals fail and are logged; the session is lost only when a service says so)."""
+    caplog.set_level(logging.DEBUG)
+    token = "tok-" + secrets.token_hex(16)
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"agent admin sha256:{hashlib.sha256(token.encode()).hexdigest()}\n")
+    os.chmod(tokens, 0o600)
+    s = start_serve(None, "--auth-tokens", str(tokens))
+    c = client(s.url(), token=token, attempts=2)
+    c.ensure_pool("sec", 1, 10)
+    sess = c.session(ttl=2)
+    sess.acquire("sec", "k")
+    sid = sess._id  # the secret itself, read here only to look for it
+    time.sleep(2)  # renewals
+    texts = [repr(c), str(sess), repr(sess)]
+    s.kill()
+    for _ in range(3):
+        with pytest.raises(ia.IdallocError) as e:
+            sess.acquire("sec", "k2")
+        texts += [str(e.value), repr(e.value)]
+    time.sleep(3)  # failed renewals
+    texts += [repr(sess), caplog.text]
+    assert "renewing idalloc session" in caplog.text, "the client logged the failed renewals"
+    for text in texts:
+        assert token not in text, text
+        assert sid not in text, text

@@ -405,3 +405,134 @@ async fn opening_a_pool_does_not_ask_the_service_to_count_its_bindings() {
         other => panic!("a missing pool: {:?}", other.map(|p| p.spec().clone())),
     }
 }
+
+/// A TCP relay to `upstream` (`host:port`) on a free loopback port, keeping every byte of both
+/// directions: the session ids the service hands out and the client sends back are in there.
+async fn recording_relay(upstream: String) -> (String, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let url = format!("http://{}", listener.local_addr().expect("addr"));
+    let kept = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { continue };
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            for (mut from, mut to) in [
+                (
+                    Box::new(cr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                    Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                ),
+                (Box::new(sr), Box::new(cw)),
+            ] {
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 16 * 1024];
+                    while let Ok(n) = from.read(&mut buf).await {
+                        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                        kept.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&buf[..n]);
+                    }
+                    let _ = to.shutdown().await;
+                });
+            }
+        }
+    });
+    (url, seen)
+}
+
+/// The session ids in `bytes`: every `"session":"…"` the service answered or the client sent.
+fn session_ids(bytes: &[u8]) -> BTreeSet<String> {
+    let text = String::from_utf8_lossy(bytes);
+    text.split("\"session\":\"")
+        .skip(1)
+        .filter_map(|rest| rest.split('"').next())
+        .filter(|id| !id.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// A log writer into a shared buffer.
+#[derive(Clone)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// The client keeps its secrets: neither its token nor a session id (a capability: whoever has
+/// it acts as the session) appears in its errors, its `Debug` output or its logs (every target,
+/// at trace), through a session's life, its renewals, a service that goes away and its loss.
+#[tokio::test]
+async fn the_client_puts_no_token_or_session_id_in_errors_debug_or_logs() {
+    let Some(etcd) = idalloc_testkit::etcd::test_etcd_endpoint().await else { return };
+    let logs = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let writer = Captured(logs.clone());
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = format!("tok-alice-{}-fedcba9876543210", std::process::id());
+    write_secret(&dir.path().join("alice.token"), &token);
+    let tokens = dir.path().join("tokens");
+    write_secret(&tokens, "alice admin file:alice.token\n");
+    let tokens = tokens.to_str().expect("utf-8").to_string();
+    let (store, prefix) = (etcd.endpoint(), unique_prefix());
+    let global = ["--store", store.as_str(), "--prefix", prefix.as_str(), "--timeout", "3s"];
+    let mut s = Serve::start(bin(), &global, &["--auth-tokens", &tokens]);
+    let upstream = s.http("").trim_start_matches("http://").trim_end_matches('/').to_string();
+    let (url, wire) = recording_relay(upstream).await;
+    let opts = ClientOptions::builder()
+        .token(token.clone())
+        .session_ttl(Duration::from_secs(2))
+        .backoff_base(Duration::from_millis(50))
+        .backoff_max(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let c = Client::new([url], opts).expect("client");
+    c.init_pool(&PoolSpec::new("p", 1, 100)).await.expect("pool");
+    let pool = c.pool("p").await.expect("pool");
+    let sess = c.session(Duration::from_secs(2)).await.expect("session");
+    sess.acquire(&pool, "k").await.expect("acquire");
+    pool.acquire("own").await.expect("acquire on the client's own session");
+    tokio::time::sleep(Duration::from_secs(3)).await; // renewals
+    let mut texts = vec![format!("{c:?}"), format!("{pool:?}"), format!("{sess:?}")];
+
+    // The service goes away: errors while it is gone, then the sessions are lost.
+    s.kill9();
+    for _ in 0..3 {
+        match sess.acquire(&pool, "k2").await {
+            Ok(a) => panic!("acquired without a service: {a:?}"),
+            Err(e) => texts.extend([e.to_string(), format!("{e:?}")]),
+        }
+        if let Err(e) = pool.acquire("own2").await {
+            texts.extend([e.to_string(), format!("{e:?}")]);
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    texts.push(format!("{sess:?}"));
+    let ids = session_ids(&wire.lock().unwrap_or_else(|p| p.into_inner()));
+    assert!(ids.len() >= 2, "the relay saw both sessions' ids: {ids:?}");
+    let logged =
+        String::from_utf8_lossy(&logs.lock().unwrap_or_else(|p| p.into_inner())).to_string();
+    assert!(logged.contains("idalloc_client"), "the client logged something: {logged}");
+    texts.push(logged);
+    for text in &texts {
+        assert!(!text.contains(&token), "the token in: {text}");
+        for id in &ids {
+            assert!(!text.contains(id.as_str()), "session id {id} in: {text}");
+        }
+    }
+}
