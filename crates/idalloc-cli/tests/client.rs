@@ -409,7 +409,6 @@ async fn opening_a_pool_does_not_ask_the_service_to_count_its_bindings() {
 /// A TCP relay to `upstream` (`host:port`) on a free loopback port, keeping every byte of both
 /// directions: the session ids the service hands out and the client sends back are in there.
 async fn recording_relay(upstream: String) -> (String, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -419,28 +418,28 @@ async fn recording_relay(upstream: String) -> (String, std::sync::Arc<std::sync:
             let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else { continue };
             let (cr, cw) = client.into_split();
             let (sr, sw) = server.into_split();
-            for (mut from, mut to) in [
-                (
-                    Box::new(cr) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-                    Box::new(sw) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
-                ),
-                (Box::new(sr), Box::new(cw)),
-            ] {
-                let kept = kept.clone();
-                tokio::spawn(async move {
-                    let mut buf = vec![0u8; 16 * 1024];
-                    while let Ok(n) = from.read(&mut buf).await {
-                        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
-                            break;
-                        }
-                        kept.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&buf[..n]);
-                    }
-                    let _ = to.shutdown().await;
-                });
-            }
+            tokio::spawn(pump(cr, sw, kept.clone()));
+            tokio::spawn(pump(sr, cw, kept.clone()));
         }
     });
     (url, seen)
+}
+
+/// Copies `from` to `to` until either ends, keeping a copy of every byte in `kept`.
+async fn pump(
+    mut from: impl tokio::io::AsyncRead + Unpin,
+    mut to: impl tokio::io::AsyncWrite + Unpin,
+    kept: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    while let Ok(n) = from.read(&mut buf).await {
+        if n == 0 || to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        kept.lock().unwrap_or_else(|p| p.into_inner()).extend_from_slice(&buf[..n]);
+    }
+    let _ = to.shutdown().await;
 }
 
 /// The session ids in `bytes`: every `"session":"…"` the service answered or the client sent.

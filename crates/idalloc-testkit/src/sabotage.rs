@@ -275,16 +275,18 @@ mod tests {
         ])
     }
 
+    /// `mod_revision(k) <= 8`: a late-commit fence as binds send it.
+    fn seen(k: Vec<u8>) -> Compare {
+        Compare::new(
+            idalloc::store::KeyRange::key(k),
+            CompareOp::Less,
+            CompareTarget::ModRevision(9),
+        )
+    }
+
     #[test]
     fn skip_fence_floor_drops_only_the_floor_compare() {
         let l = Layout::new("idalloc").unwrap();
-        let seen = |k: Vec<u8>| {
-            Compare::new(
-                idalloc::store::KeyRange::key(k),
-                CompareOp::Less,
-                CompareTarget::ModRevision(9),
-            )
-        };
         let fenced = TxnRequest::new()
             .when([seen(l.holder_key("p", "h")), seen(l.fence_floor_key("p"))])
             .and_then([TxnOp::put(l.id_key("p", 3), "k")]);
@@ -297,13 +299,6 @@ mod tests {
     #[test]
     fn protocol_1_drops_the_floor_and_own_reference_compares_of_binds_and_the_pinned_bump() {
         let l = Layout::new("idalloc").unwrap();
-        let seen = |k: Vec<u8>| {
-            Compare::new(
-                idalloc::store::KeyRange::key(k),
-                CompareOp::Less,
-                CompareTarget::ModRevision(9),
-            )
-        };
         let own = l.ref_key("p", "k", "h");
         let bind = TxnRequest::new()
             .when([

@@ -555,10 +555,16 @@ impl Sim {
             return;
         };
         self.note(format!("{step} kill n{n} to upgrade it"));
+        drop(self.take_down(n)); // a crash: no close
+        self.start(n);
+    }
+
+    /// Node `n` stops: its handles and leased holds go, and its allocator (if it ran) is
+    /// returned for the caller to close or drop.
+    fn take_down(&mut self, n: usize) -> Option<Allocator> {
         self.nodes[n].pools.clear();
         self.leased.retain(|(i, _, _), _| *i != n);
-        drop(self.nodes[n].alloc.take());
-        self.start(n);
+        self.nodes[n].alloc.take()
     }
 
     fn key(k: usize) -> String {
@@ -649,9 +655,7 @@ impl Sim {
                 if self.nodes[n].alloc.is_some() {
                     let graceful = self.rng.chance(30);
                     self.note(format!("{step} stop n{n} graceful={graceful}"));
-                    let a = self.nodes[n].alloc.take().expect("live");
-                    self.nodes[n].pools.clear();
-                    self.leased.retain(|(i, _, _), _| *i != n);
+                    let a = self.take_down(n).expect("live");
                     if graceful {
                         let r = tokio::time::timeout(STEP_TIMEOUT, a.close()).await;
                         match r {

@@ -342,12 +342,8 @@ impl Inner {
         lock(&state.tasks).push(task.abort_handle());
         // The spec watch retires the state the moment the pool is deleted, for the view's
         // subscribers; a pool without a view has none, and its writes compare the spec anyway.
-        let (shared, once) = self.spec_watch.follow(
-            Arc::downgrade(&self.req),
-            &self.layout,
-            &state,
-            self.jitter_seed(),
-        );
+        let (shared, once) =
+            self.spec_watch.follow(&self.req, &self.layout, &state, self.jitter_seed());
         lock(&self.tasks).extend(shared.into_iter().chain([once.clone()]));
         lock(&state.tasks).push(once);
     }

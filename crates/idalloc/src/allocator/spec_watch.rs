@@ -93,32 +93,33 @@ impl SpecWatch {
     /// when the pool retires: `(allocator's, pool's)`.
     pub(crate) fn follow(
         self: &Arc<Self>,
-        req: Weak<Requester>,
+        req: &Arc<Requester>,
         layout: &Layout,
         pool: &Arc<PoolState>,
         jitter_seed: u64,
     ) -> (Option<AbortHandle>, AbortHandle) {
         lock(&self.pools).insert(pool.spec.name().to_string(), Arc::downgrade(pool));
+        let config = |range, page| FeedConfig {
+            store: req.store.clone(),
+            range,
+            page,
+            relist_after_outage: false,
+            probe: None,
+            request_timeout: None,
+            jitter_seed,
+        };
         let shared = (!self.started.swap(true, Ordering::AcqRel)).then(|| {
-            let cfg =
-                config(&req, KeyRange::prefix(layout.pools_prefix()), LISTING_PAGE, jitter_seed);
-            let sink = SharedSink { req: req.clone(), watch: self.clone(), layout: layout.clone() };
-            tokio::spawn(async move {
-                if let Some(cfg) = cfg {
-                    feed::follow(cfg, Arc::default(), sink).await;
-                }
-            })
-            .abort_handle()
+            let cfg = config(KeyRange::prefix(layout.pools_prefix()), LISTING_PAGE);
+            let sink = SharedSink {
+                req: Arc::downgrade(req),
+                watch: self.clone(),
+                layout: layout.clone(),
+            };
+            tokio::spawn(feed::follow(cfg, Arc::default(), sink)).abort_handle()
         });
-        let cfg =
-            config(&req, KeyRange::key(layout.pool_spec_key(pool.spec.name())), 1, jitter_seed);
-        let sink = OnceSink { req, pool: pool.clone() };
-        let once = tokio::spawn(async move {
-            if let Some(cfg) = cfg {
-                feed::follow(cfg, Arc::default(), sink).await;
-            }
-        })
-        .abort_handle();
+        let cfg = config(KeyRange::key(layout.pool_spec_key(pool.spec.name())), 1);
+        let sink = OnceSink { req: Arc::downgrade(req), pool: pool.clone() };
+        let once = tokio::spawn(feed::follow(cfg, Arc::default(), sink)).abort_handle();
         (shared, once)
     }
 
@@ -136,25 +137,6 @@ impl SpecWatch {
             }
         }
     }
-}
-
-/// The follower's settings for `range`; `None` if the allocator is gone.
-fn config(
-    req: &Weak<Requester>,
-    range: KeyRange,
-    page: i64,
-    jitter_seed: u64,
-) -> Option<FeedConfig> {
-    let strong = req.upgrade()?;
-    Some(FeedConfig {
-        store: strong.store.clone(),
-        range,
-        page,
-        relist_after_outage: false,
-        probe: None,
-        request_timeout: None,
-        jitter_seed,
-    })
 }
 
 /// The shared watch: every spec record, dispatched to the followed pools by name.
