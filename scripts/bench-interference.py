@@ -4,7 +4,8 @@
 
 One `serve` with tokens on a fresh etcd prefix; pool `b` preloaded with 20,000 bindings (so a
 10,000-binding page exists). A `victim` client times TIMED sequential one-key acquires of new keys
-(each released after), on its own connection, in five runs:
+(each released after), then TIMED/10 sequential 100-key acquires, on its own connection, in
+five runs:
   quiet     nobody else;
   bulk      the `flood` client, 8 connections, each acquiring 1,000 new keys then releasing them,
             over and over;
@@ -106,6 +107,18 @@ def main():
                 victim.call("POST", "/v1/pools/b/release", {"key": k, "holder": "v"})
             return t
 
+        def bulk_victim_run(tag):
+            # Another client's many-key work: TIMED/10 sequential 100-key acquires.
+            victim = Conn(port, toks["victim"])
+            t = []
+            for i in range(max(timed // 10, 10)):
+                body = json.dumps({"keys": [f"w-{tag}-{i}-{j}" for j in range(100)], "holder": "v"})
+                s = time.perf_counter()
+                victim.raw("POST", "/v1/pools/b/acquire", body)
+                t.append((time.perf_counter() - s) * 1000)
+                victim.raw("POST", "/v1/pools/b/release", body)
+            return t
+
         stop = multiprocessing.Event()
         counts = {"bulk": 0, "pages": 0}
         done_calls = multiprocessing.Value("i", 0)
@@ -171,7 +184,10 @@ def main():
             if tag == "watches":
                 watches(); time.sleep(2)
             before = dict(counts)
+            start, c0 = time.perf_counter(), done_calls.value
             t = victim_run(tag)
+            tb = bulk_victim_run(tag)
+            secs, c1 = time.perf_counter() - start, done_calls.value
             stop.set()
             for th in threads: th.join()
             if kind:
@@ -183,20 +199,26 @@ def main():
                 time.sleep(2)
             done = {k: (v - before[k] if isinstance(v, int) and k in ("bulk", "pages") else v)
                     for k, v in counts.items() if v != before.get(k)}
-            rows.append((tag, pct(t, .5), pct(t, .99), done))
-            raw.extend((tag, i, ms) for i, ms in enumerate(t))
+            if kind:
+                done[f"{kind} calls a second"] = round((c1 - c0) / secs, 1)
+            rows.append((tag, pct(t, .5), pct(t, .99), pct(tb, .5), pct(tb, .99), done))
+            raw.extend((tag, "one key", i, ms) for i, ms in enumerate(t))
+            raw.extend((tag, "100 keys", i, ms) for i, ms in enumerate(tb))
             print(f"{tag}: done ({counts})", file=sys.stderr, flush=True)
-        q50, q99 = rows[0][1], rows[0][2]
-        print(f"load {open('/proc/loadavg').read().split()[:3]}; {timed} timed acquires a run")
-        print("| run | victim p50 | victim p99 | p99 / quiet p99 | flood calls during the run |")
-        print("|---|---|---|---|---|")
-        for tag, p50, p99, done in rows:
+        q99, qb99 = rows[0][2], rows[0][4]
+        print(f"load {open('/proc/loadavg').read().split()[:3]}; {timed} timed one-key acquires "
+              f"and {max(timed // 10, 10)} of 100 keys a run")
+        print("| run | one key p50 | one key p99 | / quiet | 100 keys p50 | 100 keys p99 | / quiet "
+              "| flood during the run |")
+        print("|---|---|---|---|---|---|---|---|")
+        for tag, p50, p99, b50, b99, done in rows:
             flood = ", ".join(f"{v} {k}" for k, v in done.items()) or "-"
-            print(f"| {tag} | {p50:.1f} ms | {p99:.1f} ms | {p99 / q99:.2f}× | {flood} |")
+            print(f"| {tag} | {p50:.1f} ms | {p99:.1f} ms | {p99 / q99:.2f}× | {b50:.1f} ms "
+                  f"| {b99:.1f} ms | {b99 / qb99:.2f}× | {flood} |")
         if csv:
             with open(csv, "w") as f:
-                f.write("run,i,acquire_ms\n")
-                f.writelines(f"{tag},{i},{ms:.3f}\n" for tag, i, ms in raw)
+                f.write("run,call,i,acquire_ms\n")
+                f.writelines(f"{tag},{call},{i},{ms:.3f}\n" for tag, call, i, ms in raw)
     finally:
         for s in held: s.close()
         proc.terminate(); proc.wait()

@@ -431,11 +431,11 @@ pub struct ServeArgs {
     /// later delivery.
     #[arg(long, env = "IDALLOC_WATCH_WAKE_BUDGET", value_name = "PER_SEC", default_value_t = idalloc_server::fanout::WAKE_BUDGET, value_parser = clap::value_parser!(u64).range(1..))]
     pub watch_wake_budget: u64,
-    /// Store txns of many-key requests (a list of keys, up to ~100 keys a txn) in flight at
-    /// once, at most (1 to 32: more only queue at etcd, and 64 of them from 16 clients drove it
-    /// to "too many requests"); the rest wait in the service, in order. Single-key requests never
-    /// wait for them, so one key's acquire is not queued at etcd behind a restart storm's
-    /// restores.
+    /// Store txns of many-key requests and of pages (up to ~100 keys a txn) in flight at once,
+    /// at most (1 to 32: more only queue at etcd, and 64 of them from 16 clients drove it to "too
+    /// many requests"); the rest wait in the service, in turns between clients: one txn per
+    /// client while several have such work, one of at most 25 keys in all while single-key
+    /// requests go on. Single-key requests never wait for them.
     #[arg(long, env = "IDALLOC_BULK_IN_FLIGHT", value_name = "TXNS", default_value_t = idalloc::allocator::DEFAULT_BULK_IN_FLIGHT as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_IN_FLIGHT))]
     pub bulk_in_flight: u32,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.

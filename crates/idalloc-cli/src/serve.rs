@@ -141,7 +141,6 @@ pub async fn run(settings: &Settings, a: &ServeArgs, json_logs: bool) -> Result<
         limits: limits(a)?,
         watch_history: a.watch_history as usize,
         watch_wake_budget: a.watch_wake_budget,
-        bulk_in_flight: a.bulk_in_flight as usize,
         ..Config::default()
     };
     let state = AppState::new(alloc.clone(), store, &settings.prefix, config, Some(metrics))

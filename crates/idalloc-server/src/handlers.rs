@@ -250,19 +250,6 @@ async fn keys_request(
     Ok(KeysRequest { keys, single, owner, pool })
 }
 
-/// A slot of the fair gate for a many-key request (none for a single key).
-async fn bulk_turn(
-    st: &AppState,
-    single: bool,
-    who: Option<&Extension<crate::limits::Who>>,
-) -> Option<crate::fair::Slot> {
-    if single {
-        return None;
-    }
-    let who = who.map_or("-", |Extension(w)| &*w.0);
-    Some(st.bulk.admit(who).await)
-}
-
 /// The answer of an acquire or release: the one result for the single-key form, else the list.
 fn answer<T: serde::Serialize>(mut out: Vec<T>, single: bool) -> Response {
     if single {
@@ -285,7 +272,6 @@ pub async fn acquire(
     State(st): State<Arc<AppState>>,
     client: Caller,
     note: Option<Extension<crate::audit::Note>>,
-    who: Option<Extension<crate::limits::Who>>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
@@ -304,8 +290,6 @@ pub async fn acquire(
     {
         return Ok(refused);
     }
-    // Many-key work is admitted fairly between clients ([`crate::fair`]).
-    let _turn = bulk_turn(&st, single, who.as_ref()).await;
     // The reference quota: slots in the store (crate::ref_slots), taken before the bind and
     // given back for the keys whose bind failed.
     let (holder, lease) = match &owner {
@@ -383,7 +367,6 @@ pub async fn release(
     State(st): State<Arc<AppState>>,
     client: Caller,
     note: Option<Extension<crate::audit::Note>>,
-    who: Option<Extension<crate::limits::Who>>,
     Path(name): Path<String>,
     ApiJson(body): ApiJson<AcquireBody>,
 ) -> ApiResult {
@@ -398,8 +381,6 @@ pub async fn release(
     {
         return Ok(refused);
     }
-    // Many-key work is admitted fairly between clients ([`crate::fair`]).
-    let _turn = bulk_turn(&st, single, who.as_ref()).await;
     let mut out = Vec::with_capacity(keys.len());
     match &owner {
         Owner::Session(s) => {

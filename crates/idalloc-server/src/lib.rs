@@ -16,7 +16,6 @@ pub mod build_info;
 pub mod conn;
 pub mod deadline;
 pub mod error;
-pub mod fair;
 pub mod fanout;
 pub mod flight;
 pub mod grants;
@@ -102,9 +101,6 @@ pub struct Config {
     /// widens with a pool's streams to stay within it ([`fanout::window`]), trading delivery
     /// latency for the CPU each wake-up's writes cost.
     pub watch_wake_budget: u64,
-    /// Many-key acquires and releases in flight at once, admitted fairly between clients
-    /// ([`fair`]); the rest wait, the client served the longest ago first.
-    pub bulk_in_flight: usize,
 }
 
 impl Default for Config {
@@ -120,7 +116,6 @@ impl Default for Config {
             watch_history: 10_000,
             watch_idle: Duration::from_secs(60),
             watch_wake_budget: fanout::WAKE_BUDGET,
-            bulk_in_flight: 8,
         }
     }
 }
@@ -147,8 +142,6 @@ pub struct AppState {
     pub(crate) concurrency: limits::Concurrency,
     /// Open watch streams per client ([`watch::WatchSlot`]).
     pub(crate) watchers: Mutex<std::collections::HashMap<Arc<str>, usize>>,
-    /// The fair gate of many-key requests.
-    pub(crate) bulk: Arc<fair::FairGate>,
     /// The OpenAPI document as served (security as configured, [`openapi::document`]).
     openapi: String,
 }
@@ -176,7 +169,6 @@ impl AppState {
             stop: signal::channel(false).0,
             metrics,
             watchers: Mutex::default(),
-            bulk: fair::FairGate::new(config.bulk_in_flight),
             openapi: openapi::document(config.tokens.is_some()),
             config,
         }))

@@ -217,8 +217,8 @@ pub async fn limit_concurrency(
         )
         .into_response();
     };
-    let _mine = match who {
-        Some(who) => match st.concurrency.client_slot(&who, limits.max_requests_per_client) {
+    let _mine = match &who {
+        Some(who) => match st.concurrency.client_slot(who, limits.max_requests_per_client) {
             Some(p) => Some(p),
             None => {
                 return crate::quota::with_retry_after(
@@ -237,7 +237,12 @@ pub async fn limit_concurrency(
         },
         None => None,
     };
-    next.run(req).await
+    // The request's bulk store work takes turns with other clients' (the library's fair bulk
+    // admission, docs/design/bulk-admission.md).
+    match &who {
+        Some(who) => idalloc::allocator::as_client(who, next.run(req)).await,
+        None => next.run(req).await,
+    }
 }
 
 #[cfg(test)]

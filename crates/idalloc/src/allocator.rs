@@ -33,6 +33,7 @@ pub(crate) mod sweeper;
 mod sync;
 #[cfg(test)]
 mod tests;
+mod turns;
 mod types;
 mod used_ids;
 
@@ -55,6 +56,7 @@ pub use events::{Events, Stamped, StampedEvents};
 pub use handle::Pool;
 pub use options::{AllocatorOptionsBuilder, RetryPolicyBuilder};
 pub use page::BindingsPage;
+pub use turns::as_client;
 pub use types::{
     Acquired, AllocatorOptions, Binding, Released, RetryPolicy, DEFAULT_BULK_IN_FLIGHT,
 };

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
+use idalloc::allocator::as_client;
 use idalloc::store::embedded::EmbeddedStore;
 use idalloc::store::{Store, TxnOp, TxnRequest};
 use idalloc::{Allocator, AllocatorOptions, Error, Input, PoolSpec};
@@ -34,13 +35,17 @@ fn touches(txn: &TxnRequest, needle: &[u8]) -> bool {
         })
 }
 
-/// Counts txns that touch `needle` while at the store (the most at once, and every one seen);
-/// each waits until `open` is true, then `hold` more, before it is sent.
+/// Counts txns that touch `needle` while at the store (the most at once, every one seen, and the
+/// most keys one held: its nested txns); each waits until `open` is true, then `hold` more,
+/// before it is sent.
 struct Gauge {
     needle: &'static [u8],
     now: AtomicUsize,
     most: AtomicUsize,
     seen: AtomicUsize,
+    /// Txns seen that touch keys starting `bulk-b-` (a second client's).
+    seen_b: AtomicUsize,
+    widest: AtomicUsize,
     open: watch::Receiver<bool>,
     hold: Duration,
 }
@@ -53,6 +58,8 @@ impl Gauge {
             now: AtomicUsize::new(0),
             most: AtomicUsize::new(0),
             seen: AtomicUsize::new(0),
+            seen_b: AtomicUsize::new(0),
+            widest: AtomicUsize::new(0),
             open: rx,
             hold,
         };
@@ -68,6 +75,13 @@ impl<S: Store> Hook<S> for Gauge {
             return send(&**inner, req).await;
         }
         self.seen.fetch_add(1, Ordering::SeqCst);
+        if let Request::Txn(t) = &req {
+            if touches(t, b"/bulk-b-") {
+                self.seen_b.fetch_add(1, Ordering::SeqCst);
+            }
+            let nested = t.success.iter().filter(|op| matches!(op, TxnOp::Txn(_))).count();
+            self.widest.fetch_max(nested, Ordering::SeqCst);
+        }
         let now = self.now.fetch_add(1, Ordering::SeqCst) + 1;
         self.most.fetch_max(now, Ordering::SeqCst);
         let mut open = self.open.clone();
@@ -168,6 +182,97 @@ async fn a_single_key_call_passes_the_queued_bulk_txns() {
     assert!(got.iter().all(|r| r.as_ref().is_ok_and(|a| a.new)), "every bulk key acquired");
     assert!(g.seen.load(Ordering::SeqCst) >= 5);
     assert_eq!(g.most.load(Ordering::SeqCst), 1);
+    check_g1_in(&*raw, &layout(), "p").await;
+    a.close().await.expect("close");
+}
+
+/// Single-key calls going on beside a bulk call (one after another, as a caller's do): the bulk
+/// call's txns go one at a time and hold at most 25 keys each, so a single key waits at the store
+/// for one small txn at most; alone, the same call has 4 txns of ~100 keys at the store at once.
+#[tokio::test]
+async fn bulk_txns_go_one_at_a_time_and_smaller_while_single_key_calls_go_on() {
+    let (gauge, _open) = Gauge::new(b"/bulk", Duration::from_millis(5));
+    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
+    let raw: Arc<dyn Store> = hooked.clone();
+    let a = allocator(raw.clone(), 4).expect("allocator");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    p.acquire("warm").await.expect("warm");
+    // Past the window of the warm-up call: the bulk call is alone.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let g = hooked.hook();
+    let alone = p.acquire_many(&keys("bulk-alone-", 1000)).await;
+    assert!(alone.iter().all(Result::is_ok), "acquired alone");
+    assert_eq!(g.most.load(Ordering::SeqCst), 4, "alone: the bound of 4 at the store at once");
+    assert!(g.widest.load(Ordering::SeqCst) > 25, "alone: txns of more than 25 keys");
+
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let singles = tokio::spawn({
+        let (p, stop) = (p.clone(), stop.clone());
+        async move {
+            let mut n = 0u32;
+            while !stop.load(Ordering::SeqCst) {
+                let k = format!("single-{n}");
+                p.acquire(&k).await.expect("single acquire");
+                p.release(&k).await.expect("single release");
+                n += 1;
+            }
+            n
+        }
+    });
+    while !singles.is_finished() && g.seen.load(Ordering::SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    // A single-key call has been made: from here the bulk call yields.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    g.most.store(0, Ordering::SeqCst);
+    g.widest.store(0, Ordering::SeqCst);
+    let seen = g.seen.load(Ordering::SeqCst);
+    let beside = p.acquire_many(&keys("bulk-beside-", 1000)).await;
+    stop.store(true, Ordering::SeqCst);
+    let n = singles.await.expect("single-key task");
+    assert!(beside.iter().all(Result::is_ok), "acquired beside single-key calls");
+    assert!(n > 0, "single-key calls went on");
+    assert!(g.seen.load(Ordering::SeqCst) - seen >= 40, "1,000 keys in txns of at most 25");
+    assert_eq!(g.most.load(Ordering::SeqCst), 1, "one bulk txn at the store at once");
+    assert!(
+        g.widest.load(Ordering::SeqCst) <= 25,
+        "{} keys in one txn",
+        g.widest.load(Ordering::SeqCst)
+    );
+    check_g1_in(&*raw, &layout(), "p").await;
+    a.close().await.expect("close");
+}
+
+/// Two clients' bulk calls at once ([`as_client`]): they take turns at the store, so while the
+/// second client's small call runs, the first client's big one (3,000 keys: ~30 txns, queued
+/// ahead of it) sends about as many txns as the second's, not all of its own; alone, the first
+/// client has the whole bound at the store.
+#[tokio::test]
+async fn two_clients_bulk_calls_take_turns_at_the_store() {
+    let (gauge, _open) = Gauge::new(b"/bulk", Duration::from_millis(5));
+    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
+    let raw: Arc<dyn Store> = hooked.clone();
+    let a = allocator(raw.clone(), 4).expect("allocator");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    let g = hooked.hook();
+    let big = tokio::spawn({
+        let p = p.clone();
+        as_client("a", async move { p.acquire_many(&keys("bulk-a-", 3000)).await })
+    });
+    while g.most.load(Ordering::SeqCst) < 4 {
+        assert!(!big.is_finished(), "the first client never had 4 txns at the store");
+        tokio::task::yield_now().await;
+    }
+    let before = g.seen.load(Ordering::SeqCst);
+    let small = as_client("b", p.acquire_many(&keys("bulk-b-", 200))).await;
+    let (all, b) = (g.seen.load(Ordering::SeqCst) - before, g.seen_b.load(Ordering::SeqCst));
+    assert!(small.iter().all(Result::is_ok), "the second client's keys acquired");
+    assert!(b >= 2, "200 keys are 2 txns or more: {b}");
+    assert!(!big.is_finished(), "the second client's call ended before the first's");
+    // The first client's 4 already at the store, then one of its txns per turn of the second.
+    assert!(all - b <= b + 4, "the first client sent {} txns while the second sent {b}", all - b);
+    let got = big.await.expect("first client");
+    assert!(got.iter().all(Result::is_ok), "the first client's keys acquired");
     check_g1_in(&*raw, &layout(), "p").await;
     a.close().await.expect("close");
 }

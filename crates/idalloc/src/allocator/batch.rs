@@ -30,7 +30,7 @@ use super::registry::{protocol_error, Inner};
 use super::repair_queue::Repair;
 use super::request::Class;
 use super::types::{Acquired, Released};
-use crate::batch::{self, Frame, MAX_BATCH_KEYS};
+use crate::batch::{self, Frame};
 use crate::error::{Error, Result};
 use crate::pool::Strategy;
 use crate::pool::{validate_key, validate_stored_durable_holder};
@@ -74,6 +74,7 @@ impl Inner {
         hints: Hints,
         class: Class,
     ) -> Vec<Result<Acquired>> {
+        let _interactive = (class == Class::Interactive).then(|| self.req.interactive());
         if let Err(e) = pool.live() {
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
@@ -255,7 +256,7 @@ impl Inner {
                 })
                 .collect();
             let frame = Frame::default();
-            let groups = batch::pack(&txns, &frame, MAX_BATCH_KEYS);
+            let groups = batch::pack(&txns, &frame, self.req.batch_keys(class));
             // Each txn goes into exactly one request: moved there, not cloned (the copies were
             // about a tenth of `acquire --from`'s client CPU, with their drops).
             let mut txns: Vec<Option<TxnRequest>> = txns.into_iter().map(Some).collect();
@@ -399,6 +400,7 @@ impl Inner {
         durable: bool,
         class: Class,
     ) -> Vec<Result<Released>> {
+        let _interactive = (class == Class::Interactive).then(|| self.req.interactive());
         let name = pool.spec.name();
         let reclaim = pool.spec.idle_grace_duration().is_zero();
         let mut slots: Vec<ReleaseSlot<'k>> = items
@@ -459,7 +461,7 @@ impl Inner {
             // Sized with a tombstone put (the larger of the two ways to retire an ID).
             let estimate: Vec<TxnRequest> =
                 pending.iter().map(|&i| plan(&slots[i], Some(1)).txn(&self.layout, name)).collect();
-            let groups = batch::pack(&estimate, &frame, MAX_BATCH_KEYS);
+            let groups = batch::pack(&estimate, &frame, self.req.batch_keys(class));
             let session = bump.filter(|l| *l != 0);
             let answers = {
                 let slots = &slots;

@@ -98,6 +98,7 @@ impl Inner {
         leased: RefLease,
         preferred: Option<u64>,
     ) -> Result<Acquired> {
+        let _interactive = self.req.interactive();
         pool.live()?;
         // Without the pool's view (a lazily opened pool), candidates are guesses
         // the txn checks, for `random` pools. `lowest` needs the bottom of the pool, which no

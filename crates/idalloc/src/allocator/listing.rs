@@ -17,6 +17,7 @@
 //! listing has a per-page bound, not one for the whole pool.
 
 use super::handle::Pool;
+use super::request::Class;
 use super::types::Binding;
 use super::used_ids;
 use crate::decimal_ids::DecimalIds;
@@ -134,6 +135,7 @@ impl Pool {
         for batch in point_reads::batches(ops) {
             let n = batch.len();
             let req = TxnRequest::new().and_then(batch);
+            let _slot = self.inner.req.admit(Class::Bulk).await;
             let resp = self.inner.req.call(|| store.txn(req.clone())).await?;
             if resp.responses.len() != n {
                 return Err(Error::unavailable_for_good(format!(

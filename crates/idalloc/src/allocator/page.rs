@@ -16,6 +16,7 @@
 //! "as of" its reads, like the pages of `list`, which are not at one revision either).
 
 use super::handle::Pool;
+use super::request::Class;
 use super::types::Binding;
 use crate::error::Result;
 use crate::layout::IdRecord;
@@ -56,9 +57,10 @@ impl Pool {
                     ]
                 })
                 .collect();
-            let store = &self.inner.req.store;
-            let resp =
-                self.inner.req.call(|| store.txn(TxnRequest::new().and_then(ops.clone()))).await?;
+            let req = &self.inner.req;
+            // Many reads in one txn: admitted as bulk work, so a page yields to one-key calls.
+            let _slot = req.admit(Class::Bulk).await;
+            let resp = req.call(|| req.store.txn(TxnRequest::new().and_then(ops.clone()))).await?;
             let mut it = resp.responses.into_iter();
             for (id, key) in chunk {
                 let (Some(OpResponse::Get(rec)), Some(OpResponse::Get(refs))) =

@@ -25,6 +25,7 @@ impl Inner {
         holder: &str,
         durable: bool,
     ) -> Result<Released> {
+        let _interactive = self.req.interactive();
         pool.live()?;
         let reclaim = pool.spec.idle_grace_duration().is_zero();
         let (mut id, mut require_own_ref) = (id, durable);

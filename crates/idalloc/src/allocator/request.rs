@@ -14,6 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::pool_state::PoolState;
+use super::turns::{Interactive, Turn, Turns};
 use super::types::RetryPolicy;
 use crate::error::{Error, Result};
 pub(crate) use crate::retry::Backoff;
@@ -29,9 +30,10 @@ pub(crate) enum Class {
     /// lane, `lanes::MAX_FLIGHTS`). Never waits for admission.
     Interactive,
     /// A call for many keys (`acquire_many`, `release_many` and their durable and session forms)
-    /// or the repair task's re-binding of held keys: at most
-    /// [`AllocatorOptions::bulk_in_flight`](super::AllocatorOptions::bulk_in_flight) such txns
-    /// of this process at the store at once, in the order they asked.
+    /// or the repair task's re-binding of held keys, and the reads of a page or listing: at
+    /// most [`AllocatorOptions::bulk_in_flight`](super::AllocatorOptions::bulk_in_flight) such
+    /// txns of this process at the store at once, one while others are about, in turns between
+    /// clients ([`Turns`]).
     Bulk,
 }
 
@@ -46,15 +48,15 @@ pub(crate) struct Requester {
     pub(crate) fold_fences_above: usize,
     /// The newest store revision seen in a response: the fence of this process's binds.
     seen: AtomicI64,
-    /// Admission of [`Class::Bulk`] txns. Why: the store applies txns one at a time in the
-    /// order they arrive (etcd's raft log), so a txn waits for every txn sent before it. Without
-    /// a bound, a restart storm through `idalloc serve` (1,000 sessions re-acquiring 100 keys
-    /// each, one txn of ~100 keys apiece) queued about a thousand txns at etcd, and one key's
-    /// acquire sent meanwhile waited behind all of them (p99 1.8 s). Queued
-    /// here instead, bulk txns leave the store's queue short, single-key calls pass them, and
-    /// the store stays as busy: a few ~100-key txns in flight are as fast as many
-    /// (docs/benchmarks/findings.md, the 8× target: 8 in flight as fast as 64).
-    bulk: tokio::sync::Semaphore,
+    /// Admission of [`Class::Bulk`] txns ([`Turns`]). Why: the store applies txns one at a
+    /// time in the order they arrive (etcd's raft log), so a txn waits for every txn sent before
+    /// it. Without a bound, a restart storm through `idalloc serve` (1,000 sessions re-acquiring
+    /// 100 keys each, one txn of ~100 keys apiece) queued about a thousand txns at etcd, and one
+    /// key's acquire sent meanwhile waited behind all of them (p99 1.8 s). Queued here instead,
+    /// bulk txns leave the store's queue short, single-key calls pass them, and the store stays
+    /// as busy: a few ~100-key txns in flight are as fast as many (docs/benchmarks/findings.md,
+    /// the 8× target: 8 in flight as fast as 64).
+    turns: Arc<Turns>,
 }
 
 impl Requester {
@@ -73,19 +75,33 @@ impl Requester {
             list_page,
             fold_fences_above,
             seen: AtomicI64::new(0),
-            bulk: tokio::sync::Semaphore::new(bulk_in_flight.max(1)),
+            turns: Turns::new(bulk_in_flight),
         }
     }
 
-    /// Waits until a txn of `class` may go to the store; the permit, if any, is its slot until
+    /// Notes a single-key call for as long as the guard lives: bulk txns yield to it
+    /// ([`Turns::interactive`]).
+    pub(crate) fn interactive(&self) -> Interactive<'_> {
+        self.turns.interactive()
+    }
+
+    /// Keys a txn of `class` packed now may hold: a coalesced flight of single-key calls is
+    /// one round trip for all of them; a bulk txn holds fewer while single-key calls go on
+    /// ([`Turns::batch_keys`]).
+    pub(crate) fn batch_keys(&self, class: Class) -> usize {
+        match class {
+            Class::Interactive => crate::batch::MAX_BATCH_KEYS,
+            Class::Bulk => self.turns.batch_keys(),
+        }
+    }
+
+    /// Waits until a txn of `class` may go to the store; the turn, if any, is its slot until
     /// dropped (after the txn's answer, retries included). The request timeout starts after
     /// admission: time in this queue is not the store's.
-    pub(crate) async fn admit(&self, class: Class) -> Option<tokio::sync::SemaphorePermit<'_>> {
+    pub(crate) async fn admit(&self, class: Class) -> Option<Turn> {
         match class {
             Class::Interactive => None,
-            // The semaphore is never closed, so `acquire` fails never; if it did, the txn
-            // would go unbounded rather than not at all.
-            Class::Bulk => self.bulk.acquire().await.ok(),
+            Class::Bulk => Some(self.turns.admit().await),
         }
     }
 

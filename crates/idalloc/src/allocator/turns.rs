@@ -1,0 +1,418 @@
+//! Bulk txns take turns at the store: a bounded number at once, handed out fairly between
+//! clients; one per client while several have bulk work; one in all, and smaller, while a
+//! single-key call is about (docs/design/bulk-admission.md).
+//!
+//! Why per txn and per client: etcd applies txns one at a time, in order, so what another call
+//! waits for is the txns ahead of its own at etcd. One client's queue of 1,000-key calls is
+//! ~40 txns a call; admitted in arrival order, another client's 100-key call waited behind all
+//! of them. Here, when a slot frees, the client served the longest ago goes next, so the other
+//! client's txns alternate with the flood's: its call takes about twice its quiet time, whatever
+//! the flood's queue. Who the client is comes from [`as_client`] (the service names each
+//! request's client); calls outside it are one client together.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+tokio::task_local! {
+    static CLIENT: Arc<str>;
+}
+
+/// Runs `work` as `client`'s: the bulk txns it sends take turns with other clients' rather than
+/// queue behind them. The service wraps each request in it; a process serving one caller has no
+/// need to.
+///
+/// ```
+/// # async fn demo(pool: &idalloc::Pool) -> idalloc::Result<()> {
+/// let keys = ["a", "b", "c"];
+/// let got = idalloc::allocator::as_client("tenant-a", pool.acquire_many(&keys)).await;
+/// # let _ = got;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn as_client<F: Future>(client: &str, work: F) -> F::Output {
+    CLIENT.scope(Arc::from(client), work).await
+}
+
+/// The client the current task works for ("" outside [`as_client`]).
+fn current() -> Arc<str> {
+    CLIENT.try_with(Arc::clone).unwrap_or_else(|_| Arc::from(""))
+}
+
+/// Bulk txns at the store at once while a single-key call is about ([`Turns::contended`]). Why: etcd
+/// applies one txn at a time, in order, and a ~100-key txn takes it a few milliseconds, so a
+/// one-key txn sent behind 8 of them waited 10–20 times its own time; behind one small one,
+/// about its own time again.
+pub(crate) const CONTENDED_IN_FLIGHT: usize = 1;
+
+/// Keys a bulk txn holds at most while a single-key call is about (else
+/// [`MAX_BATCH_KEYS`](crate::batch::MAX_BATCH_KEYS)): what another call waits for at the store
+/// is one such txn.
+pub(crate) const CONTENDED_BATCH_KEYS: usize = 25;
+
+/// How long a client counts as about after its last call or turn: far longer than the gap
+/// between one caller's calls (its own work and a round trip), so a sequential caller is never
+/// forgotten between two calls.
+pub(crate) const WINDOW: Duration = Duration::from_millis(200);
+
+/// The gate: turns out, waiters queued per client, and who is about.
+pub(crate) struct Turns {
+    /// Turns out at once when one client's bulk work is alone (`bulk_in_flight`).
+    wide: usize,
+    st: Mutex<State>,
+    /// Single-key calls under way.
+    interactive: AtomicUsize,
+    /// When the last one ended, in milliseconds since `epoch` (0: never).
+    interactive_ended: AtomicU64,
+    epoch: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    in_flight: usize,
+    /// Each client's waiters, oldest first.
+    waiting: HashMap<Arc<str>, VecDeque<oneshot::Sender<Turn>>>,
+    /// When each client was last admitted (a tick of `clock`); absent: never, or forgotten
+    /// once nothing was in flight.
+    served: HashMap<Arc<str>, u64>,
+    clock: u64,
+    /// Each client's turns out and when it was last seen (admitted, or a turn of it ended), in
+    /// milliseconds since `epoch`; forgotten [`WINDOW`] after, with none out.
+    about: HashMap<Arc<str>, (usize, u64)>,
+}
+
+/// A turn at the store, held while a bulk txn is there (retries included).
+pub(crate) struct Turn {
+    gate: Option<Arc<Turns>>,
+    who: Arc<str>,
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if let Some(g) = self.gate.take() {
+            g.release(&self.who);
+        }
+    }
+}
+
+/// A single-key call under way ([`Turns::interactive`]); its end is noted when dropped.
+pub(crate) struct Interactive<'a>(&'a Turns);
+
+impl Drop for Interactive<'_> {
+    fn drop(&mut self) {
+        let t = self.0;
+        t.interactive_ended.store(t.millis().max(1), Ordering::Release);
+        t.interactive.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Turns {
+    /// A gate of `wide` turns at once (at least 1) when nothing else is about.
+    pub(crate) fn new(wide: usize) -> Arc<Turns> {
+        Arc::new(Turns {
+            wide: wide.max(1),
+            st: Mutex::default(),
+            interactive: AtomicUsize::new(0),
+            interactive_ended: AtomicU64::new(0),
+            epoch: Instant::now(),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn millis(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn recent(&self, at: u64, now: u64) -> bool {
+        at != 0 && now.saturating_sub(at) < WINDOW.as_millis() as u64
+    }
+
+    /// Notes a single-key call (acquire or release of one key, or a coalesced flight of them)
+    /// for as long as the guard lives: while it does and for [`WINDOW`] after, bulk txns yield.
+    pub(crate) fn interactive(&self) -> Interactive<'_> {
+        self.interactive.fetch_add(1, Ordering::AcqRel);
+        Interactive(self)
+    }
+
+    /// Whether a single-key call is about: under way, or ended within [`WINDOW`].
+    pub(crate) fn contended(&self) -> bool {
+        self.interactive.load(Ordering::Acquire) > 0
+            || self.recent(self.interactive_ended.load(Ordering::Acquire), self.millis())
+    }
+
+    /// Clients with bulk work about: turns out, waiting, or seen within [`WINDOW`] (the
+    /// others are forgotten).
+    fn clients_about(&self, st: &mut State) -> usize {
+        let now = self.millis();
+        let State { about, waiting, .. } = st;
+        about.retain(|w, (out, at)| *out > 0 || waiting.contains_key(w) || self.recent(*at, now));
+        about.len()
+    }
+
+    /// Turns out at once now, in all and per client: one in all while a single-key call is
+    /// about; one per client while two or more clients have bulk work (so each waits for at most
+    /// one txn of each other client); else `wide`.
+    fn limits(&self, st: &mut State) -> (usize, usize) {
+        let clients = self.clients_about(st);
+        match (self.contended(), clients > 1) {
+            (true, _) => (CONTENDED_IN_FLIGHT.min(self.wide), 1),
+            (false, true) => (self.wide, 1),
+            (false, false) => (self.wide, self.wide),
+        }
+    }
+
+    /// Keys a bulk txn packed now may hold: fewer while a single-key call is about.
+    pub(crate) fn batch_keys(&self) -> usize {
+        match self.contended() {
+            true => CONTENDED_BATCH_KEYS,
+            false => crate::batch::MAX_BATCH_KEYS,
+        }
+    }
+
+    /// The waiting client to hand a turn to: among those below `per_client` turns out, the one
+    /// served the longest ago.
+    fn next_waiter(st: &State, per_client: usize) -> Option<Arc<str>> {
+        st.waiting
+            .iter()
+            .filter(|(w, q)| !q.is_empty() && st.about.get(*w).map_or(0, |a| a.0) < per_client)
+            .min_by_key(|(w, _)| (st.served.get(*w).copied().unwrap_or(0), w.to_string()))
+            .map(|(w, _)| w.clone())
+    }
+
+    /// Waits for a turn for the current client ([`as_client`]).
+    pub(crate) async fn admit(self: &Arc<Self>) -> Turn {
+        let who = current();
+        let rx = {
+            let mut st = self.lock();
+            let now = self.millis();
+            let mine = {
+                let e = st.about.entry(who.clone()).or_insert((0, now));
+                e.1 = now;
+                e.0
+            };
+            let (all, per_client) = self.limits(&mut st);
+            if st.in_flight < all
+                && mine < per_client
+                && Self::next_waiter(&st, per_client).is_none()
+            {
+                self.hand_out(&mut st, &who);
+                return Turn { gate: Some(self.clone()), who };
+            }
+            let (tx, rx) = oneshot::channel();
+            st.waiting.entry(who.clone()).or_default().push_back(tx);
+            rx
+        };
+        match rx.await {
+            Ok(turn) => turn,
+            // The gate is gone (never while a waiter holds it): go without waiting.
+            Err(_) => Turn { gate: None, who },
+        }
+    }
+
+    /// Counts a turn out for `who`.
+    fn hand_out(&self, st: &mut State, who: &Arc<str>) {
+        st.in_flight += 1;
+        st.clock += 1;
+        let tick = st.clock;
+        st.served.insert(who.clone(), tick);
+        let now = self.millis();
+        let e = st.about.entry(who.clone()).or_insert((0, now));
+        e.0 += 1;
+        e.1 = now;
+    }
+
+    /// Waiting txns (tests).
+    #[cfg(test)]
+    fn waiting(&self) -> usize {
+        self.lock().waiting.values().map(VecDeque::len).sum()
+    }
+
+    /// Turns out (tests).
+    #[cfg(test)]
+    fn in_flight(&self) -> usize {
+        self.lock().in_flight
+    }
+
+    /// A turn of `who` ended: hands turns to the waiting clients served the longest ago while
+    /// fewer than the limits are out (more than one when they have risen since).
+    fn release(self: Arc<Self>, who: &Arc<str>) {
+        let mut st = self.lock();
+        st.in_flight = st.in_flight.saturating_sub(1);
+        let now = self.millis();
+        if let Some(e) = st.about.get_mut(who) {
+            e.0 = e.0.saturating_sub(1);
+            e.1 = now;
+        }
+        loop {
+            let (all, per_client) = self.limits(&mut st);
+            if st.in_flight >= all {
+                break;
+            }
+            let Some(next) = Self::next_waiter(&st, per_client) else { break };
+            let tx = st.waiting.get_mut(&next).and_then(VecDeque::pop_front);
+            if st.waiting.get(&next).is_some_and(VecDeque::is_empty) {
+                st.waiting.remove(&next);
+            }
+            let Some(tx) = tx else { continue };
+            self.hand_out(&mut st, &next);
+            let turn = Turn { gate: Some(self.clone()), who: next.clone() };
+            if let Err(mut turn) = tx.send(turn) {
+                // That waiter went away: its turn is not out after all.
+                turn.gate = None;
+                st.in_flight -= 1;
+                if let Some(e) = st.about.get_mut(&next) {
+                    e.0 = e.0.saturating_sub(1);
+                }
+            }
+        }
+        if st.in_flight == 0 && st.waiting.is_empty() {
+            st.served.clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Waits (yielding) until `n` txns wait at `gate`.
+    async fn until_waiting(gate: &Turns, n: usize) {
+        while gate.waiting() < n {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// With one turn at a time, a client's 5 queued txns and another's 2: the other's go in
+    /// alternation with the first client's, not after all of them.
+    #[tokio::test]
+    async fn another_clients_txns_alternate_with_a_flooding_clients_queue() {
+        let gate = Turns::new(1);
+        let first = as_client("flood", gate.admit()).await;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        let queue = |who: &'static str, i: usize, tasks: &mut Vec<_>| {
+            let (g, tx) = (gate.clone(), tx.clone());
+            tasks.push(tokio::spawn(as_client(who, async move {
+                let _t = g.admit().await;
+                let _ = tx.send(format!("{who}-{i}"));
+            })));
+        };
+        for i in 0..5 {
+            queue("flood", i, &mut tasks);
+            until_waiting(&gate, i + 1).await;
+        }
+        for i in 0..2 {
+            queue("other", i, &mut tasks);
+            until_waiting(&gate, 6 + i).await;
+        }
+        drop(first);
+        for t in tasks {
+            t.await.expect("task");
+        }
+        drop(tx);
+        let mut order = Vec::new();
+        while let Some(x) = rx.recv().await {
+            order.push(x);
+        }
+        assert_eq!(
+            order,
+            ["other-0", "flood-0", "other-1", "flood-1", "flood-2", "flood-3", "flood-4"]
+        );
+        assert_eq!(gate.waiting(), 0);
+        assert_eq!(gate.in_flight(), 0, "every turn came back");
+    }
+
+    /// A waiter that gives up does not take its turn with it.
+    #[tokio::test]
+    async fn a_waiter_that_goes_away_frees_its_turn() {
+        let gate = Turns::new(1);
+        let held = gate.admit().await;
+        let g = gate.clone();
+        let gone = tokio::spawn(as_client("b", async move {
+            let _t = g.admit().await;
+        }));
+        until_waiting(&gate, 1).await;
+        gone.abort();
+        let _ = gone.await;
+        drop(held);
+        let t = tokio::time::timeout(Duration::from_secs(5), gate.admit()).await;
+        assert!(t.is_ok(), "the turn came back");
+        assert_eq!(gate.in_flight(), 1, "only the new turn is out");
+    }
+
+    /// One client alone has every turn; while a single-key call is under way, and for the
+    /// window after it, ending turns hand on none until one is out; past the window, one ending
+    /// turn lets the wide bound's worth go at once.
+    #[tokio::test(start_paused = true)]
+    async fn a_single_key_call_narrows_the_turns_for_the_window_after_it() {
+        let gate = Turns::new(3);
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.push(gate.admit().await);
+        }
+        assert!(!gate.contended(), "one client alone");
+        assert_eq!(gate.batch_keys(), crate::batch::MAX_BATCH_KEYS);
+        let mut waiters = Vec::new();
+        for i in 0..4 {
+            let g = gate.clone();
+            waiters.push(tokio::spawn(async move { g.admit().await }));
+            until_waiting(&gate, i + 1).await;
+        }
+        let call = gate.interactive();
+        assert!(gate.contended());
+        assert_eq!(gate.batch_keys(), CONTENDED_BATCH_KEYS);
+        out.pop();
+        out.pop();
+        assert_eq!(gate.in_flight(), 1, "two turns ended, none handed on");
+        drop(call);
+        tokio::time::advance(WINDOW / 2).await;
+        out.pop();
+        assert_eq!(gate.in_flight(), 1, "within the window: one turn at a time");
+        assert_eq!(gate.waiting(), 3);
+        tokio::time::advance(WINDOW).await;
+        assert!(!gate.contended());
+        drop(waiters.remove(0).await.expect("waiter"));
+        assert_eq!(gate.in_flight(), 3, "past the window: three at once again");
+        assert_eq!(gate.waiting(), 0);
+        for w in waiters {
+            drop(w.await.expect("waiter"));
+        }
+        assert_eq!(gate.in_flight(), 0);
+    }
+
+    /// While two clients have bulk work, each has at most one turn out: the second's first
+    /// txn goes at once, the first's next waits until it has none out; once the second has been
+    /// gone a window, the first has the wide bound again.
+    #[tokio::test(start_paused = true)]
+    async fn two_clients_with_bulk_work_have_one_turn_out_each() {
+        let gate = Turns::new(8);
+        let a1 = as_client("a", gate.admit()).await;
+        let a2 = as_client("a", gate.admit()).await;
+        assert_eq!(gate.in_flight(), 2, "one client alone: wide");
+        let b = as_client("b", gate.admit()).await;
+        assert_eq!(gate.in_flight(), 3, "b's first went at once");
+        let g = gate.clone();
+        let a3 = tokio::spawn(as_client("a", async move { g.admit().await }));
+        until_waiting(&gate, 1).await;
+        drop(a1);
+        assert_eq!((gate.in_flight(), gate.waiting()), (2, 1), "a still has one out");
+        drop(a2);
+        assert_eq!((gate.in_flight(), gate.waiting()), (2, 0), "a's next went");
+        drop(b);
+        let a3 = a3.await.expect("a3");
+        tokio::time::advance(WINDOW * 2).await;
+        let more: Vec<Turn> =
+            futures::future::join_all((0..3).map(|_| as_client("a", gate.admit()))).await;
+        assert_eq!(gate.in_flight(), 4, "b gone a window: a has the wide bound again");
+        drop((a3, more));
+        assert_eq!(gate.in_flight(), 0);
+    }
+}
