@@ -173,7 +173,8 @@ fn cli(
     Some((out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr)))
 }
 
-/// The outcome an acquire's or release's JSON answer states (both builds print the same fields).
+/// The outcome an acquire's, release's or get's JSON answer states (both builds print the same
+/// fields).
 fn answer(op: OpKind, out: &str) -> Option<Outcome> {
     let v: serde_json::Value = serde_json::from_str(out).ok()?;
     match op {
@@ -184,6 +185,7 @@ fn answer(op: OpKind, out: &str) -> Option<Outcome> {
             held: v["released"].as_bool()?,
             reclaimed: v["reclaimed"].as_bool()?,
         }),
+        OpKind::Get => Some(Outcome::Got { id: Some(v["id"].as_u64()?) }),
         OpKind::Renew | OpKind::Revoke => None,
     }
 }
@@ -205,10 +207,11 @@ impl Worker {
         self.history.write_all(line.as_bytes()).expect("write the history");
     }
 
-    /// Runs `op` (acquire or release) of `key` for `holder` with build `b`, killed after
+    /// Runs `op` (acquire, release or get) of `key` for `holder` with build `b`, killed after
     /// `kill_after` if given, and records it: the invoke before the process starts, the return
-    /// when it exits (a failure as an error: it may have taken effect), or for a killed one, no
-    /// return and the kill's time in the tally. Answers the outcome, `None` if killed.
+    /// when it exits (a failure as an error: it may have taken effect; a `get`'s exit 3 as "no
+    /// ID"), or for a killed one, no return and the kill's time in the tally. Answers the
+    /// outcome, `None` if killed.
     fn call(
         &mut self,
         b: usize,
@@ -220,7 +223,11 @@ impl Worker {
         self.seq += 1;
         let seq = self.seq;
         let proc_ = format!("{holder}.{}", BUILD[b]);
-        let verb = if op == OpKind::Acquire { "acquire" } else { "release" };
+        let verb = match op {
+            OpKind::Acquire => "acquire",
+            OpKind::Get => "get",
+            _ => "release",
+        };
         self.record(&Record::Invoke {
             proc: proc_.clone(),
             holder: holder.to_string(),
@@ -231,7 +238,8 @@ impl Worker {
             batch: 0,
         });
         let args = [verb, POOL, key, "--holder", holder];
-        let ran = cli(&self.bins[b], &self.endpoints, &args, kill_after);
+        let args = if op == OpKind::Get { &args[..3] } else { &args[..] };
+        let ran = cli(&self.bins[b], &self.endpoints, args, kill_after);
         let t = now_ns();
         let outcome = match ran {
             None => {
@@ -245,6 +253,7 @@ impl Worker {
                 ));
                 Outcome::Error { kind: "unreadable answer".into(), msg: out }
             }),
+            Some((3, _, _)) if op == OpKind::Get => Outcome::Got { id: None },
             Some((code, _, err)) => Outcome::Error { kind: format!("exit {code}"), msg: err },
         };
         self.record(&Record::Return { proc: proc_, seq, t, outcome: outcome.clone() });
@@ -279,23 +288,13 @@ fn worker(i: usize, mut w: Worker, seed: u64, stop: Arc<AtomicBool>) {
         let reader = usize::from(rng.random_bool(0.5));
         let held =
             format!("{holder} holds {key} with ID {id} (acquired by the {} build)", BUILD[old]);
-        match cli(&w.bins[reader], &w.endpoints, &["get", POOL, &key], None) {
-            Some((0, out, _)) => {
-                let now = serde_json::from_str::<serde_json::Value>(&out)
-                    .ok()
-                    .and_then(|v| v["id"].as_u64());
-                if now != Some(id) {
-                    t.violation(format!(
-                        "{held}, but get of the {} build answers {out}",
-                        BUILD[reader]
-                    ));
-                }
+        if let Some(Outcome::Got { id: now }) = w.call(reader, OpKind::Get, &key, &holder, None) {
+            if now != Some(id) {
+                t.violation(format!(
+                    "{held}, but get of the {} build answers {now:?}",
+                    BUILD[reader]
+                ));
             }
-            Some((3, _, err)) => t.violation(format!(
-                "{held}, but get of the {} build finds no binding: {err}",
-                BUILD[reader]
-            )),
-            _ => {}
         }
         let releaser = usize::from(rng.random_bool(0.5));
         let released = w.call(releaser, OpKind::Release, &key, &holder, kill(&mut rng));
@@ -321,7 +320,9 @@ struct Observed {
 #[derive(Debug, Default)]
 struct Verdict {
     calls: usize,
-    /// Calls killed or failed: they may or may not have taken effect.
+    /// Answered `get`s.
+    gets: usize,
+    /// Acquires and releases killed or failed: they may or may not have taken effect.
     unknown: usize,
     keys: usize,
     /// Largest number of configurations the checker kept at once.
@@ -329,8 +330,8 @@ struct Verdict {
     violations: Vec<String>,
 }
 
-/// Checks the workers' history `h` with the `scans`: each key's calls, and every scan as an
-/// observation of it, linearizable against the chaos tests' model; every ID within the pool
+/// Checks the workers' history `h` with the `scans`: each key's calls (a `get` without an answer
+/// left out), and every scan as an observation of it, linearizable against the chaos tests' model; every ID within the pool
 /// (G3); and no two keys answered the same ID while both were held (G1 on the answers: a
 /// cross-key property the per-key check cannot see). A call with no return is taken to end when
 /// `killed` says it was killed; it and a failed call may take effect for `INDETERMINATE_WINDOW`.
@@ -351,6 +352,9 @@ fn check_history(h: &History, killed: &HashMap<(String, u64), u64>, scans: &[Obs
         let call = match op.kind {
             OpKind::Acquire => Call::Acquire { holder },
             OpKind::Release => Call::Release { holder },
+            // A read without an answer changed nothing: it has nothing to place.
+            OpKind::Get if !matches!(op.ret, Some((_, Outcome::Got { .. }))) => continue,
+            OpKind::Get => Call::Get,
             other => {
                 v.violations
                     .push(format!("{}#{}: {other:?} is not a call of this test", op.proc, op.seq));
@@ -369,6 +373,10 @@ fn check_history(h: &History, killed: &HashMap<(String, u64), u64>, scans: &[Obs
             }
             Some((t, Outcome::Released { held, reclaimed })) => {
                 (Ret::Released { held: *held, reclaimed: *reclaimed }, *t)
+            }
+            Some((t, Outcome::Got { id })) => {
+                v.gets += 1;
+                (Ret::Got { id: *id }, *t)
             }
             Some((t, _)) => {
                 v.unknown += 1;
@@ -608,10 +616,11 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
         crossed[1]
     );
     println!(
-        "history: {} calls, {} answered, {} killed or failed; linearizability of {} keys with {} \
-         scans each, widest search {} configurations; violations: {}",
+        "history: {} calls ({} of them answered gets), {} acquires and releases killed or failed; \
+         linearizability of {} keys with {} scans each, widest search {} configurations; \
+         violations: {}",
         verdict.calls,
-        verdict.calls - verdict.unknown,
+        verdict.gets,
         verdict.unknown,
         verdict.keys,
         scans.len(),
@@ -713,6 +722,42 @@ mod the_history_check {
         assert!(
             moved.violations[0].starts_with("linearizability of k: +2.000..+3.000 w1-0.previous#1")
         );
+    }
+
+    #[test]
+    fn rejects_a_get_that_contradicts_the_holders_answer() {
+        // w0 binds k anew and nobody else ever looks: only its own get can contradict it.
+        let run = |read: Option<u64>| {
+            let got = Some((3 * S, Outcome::Got { id: read }));
+            verdict(
+                vec![
+                    acq("w0-0.previous", 1, "k", 0, 5, true),
+                    op("w0-0.this", 2, OpKind::Get, "k", 2 * S, got),
+                    rel("w0-0.this", 3, "k", 4 * S, true),
+                ],
+                &[],
+                &[],
+            )
+        };
+        let ok = run(Some(5));
+        assert!(ok.violations.is_empty(), "{:?}", ok.violations);
+        assert_eq!(ok.gets, 1);
+        for read in [Some(6), None] {
+            let v = run(read);
+            assert_eq!(v.violations.len(), 1, "{read:?}: {:?}", v.violations);
+            assert!(v.violations[0].starts_with("linearizability of k: +2.000..+3.000 w0-0.this#2"));
+        }
+        // A get that failed proves nothing and is left out.
+        let failed = Outcome::Error { kind: "exit 5".into(), msg: "unavailable".into() };
+        let v = verdict(
+            vec![
+                acq("w0-0.previous", 1, "k", 0, 5, true),
+                op("w0-0.this", 2, OpKind::Get, "k", 2 * S, Some((3 * S, failed))),
+            ],
+            &[],
+            &[],
+        );
+        assert!(v.violations.is_empty() && v.gets == 0 && v.unknown == 0, "{v:?}");
     }
 
     #[test]
