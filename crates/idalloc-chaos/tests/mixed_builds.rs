@@ -225,8 +225,9 @@ impl Worker {
         let proc_ = format!("{holder}.{}", BUILD[b]);
         let verb = match op {
             OpKind::Acquire => "acquire",
+            OpKind::Release => "release",
             OpKind::Get => "get",
-            _ => "release",
+            OpKind::Renew | OpKind::Revoke => panic!("{op:?} is no command of the CLI"),
         };
         self.record(&Record::Invoke {
             proc: proc_.clone(),
