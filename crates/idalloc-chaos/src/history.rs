@@ -28,6 +28,9 @@ pub enum OpKind {
     Renew,
     /// `ClientSession::end()`: revokes the session's lease (no key).
     Revoke,
+    /// `Pool::get_consistent(key)`: reads the key's ID (no holder's doing; `holder` names the
+    /// caller).
+    Get,
 }
 
 /// What a call returned.
@@ -46,6 +49,10 @@ pub enum Outcome {
     /// lease is gone), or `end`'s "the lease existed".
     Lease {
         alive: bool,
+    },
+    /// A `get` answered: the key's ID, or `None` if it has none.
+    Got {
+        id: Option<u64>,
     },
     /// A session's acquire refused because its lease is gone (`Input::SessionGone`): the call
     /// took no effect, and the lease had ended before it returned.

@@ -13,6 +13,9 @@
 //!   whose answer was lost (e.g. the etcd member died after its leader committed), and the retry
 //!   finds the reference already gone. `held = true` must be exact.
 //!
+//! - `get(k)`: a consistent read of the binding (`Pool::get_consistent`): its ID, or none. It
+//!   changes nothing, but pins an ID not yet known.
+//!
 //! Which ID an unbound key gets ("any ID not bound to another key") is a cross-key property; the
 //! chaos test checks it on raw store scans (G1) instead of here.
 //!
@@ -62,6 +65,8 @@ pub enum Call {
     LeaseEnd {
         holder: u32,
     },
+    /// A read of the binding alone (`get`).
+    Get,
     /// A read of the whole state (the raw store scan after the run).
     Observe {
         bound: Option<u64>,
@@ -81,6 +86,10 @@ pub enum Ret {
         reclaimed: bool,
     },
     Observed,
+    /// What a `get` read: the ID, or `None` if unbound.
+    Got {
+        id: Option<u64>,
+    },
     /// A lease end that certainly happened within its window (it was seen gone by its end).
     Ended,
     /// A session's acquire refused because the lease is gone: no effect.
@@ -171,21 +180,32 @@ pub fn step(s: &KeyState, call: &Call, ret: &Ret) -> Option<KeyState> {
             Some(n)
         }
         (Call::Observe { bound, holders }, Ret::Observed) => {
-            let bound_ok = match (s.bound, bound) {
-                (None, None) => true,
-                (Some(None), Some(_)) => true,
-                (Some(Some(a)), Some(b)) => a == *b,
-                // Swept.
-                (Some(_), None) => orphan,
-                _ => false,
-            };
-            if !bound_ok || s.holders != *holders {
+            if !reads(s, *bound) || s.holders != *holders {
                 return None;
             }
             n.bound = bound.map(Some);
             Some(n)
         }
+        (Call::Get, Ret::Got { id }) => {
+            if !reads(s, *id) {
+                return None;
+            }
+            n.bound = id.map(Some);
+            Some(n)
+        }
         _ => None,
+    }
+}
+
+/// Whether a read of `s` may find the key bound to `bound` (`None`: unbound).
+fn reads(s: &KeyState, bound: Option<u64>) -> bool {
+    match (s.bound, bound) {
+        (None, None) => true,
+        (Some(None), Some(_)) => true,
+        (Some(Some(a)), Some(b)) => a == b,
+        // Swept.
+        (Some(_), None) => s.orphaned(),
+        _ => false,
     }
 }
 
@@ -260,6 +280,21 @@ mod tests {
         assert_eq!(step(&s, &wrong_id, &Ret::Observed), None);
         let leak = Call::Observe { bound: Some(7), holders: [].into() };
         assert_eq!(step(&st(None, &[]), &leak, &Ret::Observed), None);
+    }
+
+    #[test]
+    fn get_reads_the_binding_and_pins_an_unknown_id() {
+        let held = st(Some(Some(7)), &[1]);
+        assert_eq!(step(&held, &Call::Get, &Ret::Got { id: Some(7) }), Some(held.clone()));
+        assert_eq!(step(&held, &Call::Get, &Ret::Got { id: Some(8) }), None);
+        assert_eq!(step(&held, &Call::Get, &Ret::Got { id: None }), None);
+        assert_eq!(step(&st(None, &[]), &Call::Get, &Ret::Got { id: Some(7) }), None);
+        assert_eq!(step(&st(None, &[]), &Call::Get, &Ret::Got { id: None }), Some(st(None, &[])));
+        let unknown = st(Some(None), &[1]);
+        assert_eq!(
+            step(&unknown, &Call::Get, &Ret::Got { id: Some(9) }),
+            Some(st(Some(Some(9)), &[1]))
+        );
     }
 
     #[test]

@@ -300,8 +300,8 @@ async fn run(a: Args) -> Result<(), String> {
                     .into_iter()
                     .map(released)
                     .collect(),
-                // Only client sessions renew and revoke (`session_step`).
-                (OpKind::Renew | OpKind::Revoke, _) => Vec::new(),
+                // Only client sessions renew and revoke (`session_step`); nothing here reads.
+                (OpKind::Renew | OpKind::Revoke | OpKind::Get, _) => Vec::new(),
             }
         };
         let outcomes: Vec<Outcome> = match tokio::time::timeout(HANG_BOUND, call).await {

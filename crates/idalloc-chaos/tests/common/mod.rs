@@ -574,6 +574,7 @@ pub async fn run_chaos_with<T: Target>(
             OpKind::Release => Call::Release { holder },
             // Lease calls are not calls on a key: they place the lease ends below.
             OpKind::Renew | OpKind::Revoke => Call::LeaseEnd { holder },
+            OpKind::Get => Call::Get,
         };
         let (ret, end, label) = match &op.ret {
             Some((t, Outcome::Acquired { id, new })) => {
@@ -598,6 +599,7 @@ pub async fn run_chaos_with<T: Target>(
                     _ => "release ok not-held",
                 },
             ),
+            Some((t, Outcome::Got { id })) => (Ret::Got { id: *id }, *t, "get ok"),
             Some((t, Outcome::SessionGone)) => (Ret::Gone, *t, "refused: session gone"),
             Some((t, Outcome::Lease { alive })) => {
                 (Ret::Unknown, *t, if *alive { "ok" } else { "ok: lease gone" })
@@ -631,6 +633,7 @@ pub async fn run_chaos_with<T: Target>(
             OpKind::Release => "release",
             OpKind::Renew => "renew",
             OpKind::Revoke => "revoke",
+            OpKind::Get => "get",
         };
         *per_kind
             .entry(if label.starts_with(kind) {
@@ -639,7 +642,8 @@ pub async fn run_chaos_with<T: Target>(
                 format!("{kind} {label}")
             })
             .or_default() += 1;
-        if matches!(op.kind, OpKind::Acquire | OpKind::Release) {
+        // A read without an answer changed nothing: it has nothing to place.
+        if matches!(op.kind, OpKind::Acquire | OpKind::Release) || matches!(ret, Ret::Got { .. }) {
             let ko = KeyOp { call, ret, invoke: op.invoke, end };
             by_key.entry(op.key.clone()).or_default().push(ko);
         }
