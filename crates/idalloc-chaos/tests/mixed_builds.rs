@@ -8,6 +8,8 @@
 //! release (invoke and return times, the JSON answer; a killed or failed call as one that may or
 //! may not have taken effect), with the scans as observations, linearizable per key against the
 //! chaos tests' model and checker (`idalloc_chaos::linearize`), plus G1 and G3 on the answers.
+//! After every fault, a process of this build that would fold holder fence records above 1
+//! sweeps the pool: at cluster version 1 no fold happens and no floor record appears.
 //!
 //! The previous build is a binary named by `IDALLOC_PREV_BIN` (`scripts/test.sh` builds it from
 //! the commit before the fence floor); without it the test prints why and passes. This build's
@@ -559,8 +561,24 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
     let mut eo = EtcdOptions::new(cluster.endpoints());
     eo.request_timeout = Duration::from_secs(3);
     eo.connect_timeout = Duration::from_secs(1);
-    let observer = EtcdStore::connect(eo).await.expect("observer");
+    let observer = EtcdStore::connect(eo.clone()).await.expect("observer");
     let layout = Layout::new(PREFIX).expect("layout");
+    // An upgraded process that would fold the holder fence records into the floor at the first
+    // chance (above 1 record) sweeps after every fault: at cluster version 1 the fold must never
+    // happen, since the previous build does not compare the floor.
+    let folder = idalloc::Allocator::from_arc(
+        Arc::new(EtcdStore::connect(eo).await.expect("folder's store")),
+        idalloc::AllocatorOptions::builder()
+            .prefix(PREFIX)
+            .holder("folder")
+            .request_timeout(Duration::from_secs(2))
+            .fold_fences_above(1)
+            .build()
+            .expect("folder's options"),
+    )
+    .expect("folder");
+    let folder_pool = folder.pool(POOL).await.expect("folder opens the pool");
+    let (mut sweeps, mut most_fences, mut folded) = (0, 0, 0);
     let mut problems: Vec<String> = Vec::new();
     let mut scans: Vec<Observed> = Vec::new();
     let mut faults = 0;
@@ -581,6 +599,11 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
         }
         faults += 1;
         tokio::time::sleep(Duration::from_millis(500)).await;
+        if let Ok(Ok(r)) = tokio::time::timeout(Duration::from_secs(5), folder_pool.sweep()).await {
+            sweeps += 1;
+            most_fences = most_fences.max(r.fence_records);
+            folded += r.folded;
+        }
         let invoke = now_ns();
         if let Ok(snap) = read_pool(&observer, &layout, POOL).await {
             let scan = analyze(&snap);
@@ -598,6 +621,10 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
     problems.extend(scan.problems.iter().cloned());
     scans.push(Observed { invoke, end: now_ns(), scan });
     let check = cli(&this, &endpoints, &["check"], None);
+    let floor = idalloc::store::GetRequest::key(layout.fence_floor_key(POOL));
+    let floor = idalloc::store::Store::get(&observer, floor).await.expect("read the floor");
+    drop(folder_pool);
+    let _ = folder.close().await;
 
     let history = read_histories(&paths).expect("read the histories");
     let killed = tally.killed.lock().expect("kills").clone();
@@ -628,6 +655,7 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
         verdict.widest,
         verdict.violations.len()
     );
+    println!("folder: {sweeps} sweeps, up to {most_fences} holder fence records, {folded} folded");
     for v in &verdict.violations {
         println!("  - {v}");
     }
@@ -649,6 +677,9 @@ async fn cli_workers_of_two_builds_on_one_pool_keep_g1_through_kills_and_pauses(
         verdict.violations.len()
     );
     assert!(matches!(check, Some((0, _, _))), "today's check: {check:?}");
+    assert!(sweeps > 0 && most_fences > 1, "the folder had records to fold: {most_fences}");
+    assert_eq!(folded, 0, "a fold at cluster version 1");
+    assert!(floor.kvs.is_empty(), "a fence floor record at cluster version 1");
     assert!(acquired[0] > 0 && acquired[1] > 0, "both builds worked: {acquired:?}");
     assert!(crossed[0] > 0 && crossed[1] > 0, "releases across builds, both ways: {crossed:?}");
     assert!(
