@@ -44,8 +44,8 @@ pub enum Sabotage {
     /// Sweeps lose their "no reference" compare on each orphan: a sweep decided on a snapshot
     /// where the key was idle reclaims it after a holder referenced it again (breaks G2).
     SkipSweepRefsEmpty,
-    /// A narrowing resize loses its compare that no ID record of the pool changed since the
-    /// listing that found none outside the new spec: a bind committed between the listing and
+    /// A narrowing resize loses its compares that no ID or key record of the pool changed since
+    /// the listings that found none outside the new spec: a bind committed between the listing and
     /// the resize is left outside the spec in force (breaks G3). Found by the model checker.
     SkipResizeListingCompare,
     /// Not a bug but an older build: txns as a process of cluster protocol 1 sends them
@@ -202,11 +202,12 @@ impl Saboteur {
                 })
             }
             Some(Sabotage::SkipResizeListingCompare) => req.compare.retain(|c| {
-                let over_ids = !c.range.range_end.is_empty()
-                    && self
-                        .pool_of(&c.range.key)
-                        .is_some_and(|p| c.range.key == self.layout.id_prefix(&p));
-                !(over_ids && c.op == CompareOp::Less)
+                let over_records = !c.range.range_end.is_empty()
+                    && self.pool_of(&c.range.key).is_some_and(|p| {
+                        c.range.key == self.layout.id_prefix(&p)
+                            || c.range.key == self.layout.key_prefix(&p)
+                    });
+                !(over_records && c.op == CompareOp::Less)
             }),
             Some(Sabotage::SkipLateFences) => req.compare.retain(|c| {
                 !(c.op == CompareOp::Less && matches!(c.target, CompareTarget::ModRevision(_)))

@@ -345,7 +345,8 @@ async fn one_spec_watch_serves_every_pool_whenever_it_was_opened(backend: Backen
 
 /// Growing a full pool frees IDs for every process that has it open (it learns the new range from
 /// the spec record's watch, without reopening); shrinking or reserving over a bound ID is refused
-/// with the ID and its key named; once the ID is released and the cluster version finalized
+/// with the ID and its key named (also for a key record whose ID record was lost); once the ID is
+/// released and the cluster version finalized
 /// the shrink goes through, and a process
 /// that had the wide range open binds only inside the narrow one.
 async fn a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns_it(
@@ -389,6 +390,16 @@ async fn a_resize_grows_refuses_a_shrink_over_bound_ids_and_every_process_learns
     idalloc::cluster_version::finalize(&*env.store, &env.layout, Duration::ZERO)
         .await
         .expect("finalize");
+    // A key record whose ID record was lost with store data still holds its ID (a repair
+    // re-creates the binding there): the shrink is refused while it names one outside.
+    let lost = env.layout.key_key("p", "lost");
+    env.store
+        .txn(TxnRequest::new().and_then([TxnOp::put(lost.clone(), idalloc::layout::encode_id(5))]))
+        .await
+        .expect("a key record left by data loss");
+    let e = a.resize_pool("p", 1, 3, None).await.expect_err("a key record outside");
+    assert!(e.to_string().contains("key \"lost\" is bound to ID 5"), "{e}");
+    env.store.txn(TxnRequest::new().and_then([TxnOp::delete(lost)])).await.expect("repaired");
     let shrunk = a.resize_pool("p", 1, 3, None).await.expect("shrink once nothing is outside");
     assert_eq!(shrunk.max(), 3);
     wait_until(|| pb.spec().max() == 3).await;

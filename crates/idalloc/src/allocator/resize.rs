@@ -2,9 +2,11 @@
 //! (docs/design/resize.md).
 //!
 //! Growing is always allowed. Narrowing (a higher min, a lower max, more reserved IDs) is refused
-//! while any ID record the new spec would not hand out exists: a binding, or a tombstone still in
-//! its reuse delay. The check and the write are made atomic by one compare: the spec record is
-//! rewritten only if no ID record was created or changed since the revision the check read, and
+//! while any ID record the new spec would not hand out exists (a binding, or a tombstone still in
+//! its reuse delay), or any key record names such an ID (its ID record lost with store data: a
+//! repair would re-create it there). The check and the write are made atomic by compares: the
+//! spec record is rewritten only if no ID or key record was created or changed since the
+//! revision the check read, and
 //! only if the spec is still the version the new one was derived from. Every bind compares the
 //! spec record's mod revision, so a bind decided against the old range and sent before the resize
 //! commits either commits first (and then fails the resize's compare) or fails its own.
@@ -41,11 +43,11 @@ pub fn only_grows(old: &PoolSpec, new: &PoolSpec) -> bool {
         })
 }
 
-/// The resize txn: `If mod_revision(pools/name) == spec_rev [∧ every ID record of the pool has
-/// mod_revision ≤ listed_at] Then put new`. `spec_rev` is the version `new` was derived from;
-/// `listed_at` (narrowing only) the revision at which a listing found no ID record outside
-/// `new`: a bind committed after it makes the txn fail, so the listing's verdict still holds
-/// when the new spec is written.
+/// The resize txn: `If mod_revision(pools/name) == spec_rev [∧ every ID and key record of the
+/// pool has mod_revision ≤ listed_at] Then put new`. `spec_rev` is the version `new` was derived
+/// from; `listed_at` (narrowing only) the revision from which listings found no ID record and no
+/// key record outside `new`: a bind committed after it makes the txn fail, so the listings'
+/// verdict still holds when the new spec is written.
 pub fn resize_txn(
     l: &Layout,
     name: &str,
@@ -55,11 +57,13 @@ pub fn resize_txn(
 ) -> TxnRequest {
     let mut when = vec![Compare::mod_revision_is(l.pool_spec_key(name), spec_rev)];
     if let Some(at) = listed_at {
-        when.push(Compare::new(
-            KeyRange::prefix(l.id_prefix(name)),
-            CompareOp::Less,
-            CompareTarget::ModRevision(at.saturating_add(1)),
-        ));
+        for prefix in [l.id_prefix(name), l.key_prefix(name)] {
+            when.push(Compare::new(
+                KeyRange::prefix(prefix),
+                CompareOp::Less,
+                CompareTarget::ModRevision(at.saturating_add(1)),
+            ));
+        }
     }
     TxnRequest::new().when(when).and_then([TxnOp::put(l.pool_spec_key(name), new.to_json())])
 }
@@ -151,12 +155,15 @@ impl Allocator {
         )))
     }
 
-    /// Lists pool `name`'s ID records at one revision and refuses if one of them is an ID `new`
-    /// would not hand out; returns the revision listed at. Pages through the records, so memory
-    /// stays bounded by a page whatever the pool's size.
+    /// Lists pool `name`'s ID records, then its key records, each at one revision, and refuses
+    /// if one of them names an ID `new` would not hand out; returns the first listing's revision.
+    /// Pages through the records, so memory stays bounded by a page whatever the pool's size.
     async fn check_narrowing(&self, name: &str, new: &PoolSpec) -> Result<i64> {
         let inner = &self.inner;
         let l = &inner.layout;
+        let refused = |why: String| {
+            Error::invalid(Input::PoolInUse, "new range of pool", format!("{name:?}: {new}"), why)
+        };
         let range = KeyRange::prefix(l.id_prefix(name));
         let mut pages = inner.req.pages(&range, format!("pool {name:?}"));
         while let Some(page) = pages.next_page().await.map_err(Error::from)? {
@@ -174,18 +181,34 @@ impl Allocator {
                     }
                     None => ("has an unreadable record", String::new()),
                 };
-                return Err(Error::invalid(
-                    Input::PoolInUse,
-                    "new range of pool",
-                    format!("{name:?}: {new}"),
-                    format!(
-                        "ID {id} {what} {key:?}, outside the new range or reserved by it: \
-                         release it (and wait out the reuse delay) or choose a range that keeps it"
-                    ),
-                ));
+                return Err(refused(format!(
+                    "ID {id} {what} {key:?}, outside the new range or reserved by it: release it \
+                     (and wait out the reuse delay) or choose a range that keeps it"
+                )));
             }
         }
-        Ok(pages.revision())
+        let ids_at = pages.revision();
+        // Then key records: a key record whose ID record was lost (store data loss) still holds
+        // its ID (a repair re-creates the binding there). The ID listing's revision, the
+        // earlier, is the one the txn compares both prefixes against.
+        let keys = KeyRange::prefix(l.key_prefix(name));
+        let mut pages = inner.req.pages(&keys, format!("pool {name:?}"));
+        while let Some(page) = pages.next_page().await.map_err(Error::from)? {
+            for kv in page {
+                let Some(key) = l.parse_key_key(name, &kv.key) else { continue };
+                match crate::layout::parse_id_value(&kv.value) {
+                    Some(id) if crate::protocol::id_is_allocatable(new, id) => {}
+                    Some(id) => {
+                        return Err(refused(format!(
+                            "key {key:?} is bound to ID {id}, outside the new range or reserved \
+                             by it: release it or choose a range that keeps it"
+                        )))
+                    }
+                    None => {}
+                }
+            }
+        }
+        Ok(ids_at)
     }
 }
 

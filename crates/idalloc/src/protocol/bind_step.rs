@@ -204,7 +204,8 @@ pub struct BindLoop<'a> {
 
 impl<'a> BindLoop<'a> {
     /// A loop binding `key` in the pool of `spec`, starting from `cached_key_rec` (the cache's
-    /// belief about the key record), keeping `preferred` if at all possible.
+    /// belief about the key record), keeping `preferred` if at all possible: not if `spec` no
+    /// longer hands it out (a shrink since it was held), where the key gets a normal pick.
     pub fn new(
         spec: &'a PoolSpec,
         key: &'a str,
@@ -215,7 +216,7 @@ impl<'a> BindLoop<'a> {
         BindLoop {
             spec,
             key,
-            preferred,
+            preferred: preferred.filter(|&id| super::id_is_allocatable(spec, id)),
             hints,
             probing: false,
             used_ids_wanted: false,
@@ -656,6 +657,19 @@ mod tests {
         let spec = spec();
         let mut l = strict(&spec, None, Some(9));
         assert_eq!(l.next(Input::Resume, empty), act(create(9)));
+    }
+
+    #[test]
+    fn a_preferred_id_the_spec_no_longer_hands_out_gives_a_normal_pick() {
+        // A repair of a key held at ID 90 after the pool shrank to 1-80 (or 50 reserved since):
+        // keeping the ID is impossible, and a plan for it is refused before it is sent, so the
+        // repair would retry it for ever.
+        for (spec, id) in [(PoolSpec::new("p", 1, 80), 90), (spec(), 50)] {
+            for mut l in [strict(&spec, None, Some(id)), batched(&spec, Some(id))] {
+                assert_eq!(l.preferred(), None, "{id} in {spec:?}");
+                assert_eq!(l.next(Input::Resume, empty), act(Action::Pick { lost: 0 }));
+            }
+        }
     }
 
     #[test]
