@@ -105,6 +105,25 @@ fn allocator(store: Arc<dyn Store>, bulk_in_flight: usize) -> Result<Allocator, 
     Allocator::from_arc(store, opts)
 }
 
+/// A pool `p` of an allocator with bulk bound `bound` on the embedded store, every txn touching
+/// `/bulk` counted and held `hold` by a [`Gauge`] (and until `open`).
+struct Setup {
+    hooked: Arc<HookedStore<EmbeddedStore, Gauge>>,
+    raw: Arc<dyn Store>,
+    a: Allocator,
+    p: idalloc::Pool,
+    open: watch::Sender<bool>,
+}
+
+async fn setup(hold: Duration, bound: usize) -> Setup {
+    let (gauge, open) = Gauge::new(b"/bulk", hold);
+    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
+    let raw: Arc<dyn Store> = hooked.clone();
+    let a = allocator(raw.clone(), bound).expect("allocator");
+    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    Setup { hooked, raw, a, p, open }
+}
+
 fn keys(prefix: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| format!("{prefix}{i}")).collect()
 }
@@ -113,11 +132,7 @@ fn keys(prefix: &str, n: usize) -> Vec<String> {
 /// 2, never more than 2 of them are at the store, and 2 are (the bound is used, not 1).
 #[tokio::test]
 async fn a_bulk_call_keeps_at_most_its_bound_of_txns_at_the_store() {
-    let (gauge, _open) = Gauge::new(b"/bulk", Duration::from_millis(20));
-    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
-    let raw: Arc<dyn Store> = hooked.clone();
-    let a = allocator(raw.clone(), 2).expect("allocator");
-    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    let Setup { hooked, raw, a, p, open: _open } = setup(Duration::from_millis(20), 2).await;
     p.acquire("warm").await.expect("warm"); // the session lease exists from here on
 
     let ks = keys("bulk", 1000);
@@ -144,11 +159,7 @@ async fn a_bulk_call_keeps_at_most_its_bound_of_txns_at_the_store() {
 /// behind the bulk work. The bulk call then completes whole.
 #[tokio::test]
 async fn a_single_key_call_passes_the_queued_bulk_txns() {
-    let (gauge, open) = Gauge::new(b"/bulk", Duration::ZERO);
-    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
-    let raw: Arc<dyn Store> = hooked.clone();
-    let a = allocator(raw.clone(), 1).expect("allocator");
-    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    let Setup { hooked, raw, a, p, open } = setup(Duration::ZERO, 1).await;
     p.acquire("warm").await.expect("warm");
 
     open.send_replace(false);
@@ -191,11 +202,7 @@ async fn a_single_key_call_passes_the_queued_bulk_txns() {
 /// for one small txn at most; alone, the same call has 4 txns of ~100 keys at the store at once.
 #[tokio::test]
 async fn bulk_txns_go_one_at_a_time_and_smaller_while_single_key_calls_go_on() {
-    let (gauge, _open) = Gauge::new(b"/bulk", Duration::from_millis(5));
-    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
-    let raw: Arc<dyn Store> = hooked.clone();
-    let a = allocator(raw.clone(), 4).expect("allocator");
-    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    let Setup { hooked, raw, a, p, open: _open } = setup(Duration::from_millis(5), 4).await;
     p.acquire("warm").await.expect("warm");
     // Past the window of the warm-up call: the bulk call is alone.
     tokio::time::sleep(Duration::from_millis(400)).await;
@@ -249,11 +256,7 @@ async fn bulk_txns_go_one_at_a_time_and_smaller_while_single_key_calls_go_on() {
 /// client has the whole bound at the store.
 #[tokio::test]
 async fn two_clients_bulk_calls_take_turns_at_the_store() {
-    let (gauge, _open) = Gauge::new(b"/bulk", Duration::from_millis(5));
-    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
-    let raw: Arc<dyn Store> = hooked.clone();
-    let a = allocator(raw.clone(), 4).expect("allocator");
-    let p = a.ensure_pool(&PoolSpec::new("p", 1, 100_000)).await.expect("pool");
+    let Setup { hooked, raw, a, p, open: _open } = setup(Duration::from_millis(5), 4).await;
     let g = hooked.hook();
     let big = tokio::spawn({
         let p = p.clone();

@@ -229,6 +229,16 @@ impl Turns {
         e.1 = now;
     }
 
+    /// Uncounts a turn of `who` (ended, or never taken by its waiter); `who` was seen now.
+    fn give_back(&self, st: &mut State, who: &Arc<str>) {
+        st.in_flight = st.in_flight.saturating_sub(1);
+        let now = self.millis();
+        if let Some(e) = st.about.get_mut(who) {
+            e.0 = e.0.saturating_sub(1);
+            e.1 = now;
+        }
+    }
+
     /// Waiting txns (tests).
     #[cfg(test)]
     fn waiting(&self) -> usize {
@@ -245,12 +255,7 @@ impl Turns {
     /// fewer than the limits are out (more than one when they have risen since).
     fn release(self: Arc<Self>, who: &Arc<str>) {
         let mut st = self.lock();
-        st.in_flight = st.in_flight.saturating_sub(1);
-        let now = self.millis();
-        if let Some(e) = st.about.get_mut(who) {
-            e.0 = e.0.saturating_sub(1);
-            e.1 = now;
-        }
+        self.give_back(&mut st, who);
         loop {
             let (all, per_client) = self.limits(&mut st);
             if st.in_flight >= all {
@@ -267,10 +272,7 @@ impl Turns {
             if let Err(mut turn) = tx.send(turn) {
                 // That waiter went away: its turn is not out after all.
                 turn.gate = None;
-                st.in_flight -= 1;
-                if let Some(e) = st.about.get_mut(&next) {
-                    e.0 = e.0.saturating_sub(1);
-                }
+                self.give_back(&mut st, &next);
             }
         }
         if st.in_flight == 0 && st.waiting.is_empty() {
