@@ -435,7 +435,8 @@ pub struct ServeArgs {
     /// at most (1 to 32: more only queue at etcd, and 64 of them from 16 clients drove it to "too
     /// many requests"); the rest wait in the service, in turns between clients: one txn per
     /// client while several have such work, one of at most 25 keys in all while single-key
-    /// requests go on. Single-key requests never wait for them.
+    /// requests go on, a client resting as long as its txn took before its next while another's
+    /// go on. Single-key requests never wait for them.
     #[arg(long, env = "IDALLOC_BULK_IN_FLIGHT", value_name = "TXNS", default_value_t = idalloc::allocator::DEFAULT_BULK_IN_FLIGHT as u32, value_parser = clap::value_parser!(u32).range(1..=MAX_IN_FLIGHT))]
     pub bulk_in_flight: u32,
     /// After SIGTERM, how long in-flight requests may take before the process exits anyway.

@@ -197,6 +197,37 @@ async fn a_single_key_call_passes_the_queued_bulk_txns() {
     a.close().await.expect("close");
 }
 
+/// A sweep's reclaims are bulk store work too: 1,000 idle keys are 25 reclaim txns, sent 8 at
+/// once without admission; with a bound of 2, at most 2 are at the store, and every key is
+/// reclaimed.
+#[tokio::test]
+async fn a_sweep_keeps_at_most_the_bound_of_reclaim_txns_at_the_store() {
+    let (gauge, _open) = Gauge::new(b"/bulk", Duration::from_millis(20));
+    let hooked = Arc::new(HookedStore::with_hook(EmbeddedStore::memory(), gauge));
+    let raw: Arc<dyn Store> = hooked.clone();
+    let a = allocator(raw.clone(), 2).expect("allocator");
+    let spec = PoolSpec::new("p", 1, 100_000).idle_grace(Duration::from_millis(50));
+    let p = a.ensure_pool(&spec).await.expect("pool");
+    let ks = keys("bulk", 1000);
+    assert!(p.acquire_many(&ks).await.iter().all(|r| r.is_ok()), "acquired");
+    let rel = p.release_many(&ks).await;
+    assert!(rel.iter().all(|r| r.as_ref().is_ok_and(|r| r.held && !r.reclaimed)), "left idle");
+    // The first sweep sees the keys idle; the grace runs from there.
+    assert_eq!(p.sweep().await.expect("sweep").reclaimed.len(), 0, "within the grace");
+    tokio::time::sleep(Duration::from_millis(60)).await;
+
+    let g = hooked.hook();
+    g.most.store(0, Ordering::SeqCst);
+    let report = p.sweep().await.expect("sweep");
+    assert_eq!(report.reclaimed.len(), 1000, "every idle key reclaimed");
+    assert_eq!(g.most.load(Ordering::SeqCst), 2, "reclaim txns at the store at once");
+    for k in ks.iter().step_by(97) {
+        assert_eq!(raw_binding_in(&*raw, &layout(), "p", k).await, None, "{k} reclaimed");
+    }
+    check_g1_in(&*raw, &layout(), "p").await;
+    a.close().await.expect("close");
+}
+
 /// Single-key calls going on beside a bulk call (one after another, as a caller's do): the bulk
 /// call's txns go one at a time and hold at most 25 keys each, so a single key waits at the store
 /// for one small txn at most; alone, the same call has 4 txns of ~100 keys at the store at once.

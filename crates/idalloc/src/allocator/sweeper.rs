@@ -18,7 +18,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 use crate::allocator::pool_state::PoolState;
-use crate::allocator::request::Requester;
+use crate::allocator::request::{Class, Requester};
 use crate::cluster_version;
 use crate::error::{Error, Result};
 use crate::layout::{IdRecord, Layout};
@@ -139,14 +139,19 @@ pub(crate) async fn sweep(
         return Ok(report);
     }
     // The batches are independent (each orphan guarded by its own nested compares), so several
-    // are in flight at once: a large sweep costs a few round-trip times, not one per batch.
+    // are in flight at once: a large sweep costs a few round-trip times, not one per batch. Each
+    // takes a bulk turn: a sweep of thousands of released keys is bulk store work, and sent 8 at
+    // once beside single-key calls it kept them waiting at etcd (docs/design/bulk-admission.md).
     let batches: Vec<&[Orphan]> = orphans.chunks(SWEEP_BATCH).collect();
     let mut answers = Vec::with_capacity(batches.len());
     for wave in batches.chunks(SWEEP_IN_FLIGHT) {
         let mut sends = Vec::with_capacity(wave.len());
         for &batch in wave {
             let build = move |lease| sweep_txn(layout, name, batch, lease, Some(pool.spec_fence()));
-            sends.push(Box::pin(req.txn_with_quarantine(pool, true, build)));
+            sends.push(Box::pin(async move {
+                let _turn = req.admit(Class::Bulk).await;
+                req.txn_with_quarantine(pool, true, build).await
+            }));
         }
         answers.extend(futures::future::join_all(sends).await);
     }

@@ -1,6 +1,7 @@
 //! Bulk txns take turns at the store: a bounded number at once, handed out fairly between
 //! clients; one per client while several have bulk work; one in all, and smaller, while a
-//! single-key call is about (docs/design/bulk-admission.md).
+//! single-key call is about, a client resting after each txn while another client's is
+//! (docs/design/bulk-admission.md).
 //!
 //! Why per txn and per client: etcd applies txns one at a time, in order, so what another call
 //! waits for is the txns ahead of its own at etcd. One client's queue of 1,000-key calls is
@@ -60,6 +61,15 @@ pub(crate) const CONTENDED_BATCH_KEYS: usize = 25;
 /// forgotten between two calls.
 pub(crate) const WINDOW: Duration = Duration::from_millis(200);
 
+/// The longest a client rests after a bulk txn while another client's single-key call is about
+/// (it rests as long as the txn took, so one client's bulk work has at most half of the store's
+/// time; other clients' txns go in its rests). Why: however small, bulk txns sent back to back keep etcd
+/// busy (and its periodic backend commits large), and a one-key call waits behind one most of
+/// the time; resting as long as each txn took halved the one-key median and p90 under a flood
+/// of 1,000-key calls (docs/benchmarks/serve.md). The bound keeps a slow txn (a large page, a
+/// retry) from parking a client's bulk work long.
+pub(crate) const MAX_REST: Duration = WINDOW;
+
 /// The gate: turns out, waiters queued per client, and who is about.
 pub(crate) struct Turns {
     /// Turns out at once when one client's bulk work is alone (`bulk_in_flight`).
@@ -84,30 +94,69 @@ struct State {
     /// Each client's turns out and when it was last seen (admitted, or a turn of it ended), in
     /// milliseconds since `epoch`; forgotten [`WINDOW`] after, with none out.
     about: HashMap<Arc<str>, (usize, u64)>,
+    /// Clients resting after a txn ([`MAX_REST`]), until when; dropped once past.
+    resting: HashMap<Arc<str>, Instant>,
+    /// Each client's single-key calls under way and when its last ended (milliseconds since
+    /// `epoch`); forgotten [`WINDOW`] after, with none under way.
+    singles: HashMap<Arc<str>, (usize, u64)>,
 }
 
 /// A turn at the store, held while a bulk txn is there (retries included).
 pub(crate) struct Turn {
     gate: Option<Arc<Turns>>,
     who: Arc<str>,
+    /// When it was handed out.
+    since: Instant,
+}
+
+impl Turn {
+    fn new(gate: Option<Arc<Turns>>, who: Arc<str>) -> Turn {
+        Turn { gate, who, since: Instant::now() }
+    }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if let Some(g) = self.gate.take() {
-            g.release(&self.who);
-        }
+        let Some(gate) = self.gate.take() else { return };
+        // While another client's single-key call is about, the client rests as long as the
+        // txn took ([`MAX_REST`]); the turn itself is handed on at once, to another client.
+        let rest = match (gate.others_single(&self.who), tokio::runtime::Handle::try_current()) {
+            (true, Ok(rt)) => Some((self.since.elapsed().min(MAX_REST), rt)),
+            _ => None,
+        };
+        let Some((rest, rt)) = rest else {
+            gate.release(&self.who, None);
+            return;
+        };
+        let until = Instant::now() + rest;
+        gate.clone().release(&self.who, Some(until));
+        // Its own waiters go when the rest is over. (Should this task never run, its runtime
+        // ending, they go at the next turn that ends or is asked for here.)
+        rt.spawn(async move {
+            tokio::time::sleep_until(until).await;
+            let mut st = gate.lock();
+            gate.hand_on(&mut st);
+        });
     }
 }
 
 /// A single-key call under way ([`Turns::interactive`]); its end is noted when dropped.
-pub(crate) struct Interactive<'a>(&'a Turns);
+pub(crate) struct Interactive<'a> {
+    gate: &'a Turns,
+    who: Arc<str>,
+}
 
 impl Drop for Interactive<'_> {
     fn drop(&mut self) {
-        let t = self.0;
-        t.interactive_ended.store(t.millis().max(1), Ordering::Release);
+        let t = self.gate;
+        let now = t.millis().max(1);
+        t.interactive_ended.store(now, Ordering::Release);
         t.interactive.fetch_sub(1, Ordering::AcqRel);
+        let mut st = t.lock();
+        if let Some(e) = st.singles.get_mut(&self.who) {
+            e.0 = e.0.saturating_sub(1);
+            e.1 = now;
+        }
     }
 }
 
@@ -139,7 +188,19 @@ impl Turns {
     /// for as long as the guard lives: while it does and for [`WINDOW`] after, bulk txns yield.
     pub(crate) fn interactive(&self) -> Interactive<'_> {
         self.interactive.fetch_add(1, Ordering::AcqRel);
-        Interactive(self)
+        let who = current();
+        self.lock().singles.entry(who.clone()).or_insert((0, 0)).0 += 1;
+        Interactive { gate: self, who }
+    }
+
+    /// Whether a single-key call of a client other than `who` is about (under way, or ended
+    /// within [`WINDOW`]): `who` then rests after its bulk txns ([`MAX_REST`]). A client's own
+    /// single-key calls do not make it rest: what it waits for is its own business.
+    fn others_single(&self, who: &Arc<str>) -> bool {
+        let now = self.millis();
+        let mut st = self.lock();
+        st.singles.retain(|_, (n, at)| *n > 0 || self.recent(*at, now));
+        st.singles.keys().any(|w| w != who)
     }
 
     /// Whether a single-key call is about: under way, or ended within [`WINDOW`].
@@ -177,12 +238,30 @@ impl Turns {
         }
     }
 
-    /// The waiting client to hand a turn to: among those below `per_client` turns out, the one
-    /// served the longest ago.
-    fn next_waiter(st: &State, per_client: usize) -> Option<Arc<str>> {
+    /// Whether `who` rests now (forgetting rests that are over).
+    fn rests(st: &mut State, who: &Arc<str>) -> bool {
+        match st.resting.get(who) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                st.resting.remove(who);
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The waiting client to hand a turn to: among those below `per_client` turns out and not
+    /// resting, the one served the longest ago.
+    fn next_waiter(st: &mut State, per_client: usize) -> Option<Arc<str>> {
+        let now = Instant::now();
+        st.resting.retain(|_, until| *until > now);
         st.waiting
             .iter()
-            .filter(|(w, q)| !q.is_empty() && st.about.get(*w).map_or(0, |a| a.0) < per_client)
+            .filter(|(w, q)| {
+                !q.is_empty()
+                    && st.about.get(*w).map_or(0, |a| a.0) < per_client
+                    && !st.resting.contains_key(*w)
+            })
             .min_by_key(|(w, _)| (st.served.get(*w).copied().unwrap_or(0), w.to_string()))
             .map(|(w, _)| w.clone())
     }
@@ -201,10 +280,11 @@ impl Turns {
             let (all, per_client) = self.limits(&mut st);
             if st.in_flight < all
                 && mine < per_client
-                && Self::next_waiter(&st, per_client).is_none()
+                && !Self::rests(&mut st, &who)
+                && Self::next_waiter(&mut st, per_client).is_none()
             {
                 self.hand_out(&mut st, &who);
-                return Turn { gate: Some(self.clone()), who };
+                return Turn::new(Some(self.clone()), who);
             }
             let (tx, rx) = oneshot::channel();
             st.waiting.entry(who.clone()).or_default().push_back(tx);
@@ -213,7 +293,7 @@ impl Turns {
         match rx.await {
             Ok(turn) => turn,
             // The gate is gone (never while a waiter holds it): go without waiting.
-            Err(_) => Turn { gate: None, who },
+            Err(_) => Turn::new(None, who),
         }
     }
 
@@ -251,28 +331,36 @@ impl Turns {
         self.lock().in_flight
     }
 
-    /// A turn of `who` ended: hands turns to the waiting clients served the longest ago while
-    /// fewer than the limits are out (more than one when they have risen since).
-    fn release(self: Arc<Self>, who: &Arc<str>) {
+    /// A turn of `who` ended (and `who` rests until `rest`, if given): hands turns on.
+    fn release(self: &Arc<Self>, who: &Arc<str>, rest: Option<Instant>) {
         let mut st = self.lock();
         self.give_back(&mut st, who);
+        if let Some(until) = rest {
+            st.resting.insert(who.clone(), until);
+        }
+        self.hand_on(&mut st);
+    }
+
+    /// Hands turns to the waiting clients served the longest ago while fewer than the limits
+    /// are out (more than one when they have risen since).
+    fn hand_on(self: &Arc<Self>, st: &mut State) {
         loop {
-            let (all, per_client) = self.limits(&mut st);
+            let (all, per_client) = self.limits(st);
             if st.in_flight >= all {
                 break;
             }
-            let Some(next) = Self::next_waiter(&st, per_client) else { break };
+            let Some(next) = Self::next_waiter(st, per_client) else { break };
             let tx = st.waiting.get_mut(&next).and_then(VecDeque::pop_front);
             if st.waiting.get(&next).is_some_and(VecDeque::is_empty) {
                 st.waiting.remove(&next);
             }
             let Some(tx) = tx else { continue };
-            self.hand_out(&mut st, &next);
-            let turn = Turn { gate: Some(self.clone()), who: next.clone() };
+            self.hand_out(st, &next);
+            let turn = Turn::new(Some(self.clone()), next.clone());
             if let Err(mut turn) = tx.send(turn) {
                 // That waiter went away: its turn is not out after all.
                 turn.gate = None;
-                self.give_back(&mut st, &next);
+                self.give_back(st, &next);
             }
         }
         if st.in_flight == 0 && st.waiting.is_empty() {
@@ -284,6 +372,13 @@ impl Turns {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Lets spawned tasks run (an ended turn's rest of no time).
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
 
     /// Waits (yielding) until `n` txns wait at `gate`.
     async fn until_waiting(gate: &Turns, n: usize) {
@@ -373,10 +468,12 @@ mod tests {
         assert_eq!(gate.batch_keys(), CONTENDED_BATCH_KEYS);
         out.pop();
         out.pop();
+        settle().await;
         assert_eq!(gate.in_flight(), 1, "two turns ended, none handed on");
         drop(call);
         tokio::time::advance(WINDOW / 2).await;
         out.pop();
+        settle().await;
         assert_eq!(gate.in_flight(), 1, "within the window: one turn at a time");
         assert_eq!(gate.waiting(), 3);
         tokio::time::advance(WINDOW).await;
@@ -415,6 +512,71 @@ mod tests {
             futures::future::join_all((0..3).map(|_| as_client("a", gate.admit()))).await;
         assert_eq!(gate.in_flight(), 4, "b gone a window: a has the wide bound again");
         drop((a3, more));
+        assert_eq!(gate.in_flight(), 0);
+    }
+
+    /// While another client's single-key call is about, a client whose turn ended rests as
+    /// long as it was held (at most `MAX_REST`): its next txn waits, another client's goes at
+    /// once; with its own single-key call about, or none, its next goes as the turn ends.
+    #[tokio::test(start_paused = true)]
+    async fn while_another_clients_single_key_call_is_about_a_client_rests_as_long_as_its_txn_took()
+    {
+        let gate = Turns::new(1);
+        let queue = |gate: &Arc<Turns>, who: &'static str| {
+            let g = gate.clone();
+            tokio::spawn(as_client(who, async move { g.admit().await }))
+        };
+        let call = gate.interactive();
+        let held = as_client("flood", gate.admit()).await;
+        let next = queue(&gate, "flood");
+        until_waiting(&gate, 1).await;
+        tokio::time::advance(Duration::from_millis(30)).await;
+        drop(held);
+        tokio::time::advance(Duration::from_millis(29)).await;
+        settle().await;
+        assert_eq!((gate.in_flight(), gate.waiting()), (0, 1), "resting: its next waits");
+        let other = as_client("other", gate.admit()).await;
+        assert_eq!(gate.in_flight(), 1, "another client's txn went in the rest");
+        drop(other);
+        tokio::time::advance(Duration::from_millis(2)).await;
+        let held = next.await.expect("next");
+        assert_eq!((gate.in_flight(), gate.waiting()), (1, 0), "rested: its next went");
+
+        // A turn held far longer rests MAX_REST only; a new call of the resting client waits too.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        drop(held);
+        let next = queue(&gate, "flood");
+        until_waiting(&gate, 1).await;
+        tokio::time::advance(MAX_REST - Duration::from_millis(1)).await;
+        settle().await;
+        assert_eq!(gate.waiting(), 1, "resting");
+        tokio::time::advance(Duration::from_millis(2)).await;
+        let held = next.await.expect("next");
+
+        // Only its own single-key call about: the next goes as the turn ends.
+        drop(call);
+        tokio::time::advance(WINDOW * 2).await;
+        let own = as_client("flood", async { gate.interactive() }).await;
+        assert!(gate.contended(), "its own call narrows the turns");
+        let next = queue(&gate, "flood");
+        until_waiting(&gate, 1).await;
+        tokio::time::advance(Duration::from_millis(30)).await;
+        drop(held);
+        settle().await;
+        assert_eq!((gate.in_flight(), gate.waiting()), (1, 0), "no rest for its own call");
+        let held = next.await.expect("next");
+
+        // No single-key call about: the next goes as the turn ends.
+        drop(own);
+        tokio::time::advance(WINDOW * 2).await;
+        assert!(!gate.contended());
+        let next = queue(&gate, "flood");
+        until_waiting(&gate, 1).await;
+        tokio::time::advance(Duration::from_millis(30)).await;
+        drop(held);
+        settle().await;
+        assert_eq!((gate.in_flight(), gate.waiting()), (1, 0), "handed on at once");
+        drop(next.await.expect("next"));
         assert_eq!(gate.in_flight(), 0);
     }
 }

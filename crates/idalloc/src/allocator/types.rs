@@ -73,7 +73,8 @@ pub struct AllocatorOptions {
     /// forms, the repair task's, and the reads of pages and listings) this allocator has at the
     /// store at once, at least 1; the rest wait in this process, in turns between the clients of
     /// [`as_client`](crate::allocator::as_client): one per client while several have such work,
-    /// one in all (of at most 25 keys) while single-key calls go on. Single-key calls never wait
+    /// one in all (of at most 25 keys) while single-key calls go on, and a client rests as long as
+    /// its txn took before its next while another client's go on. Single-key calls never wait
     /// for them, so a key's acquire is not queued at the store behind a bulk restore
     /// (docs/design/bulk-admission.md). Each txn carries up to ~100 keys.
     pub bulk_in_flight: usize,
