@@ -131,7 +131,7 @@ impl Drop for Turn {
         let until = Instant::now() + rest;
         gate.clone().release(&self.who, Some(until));
         // Its own waiters go when the rest is over. (Should this task never run, its runtime
-        // ending, they go at the next turn that ends or is asked for here.)
+        // ending, they go at the next turn that ends or is asked for here: `admit` hands on.)
         rt.spawn(async move {
             tokio::time::sleep_until(until).await;
             let mut st = gate.lock();
@@ -288,6 +288,9 @@ impl Turns {
             }
             let (tx, rx) = oneshot::channel();
             st.waiting.entry(who.clone()).or_default().push_back(tx);
+            // A waiter whose rest is over goes now if room is left (its wake-up may never have
+            // run); otherwise nothing changes.
+            self.hand_on(&mut st);
             rx
         };
         match rx.await {
