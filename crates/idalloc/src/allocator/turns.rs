@@ -118,18 +118,10 @@ impl Turn {
 impl Drop for Turn {
     fn drop(&mut self) {
         let Some(gate) = self.gate.take() else { return };
-        // While another client's single-key call is about, the client rests as long as the
-        // txn took ([`MAX_REST`]); the turn itself is handed on at once, to another client.
-        let rest = match (gate.others_single(&self.who), tokio::runtime::Handle::try_current()) {
-            (true, Ok(rt)) => Some((self.since.elapsed().min(MAX_REST), rt)),
-            _ => None,
-        };
-        let Some((rest, rt)) = rest else {
-            gate.release(&self.who, None);
-            return;
-        };
-        let until = Instant::now() + rest;
-        gate.clone().release(&self.who, Some(until));
+        // Without a runtime to wake its waiters after a rest, the client does not rest.
+        let rt = tokio::runtime::Handle::try_current().ok();
+        let rest = rt.as_ref().map(|_| self.since.elapsed().min(MAX_REST));
+        let (Some(until), Some(rt)) = (gate.release(&self.who, rest), rt) else { return };
         // Its own waiters go when the rest is over. (Should this task never run, its runtime
         // ending, they go at the next turn that ends or is asked for here: `admit` hands on.)
         rt.spawn(async move {
@@ -196,9 +188,8 @@ impl Turns {
     /// Whether a single-key call of a client other than `who` is about (under way, or ended
     /// within [`WINDOW`]): `who` then rests after its bulk txns ([`MAX_REST`]). A client's own
     /// single-key calls do not make it rest: what it waits for is its own business.
-    fn others_single(&self, who: &Arc<str>) -> bool {
+    fn others_single(&self, st: &mut State, who: &Arc<str>) -> bool {
         let now = self.millis();
-        let mut st = self.lock();
         st.singles.retain(|_, (n, at)| *n > 0 || self.recent(*at, now));
         st.singles.keys().any(|w| w != who)
     }
@@ -238,16 +229,9 @@ impl Turns {
         }
     }
 
-    /// Whether `who` rests now (forgetting rests that are over).
-    fn rests(st: &mut State, who: &Arc<str>) -> bool {
-        match st.resting.get(who) {
-            Some(until) if *until > Instant::now() => true,
-            Some(_) => {
-                st.resting.remove(who);
-                false
-            }
-            None => false,
-        }
+    /// Whether `who` rests now (rests that are over are forgotten by [`Turns::next_waiter`]).
+    fn rests(st: &State, who: &Arc<str>) -> bool {
+        st.resting.get(who).is_some_and(|until| *until > Instant::now())
     }
 
     /// The waiting client to hand a turn to: among those below `per_client` turns out and not
@@ -280,7 +264,7 @@ impl Turns {
             let (all, per_client) = self.limits(&mut st);
             if st.in_flight < all
                 && mine < per_client
-                && !Self::rests(&mut st, &who)
+                && !Self::rests(&st, &who)
                 && Self::next_waiter(&mut st, per_client).is_none()
             {
                 self.hand_out(&mut st, &who);
@@ -334,14 +318,21 @@ impl Turns {
         self.lock().in_flight
     }
 
-    /// A turn of `who` ended (and `who` rests until `rest`, if given): hands turns on.
-    fn release(self: &Arc<Self>, who: &Arc<str>, rest: Option<Instant>) {
+    /// A turn of `who` ended, held for `rest` (None: no rest is possible): `who` rests that
+    /// long if another client's single-key call is about; hands turns on. Returns when the
+    /// rest ends, if `who` rests.
+    fn release(self: &Arc<Self>, who: &Arc<str>, rest: Option<Duration>) -> Option<Instant> {
         let mut st = self.lock();
         self.give_back(&mut st, who);
-        if let Some(until) = rest {
+        let until = match rest {
+            Some(d) if self.others_single(&mut st, who) => Some(Instant::now() + d),
+            _ => None,
+        };
+        if let Some(until) = until {
             st.resting.insert(who.clone(), until);
         }
         self.hand_on(&mut st);
+        until
     }
 
     /// Hands turns to the waiting clients served the longest ago while fewer than the limits
