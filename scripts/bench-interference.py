@@ -24,7 +24,10 @@ takes a while). A block is timed 2 s after the flood changed (what the flood lef
 releases' sweeps and etcd's commits, is done by then), on a new connection whose first call is
 not timed. Prints p50/p90/p99 per condition, each with its ratio to the quiet blocks timed
 beside it; with --csv, every timed acquire. Run under `flock /work/bench.lock`, with a release
-build (`cargo build --release -p idalloc-cli`)."""
+build (`cargo build --release -p idalloc-cli`), against an etcd on a fresh data directory started
+as docs/guide/deployment.md says (`--snapshot-count=10000`, rare compactions): a long-lived etcd
+with 3.4's defaults holds its last 100,000 big txns in memory and its tails, not the allocator's,
+are what a run then measures."""
 import json, multiprocessing, os, socket, subprocess, sys, tempfile, threading, time, urllib.request
 import http.client
 

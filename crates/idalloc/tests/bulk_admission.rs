@@ -228,6 +228,36 @@ async fn a_sweep_keeps_at_most_the_bound_of_reclaim_txns_at_the_store() {
     a.close().await.expect("close");
 }
 
+/// A sweep's page reads are bulk store work too (a page of a thousand records costs etcd about
+/// as much as a bulk txn): with a bound of 1 and a bulk txn held at the store, the sweep reads
+/// no page until that txn's turn ends, and so counts the bulk call's keys.
+#[tokio::test]
+async fn a_sweeps_page_reads_wait_for_a_bulk_turn() {
+    let Setup { hooked, raw, a, p, open } = setup(Duration::ZERO, 1).await;
+    p.acquire("warm").await.expect("warm");
+    let g = hooked.hook();
+    open.send_replace(false);
+    let bulk = tokio::spawn({
+        let p = p.clone();
+        async move { p.acquire_many(&keys("bulk", 10)).await }
+    });
+    while g.now.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let sweep = tokio::spawn({
+        let p = p.clone();
+        async move { p.sweep().await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!sweep.is_finished(), "the sweep read its pages beside the held bulk txn");
+    open.send_replace(true);
+    assert!(bulk.await.expect("bulk task").iter().all(Result::is_ok), "acquired");
+    let report = sweep.await.expect("sweep task").expect("sweep");
+    assert_eq!(report.bindings, 11, "the sweep read after the bulk txn: warm and 10 keys");
+    check_g1_in(&*raw, &layout(), "p").await;
+    a.close().await.expect("close");
+}
+
 /// Single-key calls going on beside a bulk call (one after another, as a caller's do): the bulk
 /// call's txns go one at a time and hold at most 25 keys each, so a single key waits at the store
 /// for one small txn at most; alone, the same call has 4 txns of ~100 keys at the store at once.

@@ -143,7 +143,9 @@ impl Requester {
     /// A whole listing of `range` (named `what` in its errors: `pool "p"`), each page bounded by
     /// the request timeout and retried like one request, the listing itself unbounded (a listing
     /// that makes progress is never cut off). Every whole listing of the
-    /// allocator reads through this; the pool's follower has its own loop (`feed.rs`).
+    /// allocator reads through this; the pool's follower has its own loop (`feed.rs`). Each page
+    /// takes a bulk turn ([`Turns`]): a sweep's or a listing's pages of a thousand records went
+    /// to etcd beside the turns, as costly there as a bulk txn.
     pub(crate) fn pages<'a>(
         &'a self,
         range: &KeyRange,
@@ -154,7 +156,10 @@ impl Requester {
             retry: self.retry.clone(),
             ..PageBound::default()
         };
-        BoundedPages::new(&*self.store, range, self.list_page, bound).named(what)
+        let turns = &self.turns;
+        BoundedPages::new(&*self.store, range, self.list_page, bound).named(what).gated(Box::new(
+            move || Box::pin(async move { Box::new(turns.admit().await) as Box<dyn Send> }),
+        ))
     }
 
     pub(crate) async fn txn(&self, req: TxnRequest) -> StoreResult<TxnResponse> {

@@ -21,6 +21,7 @@
 
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tracing::warn;
 
 use super::{KeyRange, KeyValue, Pages, Revision, Store, StoreError, StoreResult};
@@ -48,6 +49,11 @@ impl Default for PageBound {
     }
 }
 
+/// What each read of a listing waits for first; what it returns is held until the read's answer
+/// (retries included). The allocator's bulk turns (`allocator/turns.rs`): a page of a thousand
+/// records costs etcd as much as a bulk txn, so it takes turns with them.
+pub(crate) type Gate<'a> = Box<dyn Fn() -> BoxFuture<'a, Box<dyn Send + 'a>> + Send + Sync + 'a>;
+
 /// A listing of one range at one revision, read page by page with each page bounded and retried
 /// as [`PageBound`] says. Errors name the listing ([`BoundedPages::named`]), the page and the
 /// key it starts at.
@@ -65,6 +71,7 @@ pub struct BoundedPages<'a, S: Store + ?Sized> {
     read: u64,
     /// Records handed out since the listing (re)started.
     records: u64,
+    gate: Option<Gate<'a>>,
 }
 
 impl<'a, S: Store + ?Sized> BoundedPages<'a, S> {
@@ -81,7 +88,14 @@ impl<'a, S: Store + ?Sized> BoundedPages<'a, S> {
             pages: Pages::at(store, range, page, 0),
             read: 0,
             records: 0,
+            gate: None,
         }
+    }
+
+    /// Waits for `gate` before each read ([`Gate`]).
+    pub(crate) fn gated(mut self, gate: Gate<'a>) -> Self {
+        self.gate = Some(gate);
+        self
     }
 
     /// Names the listing in errors and logs (`pool "p"`); the range's keys by default.
@@ -153,6 +167,10 @@ impl<'a, S: Store + ?Sized> BoundedPages<'a, S> {
 
     /// One bounded, retried read ([`Pages::next_read`]).
     async fn next_read(&mut self) -> StoreResult<Option<Vec<KeyValue>>> {
+        let _turn = match &self.gate {
+            Some(gate) => Some(gate().await),
+            None => None,
+        };
         let mut backoff = Backoff::new(&self.bound.retry);
         loop {
             let attempt = match self.bound.timeout {
