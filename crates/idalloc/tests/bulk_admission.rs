@@ -241,9 +241,12 @@ async fn a_sweeps_page_reads_wait_for_a_bulk_turn() {
         let p = p.clone();
         async move { p.acquire_many(&keys("bulk", 10)).await }
     });
-    while g.now.load(Ordering::SeqCst) == 0 {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
+    let at_store = async {
+        while g.now.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), at_store).await.expect("bulk txn at the store");
     let sweep = tokio::spawn({
         let p = p.clone();
         async move { p.sweep().await }

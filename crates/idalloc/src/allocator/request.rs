@@ -144,8 +144,8 @@ impl Requester {
     /// the request timeout and retried like one request, the listing itself unbounded (a listing
     /// that makes progress is never cut off). Every whole listing of the
     /// allocator reads through this; the pool's follower has its own loop (`feed.rs`). Each page
-    /// takes a bulk turn ([`Turns`]): a sweep's or a listing's pages of a thousand records went
-    /// to etcd beside the turns, as costly there as a bulk txn.
+    /// takes a bulk turn ([`Turns`]): a page of a thousand records (a sweep reads its whole pool
+    /// every interval) costs etcd about what a bulk txn does.
     pub(crate) fn pages<'a>(
         &'a self,
         range: &KeyRange,
